@@ -1,0 +1,206 @@
+//! The one seam to the native layer (`src/native/memprof.cpp`): every `extern "C"`
+//! declaration and every `unsafe` block of the crate lives here. The C++ side catches
+//! every exception and reports failure as a status plus a thread-local message, which
+//! this module turns into [`Error::Native`].
+
+use std::ffi::{c_char, c_void, CStr};
+
+use tch::Tensor;
+
+use crate::error::{Error, Result};
+
+/// Number of device slots: slot 0 is the CPU, slot `1 + i` is `cuda:i`.
+pub const MAX_DEVICES: usize = 17;
+
+/// Phases as the native layer numbers them.
+pub const PHASE_FORWARD: u32 = 0;
+pub const PHASE_BACKWARD: u32 = 1;
+pub const PHASE_OPTIMIZER: u32 = 2;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeviceStats {
+    pub live: i64,
+    pub peak_iter: i64,
+    pub peak_run: i64,
+    pub allocs: i64,
+    pub frees: i64,
+    pub optimizer_born_live: i64,
+    pub feature_maps: i64,
+    pub reported_allocated: i64,
+    pub reported_reserved: i64,
+    pub reported_peak_allocated_iter: i64,
+    pub reported_peak_reserved_iter: i64,
+    pub reported_peak_allocated_run: i64,
+    pub reported_peak_reserved_run: i64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct State {
+    pub gen: u32,
+    pub phase: u32,
+    pub active_backward: i64,
+    pub backward_passes: i64,
+    pub log_len: u64,
+    pub log_capacity: u64,
+    pub untagged_frees: i64,
+    pub cpu_installed: i32,
+    pub cuda_loaded: i32,
+    pub cuda_ooms_seen: i64,
+}
+
+/// One birth (+size) or death (-size) of a block during backward.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogEvent {
+    pub ptr: u64,
+    pub delta: i64,
+    pub gen: u32,
+    pub device: u32,
+}
+
+/// The allocation behind a tensor's storage.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Block {
+    pub defined: i32,
+    pub device: i32,
+    pub tracked: i32,
+    pub phase: u32,
+    pub gen: u32,
+    pub pad: u32,
+    pub base: u64,
+    pub bytes: i64,
+}
+
+/// CUDA caching-allocator statistics of one device (aggregate pool).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CudaStats {
+    /// Bytes in blocks handed to tensors now.
+    pub allocated_current: i64,
+    /// Peak of `allocated_current` since the allocator's last peak reset.
+    pub allocated_peak: i64,
+    /// Bytes the allocator holds from the driver (allocated plus cached).
+    pub reserved_current: i64,
+    /// Peak of `reserved_current`.
+    pub reserved_peak: i64,
+    /// Bytes in active blocks (allocated, or freed but still used by a stream).
+    pub active_current: i64,
+    /// Peak of `active_current`.
+    pub active_peak: i64,
+    /// Bytes tensors asked for (before rounding to blocks).
+    pub requested_current: i64,
+    /// Peak of `requested_current`.
+    pub requested_peak: i64,
+    /// Allocations that failed once and succeeded after freeing cached blocks.
+    pub alloc_retries: i64,
+    /// Out-of-memory errors raised by the allocator.
+    pub ooms: i64,
+    /// Free device memory as the driver reports it.
+    pub free_bytes: i64,
+    /// Total device memory.
+    pub total_bytes: i64,
+}
+
+extern "C" {
+    fn memprof_last_error(buf: *mut c_char, len: usize) -> usize;
+    fn memprof_start(want_cuda: i32) -> i32;
+    fn memprof_stop() -> i32;
+    fn memprof_begin_iteration() -> i32;
+    fn memprof_state(out: *mut State) -> i32;
+    fn memprof_device_stats(slot: i32, out: *mut DeviceStats) -> i32;
+    fn memprof_read_log(out: *mut LogEvent, cap: u64) -> u64;
+    fn memprof_tensor_block(tensor: *const c_void, grad: i32, out: *mut Block) -> i32;
+    fn memprof_cuda_stats(index: i32, out: *mut CudaStats) -> i32;
+    fn memprof_cuda_load_message() -> *const c_char;
+}
+
+fn last_error() -> Error {
+    let mut buf = vec![0u8; 1024];
+    // SAFETY: the buffer is valid for `len` bytes; the callee writes at most len-1
+    // bytes plus a terminating NUL.
+    unsafe { memprof_last_error(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Error::Native(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+fn check(status: i32) -> Result<()> {
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(last_error())
+    }
+}
+
+/// Starts the profiling session on the calling thread (the training thread).
+pub fn start(want_cuda: bool) -> Result<()> {
+    // SAFETY: plain call; the callee catches all exceptions.
+    check(unsafe { memprof_start(want_cuda as i32) })
+}
+
+/// Ends the profiling session. Call on the thread that started it.
+pub fn stop() -> Result<()> {
+    // SAFETY: plain call; the callee catches all exceptions.
+    check(unsafe { memprof_stop() })
+}
+
+/// Ends the current iteration and begins the next (forward phase).
+pub fn begin_iteration() -> Result<()> {
+    // SAFETY: plain call; the callee catches all exceptions.
+    check(unsafe { memprof_begin_iteration() })
+}
+
+pub fn state() -> State {
+    let mut s = State::default();
+    // SAFETY: `s` is a valid, writable State with the C layout.
+    unsafe { memprof_state(&mut s) };
+    s
+}
+
+pub fn device_stats(slot: usize) -> Result<DeviceStats> {
+    let mut s = DeviceStats::default();
+    // SAFETY: `s` is a valid, writable DeviceStats with the C layout.
+    check(unsafe { memprof_device_stats(slot as i32, &mut s) })?;
+    Ok(s)
+}
+
+/// The backward events logged in this iteration, and whether the log overflowed.
+pub fn read_log(into: &mut Vec<LogEvent>) -> bool {
+    let st = state();
+    let n = st.log_len.min(st.log_capacity) as usize;
+    into.clear();
+    into.resize(n, LogEvent::default());
+    // SAFETY: `into` holds `n` initialised LogEvents; the callee copies at most `n`.
+    let total = unsafe { memprof_read_log(into.as_mut_ptr(), n as u64) };
+    let copied = (total.min(st.log_capacity) as usize).min(n);
+    into.truncate(copied);
+    total > st.log_capacity
+}
+
+/// The block behind `t`'s storage, or behind its `.grad` when `grad` is true.
+pub fn tensor_block(t: &Tensor, grad: bool) -> Result<Block> {
+    let mut b = Block::default();
+    // SAFETY: tch's tensor handle is a pointer to an at::Tensor that outlives this call
+    // (we hold `t`); the callee only reads it.
+    check(unsafe { memprof_tensor_block(t.as_ptr() as *const c_void, grad as i32, &mut b) })?;
+    Ok(b)
+}
+
+/// CUDA allocator statistics of `cuda:index`; an error (never a crash) without CUDA.
+pub fn cuda_stats(index: usize) -> Result<CudaStats> {
+    let mut s = CudaStats::default();
+    // SAFETY: `s` is a valid, writable CudaStats with the C layout.
+    check(unsafe { memprof_cuda_stats(index as i32, &mut s) })?;
+    Ok(s)
+}
+
+/// Why CUDA is or is not available to the profiler.
+pub fn cuda_load_message() -> String {
+    // SAFETY: the callee returns a pointer to a NUL-terminated string that lives as long
+    // as the process and is only written at library load.
+    unsafe { CStr::from_ptr(memprof_cuda_load_message()) }
+        .to_string_lossy()
+        .into_owned()
+}

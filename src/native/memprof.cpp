@@ -1,0 +1,904 @@
+// tch-memprof native layer: sees every allocation and the autograd phases.
+//
+// Everything here is reached from Rust through `src/ffi.rs` only. Rules:
+// - No C++ exception crosses `extern "C"`: every entry point catches everything and
+//   returns a status, with the message kept in a thread-local last-error slot.
+// - The allocation hooks run millions of times: they use atomics only, never allocate
+//   through the allocator they watch, never take a lock that allocator holds, and do
+//   no I/O. The CUDA reporter runs under the CUDA caching allocator's lock: it never
+//   calls back into that allocator.
+//
+// Accounting model (see DESIGN.md "What the numbers mean"):
+// - Every block carries a birth tag: the *generation* (a counter bumped at every phase
+//   change and at every `record_stats`) and the phase it was born in.
+// - Per device, live bytes are kept per generation in a ring of kRing slots; a slot
+//   whose generation falls out of the ring is folded into a per-phase "old" counter.
+//   Slot updates are single 64-bit CASes (generation, phase and bytes packed), so a
+//   free can never be charged to the wrong generation, even racing with a fold.
+// - Feature maps: bytes of the forward generation still live when the first backward
+//   node starts. Optimizer state: live bytes born in optimizer generations.
+// - During backward, block births and deaths go to a lock-free event log that the
+//   Rust side replays to compute intermediate gradients (it knows which blocks ended up
+//   as weight gradients only after backward).
+
+#include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace {
+
+// ---------------------------------------------------------------------------------
+// Shared constants (mirrored in src/ffi.rs).
+
+constexpr int kMaxCuda = 16;
+constexpr int kMaxDevices = 1 + kMaxCuda;  // slot 0 = CPU, 1 + i = cuda:i
+constexpr int kRing = 8;
+constexpr uint32_t kPhaseForward = 0;
+constexpr uint32_t kPhaseBackward = 1;
+constexpr uint32_t kPhaseOptimizer = 2;
+constexpr uint32_t kPhaseIdle = 3;  // no profiler active
+constexpr int kPhases = 4;
+
+constexpr uint64_t kGenBits = 20;
+constexpr uint64_t kGenMask = (1ull << kGenBits) - 1;
+constexpr uint64_t kBytesBits = 42;
+constexpr uint64_t kBytesMask = (1ull << kBytesBits) - 1;
+
+// ---------------------------------------------------------------------------------
+// Last error, handed to Rust as a value.
+
+thread_local std::string tl_last_error;
+
+void set_error(const char* what) {
+  try {
+    tl_last_error = what ? what : "unknown error";
+  } catch (...) {
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Generation slots.
+
+inline uint64_t pack(uint32_t gen, uint32_t phase, int64_t bytes) {
+  return ((uint64_t(gen) & kGenMask) << (kBytesBits + 2)) |
+      ((uint64_t(phase) & 3u) << kBytesBits) | (uint64_t(bytes) & kBytesMask);
+}
+inline uint32_t slot_gen(uint64_t v) {
+  return uint32_t(v >> (kBytesBits + 2));
+}
+inline uint32_t slot_phase(uint64_t v) {
+  return uint32_t((v >> kBytesBits) & 3u);
+}
+inline int64_t slot_bytes(uint64_t v) {
+  // 42-bit two's complement.
+  int64_t b = int64_t(v & kBytesMask);
+  if (b & (1ll << (kBytesBits - 1))) {
+    b -= (1ll << kBytesBits);
+  }
+  return b;
+}
+
+struct DeviceState {
+  std::atomic<int64_t> live{0};       // live bytes of blocks this layer saw born
+  std::atomic<int64_t> peak_iter{0};  // peak of `live` since the iteration began
+  std::atomic<int64_t> peak_run{0};   // peak of `live` since the profiler started
+  std::atomic<int64_t> allocs{0};
+  std::atomic<int64_t> frees{0};
+  std::atomic<uint64_t> slots[kRing];
+  std::atomic<int64_t> old_by_phase[kPhases];
+  // Feature maps: the largest forward-generation live bytes seen at a backward start
+  // in this iteration; -1 when no backward started.
+  std::atomic<int64_t> feature_maps{-1};
+  // CUDA only: the caching allocator's own counters, as passed with each report.
+  std::atomic<int64_t> reported_allocated{-1};
+  std::atomic<int64_t> reported_reserved{-1};
+  std::atomic<int64_t> reported_peak_allocated_iter{-1};
+  std::atomic<int64_t> reported_peak_reserved_iter{-1};
+  std::atomic<int64_t> reported_peak_allocated_run{-1};
+  std::atomic<int64_t> reported_peak_reserved_run{-1};
+};
+
+DeviceState g_dev[kMaxDevices];
+
+// Current generation and phase, packed (gen << 8 | phase) so both are read together.
+std::atomic<uint64_t> g_genphase{(uint64_t(kRing) << 8) | kPhaseIdle};
+// Backward nodes running now, on any thread.
+std::atomic<int64_t> g_active_backward{0};
+std::atomic<int64_t> g_backward_passes{0};
+// Whether the CPU wrapper is installed.
+std::atomic<bool> g_cpu_installed{false};
+// Events whose birth tag could not be read (should stay 0).
+std::atomic<int64_t> g_untagged_frees{0};
+
+thread_local bool tl_training_thread = false;
+
+inline uint32_t cur_gen(uint64_t gp) {
+  return uint32_t(gp >> 8);
+}
+inline uint32_t cur_phase(uint64_t gp) {
+  return uint32_t(gp & 0xff);
+}
+
+void init_slots() {
+  for (auto& d : g_dev) {
+    for (int i = 0; i < kRing; ++i) {
+      // Generations start at kRing: every slot holds an older generation.
+      d.slots[i].store(pack(uint32_t(i), kPhaseIdle, 0), std::memory_order_relaxed);
+    }
+    for (auto& o : d.old_by_phase) {
+      o.store(0, std::memory_order_relaxed);
+    }
+  }
+}
+
+// Is generation a (20 bits) older than generation b (20 bits)?
+inline bool gen_older(uint32_t a, uint32_t b) {
+  uint32_t diff = (b - a) & uint32_t(kGenMask);
+  return diff != 0 && diff < (1u << (kGenBits - 1));
+}
+
+inline void atomic_max(std::atomic<int64_t>& a, int64_t v) {
+  int64_t cur = a.load(std::memory_order_relaxed);
+  while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+
+void slot_add(DeviceState& d, uint32_t gen, uint32_t phase, int64_t delta) {
+  auto& s = d.slots[gen % kRing];
+  const uint32_t g20 = gen & uint32_t(kGenMask);
+  uint64_t cur = s.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint32_t sg = slot_gen(cur);
+    if (sg == g20) {
+      if (s.compare_exchange_weak(
+              cur, pack(gen, phase, slot_bytes(cur) + delta), std::memory_order_relaxed)) {
+        return;
+      }
+      continue;
+    }
+    if (delta < 0 || !gen_older(sg, g20)) {
+      // The block's generation has left the ring (or the slot already moved past it).
+      d.old_by_phase[phase].fetch_add(delta, std::memory_order_relaxed);
+      return;
+    }
+    // The slot holds an older generation: fold it and take the slot.
+    if (s.compare_exchange_weak(cur, pack(gen, phase, delta), std::memory_order_relaxed)) {
+      d.old_by_phase[slot_phase(cur)].fetch_add(slot_bytes(cur), std::memory_order_relaxed);
+      return;
+    }
+  }
+}
+
+// Live bytes still held by blocks born in `gen` (0 if it left the ring).
+int64_t gen_live(const DeviceState& d, uint32_t gen) {
+  uint64_t v = d.slots[gen % kRing].load(std::memory_order_relaxed);
+  return slot_gen(v) == (gen & uint32_t(kGenMask)) ? slot_bytes(v) : 0;
+}
+
+int64_t phase_live(const DeviceState& d, uint32_t phase) {
+  int64_t total = d.old_by_phase[phase].load(std::memory_order_relaxed);
+  for (int i = 0; i < kRing; ++i) {
+    uint64_t v = d.slots[i].load(std::memory_order_relaxed);
+    if (slot_phase(v) == phase) {
+      total += slot_bytes(v);
+    }
+  }
+  return total;
+}
+
+// ---------------------------------------------------------------------------------
+// Backward event log: fixed capacity, reserved with mmap (pages are touched only as
+// they fill), appended with one atomic increment.
+
+struct LogEvent {
+  uint64_t ptr;
+  int64_t delta;  // +size at birth, -size at death
+  uint32_t gen;
+  uint32_t device;  // device slot
+};
+constexpr size_t kLogCapacity = size_t(1) << 20;
+LogEvent* g_log = nullptr;
+std::atomic<uint64_t> g_log_len{0};
+
+void log_event(uint64_t ptr, int64_t delta, uint32_t gen, uint32_t dev) {
+  if (!g_log) {
+    return;
+  }
+  uint64_t i = g_log_len.fetch_add(1, std::memory_order_relaxed);
+  if (i < kLogCapacity) {
+    g_log[i] = LogEvent{ptr, delta, gen, dev};
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Phase changes.
+
+// Moves from `from` to `to` (bumping the generation) if the phase is still `from`.
+bool transition(uint32_t from, uint32_t to) {
+  uint64_t gp = g_genphase.load(std::memory_order_acquire);
+  for (;;) {
+    if (cur_phase(gp) != from) {
+      return false;
+    }
+    const uint32_t gen = cur_gen(gp);
+    if (to == kPhaseBackward) {
+      // Feature maps: what the forward generation still holds now.
+      for (auto& d : g_dev) {
+        atomic_max(d.feature_maps, gen_live(d, gen));
+      }
+    }
+    uint64_t next = (uint64_t(gen + 1) << 8) | to;
+    if (g_genphase.compare_exchange_weak(gp, next, std::memory_order_acq_rel)) {
+      if (to == kPhaseBackward) {
+        g_backward_passes.fetch_add(1, std::memory_order_relaxed);
+      }
+      return true;
+    }
+  }
+}
+
+// Called on every allocation by the training thread: the allocation-driven phase
+// changes (backward -> optimizer when no backward node runs; optimizer -> forward when
+// a grad-mode op allocates, i.e. the next micro-batch's forward pass).
+inline uint64_t phase_for_alloc() {
+  uint64_t gp = g_genphase.load(std::memory_order_acquire);
+  if (tl_training_thread) {
+    const uint32_t ph = cur_phase(gp);
+    if (ph == kPhaseBackward && g_active_backward.load(std::memory_order_acquire) == 0) {
+      transition(kPhaseBackward, kPhaseOptimizer);
+      gp = g_genphase.load(std::memory_order_acquire);
+    } else if (ph == kPhaseOptimizer && c10::GradMode::is_enabled()) {
+      transition(kPhaseOptimizer, kPhaseForward);
+      gp = g_genphase.load(std::memory_order_acquire);
+    }
+  }
+  return gp;
+}
+
+inline void on_alloc(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t phase) {
+  DeviceState& d = g_dev[dev];
+  int64_t live = d.live.fetch_add(size, std::memory_order_relaxed) + size;
+  d.allocs.fetch_add(1, std::memory_order_relaxed);
+  atomic_max(d.peak_iter, live);
+  atomic_max(d.peak_run, live);
+  slot_add(d, gen, phase, size);
+  if (phase == kPhaseBackward) {
+    log_event(ptr, size, gen, uint32_t(dev));
+  }
+}
+
+inline void on_free(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t phase) {
+  DeviceState& d = g_dev[dev];
+  d.live.fetch_sub(size, std::memory_order_relaxed);
+  d.frees.fetch_add(1, std::memory_order_relaxed);
+  slot_add(d, gen, phase, -size);
+  if (phase == kPhaseBackward) {
+    uint64_t gp = g_genphase.load(std::memory_order_relaxed);
+    if (cur_gen(gp) == gen) {
+      log_event(ptr, -size, gen, uint32_t(dev));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// CPU: a wrapping allocator, installed at library load, process-wide.
+//
+// Each block has a header in front of the data (data == context, as c10 requires):
+// [base ... header (kHeader bytes, holds the tag) | data ...]. The header size is the
+// alignment c10 would use, so the data keeps c10's alignment.
+
+constexpr uint64_t kMagic = 0x6d656d70726f6631ull;  // "memprof1"
+
+struct BlockHeader {
+  uint64_t magic;
+  uint64_t size;        // bytes requested by the tensor
+  uint64_t head_bytes;  // distance from base to data
+  uint32_t gen;
+  uint32_t phase;
+};
+static_assert(sizeof(BlockHeader) <= 64, "header fits the minimum alignment");
+
+inline BlockHeader* header_of(void* data) {
+  return reinterpret_cast<BlockHeader*>(static_cast<char*>(data) - sizeof(BlockHeader));
+}
+
+void tracked_delete(void* data) {
+  if (!data) {
+    return;
+  }
+  BlockHeader* h = header_of(data);
+  void* base = static_cast<char*>(data) - h->head_bytes;
+  if (h->magic == kMagic) {
+    on_free(0, uint64_t(data), int64_t(h->size), h->gen, h->phase);
+  } else {
+    g_untagged_frees.fetch_add(1, std::memory_order_relaxed);
+  }
+  h->magic = 0;
+  c10::free_cpu(base);
+}
+
+struct TrackingCpuAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    if (n == 0) {
+      return {nullptr, nullptr, &tracked_delete, c10::Device(c10::DeviceType::CPU)};
+    }
+    size_t head = c10::c10_compute_alignment(n);
+    if (head < 64) {
+      head = 64;
+    }
+    void* base = c10::alloc_cpu(n + head);  // throws c10::Error on failure, like c10's
+    void* data = static_cast<char*>(base) + head;
+    uint64_t gp = phase_for_alloc();
+    BlockHeader* h = header_of(data);
+    h->magic = kMagic;
+    h->size = n;
+    h->head_bytes = head;
+    h->gen = cur_gen(gp);
+    h->phase = cur_phase(gp);
+    on_alloc(0, uint64_t(data), int64_t(n), h->gen, h->phase);
+    return {data, data, &tracked_delete, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &tracked_delete;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+TrackingCpuAllocator g_cpu_allocator;
+
+// ---------------------------------------------------------------------------------
+// CUDA: the caching allocator reports to the thread-local MemoryReportingInfoBase that
+// the profiler pushes on the training thread (the autograd engine carries it to its
+// device threads). Sizes are the allocator's rounded block sizes.
+
+struct CudaTag {
+  int64_t size;
+  uint32_t gen;
+  uint32_t phase;
+};
+std::mutex g_cuda_mutex;
+std::unordered_map<uint64_t, CudaTag>* g_cuda_blocks = nullptr;  // under g_cuda_mutex
+std::atomic<int64_t> g_cuda_ooms_seen{0};
+
+struct Reporter final : public c10::MemoryReportingInfoBase {
+  void reportMemoryUsage(
+      void* ptr,
+      int64_t alloc_size,
+      size_t total_allocated,
+      size_t total_reserved,
+      c10::Device device) override {
+    try {
+      if (device.type() != c10::DeviceType::CUDA || device.index() < 0 ||
+          device.index() >= kMaxCuda) {
+        return;  // the CPU is counted by the wrapping allocator
+      }
+      const int dev = 1 + device.index();
+      DeviceState& d = g_dev[dev];
+      const int64_t alloc = int64_t(total_allocated);
+      const int64_t reserved = int64_t(total_reserved);
+      d.reported_allocated.store(alloc, std::memory_order_relaxed);
+      d.reported_reserved.store(reserved, std::memory_order_relaxed);
+      atomic_max(d.reported_peak_allocated_iter, alloc);
+      atomic_max(d.reported_peak_reserved_iter, reserved);
+      atomic_max(d.reported_peak_allocated_run, alloc);
+      atomic_max(d.reported_peak_reserved_run, reserved);
+      const uint64_t key = uint64_t(ptr);
+      if (alloc_size > 0) {
+        uint64_t gp = phase_for_alloc();
+        CudaTag tag{alloc_size, cur_gen(gp), cur_phase(gp)};
+        {
+          std::lock_guard<std::mutex> lock(g_cuda_mutex);
+          (*g_cuda_blocks)[key] = tag;
+        }
+        on_alloc(dev, key, alloc_size, tag.gen, tag.phase);
+      } else if (alloc_size < 0) {
+        CudaTag tag{0, 0, 0};
+        bool found = false;
+        {
+          std::lock_guard<std::mutex> lock(g_cuda_mutex);
+          auto it = g_cuda_blocks->find(key);
+          if (it != g_cuda_blocks->end()) {
+            tag = it->second;
+            g_cuda_blocks->erase(it);
+            found = true;
+          }
+        }
+        if (found) {
+          on_free(dev, key, tag.size, tag.gen, tag.phase);
+        }
+      }
+    } catch (...) {
+      // Never let anything escape into the allocator.
+    }
+  }
+
+  void reportOutOfMemory(
+      int64_t /*alloc_size*/,
+      size_t /*total_allocated*/,
+      size_t /*total_reserved*/,
+      c10::Device /*device*/) override {
+    g_cuda_ooms_seen.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  bool memoryProfilingEnabled() const override {
+    return true;
+  }
+};
+
+// ---------------------------------------------------------------------------------
+// Op callbacks. A record counts as "backward running" when it is an autograd node
+// (BACKWARD_FUNCTION scope) or the engine's wrapper around one
+// ("autograd::engine::evaluate_function: ...", FUNCTION scope), which also covers the
+// engine's own work between node and buffer (validate_outputs' sum_to of broadcast
+// gradients, gradient accumulation in input buffers).
+
+constexpr char kEvaluateFunction[] = "autograd::engine::evaluate_function";
+
+inline bool is_backward_record(const at::RecordFunction& fn) {
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    return true;
+  }
+  const char* name = fn.name();
+  return name && name[0] == 'a' &&
+      std::strncmp(name, kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0;
+}
+
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  if (!is_backward_record(fn)) {
+    return nullptr;
+  }
+  g_active_backward.fetch_add(1, std::memory_order_acq_rel);
+  uint64_t gp = g_genphase.load(std::memory_order_acquire);
+  const uint32_t ph = cur_phase(gp);
+  if (ph == kPhaseForward || ph == kPhaseOptimizer) {
+    transition(ph, kPhaseBackward);
+  }
+  return nullptr;
+}
+
+void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (is_backward_record(fn)) {
+    g_active_backward.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+struct ActiveSession {
+  at::CallbackHandle callback = 0;
+  bool reporter_pushed = false;
+};
+ActiveSession g_session;
+std::mutex g_session_mutex;
+
+// ---------------------------------------------------------------------------------
+// Loading libtorch_cuda.so, which tch binaries do not list as needed.
+
+std::string g_cuda_load_message = "not attempted";
+bool g_cuda_loaded = false;
+
+std::string libtorch_dir() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&c10::alloc_cpu), &info) && info.dli_fname) {
+    std::string p(info.dli_fname);
+    auto slash = p.rfind('/');
+    if (slash != std::string::npos) {
+      return p.substr(0, slash);
+    }
+  }
+  return "";
+}
+
+bool nvidia_driver_present() {
+  return access("/proc/driver/nvidia/version", F_OK) == 0 || access("/dev/nvidiactl", F_OK) == 0;
+}
+
+void load_cuda() {
+  if (getenv("TCH_MEMPROF_NO_CUDA")) {
+    g_cuda_load_message = "TCH_MEMPROF_NO_CUDA is set";
+    return;
+  }
+  if (!nvidia_driver_present()) {
+    g_cuda_load_message = "no NVIDIA driver on this machine (/proc/driver/nvidia absent)";
+    return;
+  }
+  std::string dir = libtorch_dir();
+  std::string path = dir.empty() ? "libtorch_cuda.so" : dir + "/libtorch_cuda.so";
+  if (access(path.c_str(), F_OK) != 0) {
+    g_cuda_load_message = path + " not found: this libtorch is CPU-only";
+    return;
+  }
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (!h) {
+    const char* e = dlerror();
+    g_cuda_load_message = std::string("dlopen ") + path + " failed: " + (e ? e : "?");
+    return;
+  }
+  g_cuda_loaded = true;
+  g_cuda_load_message = "loaded " + path;
+}
+
+// Runs at library load, before main and so before the user's model is built.
+struct Init {
+  Init() {
+    init_slots();
+    try {
+      g_cuda_blocks = new std::unordered_map<uint64_t, CudaTag>();
+    } catch (...) {
+    }
+    void* mem = mmap(
+        nullptr,
+        kLogCapacity * sizeof(LogEvent),
+        PROT_READ | PROT_WRITE,
+        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+        -1,
+        0);
+    g_log = mem == MAP_FAILED ? nullptr : static_cast<LogEvent*>(mem);
+    if (!getenv("TCH_MEMPROF_DISABLE")) {
+      try {
+        c10::SetCPUAllocator(&g_cpu_allocator, /*priority=*/100);
+        g_cpu_installed.store(c10::GetCPUAllocator() == &g_cpu_allocator);
+      } catch (...) {
+      }
+    }
+    try {
+      load_cuda();
+    } catch (...) {
+    }
+  }
+};
+Init g_init;
+
+int device_slot(const c10::Device& dev) {
+  if (dev.is_cpu()) {
+    return 0;
+  }
+  if (dev.is_cuda() && dev.index() >= 0 && dev.index() < kMaxCuda) {
+    return 1 + dev.index();
+  }
+  return -1;
+}
+
+// Rounds a CUDA request the way the caching allocator does for its blocks.
+int64_t cuda_round(int64_t n) {
+  const int64_t kMin = 512;
+  if (n < kMin) {
+    return kMin;
+  }
+  return kMin * ((n + kMin - 1) / kMin);
+}
+
+}  // namespace
+
+// ===================================================================================
+// The C ABI. Every function returns 0 on success and -1 on failure (message in
+// memprof_last_error), unless documented otherwise.
+
+extern "C" {
+
+struct MpDeviceStats {
+  int64_t live;
+  int64_t peak_iter;
+  int64_t peak_run;
+  int64_t allocs;
+  int64_t frees;
+  int64_t optimizer_born_live;
+  int64_t feature_maps;  // -1: no backward in this iteration
+  int64_t reported_allocated;
+  int64_t reported_reserved;
+  int64_t reported_peak_allocated_iter;
+  int64_t reported_peak_reserved_iter;
+  int64_t reported_peak_allocated_run;
+  int64_t reported_peak_reserved_run;
+};
+
+struct MpState {
+  uint32_t gen;
+  uint32_t phase;
+  int64_t active_backward;
+  int64_t backward_passes;
+  uint64_t log_len;
+  uint64_t log_capacity;
+  int64_t untagged_frees;
+  int32_t cpu_installed;
+  int32_t cuda_loaded;
+  int64_t cuda_ooms_seen;
+};
+
+struct MpBlock {
+  int32_t defined;
+  int32_t device;  // device slot, -1 unknown device type
+  int32_t tracked; // the block's birth was seen
+  uint32_t phase;  // birth phase (tracked only)
+  uint32_t gen;    // birth generation (tracked only)
+  uint32_t pad;
+  uint64_t base;   // storage base pointer (block identity)
+  int64_t bytes;   // block bytes as accounted (CUDA: rounded)
+};
+
+struct MpCudaStats {
+  int64_t allocated_current, allocated_peak;
+  int64_t reserved_current, reserved_peak;
+  int64_t active_current, active_peak;
+  int64_t requested_current, requested_peak;
+  int64_t alloc_retries;
+  int64_t ooms;
+  int64_t free_bytes, total_bytes;
+};
+
+size_t memprof_last_error(char* buf, size_t len) {
+  size_t n = tl_last_error.size();
+  if (buf && len > 0) {
+    size_t c = n < len - 1 ? n : len - 1;
+    std::memcpy(buf, tl_last_error.data(), c);
+    buf[c] = 0;
+  }
+  return n;
+}
+
+int memprof_start(int32_t want_cuda) {
+  try {
+    std::lock_guard<std::mutex> lock(g_session_mutex);
+    if (g_session.callback != 0) {
+      set_error("a profiling session is already active in this process");
+      return -1;
+    }
+    if (!g_cpu_installed.load()) {
+      set_error(
+          getenv("TCH_MEMPROF_DISABLE")
+              ? "TCH_MEMPROF_DISABLE is set: the tracking CPU allocator was not installed"
+              : "the tracking CPU allocator could not be installed");
+      return -1;
+    }
+    g_active_backward.store(0);
+    g_backward_passes.store(0);
+    g_log_len.store(0);
+    for (auto& d : g_dev) {
+      d.peak_iter.store(d.live.load());
+      d.peak_run.store(d.live.load());
+      d.feature_maps.store(-1);
+      d.reported_peak_allocated_iter.store(d.reported_allocated.load());
+      d.reported_peak_reserved_iter.store(d.reported_reserved.load());
+      d.reported_peak_allocated_run.store(d.reported_allocated.load());
+      d.reported_peak_reserved_run.store(d.reported_reserved.load());
+    }
+    tl_training_thread = true;
+    if (want_cuda) {
+      c10::ThreadLocalDebugInfo::_push(
+          c10::DebugInfoKind::PROFILER_STATE, std::make_shared<Reporter>());
+      g_session.reporter_pushed = true;
+    }
+    g_session.callback = at::addGlobalCallback(
+        at::RecordFunctionCallback(&on_op_start, &on_op_end)
+            .needsInputs(false)
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    // Start iteration 1 in the forward phase.
+    uint64_t gp = g_genphase.load();
+    g_genphase.store((uint64_t(cur_gen(gp) + 1) << 8) | kPhaseForward);
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_start");
+  }
+  return -1;
+}
+
+int memprof_stop() {
+  try {
+    std::lock_guard<std::mutex> lock(g_session_mutex);
+    if (g_session.callback != 0) {
+      at::removeCallback(g_session.callback);
+      g_session.callback = 0;
+    }
+    uint64_t gp = g_genphase.load();
+    g_genphase.store((uint64_t(cur_gen(gp) + 1) << 8) | kPhaseIdle);
+    tl_training_thread = false;
+    if (g_session.reporter_pushed) {
+      g_session.reporter_pushed = false;
+      auto top = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
+      if (top && dynamic_cast<Reporter*>(top)) {
+        c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_stop");
+  }
+  return -1;
+}
+
+// Ends the current iteration and starts the next one in the forward phase: resets the
+// per-iteration peaks, the feature maps and the backward log.
+int memprof_begin_iteration() {
+  try {
+    uint64_t gp = g_genphase.load();
+    if (cur_phase(gp) == kPhaseIdle) {
+      set_error("no profiling session is active");
+      return -1;
+    }
+    g_genphase.store((uint64_t(cur_gen(gp) + 1) << 8) | kPhaseForward);
+    g_log_len.store(0);
+    g_backward_passes.store(0);
+    for (auto& d : g_dev) {
+      d.peak_iter.store(d.live.load());
+      d.feature_maps.store(-1);
+      d.reported_peak_allocated_iter.store(d.reported_allocated.load());
+      d.reported_peak_reserved_iter.store(d.reported_reserved.load());
+    }
+    return 0;
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_begin_iteration");
+  }
+  return -1;
+}
+
+int memprof_state(MpState* out) {
+  if (!out) {
+    return -1;
+  }
+  uint64_t gp = g_genphase.load();
+  out->gen = cur_gen(gp);
+  out->phase = cur_phase(gp);
+  out->active_backward = g_active_backward.load();
+  out->backward_passes = g_backward_passes.load();
+  out->log_len = g_log_len.load();
+  out->log_capacity = g_log ? kLogCapacity : 0;
+  out->untagged_frees = g_untagged_frees.load();
+  out->cpu_installed = g_cpu_installed.load() ? 1 : 0;
+  out->cuda_loaded = g_cuda_loaded ? 1 : 0;
+  out->cuda_ooms_seen = g_cuda_ooms_seen.load();
+  return 0;
+}
+
+int memprof_device_stats(int32_t slot, MpDeviceStats* out) {
+  if (!out || slot < 0 || slot >= kMaxDevices) {
+    set_error("device slot out of range");
+    return -1;
+  }
+  const DeviceState& d = g_dev[slot];
+  out->live = d.live.load();
+  out->peak_iter = d.peak_iter.load();
+  out->peak_run = d.peak_run.load();
+  out->allocs = d.allocs.load();
+  out->frees = d.frees.load();
+  out->optimizer_born_live = phase_live(d, kPhaseOptimizer);
+  out->feature_maps = d.feature_maps.load();
+  out->reported_allocated = d.reported_allocated.load();
+  out->reported_reserved = d.reported_reserved.load();
+  out->reported_peak_allocated_iter = d.reported_peak_allocated_iter.load();
+  out->reported_peak_reserved_iter = d.reported_peak_reserved_iter.load();
+  out->reported_peak_allocated_run = d.reported_peak_allocated_run.load();
+  out->reported_peak_reserved_run = d.reported_peak_reserved_run.load();
+  return 0;
+}
+
+// Copies up to `cap` events of the backward log; returns how many were logged in all
+// (more than `cap`, or more than the capacity, means the log overflowed).
+uint64_t memprof_read_log(LogEvent* out, uint64_t cap) {
+  uint64_t n = g_log_len.load(std::memory_order_acquire);
+  uint64_t avail = n < kLogCapacity ? n : kLogCapacity;
+  uint64_t c = avail < cap ? avail : cap;
+  if (g_log && out && c > 0) {
+    std::memcpy(out, g_log, c * sizeof(LogEvent));
+  }
+  return n;
+}
+
+// The block behind a tensor's storage (grad=1: behind its .grad).
+int memprof_tensor_block(const void* tensor, int32_t grad, MpBlock* out) {
+  try {
+    std::memset(out, 0, sizeof(MpBlock));
+    out->device = -1;
+    if (!tensor) {
+      set_error("null tensor");
+      return -1;
+    }
+    const at::Tensor& t0 = *static_cast<const at::Tensor*>(tensor);
+    if (!t0.defined()) {
+      return 0;
+    }
+    at::Tensor t = grad ? t0.grad() : t0;
+    if (!t.defined() || !t.has_storage()) {
+      return 0;
+    }
+    const c10::Storage& st = t.storage();
+    const c10::DataPtr& dp = st.data_ptr();
+    out->defined = 1;
+    out->device = device_slot(dp.device());
+    out->base = uint64_t(dp.get());
+    out->bytes = int64_t(st.nbytes());
+    if (dp.device().is_cpu()) {
+      if (dp.get_deleter() == &tracked_delete && dp.get()) {
+        BlockHeader* h = header_of(dp.get());
+        if (h->magic == kMagic) {
+          out->tracked = 1;
+          out->bytes = int64_t(h->size);
+          out->gen = h->gen;
+          out->phase = h->phase;
+        }
+      }
+    } else if (dp.device().is_cuda()) {
+      out->bytes = cuda_round(int64_t(st.nbytes()));
+      std::lock_guard<std::mutex> lock(g_cuda_mutex);
+      auto it = g_cuda_blocks->find(out->base);
+      if (it != g_cuda_blocks->end()) {
+        out->tracked = 1;
+        out->bytes = it->second.size;
+        out->gen = it->second.gen;
+        out->phase = it->second.phase;
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_tensor_block");
+  }
+  return -1;
+}
+
+// CUDA allocator statistics for one device. Fails softly without CUDA.
+int memprof_cuda_stats(int32_t index, MpCudaStats* out) {
+  try {
+    std::memset(out, 0, sizeof(MpCudaStats));
+    if (!g_cuda_loaded) {
+      set_error(("CUDA is not available: " + g_cuda_load_message).c_str());
+      return -1;
+    }
+    auto* alloc = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(c10::DeviceType::CUDA));
+    if (!alloc || !alloc->initialized()) {
+      set_error("the CUDA caching allocator is not initialized (no CUDA tensor yet)");
+      return -1;
+    }
+    auto s = alloc->getDeviceStats(c10::DeviceIndex(index));
+    constexpr auto A = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    out->allocated_current = s.allocated_bytes[A].current;
+    out->allocated_peak = s.allocated_bytes[A].peak;
+    out->reserved_current = s.reserved_bytes[A].current;
+    out->reserved_peak = s.reserved_bytes[A].peak;
+    out->active_current = s.active_bytes[A].current;
+    out->active_peak = s.active_bytes[A].peak;
+    out->requested_current = s.requested_bytes[A].current;
+    out->requested_peak = s.requested_bytes[A].peak;
+    out->alloc_retries = s.num_alloc_retries;
+    out->ooms = s.num_ooms;
+    auto info = alloc->getMemoryInfo(c10::DeviceIndex(index));
+    out->free_bytes = int64_t(info.first);
+    out->total_bytes = int64_t(info.second);
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_cuda_stats");
+  }
+  return -1;
+}
+
+const char* memprof_cuda_load_message() {
+  return g_cuda_load_message.c_str();
+}
+
+}  // extern "C"
