@@ -13,7 +13,10 @@ fn main() {
              build through scripts/with-libtorch.sh or set LIBTORCH"
         ),
     };
-    let root = lib.parent().map(PathBuf::from).unwrap_or_else(|| lib.clone());
+    let root = lib
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| lib.clone());
     cc::Build::new()
         .cpp(true)
         .pic(true)

@@ -10,16 +10,14 @@ use tch::Tensor;
 use crate::error::{Error, Result};
 
 /// Number of device slots: slot 0 is the CPU, slot `1 + i` is `cuda:i`.
-pub const MAX_DEVICES: usize = 17;
+pub(crate) const MAX_DEVICES: usize = 17;
 
-/// Phases as the native layer numbers them.
-pub const PHASE_FORWARD: u32 = 0;
-pub const PHASE_BACKWARD: u32 = 1;
-pub const PHASE_OPTIMIZER: u32 = 2;
+/// The optimizer phase as the native layer numbers it (forward 0, backward 1).
+pub(crate) const PHASE_OPTIMIZER: u32 = 2;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct DeviceStats {
+pub(crate) struct DeviceStats {
     pub live: i64,
     pub peak_iter: i64,
     pub peak_run: i64,
@@ -37,7 +35,7 @@ pub struct DeviceStats {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct State {
+pub(crate) struct State {
     pub gen: u32,
     pub phase: u32,
     pub active_backward: i64,
@@ -53,7 +51,7 @@ pub struct State {
 /// One birth (+size) or death (-size) of a block during backward.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LogEvent {
+pub(crate) struct LogEvent {
     pub ptr: u64,
     pub delta: i64,
     pub gen: u32,
@@ -63,7 +61,7 @@ pub struct LogEvent {
 /// The allocation behind a tensor's storage.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Block {
+pub(crate) struct Block {
     pub defined: i32,
     pub device: i32,
     pub tracked: i32,
@@ -135,31 +133,31 @@ fn check(status: i32) -> Result<()> {
 }
 
 /// Starts the profiling session on the calling thread (the training thread).
-pub fn start(want_cuda: bool) -> Result<()> {
+pub(crate) fn start(want_cuda: bool) -> Result<()> {
     // SAFETY: plain call; the callee catches all exceptions.
     check(unsafe { memprof_start(want_cuda as i32) })
 }
 
 /// Ends the profiling session. Call on the thread that started it.
-pub fn stop() -> Result<()> {
+pub(crate) fn stop() -> Result<()> {
     // SAFETY: plain call; the callee catches all exceptions.
     check(unsafe { memprof_stop() })
 }
 
 /// Ends the current iteration and begins the next (forward phase).
-pub fn begin_iteration() -> Result<()> {
+pub(crate) fn begin_iteration() -> Result<()> {
     // SAFETY: plain call; the callee catches all exceptions.
     check(unsafe { memprof_begin_iteration() })
 }
 
-pub fn state() -> State {
+pub(crate) fn state() -> State {
     let mut s = State::default();
     // SAFETY: `s` is a valid, writable State with the C layout.
     unsafe { memprof_state(&mut s) };
     s
 }
 
-pub fn device_stats(slot: usize) -> Result<DeviceStats> {
+pub(crate) fn device_stats(slot: usize) -> Result<DeviceStats> {
     let mut s = DeviceStats::default();
     // SAFETY: `s` is a valid, writable DeviceStats with the C layout.
     check(unsafe { memprof_device_stats(slot as i32, &mut s) })?;
@@ -167,7 +165,7 @@ pub fn device_stats(slot: usize) -> Result<DeviceStats> {
 }
 
 /// The backward events logged in this iteration, and whether the log overflowed.
-pub fn read_log(into: &mut Vec<LogEvent>) -> bool {
+pub(crate) fn read_log(into: &mut Vec<LogEvent>) -> bool {
     let st = state();
     let n = st.log_len.min(st.log_capacity) as usize;
     into.clear();
@@ -180,7 +178,7 @@ pub fn read_log(into: &mut Vec<LogEvent>) -> bool {
 }
 
 /// The block behind `t`'s storage, or behind its `.grad` when `grad` is true.
-pub fn tensor_block(t: &Tensor, grad: bool) -> Result<Block> {
+pub(crate) fn tensor_block(t: &Tensor, grad: bool) -> Result<Block> {
     let mut b = Block::default();
     // SAFETY: tch's tensor handle is a pointer to an at::Tensor that outlives this call
     // (we hold `t`); the callee only reads it.
@@ -189,7 +187,7 @@ pub fn tensor_block(t: &Tensor, grad: bool) -> Result<Block> {
 }
 
 /// CUDA allocator statistics of `cuda:index`; an error (never a crash) without CUDA.
-pub fn cuda_stats(index: usize) -> Result<CudaStats> {
+pub(crate) fn cuda_stats(index: usize) -> Result<CudaStats> {
     let mut s = CudaStats::default();
     // SAFETY: `s` is a valid, writable CudaStats with the C layout.
     check(unsafe { memprof_cuda_stats(index as i32, &mut s) })?;
@@ -197,7 +195,7 @@ pub fn cuda_stats(index: usize) -> Result<CudaStats> {
 }
 
 /// Why CUDA is or is not available to the profiler.
-pub fn cuda_load_message() -> String {
+pub(crate) fn cuda_load_message() -> String {
     // SAFETY: the callee returns a pointer to a NUL-terminated string that lives as long
     // as the process and is only written at library load.
     unsafe { CStr::from_ptr(memprof_cuda_load_message()) }

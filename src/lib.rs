@@ -1,10 +1,136 @@
-//! tch-memprof (work in progress)
-#![allow(missing_docs)]
+//! # tch-memprof: where the memory of a tch training loop goes
+//!
+//! Four lines in an existing [tch](https://docs.rs/tch) training loop give, at every
+//! reported iteration, the memory split into weights, gradients, feature maps,
+//! intermediate gradients, optimizer state and the rest, on the terminal and as CSV.
+//! The numbers are measured from the allocator, byte-exact, not estimated from hooks.
+//!
+//! ```no_run
+//! use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let vs = nn::VarStore::new(Device::cuda_if_available());
+//! let net = nn::linear(vs.root() / "fc", 784, 10, Default::default());
+//! let mut opt = nn::Adam::default().build(&vs, 1e-3)?;
+//!
+//! let mut profiler = tch_memprof::MemoryProfiler::builder(&vs) // 1
+//!     .print_period(5)
+//!     .csv(true)
+//!     .build()?;
+//! for _epoch in 0..3 {
+//!     for _ in 0..100 {
+//!         let x = Tensor::randn([64, 784], (Kind::Float, vs.device()));
+//!         let y = Tensor::zeros([64], (Kind::Int64, vs.device()));
+//!         let loss = net.forward(&x).cross_entropy_for_logits(&y);
+//!         opt.backward_step(&loss);
+//!         profiler.record_stats(); // 2: after the optimizer step
+//!     }
+//!     profiler.epoch_end(); // 3
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ## What each number means
+//!
+//! An *iteration* is the span between two `record_stats` calls. Its phases are found
+//! without extra calls: **backward** begins when the autograd engine runs its first node
+//! and ends when control returns to the training code; the **optimizer** phase follows
+//! until `record_stats` (or the next forward pass); everything before backward is
+//! **forward**.
+//!
+//! | number | meaning |
+//! |---|---|
+//! | allocated | bytes in live tensor allocations. CPU: every live block of libtorch's CPU allocator in the process. CUDA: the caching allocator's allocated bytes. |
+//! | peak allocated | the highest `allocated` during the iteration |
+//! | reserved (CUDA) | bytes the caching allocator holds from the driver: allocated plus cached |
+//! | resident (CPU) | the process's resident memory (RSS); its peak is the process's peak since start (VmHWM). Reserved has no meaning for the CPU allocator. |
+//! | weights | storage of every VarStore variable; trainable parameters and buffers (batch-norm statistics) are shown apart |
+//! | weight gradients | storage of each variable's defined `.grad` |
+//! | optimizer state | bytes allocated during optimizer steps that are still live (Adam: two tensors per parameter) |
+//! | other | everything else live: `allocated - weights - gradients - optimizer state` |
+//! | feature maps | bytes allocated in the iteration before its backward pass that are still live when backward starts: the input batch and everything the forward pass keeps for backward (and the 4-byte gradient seed `backward()` makes) |
+//! | intermediate gradients | the peak, during backward, of live bytes allocated by backward that are not weight gradients: activation gradients, fresh gradients waiting to be accumulated |
+//!
+//! Weights, gradients, optimizer state and other are taken when `record_stats` runs and
+//! add up to allocated. Feature maps and intermediate gradients are measured at their own
+//! moment inside the iteration (by then they are freed). Sizes are those of the
+//! allocations: on CUDA the caching allocator's blocks (rounded to 512 bytes).
+//!
+//! ## CSV files
+//!
+//! With `.csv(true)`, every report also goes to files in `csv_dir` (default
+//! `memory_csv_data/`), named by the run's start time `YYYYmmdd-HHMMSS` (plus
+//! `-rank<R>` when the `RANK` variable is set, and `-2`, `-3`... rather than overwrite):
+//!
+//! - `<run>_summary.csv`: one row per reported iteration: `timestamp, epoch,
+//!   iteration, device, allocated_bytes, peak_allocated_bytes, reserved_bytes,
+//!   peak_reserved_bytes, weights_bytes, buffers_bytes, gradients_bytes,
+//!   feature_maps_bytes, intermediate_gradients_bytes, optimizer_state_bytes,
+//!   other_bytes, step, backward_passes`;
+//! - `<run>_parameters.csv`: `timestamp, epoch, iteration, parameter, kind
+//!   (weight|buffer|gradient), dtype, shape, bytes`, one row per variable and gradient;
+//! - `<run>_epochs.csv`: one row per `epoch_end`;
+//! - `<run>_wide.csv` with `.wide_csv(true)`: one column per variable and per gradient.
+//!
+//! Each row is flushed before `record_stats` returns: a process killed at any moment
+//! leaves files that parse, with every row it completed.
+//!
+//! ## Guarantees in the training loop
+//!
+//! - `record_stats` and `epoch_end` never panic and never stop training: a failure is
+//!   logged with [`log`] and counted ([`MemoryProfiler::failures`]).
+//! - Bad settings fail at `build()` with an [`Error`] naming the value and why.
+//! - One profiler at a time per process ([`Error::AlreadyActive`]); it is not `Send`.
+//! - The VarStore is not borrowed: `vs.freeze()`, `vs.load()` stay usable.
+//! - The profiler never empties caches or keeps tensors alive.
+//!
+//! ## How it measures
+//!
+//! A small C++ layer, compiled against libtorch's headers, installs a wrapping CPU
+//! allocator when the program loads (before the model is built), registers for the
+//! CUDA caching allocator's memory reports, and watches the autograd engine's nodes to
+//! find the phases. Every allocation is tagged with the phase it was born in. See
+//! `README.md` for the design and its limits.
+//!
+//! ## Setup
+//!
+//! tch needs libtorch 2.11.0. `scripts/with-libtorch.sh <command>` provisions it once
+//! (the PyPI `torch==2.11.0` wheel, in a per-user cache) or uses `LIBTORCH`. Binaries of
+//! this package find libtorch through an rpath; a crate that depends on tch-memprof can
+//! do the same from its `build.rs` with the folder this crate publishes:
+//!
+//! ```no_run
+//! // build.rs of a crate that depends on tch-memprof
+//! if let Ok(lib) = std::env::var("DEP_TCH_MEMPROF_LIBTORCH_LIB") {
+//!     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+//! }
+//! ```
+#![deny(missing_docs)]
+
+mod accounting;
+mod csv_report;
 mod error;
 mod ffi;
+pub mod format;
+mod fs;
+mod profiler;
+mod report;
+mod stats;
+
 pub use error::{Error, Result};
+pub use ffi::CudaStats;
+pub use profiler::{cuda_status, MemoryProfiler, MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
+pub use stats::{EpochStats, IterationStats, VariableKind, VariableStats};
+
+/// Raw measurements, for this crate's own tests and benches. Not a stable API.
 #[doc(hidden)]
-pub mod probe {
-    //! temporary
-    pub use crate::ffi::*;
+pub mod __private {
+    /// Live bytes of the CPU allocator now (every tracked block in the process).
+    pub fn cpu_live_bytes() -> i64 {
+        crate::ffi::device_stats(0).map(|s| s.live).unwrap_or(-1)
+    }
+    /// Whether the tracking CPU allocator is installed.
+    pub fn cpu_tracking_installed() -> bool {
+        crate::ffi::state().cpu_installed != 0
+    }
 }

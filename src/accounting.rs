@@ -1,0 +1,161 @@
+//! Turning what the native layer measured into the numbers of a report. Pure functions
+//! over plain data, so every rule here is unit-tested without libtorch.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::ffi::LogEvent;
+
+/// Intermediate gradients of one iteration: the peak, over each backward pass, of live
+/// bytes born in that pass that are not weight gradients.
+///
+/// `events` are the births (+size) and deaths (-size) logged during backward, in order;
+/// a pass is a run of events with the same generation. `grads` holds the block
+/// addresses of the weight gradients live now (after backward): a birth is a weight
+/// gradient's if it is the last birth at such an address and no death follows it.
+pub fn intermediate_peak(events: &[LogEvent], device: u32, grads: &HashSet<u64>) -> u64 {
+    let events: Vec<&LogEvent> = events.iter().filter(|e| e.device == device).collect();
+    // Births still alive at the end, by address.
+    let mut alive: HashMap<u64, usize> = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        if e.delta > 0 {
+            alive.insert(e.ptr, i);
+        } else {
+            alive.remove(&e.ptr);
+        }
+    }
+    let grad_births: HashSet<usize> = alive
+        .iter()
+        .filter(|(ptr, _)| grads.contains(ptr))
+        .map(|(_, &i)| i)
+        .collect();
+    let mut peak: i64 = 0;
+    let mut running: i64 = 0;
+    let mut gen = None;
+    for (i, e) in events.iter().enumerate() {
+        if gen != Some(e.gen) {
+            gen = Some(e.gen);
+            running = 0;
+        }
+        if grad_births.contains(&i) {
+            continue;
+        }
+        running += e.delta;
+        peak = peak.max(running);
+    }
+    peak.max(0) as u64
+}
+
+/// What a report needs to know about one allocation behind a variable or a gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// Block identity (storage base address).
+    pub base: u64,
+    /// Bytes as accounted by the allocator.
+    pub bytes: u64,
+    /// Born during an optimizer phase (so already inside the optimizer-state counter).
+    pub born_in_optimizer: bool,
+}
+
+/// Sum of the bytes of distinct blocks (variables that share storage count once).
+pub fn distinct_bytes<'a>(blocks: impl IntoIterator<Item = &'a BlockInfo>) -> u64 {
+    let mut seen = HashSet::new();
+    blocks
+        .into_iter()
+        .filter(|b| seen.insert(b.base))
+        .map(|b| b.bytes)
+        .sum()
+}
+
+/// Optimizer state: live bytes born in optimizer phases, less the weights and gradients
+/// among them (a gradient re-created by a `zero_grad` after `step`, say), which have
+/// their own category.
+pub fn optimizer_state(optimizer_born_live: i64, weights_and_grads: &[BlockInfo]) -> u64 {
+    let mut seen = HashSet::new();
+    let claimed: u64 = weights_and_grads
+        .iter()
+        .filter(|b| b.born_in_optimizer && seen.insert(b.base))
+        .map(|b| b.bytes)
+        .sum();
+    (optimizer_born_live.max(0) as u64).saturating_sub(claimed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(ptr: u64, delta: i64, gen: u32) -> LogEvent {
+        LogEvent {
+            ptr,
+            delta,
+            gen,
+            device: 0,
+        }
+    }
+
+    #[test]
+    fn weight_gradients_are_excluded_from_the_peak() {
+        // a (100) and b (50) are temporaries, g (1000) becomes a weight gradient.
+        let events = [
+            ev(1, 100, 7),
+            ev(2, 1000, 7),
+            ev(3, 50, 7),
+            ev(1, -100, 7),
+            ev(3, -50, 7),
+        ];
+        let grads = HashSet::from([2]);
+        assert_eq!(intermediate_peak(&events, 0, &grads), 150);
+        // Without knowing g is a gradient it would count.
+        assert_eq!(intermediate_peak(&events, 0, &HashSet::new()), 1150);
+    }
+
+    #[test]
+    fn a_reused_address_is_a_gradient_only_for_its_last_birth() {
+        // Address 5 first holds a temporary (freed), then the gradient.
+        let events = [ev(5, 300, 7), ev(5, -300, 7), ev(5, 200, 7), ev(6, 10, 7)];
+        let grads = HashSet::from([5]);
+        assert_eq!(intermediate_peak(&events, 0, &grads), 300);
+    }
+
+    #[test]
+    fn each_backward_pass_starts_from_zero() {
+        // Pass 1 leaves 40 bytes alive past its end (freed later, unlogged).
+        let events = [ev(1, 40, 7), ev(2, 30, 9), ev(2, -30, 9)];
+        assert_eq!(intermediate_peak(&events, 0, &HashSet::new()), 40);
+        let events = [ev(1, 10, 7), ev(2, 30, 9), ev(3, 5, 9)];
+        assert_eq!(intermediate_peak(&events, 0, &HashSet::new()), 35);
+    }
+
+    #[test]
+    fn other_devices_are_ignored() {
+        let mut e = ev(1, 100, 7);
+        e.device = 1;
+        assert_eq!(intermediate_peak(&[e], 0, &HashSet::new()), 0);
+        assert_eq!(intermediate_peak(&[e], 1, &HashSet::new()), 100);
+    }
+
+    #[test]
+    fn shared_blocks_count_once() {
+        let b = |base, bytes| BlockInfo {
+            base,
+            bytes,
+            born_in_optimizer: false,
+        };
+        assert_eq!(distinct_bytes(&[b(1, 10), b(1, 10), b(2, 5)]), 15);
+    }
+
+    #[test]
+    fn optimizer_state_leaves_out_gradients_born_in_the_optimizer_phase() {
+        let grad = BlockInfo {
+            base: 9,
+            bytes: 64,
+            born_in_optimizer: true,
+        };
+        let weight = BlockInfo {
+            base: 8,
+            bytes: 32,
+            born_in_optimizer: false,
+        };
+        assert_eq!(optimizer_state(1000, &[grad, weight, grad]), 936);
+        assert_eq!(optimizer_state(10, &[grad]), 0);
+    }
+}

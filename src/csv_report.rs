@@ -1,0 +1,306 @@
+//! CSV files under the CSV folder, one set per run, named by the run's start time.
+//!
+//! - `<run>_summary.csv`: one row per reported iteration (fixed columns).
+//! - `<run>_parameters.csv`: long form, one row per variable and gradient per report.
+//! - `<run>_epochs.csv`: one row per `epoch_end`.
+//! - `<run>_wide.csv` (option): one column per variable and per gradient, as the
+//!   original Python tool wrote.
+//!
+//! Every row is flushed to the operating system before `record_stats` returns, so a
+//! process killed at any moment leaves files that parse, with every completed row.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::format;
+use crate::fs;
+use crate::report::Report;
+use crate::stats::{EpochStats, IterationStats};
+
+/// A row of `<run>_summary.csv`.
+#[derive(Debug, Serialize)]
+struct SummaryRow<'a> {
+    timestamp: &'a str,
+    epoch: u64,
+    iteration: u64,
+    device: &'a str,
+    allocated_bytes: u64,
+    peak_allocated_bytes: u64,
+    reserved_bytes: u64,
+    peak_reserved_bytes: u64,
+    weights_bytes: u64,
+    buffers_bytes: u64,
+    gradients_bytes: u64,
+    feature_maps_bytes: u64,
+    intermediate_gradients_bytes: u64,
+    optimizer_state_bytes: u64,
+    other_bytes: u64,
+    step: u64,
+    backward_passes: u64,
+}
+
+/// A row of `<run>_parameters.csv`.
+#[derive(Debug, Serialize)]
+struct ParameterRow<'a> {
+    timestamp: &'a str,
+    epoch: u64,
+    iteration: u64,
+    parameter: &'a str,
+    kind: &'a str,
+    dtype: &'a str,
+    shape: &'a str,
+    bytes: u64,
+}
+
+/// A row of `<run>_epochs.csv`.
+#[derive(Debug, Serialize)]
+struct EpochRow<'a> {
+    timestamp: &'a str,
+    epoch: u64,
+    iterations: u64,
+    peak_allocated_bytes: u64,
+    peak_reserved_bytes: u64,
+    peak_feature_maps_bytes: u64,
+    peak_intermediate_gradients_bytes: u64,
+    allocated_bytes: u64,
+    allocated_change_bytes: i64,
+}
+
+/// One CSV file, opened at its first row and reopened if it vanishes.
+struct CsvFile {
+    path: PathBuf,
+    writer: Option<csv::Writer<File>>,
+}
+
+impl CsvFile {
+    fn new(path: PathBuf) -> Self {
+        CsvFile { path, writer: None }
+    }
+
+    /// Writes one row with `write` and flushes it. If the file vanished since the last
+    /// row (its folder deleted, say), it is recreated, the row is written, and an error
+    /// says the earlier rows are lost.
+    fn append(
+        &mut self,
+        write: impl FnOnce(&mut csv::Writer<File>) -> csv::Result<()>,
+    ) -> Result<()> {
+        let vanished = self.writer.is_some() && !self.path.exists();
+        if vanished {
+            self.writer = None;
+        }
+        if self.writer.is_none() {
+            if let Some(dir) = self.path.parent() {
+                fs::create_dir_all(dir)?;
+            }
+            let file = fs::create_new(&self.path)?;
+            self.writer = Some(csv::Writer::from_writer(file));
+        }
+        let w = self.writer.as_mut().expect("opened above");
+        let csv_err = |source| Error::Csv {
+            path: self.path.clone(),
+            source,
+        };
+        write(w).map_err(csv_err)?;
+        w.flush().map_err(|source| Error::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        if vanished {
+            return Err(Error::Io {
+                path: self.path.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the file vanished during the run; recreated it, earlier rows are lost",
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The CSV sink of one run.
+pub(crate) struct CsvReport {
+    summary: CsvFile,
+    parameters: CsvFile,
+    epochs: CsvFile,
+    wide: Option<CsvFile>,
+    /// Wide layout columns, fixed at its first row.
+    wide_columns: Vec<String>,
+}
+
+/// The run's file-name stem: `YYYYmmdd-HHMMSS`, `-rank<R>` when RANK is set, and
+/// `-2`, `-3`, ... when files of that stem already exist in `dir`.
+pub(crate) fn run_stem(dir: &Path, start: chrono::DateTime<chrono::Local>) -> String {
+    let mut base = start.format("%Y%m%d-%H%M%S").to_string();
+    if let Ok(rank) = std::env::var("RANK") {
+        let rank: String = rank.chars().filter(|c| c.is_ascii_alphanumeric()).collect();
+        if !rank.is_empty() {
+            base.push_str(&format!("-rank{rank}"));
+        }
+    }
+    let taken = |stem: &str| {
+        let prefix = format!("{stem}_");
+        std::fs::read_dir(dir)
+            .map(|entries| {
+                entries.flatten().any(|e| {
+                    e.file_name()
+                        .to_str()
+                        .is_some_and(|n| n.starts_with(&prefix))
+                })
+            })
+            .unwrap_or(false)
+    };
+    if !taken(&base) {
+        return base;
+    }
+    (2..)
+        .map(|i| format!("{base}-{i}"))
+        .find(|s| !taken(s))
+        .expect("an unused suffix exists")
+}
+
+impl CsvReport {
+    pub(crate) fn new(dir: &Path, stem: &str, wide: bool) -> Self {
+        let file = |suffix: &str| CsvFile::new(dir.join(format!("{stem}_{suffix}.csv")));
+        CsvReport {
+            summary: file("summary"),
+            parameters: file("parameters"),
+            epochs: file("epochs"),
+            wide: wide.then(|| file("wide")),
+            wide_columns: Vec::new(),
+        }
+    }
+
+    /// Paths of the files this run writes (some may not exist yet).
+    pub(crate) fn paths(&self) -> Vec<PathBuf> {
+        let mut v = vec![
+            self.summary.path.clone(),
+            self.parameters.path.clone(),
+            self.epochs.path.clone(),
+        ];
+        if let Some(w) = &self.wide {
+            v.push(w.path.clone());
+        }
+        v
+    }
+}
+
+fn now() -> String {
+    chrono::Local::now()
+        .format("%Y-%m-%dT%H:%M:%S%.3f%:z")
+        .to_string()
+}
+
+impl Report for CsvReport {
+    fn iteration(&mut self, s: &IterationStats) -> Result<()> {
+        let ts = now();
+        let row = SummaryRow {
+            timestamp: &ts,
+            epoch: s.epoch,
+            iteration: s.iteration,
+            device: &s.device,
+            allocated_bytes: s.allocated_bytes,
+            peak_allocated_bytes: s.peak_allocated_bytes,
+            reserved_bytes: s.reserved_bytes,
+            peak_reserved_bytes: s.peak_reserved_bytes,
+            weights_bytes: s.weights_bytes,
+            buffers_bytes: s.buffers_bytes,
+            gradients_bytes: s.gradients_bytes,
+            feature_maps_bytes: s.feature_maps_bytes,
+            intermediate_gradients_bytes: s.intermediate_gradients_bytes,
+            optimizer_state_bytes: s.optimizer_state_bytes,
+            other_bytes: s.other_bytes,
+            step: s.step,
+            backward_passes: s.backward_passes,
+        };
+        let mut first_error = self.summary.append(|w| w.serialize(&row)).err();
+
+        let result = self.parameters.append(|w| {
+            for v in &s.variables {
+                let dtype = v.dtype.as_str();
+                let shape = format::shape(&v.shape);
+                w.serialize(ParameterRow {
+                    timestamp: &ts,
+                    epoch: s.epoch,
+                    iteration: s.iteration,
+                    parameter: &v.name,
+                    kind: v.kind.as_str(),
+                    dtype,
+                    shape: &shape,
+                    bytes: v.bytes,
+                })?;
+                if let Some(g) = v.grad_bytes {
+                    w.serialize(ParameterRow {
+                        timestamp: &ts,
+                        epoch: s.epoch,
+                        iteration: s.iteration,
+                        parameter: &v.name,
+                        kind: "gradient",
+                        dtype,
+                        shape: &shape,
+                        bytes: g,
+                    })?;
+                }
+            }
+            Ok(())
+        });
+        first_error = first_error.or(result.err());
+
+        if let Some(wide) = self.wide.as_mut() {
+            let write_header = self.wide_columns.is_empty();
+            if write_header {
+                self.wide_columns = s.variables.iter().map(|v| v.name.clone()).collect();
+            }
+            let columns = &self.wide_columns;
+            let result = wide.append(|w| {
+                if write_header {
+                    let mut header =
+                        vec!["timestamp".to_string(), "epoch".into(), "iteration".into()];
+                    header.extend(columns.iter().cloned());
+                    header.extend(columns.iter().map(|c| format!("{c} grad")));
+                    w.write_record(&header)?;
+                }
+                let find = |name: &str| s.variables.iter().find(|v| v.name == name);
+                let mut record = vec![ts.clone(), s.epoch.to_string(), s.iteration.to_string()];
+                record.extend(
+                    columns
+                        .iter()
+                        .map(|c| find(c).map(|v| v.bytes.to_string()).unwrap_or_default()),
+                );
+                record.extend(columns.iter().map(|c| {
+                    find(c)
+                        .and_then(|v| v.grad_bytes)
+                        .map(|g| g.to_string())
+                        .unwrap_or_default()
+                }));
+                w.write_record(&record)
+            });
+            first_error = first_error.or(result.err());
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn epoch(&mut self, e: &EpochStats) -> Result<()> {
+        let ts = now();
+        self.epochs.append(|w| {
+            w.serialize(EpochRow {
+                timestamp: &ts,
+                epoch: e.epoch,
+                iterations: e.iterations,
+                peak_allocated_bytes: e.peak_allocated_bytes,
+                peak_reserved_bytes: e.peak_reserved_bytes,
+                peak_feature_maps_bytes: e.peak_feature_maps_bytes,
+                peak_intermediate_gradients_bytes: e.peak_intermediate_gradients_bytes,
+                allocated_bytes: e.allocated_bytes,
+                allocated_change_bytes: e.allocated_change_bytes,
+            })
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "csv"
+    }
+}

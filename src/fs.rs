@@ -1,0 +1,37 @@
+//! File access that names the path on error.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// `create_dir_all`, naming the folder on error.
+pub fn create_dir_all(path: &Path) -> Result<()> {
+    std::fs::create_dir_all(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Creates a new file; fails if it exists (reports never overwrite).
+pub fn create_new(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Checks that files can be created in `dir` by creating and removing one.
+pub fn check_writable(dir: &Path) -> Result<()> {
+    let probe: PathBuf = dir.join(format!(".tch-memprof-write-test-{}", std::process::id()));
+    let _ = std::fs::remove_file(&probe);
+    create_new(&probe)?;
+    std::fs::remove_file(&probe).map_err(|source| Error::Io {
+        path: probe,
+        source,
+    })
+}

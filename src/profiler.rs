@@ -1,0 +1,558 @@
+//! The profiler a training loop drives: `record_stats` after each iteration,
+//! `epoch_end` after each epoch.
+
+use std::collections::HashSet;
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tch::nn::{VarStore, Variables};
+use tch::Device;
+
+use crate::accounting::{self, BlockInfo};
+use crate::csv_report::{self, CsvReport};
+use crate::error::{Error, Result};
+use crate::ffi::{self, LogEvent};
+use crate::report::{Report, TerminalReport};
+use crate::stats::{EpochStats, IterationStats, VariableKind, VariableStats};
+
+/// One profiler per process: the allocator hooks are process-wide.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// Default number of variables listed by name in the terminal report.
+pub const DEFAULT_TOP_VARIABLES: usize = 10;
+
+/// Builds a [`MemoryProfiler`]; see [`MemoryProfiler::builder`].
+#[derive(Debug, Clone)]
+#[must_use = "call .build() to start profiling"]
+pub struct MemoryProfilerBuilder {
+    variables: Arc<Mutex<Variables>>,
+    device: Device,
+    print_period: usize,
+    print: bool,
+    csv: bool,
+    csv_dir: PathBuf,
+    wide_csv: bool,
+    top_variables: usize,
+}
+
+impl MemoryProfilerBuilder {
+    /// Report every `n`-th `record_stats` call (default 1: every iteration). Must be at
+    /// least 1. Every iteration is still measured, so epoch peaks cover all of them.
+    pub fn print_period(mut self, n: usize) -> Self {
+        self.print_period = n;
+        self
+    }
+
+    /// Print reports on the terminal (standard output). Default true.
+    pub fn print(mut self, on: bool) -> Self {
+        self.print = on;
+        self
+    }
+
+    /// Write CSV files (default false). See the crate docs for their columns.
+    pub fn csv(mut self, on: bool) -> Self {
+        self.csv = on;
+        self
+    }
+
+    /// Folder of the CSV files (default `memory_csv_data`), created if missing.
+    pub fn csv_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.csv_dir = dir.as_ref().to_path_buf();
+        self
+    }
+
+    /// Also write `<run>_wide.csv`: one column per variable and one per gradient, the
+    /// layout of the original Python tool (default false).
+    pub fn wide_csv(mut self, on: bool) -> Self {
+        self.wide_csv = on;
+        self
+    }
+
+    /// Variables listed by name in the terminal report, largest first; the rest are
+    /// summed in one row (default 10; 0 hides the table).
+    pub fn top_variables(mut self, n: usize) -> Self {
+        self.top_variables = n;
+        self
+    }
+
+    /// Starts profiling. Fails when a setting is invalid (naming it and why), when
+    /// another profiler is alive in the process, or when the native layer cannot start.
+    pub fn build(self) -> Result<MemoryProfiler> {
+        if self.print_period == 0 {
+            return Err(Error::InvalidConfig {
+                name: "print_period",
+                value: "0".into(),
+                reason: "must be at least 1 (report every n-th record_stats call)".into(),
+            });
+        }
+        let slot = match self.device {
+            Device::Cpu => 0,
+            Device::Cuda(i) if i < ffi::MAX_DEVICES - 1 => 1 + i,
+            other => {
+                return Err(Error::InvalidConfig {
+                    name: "VarStore device",
+                    value: format!("{other:?}"),
+                    reason: "only the CPU and cuda:0..15 are supported".into(),
+                })
+            }
+        };
+        let csv_dir_error = |reason: String| Error::InvalidConfig {
+            name: "csv_dir",
+            value: self.csv_dir.display().to_string(),
+            reason,
+        };
+        let start = chrono::Local::now();
+        let csv = if self.csv {
+            if self.csv_dir.as_os_str().is_empty() {
+                return Err(csv_dir_error("is empty".into()));
+            }
+            crate::fs::create_dir_all(&self.csv_dir)
+                .map_err(|e| csv_dir_error(format!("cannot be created: {}", source_of(&e))))?;
+            crate::fs::check_writable(&self.csv_dir)
+                .map_err(|e| csv_dir_error(format!("is not writable: {}", source_of(&e))))?;
+            let stem = csv_report::run_stem(&self.csv_dir, start);
+            Some(CsvReport::new(&self.csv_dir, &stem, self.wide_csv))
+        } else {
+            None
+        };
+
+        if ACTIVE
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(Error::AlreadyActive);
+        }
+        if let Err(e) = ffi::start(matches!(self.device, Device::Cuda(_))) {
+            ACTIVE.store(false, Ordering::Release);
+            return Err(e);
+        }
+
+        let mut csv_paths = Vec::new();
+        let mut reports: Vec<Box<dyn Report>> = Vec::new();
+        if self.print {
+            reports.push(Box::new(TerminalReport {
+                top_variables: self.top_variables,
+            }));
+        }
+        if let Some(csv) = csv {
+            csv_paths = csv.paths();
+            reports.push(Box::new(csv));
+        }
+        let mut profiler = MemoryProfiler {
+            variables: self.variables,
+            device: self.device,
+            slot,
+            print_period: self.print_period,
+            reports,
+            csv_paths,
+            epoch: 1,
+            iteration: 0,
+            step: 0,
+            epoch_acc: EpochAcc::default(),
+            allocated_at_epoch_start: 0,
+            last: None,
+            epochs: Vec::new(),
+            failures: 0,
+            log: Vec::new(),
+            _not_send: PhantomData,
+        };
+        profiler.allocated_at_epoch_start = profiler.allocated_now().unwrap_or(0);
+        Ok(profiler)
+    }
+}
+
+fn source_of(e: &Error) -> String {
+    match e {
+        Error::Io { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Peaks gathered over the iterations of the current epoch.
+#[derive(Debug, Default, Clone)]
+struct EpochAcc {
+    iterations: u64,
+    peak_allocated: u64,
+    peak_reserved: u64,
+    peak_feature_maps: u64,
+    peak_intermediate: u64,
+}
+
+/// Measures where a tch training loop's memory goes, from the allocator.
+///
+/// One profiler may be alive per process (see [`Error::AlreadyActive`]); it measures
+/// the VarStore's device. It is not `Send`: build, drive and drop it on the training
+/// thread. `record_stats` and `epoch_end` never panic and never return errors: a failure
+/// is logged with `log` and counted in [`failures`](Self::failures).
+///
+/// ```no_run
+/// # use tch::{nn, Device};
+/// # let vs = nn::VarStore::new(Device::Cpu);
+/// let mut profiler = tch_memprof::MemoryProfiler::builder(&vs)
+///     .print_period(5)
+///     .csv(true)
+///     .build()?;
+/// // in the loop, after the optimizer step:
+/// profiler.record_stats();
+/// // at the end of each epoch:
+/// profiler.epoch_end();
+/// # Ok::<(), tch_memprof::Error>(())
+/// ```
+pub struct MemoryProfiler {
+    variables: Arc<Mutex<Variables>>,
+    device: Device,
+    slot: usize,
+    print_period: usize,
+    reports: Vec<Box<dyn Report>>,
+    csv_paths: Vec<PathBuf>,
+    epoch: u64,
+    iteration: u64,
+    step: u64,
+    epoch_acc: EpochAcc,
+    allocated_at_epoch_start: u64,
+    last: Option<IterationStats>,
+    epochs: Vec<EpochStats>,
+    failures: u64,
+    log: Vec<LogEvent>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl std::fmt::Debug for MemoryProfiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryProfiler")
+            .field("device", &self.device)
+            .field("epoch", &self.epoch)
+            .field("step", &self.step)
+            .field("failures", &self.failures)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryProfiler {
+    /// A builder over the model's VarStore. The profiler keeps a handle to the store's
+    /// variables, not a borrow of the store: `vs.freeze()`, `vs.load()` and the rest
+    /// stay usable, and variables added later are seen.
+    pub fn builder(vs: &VarStore) -> MemoryProfilerBuilder {
+        MemoryProfilerBuilder {
+            variables: Arc::clone(&vs.variables_),
+            device: vs.device(),
+            print_period: 1,
+            print: true,
+            csv: false,
+            csv_dir: PathBuf::from("memory_csv_data"),
+            wide_csv: false,
+            top_variables: DEFAULT_TOP_VARIABLES,
+        }
+    }
+
+    /// A profiler with the default settings: report every iteration on the terminal,
+    /// no CSV.
+    pub fn new(vs: &VarStore) -> Result<Self> {
+        Self::builder(vs).build()
+    }
+
+    /// Ends the current iteration: measures it, reports it if it is a reporting
+    /// iteration, and starts the next one. Call it once per iteration, after the
+    /// optimizer step.
+    pub fn record_stats(&mut self) {
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.try_record_stats()));
+        self.absorb("record_stats", outcome);
+        // Whatever happened, the next iteration starts here.
+        if let Err(e) = ffi::begin_iteration() {
+            self.fail("record_stats", &e);
+        }
+    }
+
+    /// Ends the current epoch: prints its summary (peaks, change of live bytes since the
+    /// previous epoch's end) and writes it to `<run>_epochs.csv`.
+    pub fn epoch_end(&mut self) {
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.try_epoch_end()));
+        self.absorb("epoch_end", outcome);
+    }
+
+    /// The numbers of the last `record_stats` call (reported or not).
+    pub fn last_stats(&self) -> Option<&IterationStats> {
+        self.last.as_ref()
+    }
+
+    /// Summaries of the epochs ended so far.
+    pub fn epochs(&self) -> &[EpochStats] {
+        &self.epochs
+    }
+
+    /// Failures absorbed so far (each was logged with `log::warn!`).
+    pub fn failures(&self) -> u64 {
+        self.failures
+    }
+
+    /// The CSV files of this run (created at their first row), empty without `csv`.
+    pub fn csv_paths(&self) -> &[PathBuf] {
+        &self.csv_paths
+    }
+
+    fn absorb(&mut self, what: &str, outcome: std::thread::Result<Result<()>>) {
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.fail(what, &e),
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("panic");
+                self.fail(what, &Error::Native(format!("caught a panic: {msg}")));
+            }
+        }
+    }
+
+    fn fail(&mut self, what: &str, e: &Error) {
+        self.failures += 1;
+        log::warn!("tch-memprof: {what} failed (training goes on): {e}");
+    }
+
+    fn try_record_stats(&mut self) -> Result<()> {
+        self.step += 1;
+        self.iteration += 1;
+        let stats = self.measure()?;
+        let acc = &mut self.epoch_acc;
+        acc.iterations += 1;
+        acc.peak_allocated = acc.peak_allocated.max(stats.peak_allocated_bytes);
+        acc.peak_reserved = acc.peak_reserved.max(stats.peak_reserved_bytes);
+        acc.peak_feature_maps = acc.peak_feature_maps.max(stats.feature_maps_bytes);
+        acc.peak_intermediate = acc
+            .peak_intermediate
+            .max(stats.intermediate_gradients_bytes);
+        if self.step % self.print_period as u64 == 0 {
+            let mut errors = Vec::new();
+            for r in &mut self.reports {
+                if let Err(e) = r.iteration(&stats) {
+                    errors.push((r.name(), e));
+                }
+            }
+            for (name, e) in errors {
+                self.fail(&format!("record_stats ({name} report)"), &e);
+            }
+        }
+        self.last = Some(stats);
+        Ok(())
+    }
+
+    fn try_epoch_end(&mut self) -> Result<()> {
+        let allocated = self.allocated_now()?;
+        let acc = std::mem::take(&mut self.epoch_acc);
+        let peak_reserved = match self.device {
+            Device::Cpu => acc.peak_reserved.max(process_memory().1),
+            _ => acc.peak_reserved,
+        };
+        let e = EpochStats {
+            epoch: self.epoch,
+            iterations: acc.iterations,
+            peak_allocated_bytes: acc.peak_allocated.max(allocated),
+            peak_reserved_bytes: peak_reserved,
+            peak_feature_maps_bytes: acc.peak_feature_maps,
+            peak_intermediate_gradients_bytes: acc.peak_intermediate,
+            allocated_bytes: allocated,
+            allocated_change_bytes: allocated as i64 - self.allocated_at_epoch_start as i64,
+        };
+        self.allocated_at_epoch_start = allocated;
+        self.epoch += 1;
+        self.iteration = 0;
+        let mut errors = Vec::new();
+        for r in &mut self.reports {
+            if let Err(err) = r.epoch(&e) {
+                errors.push((r.name(), err));
+            }
+        }
+        self.epochs.push(e);
+        for (name, err) in errors {
+            self.fail(&format!("epoch_end ({name} report)"), &err);
+        }
+        Ok(())
+    }
+
+    /// Allocated bytes on the profiled device now.
+    fn allocated_now(&self) -> Result<u64> {
+        let ds = ffi::device_stats(self.slot)?;
+        Ok(match self.device {
+            Device::Cuda(i) => ffi::cuda_stats(i)
+                .map(|c| c.allocated_current)
+                .unwrap_or(ds.reported_allocated)
+                .max(0) as u64,
+            _ => ds.live.max(0) as u64,
+        })
+    }
+
+    fn measure(&mut self) -> Result<IterationStats> {
+        let ds = ffi::device_stats(self.slot)?;
+        let state = ffi::state();
+        let overflow = ffi::read_log(&mut self.log);
+
+        // Variables, classified by the storage they point to.
+        let vars = match self.variables.lock() {
+            Ok(v) => v,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let trainable: HashSet<u64> = vars
+            .trainable_variables
+            .iter()
+            .filter_map(|v| ffi::tensor_block(&v.tensor, false).ok())
+            .filter(|b| b.defined != 0)
+            .map(|b| b.base)
+            .collect();
+        let mut names: Vec<&String> = vars.named_variables.keys().collect();
+        names.sort();
+        let mut variables = Vec::with_capacity(names.len());
+        let mut weight_blocks = Vec::new();
+        let mut buffer_blocks = Vec::new();
+        let mut grad_blocks = Vec::new();
+        let info = |b: &ffi::Block| BlockInfo {
+            base: b.base,
+            bytes: b.bytes.max(0) as u64,
+            born_in_optimizer: b.tracked != 0 && b.phase == ffi::PHASE_OPTIMIZER,
+        };
+        for name in names {
+            let t = &vars.named_variables[name];
+            let w = ffi::tensor_block(t, false)?;
+            if w.defined == 0 {
+                continue;
+            }
+            let g = ffi::tensor_block(t, true)?;
+            let kind = if trainable.contains(&w.base) {
+                VariableKind::Weight
+            } else {
+                VariableKind::Buffer
+            };
+            weight_blocks.push(info(&w));
+            if kind == VariableKind::Buffer {
+                buffer_blocks.push(info(&w));
+            }
+            if g.defined != 0 {
+                grad_blocks.push(info(&g));
+            }
+            variables.push(VariableStats {
+                name: name.clone(),
+                kind,
+                dtype: t
+                    .f_kind()
+                    .map(|k| format!("{k:?}"))
+                    .unwrap_or_else(|_| "?".into()),
+                shape: t.size(),
+                bytes: w.bytes.max(0) as u64,
+                grad_bytes: (g.defined != 0).then_some(g.bytes.max(0) as u64),
+            });
+        }
+        drop(vars);
+
+        let weights = accounting::distinct_bytes(&weight_blocks);
+        let buffers = accounting::distinct_bytes(&buffer_blocks);
+        let gradients = accounting::distinct_bytes(&grad_blocks);
+        let claimed: Vec<BlockInfo> = weight_blocks.iter().chain(&grad_blocks).copied().collect();
+        let optimizer_state = accounting::optimizer_state(ds.optimizer_born_live, &claimed);
+        let grad_bases: HashSet<u64> = grad_blocks.iter().map(|b| b.base).collect();
+        let intermediate = accounting::intermediate_peak(&self.log, self.slot as u32, &grad_bases);
+
+        let (allocated, peak_allocated, reserved, peak_reserved, cuda) = match self.device {
+            Device::Cuda(i) => {
+                let cuda = ffi::cuda_stats(i).ok();
+                let allocated = cuda
+                    .map(|c| c.allocated_current)
+                    .unwrap_or(ds.reported_allocated)
+                    .max(0) as u64;
+                let reserved = cuda
+                    .map(|c| c.reserved_current)
+                    .unwrap_or(ds.reported_reserved)
+                    .max(0) as u64;
+                (
+                    allocated,
+                    allocated.max(ds.reported_peak_allocated_iter.max(0) as u64),
+                    reserved,
+                    reserved.max(ds.reported_peak_reserved_iter.max(0) as u64),
+                    cuda,
+                )
+            }
+            _ => {
+                let (rss, hwm) = process_memory();
+                (
+                    ds.live.max(0) as u64,
+                    ds.peak_iter.max(ds.live).max(0) as u64,
+                    rss,
+                    hwm,
+                    None,
+                )
+            }
+        };
+        let other = allocated
+            .saturating_sub(weights)
+            .saturating_sub(gradients)
+            .saturating_sub(optimizer_state);
+
+        Ok(IterationStats {
+            epoch: self.epoch,
+            iteration: self.iteration,
+            step: self.step,
+            device: device_name(self.device),
+            allocated_bytes: allocated,
+            peak_allocated_bytes: peak_allocated,
+            reserved_bytes: reserved,
+            peak_reserved_bytes: peak_reserved,
+            weights_bytes: weights,
+            buffers_bytes: buffers,
+            gradients_bytes: gradients,
+            feature_maps_bytes: ds.feature_maps.max(0) as u64,
+            intermediate_gradients_bytes: intermediate,
+            intermediate_gradients_exact: !overflow,
+            optimizer_state_bytes: optimizer_state,
+            other_bytes: other,
+            backward_passes: state.backward_passes.max(0) as u64,
+            variables,
+            cuda,
+        })
+    }
+}
+
+impl Drop for MemoryProfiler {
+    fn drop(&mut self) {
+        if let Err(e) = ffi::stop() {
+            log::warn!("tch-memprof: stopping the profiler failed: {e}");
+        }
+        ACTIVE.store(false, Ordering::Release);
+    }
+}
+
+/// `cpu` or `cuda:N`.
+pub(crate) fn device_name(d: Device) -> String {
+    match d {
+        Device::Cpu => "cpu".into(),
+        Device::Cuda(i) => format!("cuda:{i}"),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+/// The process's resident memory and its peak (VmRSS, VmHWM), in bytes; zeros where
+/// /proc is unavailable.
+pub(crate) fn process_memory() -> (u64, u64) {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return (0, 0);
+    };
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Whether CUDA is usable by the profiler, and if not, why.
+pub fn cuda_status() -> std::result::Result<(), String> {
+    match ffi::cuda_stats(0) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("{e} ({})", ffi::cuda_load_message())),
+    }
+}

@@ -1,0 +1,217 @@
+//! Reports as a fan-out: the profiler hands each report to every sink (terminal, CSV);
+//! a sink's failure is logged and counted by the profiler, never raised in the loop.
+
+use std::io::Write;
+
+use comfy_table::presets::UTF8_FULL_CONDENSED;
+use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
+
+use crate::error::Result;
+use crate::format;
+use crate::stats::{EpochStats, IterationStats, VariableKind};
+
+/// A destination for reports. Both hooks do nothing by default.
+pub(crate) trait Report {
+    /// Called at every reported iteration.
+    fn iteration(&mut self, _stats: &IterationStats) -> Result<()> {
+        Ok(())
+    }
+    /// Called at every `epoch_end`.
+    fn epoch(&mut self, _stats: &EpochStats) -> Result<()> {
+        Ok(())
+    }
+    /// Short name for log messages.
+    fn name(&self) -> &'static str;
+}
+
+/// Prints tables to standard output.
+pub(crate) struct TerminalReport {
+    pub top_variables: usize,
+}
+
+impl Report for TerminalReport {
+    fn iteration(&mut self, stats: &IterationStats) -> Result<()> {
+        write_stdout(&render_iteration(stats, self.top_variables))
+    }
+    fn epoch(&mut self, stats: &EpochStats) -> Result<()> {
+        write_stdout(&render_epoch(stats))
+    }
+    fn name(&self) -> &'static str {
+        "terminal"
+    }
+}
+
+fn write_stdout(text: &str) -> Result<()> {
+    // Not println!: it panics when stdout is closed.
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|_| out.flush())
+        .map_err(|source| crate::Error::Io {
+            path: "<stdout>".into(),
+            source,
+        })
+}
+
+fn table() -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic);
+    t
+}
+
+fn right(text: String) -> Cell {
+    Cell::new(text).set_alignment(CellAlignment::Right)
+}
+
+/// The terminal report of one iteration.
+pub(crate) fn render_iteration(s: &IterationStats, top: usize) -> String {
+    let on_cpu = s.device == "cpu";
+    let mut t = table();
+    t.set_header(vec![
+        Cell::new("memory"),
+        right("current".into()),
+        right("peak".into()),
+    ]);
+    let reserved = if on_cpu {
+        "resident (process RSS)"
+    } else {
+        "reserved (cached)"
+    };
+    t.add_row(vec![
+        Cell::new(reserved),
+        right(format::bytes(s.reserved_bytes)),
+        right(format::bytes(s.peak_reserved_bytes)),
+    ]);
+    t.add_row(vec![
+        Cell::new("allocated"),
+        right(format::bytes(s.allocated_bytes)),
+        right(format::bytes(s.peak_allocated_bytes)),
+    ]);
+    let nweights = s
+        .variables
+        .iter()
+        .filter(|v| v.kind == VariableKind::Weight)
+        .count();
+    let nbuffers = s.variables.len() - nweights;
+    let rows: [(String, u64, bool); 7] = [
+        (
+            format!("  weights ({nweights} parameters)"),
+            s.weights_bytes - s.buffers_bytes,
+            false,
+        ),
+        (format!("  buffers ({nbuffers})"), s.buffers_bytes, false),
+        ("  weight gradients".into(), s.gradients_bytes, false),
+        ("  optimizer state".into(), s.optimizer_state_bytes, false),
+        ("  other".into(), s.other_bytes, false),
+        (
+            "feature maps (at backward start)".into(),
+            s.feature_maps_bytes,
+            true,
+        ),
+        (
+            if s.intermediate_gradients_exact {
+                "intermediate gradients (backward)".into()
+            } else {
+                "intermediate gradients (backward, lower bound)".into()
+            },
+            s.intermediate_gradients_bytes,
+            true,
+        ),
+    ];
+    for (label, bytes, is_peak) in rows {
+        let (cur, peak) = if is_peak {
+            (String::new(), format::bytes(bytes))
+        } else {
+            (format::bytes(bytes), String::new())
+        };
+        t.add_row(vec![Cell::new(label), right(cur), right(peak)]);
+    }
+    let mut out = format!(
+        "\ntch-memprof · epoch {} · iteration {} (step {}) · {}\n{t}\n",
+        s.epoch, s.iteration, s.step, s.device
+    );
+    if top > 0 && !s.variables.is_empty() {
+        out.push_str(&render_variables(s, top));
+        out.push('\n');
+    }
+    out
+}
+
+/// Largest variables first; the rest summed in one row.
+fn render_variables(s: &IterationStats, top: usize) -> String {
+    let mut vars: Vec<_> = s.variables.iter().collect();
+    vars.sort_by(|a, b| {
+        (b.bytes + b.grad_bytes.unwrap_or(0))
+            .cmp(&(a.bytes + a.grad_bytes.unwrap_or(0)))
+            .then(a.name.cmp(&b.name))
+    });
+    let mut t = table();
+    t.set_header(vec![
+        Cell::new("variable"),
+        Cell::new("shape"),
+        right("weight".into()),
+        right("gradient".into()),
+    ]);
+    for v in vars.iter().take(top) {
+        let name = match v.kind {
+            VariableKind::Weight => v.name.clone(),
+            VariableKind::Buffer => format!("{} (buffer)", v.name),
+        };
+        t.add_row(vec![
+            Cell::new(name),
+            Cell::new(format::shape(&v.shape)),
+            right(format::bytes(v.bytes)),
+            right(
+                v.grad_bytes
+                    .map(format::bytes)
+                    .unwrap_or_else(|| "-".into()),
+            ),
+        ]);
+    }
+    if vars.len() > top {
+        let rest = &vars[top..];
+        let w: u64 = rest.iter().map(|v| v.bytes).sum();
+        let g: u64 = rest.iter().filter_map(|v| v.grad_bytes).sum();
+        t.add_row(vec![
+            Cell::new(format!("… {} more", rest.len())),
+            Cell::new(""),
+            right(format::bytes(w)),
+            right(format::bytes(g)),
+        ]);
+    }
+    t.to_string()
+}
+
+/// The terminal summary of one epoch.
+pub(crate) fn render_epoch(e: &EpochStats) -> String {
+    let mut t = table();
+    t.set_header(vec![
+        Cell::new(format!("epoch {} summary", e.epoch)),
+        right("bytes".into()),
+    ]);
+    let rows = [
+        ("iterations", e.iterations.to_string()),
+        ("peak allocated", format::bytes(e.peak_allocated_bytes)),
+        (
+            "peak reserved / resident",
+            format::bytes(e.peak_reserved_bytes),
+        ),
+        (
+            "largest feature maps",
+            format::bytes(e.peak_feature_maps_bytes),
+        ),
+        (
+            "largest intermediate gradients",
+            format::bytes(e.peak_intermediate_gradients_bytes),
+        ),
+        ("allocated at epoch end", format::bytes(e.allocated_bytes)),
+        (
+            "change since previous epoch end",
+            format::signed_bytes(e.allocated_change_bytes),
+        ),
+    ];
+    for (k, v) in rows {
+        t.add_row(vec![Cell::new(k), right(v)]);
+    }
+    format!("\n{t}\n")
+}

@@ -1,0 +1,117 @@
+//! The numbers of a report, as plain values users can inspect in their own code.
+
+use crate::ffi::CudaStats;
+
+/// Whether a VarStore variable is a trainable parameter or a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum VariableKind {
+    /// A trainable parameter (it gets a gradient).
+    Weight,
+    /// A non-trainable variable, such as batch-norm running statistics.
+    Buffer,
+}
+
+impl VariableKind {
+    /// `"weight"` or `"buffer"`, as in the CSV files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VariableKind::Weight => "weight",
+            VariableKind::Buffer => "buffer",
+        }
+    }
+}
+
+/// One VarStore variable at a report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VariableStats {
+    /// Its VarStore path, such as `layer1.0.conv1.weight`.
+    pub name: String,
+    /// Parameter or buffer.
+    pub kind: VariableKind,
+    /// Element type, such as `Float`.
+    pub dtype: String,
+    /// Shape, such as `[64, 3, 7, 7]`.
+    pub shape: Vec<i64>,
+    /// Bytes of the allocation behind it (on CUDA, the allocator's rounded block).
+    pub bytes: u64,
+    /// Bytes of the allocation behind its `.grad`, if it has one.
+    pub grad_bytes: Option<u64>,
+}
+
+/// Memory of one iteration: the span between two `record_stats` calls.
+///
+/// Current figures (allocated, weights, gradients, optimizer state, other) are taken
+/// when `record_stats` runs, after the optimizer step; `allocated = weights +
+/// gradients + optimizer state + other`. Feature maps and intermediate gradients are
+/// measured at their own moment inside the iteration (see each field).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IterationStats {
+    /// Epoch, from 1 (incremented by `epoch_end`).
+    pub epoch: u64,
+    /// Iteration within the epoch, from 1.
+    pub iteration: u64,
+    /// Iteration since the profiler was built, from 1.
+    pub step: u64,
+    /// The VarStore's device: `cpu` or `cuda:N`.
+    pub device: String,
+    /// Bytes allocated to tensors now. CPU: every live block of libtorch's CPU
+    /// allocator in the process; CUDA: the caching allocator's allocated bytes.
+    pub allocated_bytes: u64,
+    /// Peak of allocated bytes during the iteration.
+    pub peak_allocated_bytes: u64,
+    /// CUDA: bytes reserved (cached) by the caching allocator. CPU: the process's
+    /// resident memory (RSS), as reserved has no meaning there.
+    pub reserved_bytes: u64,
+    /// CUDA: peak reserved during the iteration. CPU: the process's peak resident
+    /// memory since it started (VmHWM).
+    pub peak_reserved_bytes: u64,
+    /// Every VarStore variable: trainable parameters and buffers.
+    pub weights_bytes: u64,
+    /// The buffers among `weights_bytes`.
+    pub buffers_bytes: u64,
+    /// Every variable's defined `.grad`.
+    pub gradients_bytes: u64,
+    /// Bytes allocated in this iteration before its backward pass that were still live
+    /// when backward started: the input batch and what the forward pass keeps for
+    /// backward. The largest over backward passes; 0 if backward did not run.
+    pub feature_maps_bytes: u64,
+    /// Peak during backward of live bytes allocated by backward that are not weight
+    /// gradients (activation gradients, fresh gradients waiting to be accumulated).
+    pub intermediate_gradients_bytes: u64,
+    /// False when the backward event log overflowed (more than a million allocations in
+    /// one backward pass): `intermediate_gradients_bytes` is then a lower bound.
+    pub intermediate_gradients_exact: bool,
+    /// Bytes allocated during optimizer steps that are still live (Adam: two tensors
+    /// per parameter).
+    pub optimizer_state_bytes: u64,
+    /// Everything else live now: user tensors, data kept across iterations.
+    pub other_bytes: u64,
+    /// Backward passes seen in this iteration.
+    pub backward_passes: u64,
+    /// Every variable, in VarStore order of names.
+    pub variables: Vec<VariableStats>,
+    /// CUDA caching-allocator statistics, on CUDA runs.
+    pub cuda: Option<CudaStats>,
+}
+
+/// Summary of one epoch, as printed by `epoch_end`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpochStats {
+    /// Epoch, from 1.
+    pub epoch: u64,
+    /// Iterations recorded in the epoch.
+    pub iterations: u64,
+    /// Peak allocated bytes over the epoch.
+    pub peak_allocated_bytes: u64,
+    /// Peak reserved bytes over the epoch (CPU: peak resident memory of the process).
+    pub peak_reserved_bytes: u64,
+    /// Largest feature maps of an iteration in the epoch.
+    pub peak_feature_maps_bytes: u64,
+    /// Largest intermediate gradients of an iteration in the epoch.
+    pub peak_intermediate_gradients_bytes: u64,
+    /// Allocated bytes when the epoch ended.
+    pub allocated_bytes: u64,
+    /// Change of allocated bytes since the previous epoch's end (since the profiler was
+    /// built, for the first epoch).
+    pub allocated_change_bytes: i64,
+}
