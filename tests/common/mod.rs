@@ -1,0 +1,61 @@
+//! Shared helpers: the DESIGN.md reference model and hand-computed sizes.
+#![allow(dead_code)]
+
+use tch::{nn, nn::Module, Device, Kind, Tensor};
+
+pub const B: i64 = 256;
+pub const IN: i64 = 1024;
+pub const HIDDEN: i64 = 4096;
+pub const OUT: i64 = 10;
+pub const F32: u64 = 4;
+
+/// Linear(1024->4096) -> ReLU -> Linear(4096->10).
+pub fn mlp(vs: &nn::VarStore) -> impl Module {
+    nn::seq()
+        .add(nn::linear(vs.root() / "l1", IN, HIDDEN, Default::default()))
+        .add_fn(|x| x.relu())
+        .add(nn::linear(vs.root() / "l2", HIDDEN, OUT, Default::default()))
+}
+
+/// Bytes of the MLP's parameters: two weight matrices and two biases, f32.
+pub fn mlp_weight_bytes() -> u64 {
+    F32 * (IN * HIDDEN + HIDDEN + HIDDEN * OUT + OUT) as u64
+}
+
+/// What the forward pass keeps for backward, plus the batch, by hand:
+/// input x, targets y (i64), the ReLU output (saved by ReluBackward and by the second
+/// linear), the log-softmax output (saved by LogSoftmaxBackward and NllLossBackward),
+/// the loss and NLL's total_weight (two f32 scalars), and the f32 gradient seed
+/// that backward() allocates before the engine starts.
+pub fn mlp_feature_map_bytes() -> u64 {
+    let x = F32 * (B * IN) as u64;
+    let y = 8 * B as u64;
+    let relu = F32 * (B * HIDDEN) as u64;
+    let log_softmax = F32 * (B * OUT) as u64;
+    let scalars = 3 * F32;
+    x + y + relu + log_softmax + scalars
+}
+
+/// Peak of backward temporaries by hand: at ReluBackward, the gradient flowing into
+/// the ReLU output (B x HIDDEN) and the gradient it produces (B x HIDDEN) are both live;
+/// nothing else in backward is larger.
+pub fn mlp_intermediate_bytes() -> u64 {
+    2 * F32 * (B * HIDDEN) as u64
+}
+
+pub struct Batch {
+    pub x: Tensor,
+    pub y: Tensor,
+}
+
+pub fn batch() -> Batch {
+    Batch {
+        x: Tensor::randn([B, IN], (Kind::Float, Device::Cpu)),
+        y: Tensor::randint(OUT, [B], (Kind::Int64, Device::Cpu)),
+    }
+}
+
+/// Bytes of a batch: x and y.
+pub fn batch_bytes() -> u64 {
+    F32 * (B * IN) as u64 + 8 * B as u64
+}
