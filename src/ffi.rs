@@ -3,7 +3,7 @@
 //! every exception and reports failure as a status plus a thread-local message, which
 //! this module turns into [`Error::Native`].
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void};
 
 use tch::Tensor;
 
@@ -112,7 +112,6 @@ extern "C" {
     fn memprof_read_log(out: *mut LogEvent, cap: u64) -> u64;
     fn memprof_tensor_block(tensor: *const c_void, grad: i32, out: *mut Block) -> i32;
     fn memprof_cuda_stats(index: i32, out: *mut CudaStats) -> i32;
-    fn memprof_cuda_load_message() -> *const c_char;
 }
 
 fn last_error() -> Error {
@@ -192,13 +191,4 @@ pub(crate) fn cuda_stats(index: usize) -> Result<CudaStats> {
     // SAFETY: `s` is a valid, writable CudaStats with the C layout.
     check(unsafe { memprof_cuda_stats(index as i32, &mut s) })?;
     Ok(s)
-}
-
-/// Why CUDA is or is not available to the profiler.
-pub(crate) fn cuda_load_message() -> String {
-    // SAFETY: the callee returns a pointer to a NUL-terminated string that lives as long
-    // as the process and is only written at library load.
-    unsafe { CStr::from_ptr(memprof_cuda_load_message()) }
-        .to_string_lossy()
-        .into_owned()
 }

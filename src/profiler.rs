@@ -549,10 +549,11 @@ pub(crate) fn process_memory() -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// Whether CUDA is usable by the profiler, and if not, why.
+/// Whether CUDA is usable by the profiler, and if not, why (no driver, a CPU-only
+/// libtorch, no CUDA tensor allocated yet, ...).
 pub fn cuda_status() -> std::result::Result<(), String> {
     match ffi::cuda_stats(0) {
         Ok(_) => Ok(()),
-        Err(e) => Err(format!("{e} ({})", ffi::cuda_load_message())),
+        Err(e) => Err(e.to_string()),
     }
 }

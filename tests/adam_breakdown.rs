@@ -20,14 +20,27 @@ fn adam_iteration_matches_hand_computed_bytes() {
         opt.step();
         profiler.record_stats();
 
-        let s = profiler.last_stats().expect("stats after record_stats").clone();
+        let s = profiler
+            .last_stats()
+            .expect("stats after record_stats")
+            .clone();
         let w = mlp_weight_bytes();
         assert_eq!(s.step, step);
         assert_eq!(s.device, "cpu");
-        assert_eq!(s.weights_bytes, w, "weights: 4 x (1024x4096 + 4096 + 4096x10 + 10)");
+        assert_eq!(
+            s.weights_bytes, w,
+            "weights: 4 x (1024x4096 + 4096 + 4096x10 + 10)"
+        );
         assert_eq!(s.buffers_bytes, 0);
-        assert_eq!(s.gradients_bytes, w, "one gradient per parameter, same size");
-        assert_eq!(s.optimizer_state_bytes, 2 * w, "Adam: exp_avg and exp_avg_sq");
+        assert_eq!(
+            s.gradients_bytes, w,
+            "one gradient per parameter, same size"
+        );
+        assert_eq!(
+            s.optimizer_state_bytes,
+            2 * w,
+            "Adam: exp_avg and exp_avg_sq"
+        );
         assert_eq!(s.feature_maps_bytes, mlp_feature_map_bytes());
         assert_eq!(s.intermediate_gradients_bytes, mlp_intermediate_bytes());
         assert!(s.intermediate_gradients_exact);
@@ -38,7 +51,10 @@ fn adam_iteration_matches_hand_computed_bytes() {
             s.allocated_bytes,
             s.weights_bytes + s.gradients_bytes + s.optimizer_state_bytes + s.other_bytes
         );
-        assert_eq!(s.allocated_bytes, tch_memprof::__private::cpu_live_bytes() as u64);
+        assert_eq!(
+            s.allocated_bytes,
+            tch_memprof::__private::cpu_live_bytes() as u64
+        );
         // At backward start, weights, optimizer state and feature maps were all live.
         assert!(s.peak_allocated_bytes >= s.allocated_bytes);
         assert!(s.peak_allocated_bytes >= w + s.optimizer_state_bytes + s.feature_maps_bytes);

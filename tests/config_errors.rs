@@ -10,20 +10,51 @@ fn bad_configuration_and_runtime_failures() {
     let _w = vs.root().var("w", &[8, 8], nn::Init::Const(1.0));
 
     // print_period 0.
-    let e = MemoryProfiler::builder(&vs).print_period(0).build().unwrap_err();
-    assert!(matches!(e, Error::InvalidConfig { name: "print_period", .. }), "{e}");
+    let e = MemoryProfiler::builder(&vs)
+        .print_period(0)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidConfig {
+                name: "print_period",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let msg = e.to_string();
-    assert!(msg.contains("print_period = 0") && msg.contains("at least 1"), "{msg}");
+    assert!(
+        msg.contains("print_period = 0") && msg.contains("at least 1"),
+        "{msg}"
+    );
 
     // A csv_dir that cannot be created: a path under a regular file.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a-file");
     std::fs::write(&file, b"x").unwrap();
     let bad = file.join("sub");
-    let e = MemoryProfiler::builder(&vs).csv(true).csv_dir(&bad).build().unwrap_err();
+    let e = MemoryProfiler::builder(&vs)
+        .csv(true)
+        .csv_dir(&bad)
+        .build()
+        .unwrap_err();
     let msg = e.to_string();
-    assert!(matches!(e, Error::InvalidConfig { name: "csv_dir", .. }), "{msg}");
-    assert!(msg.contains(&bad.display().to_string()) && msg.contains("cannot be created"), "{msg}");
+    assert!(
+        matches!(
+            e,
+            Error::InvalidConfig {
+                name: "csv_dir",
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&bad.display().to_string()) && msg.contains("cannot be created"),
+        "{msg}"
+    );
 
     // A csv_dir that exists but cannot be written (read-only; root ignores modes, so
     // only checked when the mode is enforced).
@@ -35,16 +66,27 @@ fn bad_configuration_and_runtime_failures() {
     let result = MemoryProfiler::builder(&vs).csv(true).csv_dir(&ro).build();
     if enforced {
         let msg = result.unwrap_err().to_string();
-        assert!(msg.contains("csv_dir") && msg.contains("not writable"), "{msg}");
+        assert!(
+            msg.contains("csv_dir") && msg.contains("not writable"),
+            "{msg}"
+        );
     } else {
-        eprintln!("note: running as root, a read-only folder is writable; skipped that case");
+        use std::io::Write; // the stderr handle, so the harness shows it
+        let _ = writeln!(
+            std::io::stderr(),
+            "config_errors: running as root, a read-only folder is writable; skipped that case"
+        );
         drop(result);
     }
     std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
 
     // Without csv, csv_dir is not touched.
     let untouched = dir.path().join("never-created");
-    let p = MemoryProfiler::builder(&vs).csv_dir(&untouched).print(false).build().unwrap();
+    let p = MemoryProfiler::builder(&vs)
+        .csv_dir(&untouched)
+        .print(false)
+        .build()
+        .unwrap();
     assert!(!untouched.exists());
 
     // A second live profiler is refused, and allowed again once the first is dropped.

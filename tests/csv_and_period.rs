@@ -78,8 +78,14 @@ fn every_third_iteration_is_reported_and_the_files_parse_back() {
     assert!(h.join(",").starts_with(expected_header), "{h:?}");
     assert_eq!(rows.len(), 2);
     let at = |r: &Vec<String>, name: &str| r[col(&h, name)].clone();
-    assert_eq!((at(&rows[0], "epoch"), at(&rows[0], "iteration")), ("1".into(), "3".into()));
-    assert_eq!((at(&rows[1], "epoch"), at(&rows[1], "iteration")), ("2".into(), "2".into()));
+    assert_eq!(
+        (at(&rows[0], "epoch"), at(&rows[0], "iteration")),
+        ("1".into(), "3".into())
+    );
+    assert_eq!(
+        (at(&rows[1], "epoch"), at(&rows[1], "iteration")),
+        ("2".into(), "2".into())
+    );
     for (row, s) in rows.iter().zip(&reported) {
         assert!(chrono::DateTime::parse_from_rfc3339(&at(row, "timestamp")).is_ok());
         assert_eq!(at(row, "device"), "cpu");
@@ -89,13 +95,19 @@ fn every_third_iteration_is_reported_and_the_files_parse_back() {
             ("weights_bytes", s.weights_bytes),
             ("gradients_bytes", s.gradients_bytes),
             ("feature_maps_bytes", s.feature_maps_bytes),
-            ("intermediate_gradients_bytes", s.intermediate_gradients_bytes),
+            (
+                "intermediate_gradients_bytes",
+                s.intermediate_gradients_bytes,
+            ),
             ("optimizer_state_bytes", s.optimizer_state_bytes),
             ("other_bytes", s.other_bytes),
         ] {
             assert_eq!(at(row, name).parse::<u64>().unwrap(), value, "{name}");
         }
-        assert_eq!(at(row, "weights_bytes").parse::<u64>().unwrap(), mlp_weight_bytes());
+        assert_eq!(
+            at(row, "weights_bytes").parse::<u64>().unwrap(),
+            mlp_weight_bytes()
+        );
         assert_eq!(
             at(row, "feature_maps_bytes").parse::<u64>().unwrap(),
             mlp_feature_map_bytes()
@@ -148,7 +160,10 @@ fn files_are_never_overwritten() {
         p.record_stats();
         stems.push(p.csv_paths()[0].clone());
     }
-    assert_ne!(stems[0], stems[1], "a second run in the same second gets its own files");
+    assert_ne!(
+        stems[0], stems[1],
+        "a second run in the same second gets its own files"
+    );
     assert!(stems.iter().all(|p| p.exists()));
 }
 

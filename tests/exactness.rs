@@ -7,7 +7,10 @@ use tch_memprof::__private::{cpu_live_bytes, cpu_tracking_installed};
 
 #[test]
 fn live_bytes_move_by_exactly_the_tensor_size() {
-    assert!(cpu_tracking_installed(), "the tracking allocator is installed at load");
+    assert!(
+        cpu_tracking_installed(),
+        "the tracking allocator is installed at load"
+    );
     let cases: [(&[i64], Kind, i64); 7] = [
         (&[1000], Kind::Float, 4000),
         (&[3, 5], Kind::Double, 3 * 5 * 8),
@@ -37,9 +40,17 @@ fn live_bytes_move_by_exactly_the_tensor_size() {
     let view = base.narrow(0, 10, 20);
     assert_eq!(cpu_live_bytes(), after_base, "a view allocates nothing");
     let copy = view.copy();
-    assert_eq!(cpu_live_bytes() - after_base, 20 * 10 * 4, "a copy of the view");
+    assert_eq!(
+        cpu_live_bytes() - after_base,
+        20 * 10 * 4,
+        "a copy of the view"
+    );
     drop(base);
-    assert_eq!(cpu_live_bytes() - before, 4000 + 800, "the view keeps the block alive");
+    assert_eq!(
+        cpu_live_bytes() - before,
+        4000 + 800,
+        "the view keeps the block alive"
+    );
     drop(view);
     drop(copy);
     assert_eq!(cpu_live_bytes(), before);

@@ -63,7 +63,10 @@ fn killed_mid_run_leaves_complete_rows() {
     let deadline = Instant::now() + Duration::from_secs(60);
     while summary_rows(dir.path()) < 20 {
         assert!(Instant::now() < deadline, "the child wrote no rows in 60 s");
-        assert!(child.try_wait().unwrap().is_none(), "the child exited early");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the child exited early"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     child.kill().unwrap(); // SIGKILL: no destructor, no flush at exit
@@ -75,8 +78,15 @@ fn killed_mid_run_leaves_complete_rows() {
     let mut counts = Vec::new();
     for path in &files {
         let text = std::fs::read_to_string(path).unwrap();
-        assert!(text.ends_with('\n'), "{}: the last row is complete", path.display());
-        let mut r = csv::ReaderBuilder::new().flexible(false).from_path(path).unwrap();
+        assert!(
+            text.ends_with('\n'),
+            "{}: the last row is complete",
+            path.display()
+        );
+        let mut r = csv::ReaderBuilder::new()
+            .flexible(false)
+            .from_path(path)
+            .unwrap();
         let width = r.headers().unwrap().len();
         let rows: Vec<csv::StringRecord> = r.records().map(|r| r.unwrap()).collect();
         assert!(rows.iter().all(|r| r.len() == width), "{}", path.display());
@@ -96,6 +106,12 @@ fn killed_mid_run_leaves_complete_rows() {
     let wide = rows_of("_wide.csv");
     let params = rows_of("_parameters.csv");
     // The kill can land between files of one record_stats: at most one row apart.
-    assert!(wide == summary || wide + 1 == summary, "wide {wide} summary {summary}");
-    assert!(params.div_ceil(4) >= summary.saturating_sub(1), "params {params} summary {summary}");
+    assert!(
+        wide == summary || wide + 1 == summary,
+        "wide {wide} summary {summary}"
+    );
+    assert!(
+        params.div_ceil(4) >= summary.saturating_sub(1),
+        "params {params} summary {summary}"
+    );
 }

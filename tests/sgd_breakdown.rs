@@ -45,7 +45,10 @@ fn sgd_state_is_zero_without_momentum_and_one_buffer_per_parameter_with_it() {
     assert_eq!(plain.other_bytes, 0);
 
     let momentum = train_once(0.9);
-    assert_eq!(momentum.optimizer_state_bytes, w, "one momentum buffer per parameter");
+    assert_eq!(
+        momentum.optimizer_state_bytes, w,
+        "one momentum buffer per parameter"
+    );
     assert_eq!(momentum.other_bytes, 0);
 
     // Buffers: batch norm's running mean and variance.

@@ -897,8 +897,4 @@ int memprof_cuda_stats(int32_t index, MpCudaStats* out) {
   return -1;
 }
 
-const char* memprof_cuda_load_message() {
-  return g_cuda_load_message.c_str();
-}
-
 }  // extern "C"

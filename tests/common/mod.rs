@@ -14,7 +14,12 @@ pub fn mlp(vs: &nn::VarStore) -> impl Module {
     nn::seq()
         .add(nn::linear(vs.root() / "l1", IN, HIDDEN, Default::default()))
         .add_fn(|x| x.relu())
-        .add(nn::linear(vs.root() / "l2", HIDDEN, OUT, Default::default()))
+        .add(nn::linear(
+            vs.root() / "l2",
+            HIDDEN,
+            OUT,
+            Default::default(),
+        ))
 }
 
 /// Bytes of the MLP's parameters: two weight matrices and two biases, f32.
