@@ -153,19 +153,18 @@ fn render_variables(s: &IterationStats, top: usize) -> String {
         right("gradient".into()),
     ]);
     for v in vars.iter().take(top) {
-        let name = match v.kind {
-            VariableKind::Weight => v.name.clone(),
-            VariableKind::Buffer => format!("{} (buffer)", v.name),
+        // Buffers have no gradient: their gradient cell says what they are, which keeps
+        // names whole on narrow terminals.
+        let grad = match (v.kind, v.grad_bytes) {
+            (_, Some(g)) => format::bytes(g),
+            (VariableKind::Buffer, None) => "buffer".into(),
+            (VariableKind::Weight, None) => "-".into(),
         };
         t.add_row(vec![
-            Cell::new(name),
+            Cell::new(&v.name),
             Cell::new(format::shape(&v.shape)),
             right(format::bytes(v.bytes)),
-            right(
-                v.grad_bytes
-                    .map(format::bytes)
-                    .unwrap_or_else(|| "-".into()),
-            ),
+            right(grad),
         ]);
     }
     if vars.len() > top {
@@ -214,4 +213,78 @@ pub(crate) fn render_epoch(e: &EpochStats) -> String {
         t.add_row(vec![Cell::new(k), right(v)]);
     }
     format!("\n{t}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::VariableStats;
+
+    fn stats(n: u64) -> IterationStats {
+        let variables = (1..=n)
+            .map(|i| VariableStats {
+                name: format!("layer{i}.weight"),
+                kind: if i == 1 {
+                    VariableKind::Buffer
+                } else {
+                    VariableKind::Weight
+                },
+                dtype: "Float".into(),
+                shape: vec![i as i64],
+                bytes: 1024 * i,
+                grad_bytes: (i != 1).then_some(1024 * i),
+            })
+            .collect();
+        IterationStats {
+            epoch: 1,
+            iteration: 2,
+            step: 2,
+            device: "cpu".into(),
+            allocated_bytes: 0,
+            peak_allocated_bytes: 0,
+            reserved_bytes: 0,
+            peak_reserved_bytes: 0,
+            weights_bytes: 0,
+            buffers_bytes: 0,
+            gradients_bytes: 0,
+            feature_maps_bytes: 0,
+            intermediate_gradients_bytes: 0,
+            intermediate_gradients_exact: true,
+            optimizer_state_bytes: 0,
+            other_bytes: 0,
+            backward_passes: 1,
+            variables,
+            cuda: None,
+        }
+    }
+
+    #[test]
+    fn largest_variables_first_and_the_rest_summed() {
+        let text = render_variables(&stats(12), 3);
+        let l12 = text.find("layer12.weight").unwrap();
+        let l11 = text.find("layer11.weight").unwrap();
+        let l10 = text.find("layer10.weight").unwrap();
+        assert!(l12 < l11 && l11 < l10, "{text}");
+        assert!(!text.contains("layer9.weight"), "{text}");
+        // The other 9: weights 1..=9 KiB sum to 45 KiB; gradients skip the buffer (1 KiB).
+        assert!(text.contains("… 9 more"), "{text}");
+        assert!(
+            text.contains("45.00 KiB") && text.contains("44.00 KiB"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn buffers_are_named_in_the_gradient_column() {
+        let text = render_variables(&stats(2), 10);
+        let row = text.lines().find(|l| l.contains("layer1.weight")).unwrap();
+        assert!(row.contains("buffer"), "{row}");
+    }
+
+    #[test]
+    fn zero_top_hides_the_variable_table() {
+        let text = render_iteration(&stats(3), 0);
+        assert!(!text.contains("layer1.weight"));
+        assert!(text.contains("epoch 1 · iteration 2 (step 2) · cpu"));
+    }
 }
