@@ -3,7 +3,7 @@
 mod common;
 use common::*;
 use std::path::{Path, PathBuf};
-use tch::{nn, nn::Module, nn::OptimizerConfig, Device};
+use tch::{nn, nn::OptimizerConfig, Device};
 use tch_memprof::MemoryProfiler;
 
 fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
@@ -51,12 +51,7 @@ fn every_third_iteration_is_reported_and_the_files_parse_back() {
     let mut reported = Vec::new();
     for epoch in 1..=2u64 {
         for _ in 0..4 {
-            let b = batch();
-            let loss = net.forward(&b.x).cross_entropy_for_logits(&b.y);
-            opt.zero_grad();
-            loss.backward();
-            opt.step();
-            drop((b, loss));
+            train_step(&net, &mut opt);
             profiler.record_stats();
             let s = profiler.last_stats().unwrap().clone();
             if s.step % 3 == 0 {

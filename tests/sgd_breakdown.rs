@@ -18,12 +18,7 @@ fn train_once(momentum: f64) -> tch_memprof::IterationStats {
     let mut profiler = MemoryProfiler::builder(&vs).print(false).build().unwrap();
     let mut last = None;
     for _ in 0..2 {
-        let b = batch();
-        let loss = net.forward(&b.x).cross_entropy_for_logits(&b.y);
-        opt.zero_grad();
-        loss.backward();
-        opt.step();
-        drop((b, loss));
+        train_step(&net, &mut opt);
         profiler.record_stats();
         last = profiler.last_stats().cloned();
     }

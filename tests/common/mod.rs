@@ -64,3 +64,13 @@ pub fn batch() -> Batch {
 pub fn batch_bytes() -> u64 {
     F32 * (B * IN) as u64 + 8 * B as u64
 }
+
+/// One training iteration on a fresh batch; the batch and the loss are dropped before
+/// it returns, so nothing of the iteration is held by the caller.
+pub fn train_step(net: &impl Module, opt: &mut nn::Optimizer) {
+    let b = batch();
+    let loss = net.forward(&b.x).cross_entropy_for_logits(&b.y);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+}
