@@ -376,13 +376,11 @@ impl MemoryProfiler {
     /// Allocated bytes on the profiled device now.
     fn allocated_now(&self) -> Result<u64> {
         let ds = ffi::device_stats(self.slot)?;
-        Ok(match self.device {
-            Device::Cuda(i) => ffi::cuda_stats(i)
-                .map(|c| c.allocated_current)
-                .unwrap_or(ds.reported_allocated)
-                .max(0) as u64,
-            _ => ds.live.max(0) as u64,
-        })
+        let cuda = match self.device {
+            Device::Cuda(i) => ffi::cuda_stats(i).ok(),
+            _ => None,
+        };
+        Ok(allocated_bytes(self.device, &ds, cuda.as_ref()))
     }
 
     fn measure(&mut self) -> Result<IterationStats> {
@@ -457,10 +455,7 @@ impl MemoryProfiler {
         let (allocated, peak_allocated, reserved, peak_reserved, cuda) = match self.device {
             Device::Cuda(i) => {
                 let cuda = ffi::cuda_stats(i).ok();
-                let allocated = cuda
-                    .map(|c| c.allocated_current)
-                    .unwrap_or(ds.reported_allocated)
-                    .max(0) as u64;
+                let allocated = allocated_bytes(self.device, &ds, cuda.as_ref());
                 let reserved = cuda
                     .map(|c| c.reserved_current)
                     .unwrap_or(ds.reported_reserved)
@@ -476,7 +471,7 @@ impl MemoryProfiler {
             _ => {
                 let (rss, hwm) = process_memory();
                 (
-                    ds.live.max(0) as u64,
+                    allocated_bytes(self.device, &ds, None),
                     ds.peak_iter.max(ds.live).max(0) as u64,
                     rss,
                     hwm,
@@ -520,6 +515,17 @@ impl Drop for MemoryProfiler {
         }
         ACTIVE.store(false, Ordering::Release);
     }
+}
+
+/// Allocated bytes on `device`: on CUDA the caching allocator's own counter (or, if its
+/// statistics cannot be read, the total it passed with its last report); on the CPU the
+/// live bytes of the tracking allocator.
+fn allocated_bytes(device: Device, ds: &ffi::DeviceStats, cuda: Option<&ffi::CudaStats>) -> u64 {
+    let bytes = match device {
+        Device::Cuda(_) => cuda.map_or(ds.reported_allocated, |c| c.allocated_current),
+        _ => ds.live,
+    };
+    bytes.max(0) as u64
 }
 
 /// `cpu` or `cuda:N`.
