@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=src/native/memprof.cpp");
+    println!("cargo:rerun-if-changed=src/native/flops.h");
     let lib = match env::var("DEP_TCH_LIBTORCH_LIB") {
         Ok(lib) => PathBuf::from(lib),
         Err(_) => panic!(

@@ -44,6 +44,14 @@ pub enum Error {
         #[source]
         source: csv::Error,
     },
+    /// A plot could not be drawn or written.
+    #[error("{path}: plot failed: {reason}")]
+    Plot {
+        /// The image file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
     /// The native layer (libtorch) reported an error.
     #[error("native layer: {0}")]
     Native(String),

@@ -102,9 +102,48 @@ pub struct CudaStats {
     pub total_bytes: i64,
 }
 
+/// Kinds of step-log events (`TlEvent::kind`).
+pub(crate) mod ev {
+    pub const ALLOC: u8 = 1;
+    pub const FREE: u8 = 2;
+    pub const OP_BEGIN: u8 = 3;
+    pub const OP_END: u8 = 4;
+    pub const LINK: u8 = 5;
+    pub const FLOPS: u8 = 6;
+    pub const UNCOUNTED: u8 = 7;
+    pub const PHASE: u8 = 8;
+}
+
+/// One event of the step log; field meanings depend on `kind` (see memprof.cpp).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TlEvent {
+    pub kind: u8,
+    pub phase: u8,
+    pub device: u8,
+    pub pad: u8,
+    pub gen: u32,
+    pub op: i32,
+    pub aux: i32,
+    pub ptr: u64,
+    pub value: i64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct TimelineHeader {
+    pub len: u64,
+    pub capacity: u64,
+    pub start_gen: u32,
+    pub ops: i32,
+    pub start_live: i64,
+    pub on: i32,
+    pub device: i32,
+}
+
 extern "C" {
     fn memprof_last_error(buf: *mut c_char, len: usize) -> usize;
-    fn memprof_start(want_cuda: i32) -> i32;
+    fn memprof_start(want_cuda: i32, timeline_slot: i32) -> i32;
     fn memprof_stop() -> i32;
     fn memprof_begin_iteration() -> i32;
     fn memprof_state(out: *mut State) -> i32;
@@ -112,6 +151,13 @@ extern "C" {
     fn memprof_read_log(out: *mut LogEvent, cap: u64) -> u64;
     fn memprof_tensor_block(tensor: *const c_void, grad: i32, out: *mut Block) -> i32;
     fn memprof_cuda_stats(index: i32, out: *mut CudaStats) -> i32;
+    fn memprof_timeline_header(out: *mut TimelineHeader) -> i32;
+    fn memprof_read_timeline(out: *mut TlEvent, cap: u64) -> u64;
+    fn memprof_name(id: i32, buf: *mut c_char, len: usize) -> i64;
+    fn memprof_intern(name: *const c_char) -> i32;
+    fn memprof_set_params(ptrs: *const u64, ids: *const i32, n: usize) -> i32;
+    fn memprof_scope_push(id: i32) -> i32;
+    fn memprof_scope_pop() -> i32;
 }
 
 fn last_error() -> Error {
@@ -131,10 +177,12 @@ fn check(status: i32) -> Result<()> {
     }
 }
 
-/// Starts the profiling session on the calling thread (the training thread).
-pub(crate) fn start(want_cuda: bool) -> Result<()> {
+/// Starts the profiling session on the calling thread (the training thread);
+/// `timeline_slot` turns the step event log on for that device slot.
+pub(crate) fn start(want_cuda: bool, timeline_slot: Option<usize>) -> Result<()> {
+    let slot = timeline_slot.map_or(-1, |s| s as i32);
     // SAFETY: plain call; the callee catches all exceptions.
-    check(unsafe { memprof_start(want_cuda as i32) })
+    check(unsafe { memprof_start(want_cuda as i32, slot) })
 }
 
 /// Ends the profiling session. Call on the thread that started it.
@@ -191,4 +239,66 @@ pub(crate) fn cuda_stats(index: usize) -> Result<CudaStats> {
     // SAFETY: `s` is a valid, writable CudaStats with the C layout.
     check(unsafe { memprof_cuda_stats(index as i32, &mut s) })?;
     Ok(s)
+}
+
+pub(crate) fn timeline_header() -> TimelineHeader {
+    let mut h = TimelineHeader::default();
+    // SAFETY: `h` is a valid, writable TimelineHeader with the C layout.
+    unsafe { memprof_timeline_header(&mut h) };
+    h
+}
+
+/// This iteration's step log; returns whether it overflowed (events were dropped).
+pub(crate) fn read_timeline(into: &mut Vec<TlEvent>) -> bool {
+    let h = timeline_header();
+    let n = h.len.min(h.capacity) as usize;
+    into.clear();
+    into.resize(n, TlEvent::default());
+    // SAFETY: `into` holds `n` initialised TlEvents; the callee copies at most `n`.
+    let total = unsafe { memprof_read_timeline(into.as_mut_ptr(), n as u64) };
+    into.truncate((total.min(h.capacity) as usize).min(n));
+    total > h.capacity
+}
+
+/// The interned name `id` (op or scope), if known.
+pub(crate) fn name(id: i32) -> Option<String> {
+    let mut buf = [0u8; 128];
+    // SAFETY: the buffer is valid for its length; the callee writes at most len-1
+    // bytes plus a NUL.
+    let n = unsafe { memprof_name(id, buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+/// Interns `name` (a scope name) and returns its id.
+pub(crate) fn intern(name: &str) -> Result<i32> {
+    let c = std::ffi::CString::new(name.replace('\0', " "))
+        .map_err(|e| Error::Native(e.to_string()))?;
+    // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+    let id = unsafe { memprof_intern(c.as_ptr()) };
+    if id < 0 {
+        Err(last_error())
+    } else {
+        Ok(id)
+    }
+}
+
+/// Replaces the native table of model variables (storage pointer -> variable index).
+pub(crate) fn set_params(ptrs: &[u64], ids: &[i32]) -> Result<()> {
+    let n = ptrs.len().min(ids.len());
+    // SAFETY: both slices are valid for `n` elements for the duration of the call.
+    check(unsafe { memprof_set_params(ptrs.as_ptr(), ids.as_ptr(), n) })
+}
+
+pub(crate) fn scope_push(id: i32) -> Result<()> {
+    // SAFETY: plain call on the calling thread's scope stack.
+    check(unsafe { memprof_scope_push(id) })
+}
+
+pub(crate) fn scope_pop() -> Result<()> {
+    // SAFETY: plain call on the calling thread's scope stack.
+    check(unsafe { memprof_scope_pop() })
 }

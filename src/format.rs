@@ -24,6 +24,21 @@ pub fn signed_bytes(n: i64) -> String {
     }
 }
 
+/// FLOPs in decimal units with two decimals: `950 FLOP`, `1.50 kFLOP`, `3.64 GFLOP`.
+pub fn flops(n: u64) -> String {
+    const UNITS: [&str; 5] = ["kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"];
+    if n < 1000 {
+        return format!("{n} FLOP");
+    }
+    let mut v = n as f64 / 1000.0;
+    let mut unit = 0;
+    while v >= 1000.0 && unit + 1 < UNITS.len() {
+        v /= 1000.0;
+        unit += 1;
+    }
+    format!("{v:.2} {}", UNITS[unit])
+}
+
 /// A shape as `[256, 1024]`.
 pub fn shape(dims: &[i64]) -> String {
     let inner: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
@@ -33,6 +48,13 @@ pub fn shape(dims: &[i64]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flops_use_decimal_units() {
+        assert_eq!(flops(999), "999 FLOP");
+        assert_eq!(flops(1_500), "1.50 kFLOP");
+        assert_eq!(flops(3_640_000_000), "3.64 GFLOP");
+    }
 
     #[test]
     fn bytes_use_binary_units() {

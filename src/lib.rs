@@ -108,19 +108,26 @@
 #![deny(missing_docs)]
 
 mod accounting;
+mod capture;
 mod csv_report;
 mod error;
 mod ffi;
 pub mod format;
 mod fs;
+mod plot;
 mod profiler;
 mod report;
 mod stats;
+mod timeline;
 
 pub use error::{Error, Result};
 pub use ffi::CudaStats;
 pub use profiler::{cuda_status, MemoryProfiler, MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
 pub use stats::{EpochStats, IterationStats, VariableKind, VariableStats};
+pub use timeline::{
+    scope, Category, CategoryBytes, LayerProfile, Peak, Phase, Scope, StepProfile, TimelineRow,
+    UncountedOp,
+};
 
 /// Raw measurements, for this crate's own tests and benches. Not a stable API.
 #[doc(hidden)]

@@ -12,11 +12,13 @@ use tch::nn::{VarStore, Variables};
 use tch::Device;
 
 use crate::accounting::{self, BlockInfo};
+use crate::capture::Capture;
 use crate::csv_report::{self, CsvReport};
 use crate::error::{Error, Result};
 use crate::ffi::{self, LogEvent};
 use crate::report::{Report, TerminalReport};
 use crate::stats::{EpochStats, IterationStats, VariableKind, VariableStats};
+use crate::timeline::StepProfile;
 
 /// One profiler per process: the allocator hooks are process-wide.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -36,6 +38,8 @@ pub struct MemoryProfilerBuilder {
     csv_dir: PathBuf,
     wide_csv: bool,
     top_variables: usize,
+    timeline: bool,
+    timeline_step: Option<u64>,
 }
 
 impl MemoryProfilerBuilder {
@@ -78,9 +82,36 @@ impl MemoryProfilerBuilder {
         self
     }
 
+    /// Records the anatomy of iterations: live bytes by category (PARAM, BUFFER, GRAD,
+    /// ACT, TEMP, OPT, OTHER) after every op, per-layer memory and FLOPs. The profile of
+    /// the step with the run's highest peak is kept ([`MemoryProfiler::peak_step_profile`]),
+    /// printed and written (CSV and plots, with `csv` on) at each `epoch_end` where it
+    /// changed. Off by default: it asks libtorch for every op's inputs and logs every
+    /// allocation of the iteration (see the README for its measured cost).
+    pub fn timeline(mut self, on: bool) -> Self {
+        self.timeline = on;
+        self
+    }
+
+    /// Profiles step `n` (the iteration that the n-th `record_stats` call ends,
+    /// counting from 1) and reports it when it ends, to the terminal and to
+    /// `<run>_step<n>_timeline.csv`, `_layers.csv`, `.png`, `.svg`. Turns the timeline
+    /// on. `n = 0` is refused at `build`.
+    pub fn timeline_step(mut self, n: u64) -> Self {
+        self.timeline_step = Some(n);
+        self
+    }
+
     /// Starts profiling. Fails when a setting is invalid (naming it and why), when
     /// another profiler is alive in the process, or when the native layer cannot start.
     pub fn build(self) -> Result<MemoryProfiler> {
+        if self.timeline_step == Some(0) {
+            return Err(Error::InvalidConfig {
+                name: "timeline_step",
+                value: "0".into(),
+                reason: "steps are counted from 1 (the first record_stats call ends step 1)".into(),
+            });
+        }
         if self.print_period == 0 {
             return Err(Error::InvalidConfig {
                 name: "print_period",
@@ -105,6 +136,7 @@ impl MemoryProfilerBuilder {
             reason,
         };
         let start = chrono::Local::now();
+        let mut stem_for_timeline = None;
         let csv = if self.csv {
             if self.csv_dir.as_os_str().is_empty() {
                 return Err(csv_dir_error("is empty".into()));
@@ -114,6 +146,7 @@ impl MemoryProfilerBuilder {
             crate::fs::check_writable(&self.csv_dir)
                 .map_err(|e| csv_dir_error(format!("is not writable: {}", source_of(&e))))?;
             let stem = csv_report::run_stem(&self.csv_dir, start);
+            stem_for_timeline = Some((self.csv_dir.clone(), stem.clone()));
             Some(CsvReport::new(&self.csv_dir, &stem, self.wide_csv))
         } else {
             None
@@ -125,10 +158,37 @@ impl MemoryProfilerBuilder {
         {
             return Err(Error::AlreadyActive);
         }
-        if let Err(e) = ffi::start(matches!(self.device, Device::Cuda(_))) {
+        let timeline = self.timeline || self.timeline_step.is_some();
+        if let Err(e) = ffi::start(
+            matches!(self.device, Device::Cuda(_)),
+            timeline.then_some(slot),
+        ) {
             ACTIVE.store(false, Ordering::Release);
             return Err(e);
         }
+        let capture = if timeline {
+            let mut c = Capture::new(
+                slot,
+                self.timeline_step,
+                self.print,
+                self.top_variables.max(1),
+                stem_for_timeline,
+            );
+            let vars = match self.variables.lock() {
+                Ok(v) => v,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if let Err(e) = c.begin(&vars) {
+                drop(vars);
+                let _ = ffi::stop();
+                ACTIVE.store(false, Ordering::Release);
+                return Err(e);
+            }
+            drop(vars);
+            Some(c)
+        } else {
+            None
+        };
 
         let mut csv_paths = Vec::new();
         let mut reports: Vec<Box<dyn Report>> = Vec::new();
@@ -157,6 +217,7 @@ impl MemoryProfilerBuilder {
             epochs: Vec::new(),
             failures: 0,
             log: Vec::new(),
+            capture,
             _not_send: PhantomData,
         };
         profiler.allocated_at_epoch_start = profiler.allocated_now().unwrap_or(0);
@@ -217,6 +278,7 @@ pub struct MemoryProfiler {
     epochs: Vec<EpochStats>,
     failures: u64,
     log: Vec<LogEvent>,
+    capture: Option<Capture>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -245,6 +307,8 @@ impl MemoryProfiler {
             csv_dir: PathBuf::from("memory_csv_data"),
             wide_csv: false,
             top_variables: DEFAULT_TOP_VARIABLES,
+            timeline: false,
+            timeline_step: None,
         }
     }
 
@@ -264,6 +328,41 @@ impl MemoryProfiler {
         if let Err(e) = ffi::begin_iteration() {
             self.fail("record_stats", &e);
         }
+        if self.capture.is_some() {
+            let outcome = catch_unwind(AssertUnwindSafe(|| self.begin_capture()));
+            self.absorb("record_stats (timeline)", outcome);
+        }
+    }
+
+    fn begin_capture(&mut self) -> Result<()> {
+        let vars = match self.variables.lock() {
+            Ok(v) => v,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        match &mut self.capture {
+            Some(c) => c.begin(&vars),
+            None => Ok(()),
+        }
+    }
+
+    /// The step asked for with [`MemoryProfilerBuilder::timeline_step`], once it ran.
+    pub fn step_profile(&self) -> Option<&StepProfile> {
+        self.capture.as_ref().and_then(|c| c.requested.as_ref())
+    }
+
+    /// The step with the run's highest peak so far (with the timeline on).
+    pub fn peak_step_profile(&self) -> Option<&StepProfile> {
+        self.capture.as_ref().and_then(|c| c.peak.as_ref())
+    }
+
+    /// Where the peak step's timeline CSV, layers CSV and plots go (with the timeline
+    /// and CSV on): `<run>_timeline.csv`, `<run>_layers.csv`, `<run>_timeline.png`,
+    /// `<run>_timeline.svg`, written at `epoch_end` and when the profiler drops.
+    pub fn peak_step_files(&self) -> Option<[PathBuf; 4]> {
+        self.capture
+            .as_ref()
+            .and_then(|c| c.peak_files())
+            .map(|f| [f.timeline_csv, f.layers_csv, f.png, f.svg])
     }
 
     /// Ends the current epoch: prints its summary (peaks, change of live bytes since the
@@ -336,11 +435,20 @@ impl MemoryProfiler {
                 self.fail(&format!("record_stats ({name} report)"), &e);
             }
         }
+        let timeline = match &mut self.capture {
+            Some(c) => c.finish(self.step, self.epoch, self.iteration, &stats.device),
+            None => Ok(()),
+        };
         self.last = Some(stats);
-        Ok(())
+        timeline
     }
 
     fn try_epoch_end(&mut self) -> Result<()> {
+        if let Some(c) = &mut self.capture {
+            if let Err(e) = c.flush_peak(true) {
+                self.fail("epoch_end (step timeline)", &e);
+            }
+        }
         let allocated = self.allocated_now()?;
         let acc = std::mem::take(&mut self.epoch_acc);
         let peak_reserved = match self.device {
@@ -510,6 +618,14 @@ impl MemoryProfiler {
 
 impl Drop for MemoryProfiler {
     fn drop(&mut self) {
+        if let Some(c) = &mut self.capture {
+            let outcome = catch_unwind(AssertUnwindSafe(|| c.flush_peak(false)));
+            match outcome {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => log::warn!("tch-memprof: writing the peak step timeline failed: {e}"),
+                Err(_) => log::warn!("tch-memprof: writing the peak step timeline panicked"),
+            }
+        }
         if let Err(e) = ffi::stop() {
             log::warn!("tch-memprof: stopping the profiler failed: {e}");
         }

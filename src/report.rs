@@ -9,6 +9,7 @@ use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 use crate::error::Result;
 use crate::format;
 use crate::stats::{EpochStats, IterationStats, VariableKind};
+use crate::timeline::{Category, StepProfile};
 
 /// A destination for reports. Both hooks do nothing by default.
 pub(crate) trait Report {
@@ -41,7 +42,7 @@ impl Report for TerminalReport {
     }
 }
 
-fn write_stdout(text: &str) -> Result<()> {
+pub(crate) fn write_stdout(text: &str) -> Result<()> {
     // Not println!: it panics when stdout is closed.
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())
@@ -61,6 +62,126 @@ fn table() -> Table {
 
 fn right(text: String) -> Cell {
     Cell::new(text).set_alignment(CellAlignment::Right)
+}
+
+/// The terminal report of a step profile: the peak and its split, each category's
+/// maximum, the top layers by activation memory and by FLOPs, uncounted ops.
+pub(crate) fn render_step(p: &StepProfile, why: &str, top: usize) -> String {
+    let mut out = format!(
+        "step anatomy of step {} (epoch {}, iteration {}, {}): {why}\n",
+        p.step, p.epoch, p.iteration, p.device
+    );
+    if !p.complete {
+        out.push_str("  warning: the step log overflowed or lost events; numbers are incomplete\n");
+    }
+    out.push_str(&format!(
+        "  peak {} during {} ({}, {})\n",
+        format::bytes(p.peak.bytes),
+        if p.peak.op.is_empty() {
+            "the iteration start"
+        } else {
+            &p.peak.op
+        },
+        p.peak.phase.map_or("-", |ph| ph.name()),
+        if p.peak.layer.is_empty() {
+            "-"
+        } else {
+            &p.peak.layer
+        },
+    ));
+    let mut t = table();
+    t.set_header(vec![
+        Cell::new("category"),
+        right("at the peak".into()),
+        right("own maximum".into()),
+    ]);
+    for c in Category::ALL {
+        t.add_row(vec![
+            Cell::new(c.label()),
+            right(format::bytes(p.peak.breakdown.get(c))),
+            right(format::bytes(p.category_max.get(c))),
+        ]);
+    }
+    out.push_str(&t.to_string());
+    out.push('\n');
+
+    let mut by_act: Vec<_> = p.layers.iter().filter(|l| l.activation_bytes > 0).collect();
+    by_act.sort_by(|a, b| b.activation_bytes.cmp(&a.activation_bytes));
+    if !by_act.is_empty() {
+        let mut t = table();
+        t.set_header(vec![
+            Cell::new(format!(
+                "top layers by activations ({} of {})",
+                by_act.len().min(top),
+                by_act.len()
+            )),
+            right("activations".into()),
+            right("parameters".into()),
+        ]);
+        for l in by_act.iter().take(top) {
+            t.add_row(vec![
+                Cell::new(&l.layer),
+                right(format::bytes(l.activation_bytes)),
+                right(format::bytes(l.parameters_bytes)),
+            ]);
+        }
+        out.push_str(&t.to_string());
+        out.push('\n');
+    }
+    let mut by_flops: Vec<_> = p
+        .layers
+        .iter()
+        .filter(|l| l.forward_flops + l.backward_flops > 0)
+        .collect();
+    by_flops.sort_by(|a, b| {
+        (b.forward_flops + b.backward_flops).cmp(&(a.forward_flops + a.backward_flops))
+    });
+    if !by_flops.is_empty() {
+        let mut t = table();
+        t.set_header(vec![
+            Cell::new(format!(
+                "top layers by FLOPs ({} of {})",
+                by_flops.len().min(top),
+                by_flops.len()
+            )),
+            right("forward".into()),
+            right("backward".into()),
+        ]);
+        for l in by_flops.iter().take(top) {
+            t.add_row(vec![
+                Cell::new(&l.layer),
+                right(format::flops(l.forward_flops)),
+                right(format::flops(l.backward_flops)),
+            ]);
+        }
+        out.push_str(&t.to_string());
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "  FLOPs: forward {}, backward {}, optimizer {}\n",
+        format::flops(p.forward_flops),
+        format::flops(p.backward_flops),
+        format::flops(p.optimizer_flops),
+    ));
+    if !p.uncounted_ops.is_empty() {
+        let list: Vec<String> = p
+            .uncounted_ops
+            .iter()
+            .take(8)
+            .map(|u| format!("{} x{}", u.op, u.calls))
+            .collect();
+        let more = p.uncounted_ops.len().saturating_sub(8);
+        out.push_str(&format!(
+            "  not counted (no FLOP formula): {}{}\n",
+            list.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    out
 }
 
 /// The terminal report of one iteration.

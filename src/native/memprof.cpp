@@ -44,6 +44,9 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
+
+#include "flops.h"
 
 namespace {
 
@@ -231,6 +234,99 @@ void log_event(uint64_t ptr, int64_t delta, uint32_t gen, uint32_t dev) {
 }
 
 // ---------------------------------------------------------------------------------
+// Step timeline (off unless the profiler asks for it). While on, every block birth and
+// death on every device, every timeline-level op begin and end, every phase change,
+// every counted FLOP and every op that could not be counted goes to a second event
+// log, reset at each iteration; the Rust side replays it (src/timeline.rs).
+//
+// A "timeline op" is the outermost record on its thread, or an autograd node's
+// `evaluate_function` record (so each backward node is one op). FLOPs are counted at
+// the outermost op of a known kind (conv2d -> convolution is counted once, at
+// convolution); an aten:: op with no nested records that is neither counted nor known
+// to do no arithmetic is logged as "uncounted".
+
+enum : uint8_t {
+  kEvAlloc = 1,
+  kEvFree = 2,
+  kEvOpBegin = 3,
+  kEvOpEnd = 4,
+  kEvLink = 5,
+  kEvFlops = 6,
+  kEvUncounted = 7,
+  kEvPhase = 8,
+};
+
+struct TlEvent {
+  uint8_t type;
+  uint8_t phase;   // alloc/free: birth phase; op events: phase; phase: new phase
+  uint8_t device;  // alloc/free: device slot
+  uint8_t pad;
+  uint32_t gen;    // alloc/free: birth generation; op begin: scope name id + 1; phase: new gen
+  int32_t op;      // timeline op index (in this step), -1 none
+  int32_t aux;     // op begin/flops/uncounted: name id; link: forward op index
+  uint64_t ptr;    // alloc/free: block; link: sequence number
+  int64_t value;   // alloc/free: +/- bytes; op begin: variable index; op end: live
+                   // bytes of the timeline device; flops: FLOPs
+};
+static_assert(sizeof(TlEvent) == 32, "TlEvent layout is mirrored in src/ffi.rs");
+
+constexpr size_t kTlCapacity = size_t(1) << 22;
+TlEvent* g_tl = nullptr;
+std::atomic<uint64_t> g_tl_len{0};
+std::atomic<bool> g_tl_on{false};
+std::atomic<int32_t> g_op_counter{0};
+std::atomic<int32_t> g_last_op{-1};
+std::atomic<uint32_t> g_step_id{1};
+std::atomic<int32_t> g_tl_device{0};
+std::atomic<uint32_t> g_tl_start_gen{0};
+std::atomic<int64_t> g_tl_start_live{0};
+
+inline void tl_append(const TlEvent& e) {
+  if (!g_tl) {
+    return;
+  }
+  uint64_t i = g_tl_len.fetch_add(1, std::memory_order_relaxed);
+  if (i < kTlCapacity) {
+    g_tl[i] = e;
+  }
+}
+
+constexpr int kMaxDepth = 64;
+constexpr int kMaxTlStack = 8;
+constexpr int kMaxScopes = 32;
+
+// Per-thread op state; zero-initialised means "nothing open".
+struct OpTls {
+  int depth;
+  int counted_depth1;  // 1 + depth of the counted op we are inside, 0 if none
+  uint64_t had_child;  // bit d: the open record at depth d has a nested record
+  int n_tl;
+  int tl_depth[kMaxTlStack];
+  int32_t tl_op[kMaxTlStack];
+  int32_t ids[kMaxDepth];  // name id of the open record at each depth
+  uint32_t step;
+  int n_scope;
+  int32_t scopes[kMaxScopes];
+};
+thread_local OpTls tl_ops;
+
+inline int32_t current_op() {
+  const OpTls& t = tl_ops;
+  if (t.n_tl > 0 && t.step == g_step_id.load(std::memory_order_relaxed)) {
+    return t.tl_op[t.n_tl - 1];
+  }
+  return g_last_op.load(std::memory_order_relaxed);
+}
+
+inline void tl_block_event(
+    uint8_t type, int dev, uint64_t ptr, int64_t delta, uint32_t gen, uint32_t phase) {
+  if (g_tl_on.load(std::memory_order_relaxed)) {
+    tl_append(TlEvent{
+        type, uint8_t(phase), uint8_t(dev), 0, gen, current_op(), 0, ptr, delta});
+  }
+}
+
+// ---------------------------------------------------------------------------------
 // Phase changes.
 
 // Moves from `from` to `to` (bumping the generation) if the phase is still `from`.
@@ -251,6 +347,9 @@ bool transition(uint32_t from, uint32_t to) {
     if (g_genphase.compare_exchange_weak(gp, next, std::memory_order_acq_rel)) {
       if (to == kPhaseBackward) {
         g_backward_passes.fetch_add(1, std::memory_order_relaxed);
+      }
+      if (g_tl_on.load(std::memory_order_relaxed)) {
+        tl_append(TlEvent{kEvPhase, uint8_t(to), 0, 0, gen + 1, -1, 0, 0, 0});
       }
       return true;
     }
@@ -285,6 +384,7 @@ inline void on_alloc(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t
   if (phase == kPhaseBackward) {
     log_event(ptr, size, gen, uint32_t(dev));
   }
+  tl_block_event(kEvAlloc, dev, ptr, size, gen, phase);
 }
 
 inline void on_free(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t phase) {
@@ -298,6 +398,7 @@ inline void on_free(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t 
       log_event(ptr, -size, gen, uint32_t(dev));
     }
   }
+  tl_block_event(kEvFree, dev, ptr, -size, gen, phase);
 }
 
 // ---------------------------------------------------------------------------------
@@ -465,21 +566,276 @@ inline bool is_backward_record(const at::RecordFunction& fn) {
       std::strncmp(name, kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0;
 }
 
-std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
-  if (!is_backward_record(fn)) {
-    return nullptr;
+// ---------------------------------------------------------------------------------
+// Op names, interned once into a fixed table (no lock; a slot is claimed with a CAS on
+// its hash). The stored name drops the evaluate_function prefix of backward nodes.
+
+constexpr uint32_t kNameSlots = 1u << 13;
+constexpr size_t kNameLen = 96;
+struct NameSlot {
+  std::atomic<uint64_t> hash;
+  std::atomic<uint32_t> ready;
+  memprof_flops::Kind kind;
+  char name[kNameLen];
+};
+NameSlot g_names[kNameSlots];
+
+inline uint64_t name_hash(const char* s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; ++s) {
+    h = (h ^ uint8_t(*s)) * 1099511628211ull;
   }
-  g_active_backward.fetch_add(1, std::memory_order_acq_rel);
-  uint64_t gp = g_genphase.load(std::memory_order_acquire);
-  const uint32_t ph = cur_phase(gp);
-  if (ph == kPhaseForward || ph == kPhaseOptimizer) {
-    transition(ph, kPhaseBackward);
+  return h | 1;  // 0 marks an empty slot
+}
+
+// Interns `name`; returns its id, or -1 when the table is full.
+int32_t intern(const char* name) {
+  if (!name) {
+    name = "?";
+  }
+  const uint64_t h = name_hash(name);
+  uint32_t i = uint32_t(h) & (kNameSlots - 1);
+  for (uint32_t probe = 0; probe < 256; ++probe, i = (i + 1) & (kNameSlots - 1)) {
+    NameSlot& slot = g_names[i];
+    uint64_t cur = slot.hash.load(std::memory_order_acquire);
+    if (cur == 0) {
+      if (slot.hash.compare_exchange_strong(cur, h, std::memory_order_acq_rel)) {
+        const char* shown = name;
+        constexpr size_t kPrefix = sizeof(kEvaluateFunction) - 1;
+        if (std::strncmp(name, kEvaluateFunction, kPrefix) == 0) {
+          shown = name + kPrefix;
+          while (*shown == ':' || *shown == ' ') {
+            ++shown;
+          }
+        }
+        std::strncpy(slot.name, shown, kNameLen - 1);
+        slot.name[kNameLen - 1] = 0;
+        slot.kind = memprof_flops::classify(name);
+        slot.ready.store(1, std::memory_order_release);
+        return int32_t(i);
+      }
+    }
+    if (cur == h) {
+      while (slot.ready.load(std::memory_order_acquire) == 0) {
+      }
+      return int32_t(i);
+    }
+  }
+  return -1;
+}
+
+inline memprof_flops::Kind kind_of(int32_t id) {
+  return id >= 0 ? g_names[id].kind : memprof_flops::Kind{memprof_flops::kUnknown, 0};
+}
+
+// ---------------------------------------------------------------------------------
+// The model's variables by storage pointer (set from Rust between iterations; replaced
+// tables are kept until the session ends, as another thread may still read them).
+
+struct ParamTable {
+  uint64_t mask = 0;
+  std::unique_ptr<uint64_t[]> keys;
+  std::unique_ptr<int32_t[]> vals;
+};
+std::atomic<ParamTable*> g_params{nullptr};
+std::mutex g_params_mutex;  // serialises replacement; readers never take it
+std::unique_ptr<std::vector<std::unique_ptr<ParamTable>>> g_params_all;
+
+inline int32_t param_lookup(const ParamTable* t, uint64_t key) {
+  if (!t || key == 0) {
+    return -1;
+  }
+  uint64_t i = (key >> 4) & t->mask;
+  for (uint64_t probe = 0; probe <= t->mask; ++probe, i = (i + 1) & t->mask) {
+    if (t->keys[i] == key) {
+      return t->vals[i];
+    }
+    if (t->keys[i] == 0) {
+      return -1;
+    }
+  }
+  return -1;
+}
+
+// The first VarStore variable among an op's tensor inputs, by storage.
+inline int32_t first_variable(c10::ArrayRef<const c10::IValue> inputs) {
+  const ParamTable* t = g_params.load(std::memory_order_acquire);
+  if (!t) {
+    return -1;
+  }
+  for (const auto& v : inputs) {
+    if (!v.isTensor()) {
+      continue;
+    }
+    const at::Tensor& x = v.toTensor();
+    if (!x.defined() || !x.has_storage()) {
+      continue;
+    }
+    int32_t id = param_lookup(t, uint64_t(x.storage().data()));
+    if (id >= 0) {
+      return id;
+    }
+  }
+  return -1;
+}
+
+// ---------------------------------------------------------------------------------
+// Forward op of each autograd sequence number: a backward node carries the sequence
+// number of the forward op that created it. Packed: seq low 32 bits | step 8 | op 24.
+
+constexpr size_t kSeqSlots = size_t(1) << 16;
+std::atomic<uint64_t> g_seq[kSeqSlots];
+
+inline void seq_store(int64_t seq, uint32_t step, int32_t op) {
+  if (seq < 0 || op < 0 || op >= (1 << 24)) {
+    return;
+  }
+  const uint64_t v = (uint64_t(uint32_t(seq)) << 32) | (uint64_t(step & 0xff) << 24) |
+      uint64_t(op);
+  g_seq[uint64_t(seq) & (kSeqSlots - 1)].store(v, std::memory_order_relaxed);
+}
+
+inline int32_t seq_load(int64_t seq, uint32_t step) {
+  if (seq < 0) {
+    return -1;
+  }
+  const uint64_t v = g_seq[uint64_t(seq) & (kSeqSlots - 1)].load(std::memory_order_relaxed);
+  if (uint32_t(v >> 32) != uint32_t(seq) || ((v >> 24) & 0xff) != (step & 0xff)) {
+    return -1;
+  }
+  return int32_t(v & 0xffffff);
+}
+
+// Phase shown for an op: what it is, not when the next allocation flips the phase
+// (the first forward op begins while the phase still says "optimizer").
+inline uint32_t shown_phase(bool backward_record) {
+  if (backward_record) {
+    return kPhaseBackward;
+  }
+  const uint32_t ph = cur_phase(g_genphase.load(std::memory_order_acquire));
+  if (ph == kPhaseBackward && g_active_backward.load(std::memory_order_acquire) == 0) {
+    return kPhaseOptimizer;
+  }
+  if (ph == kPhaseOptimizer && c10::GradMode::is_enabled()) {
+    return kPhaseForward;
+  }
+  return ph;
+}
+
+void timeline_op_start(const at::RecordFunction& fn, bool backward_record) {
+  OpTls& t = tl_ops;
+  const uint32_t step = g_step_id.load(std::memory_order_relaxed);
+  if (t.step != step) {
+    // A new iteration: whatever this thread had open belongs to the last one.
+    t.step = step;
+    t.n_tl = 0;
+  }
+  const int d = t.depth++;
+  if (d >= kMaxDepth) {
+    return;
+  }
+  const char* name = fn.name();
+  const int32_t id = intern(name);
+  t.ids[d] = id;
+  // A parent counts as a leaf for the "uncounted" list when its only children are
+  // ops known to do no arithmetic (most kernels allocate their output via aten::empty).
+  if (d > 0 && kind_of(id).family != memprof_flops::kZero) {
+    t.had_child |= (uint64_t(1) << (d - 1));
+  }
+  t.had_child &= ~(uint64_t(1) << d);
+  const bool node = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
+  const bool evaluate = backward_record && !node;
+  const uint32_t phase = shown_phase(backward_record);
+
+  if ((evaluate || t.n_tl == 0) && t.n_tl < kMaxTlStack) {
+    const int32_t op = g_op_counter.fetch_add(1, std::memory_order_relaxed);
+    t.tl_depth[t.n_tl] = d;
+    t.tl_op[t.n_tl] = op;
+    ++t.n_tl;
+    g_last_op.store(op, std::memory_order_relaxed);
+    const int32_t var = backward_record ? -1 : first_variable(fn.inputs());
+    const uint32_t scope = t.n_scope > 0 ? uint32_t(t.scopes[t.n_scope - 1] + 1) : 0;
+    tl_append(TlEvent{kEvOpBegin, uint8_t(phase), 0, 0, scope, op, id, 0, var});
+  }
+  const int32_t cur = t.n_tl > 0 ? t.tl_op[t.n_tl - 1] : -1;
+  if (node) {
+    const int64_t seq = fn.seqNr();
+    tl_append(TlEvent{
+        kEvLink, uint8_t(phase), 0, 0, 0, cur, seq_load(seq, step), uint64_t(seq), 0});
+  } else if (!backward_record && phase == kPhaseForward) {
+    seq_store(fn.seqNr(), step, cur);
+  }
+  if (t.counted_depth1 == 0) {
+    const memprof_flops::Kind k = kind_of(id);
+    if (memprof_flops::counted(k)) {
+      t.counted_depth1 = d + 1;
+      const int64_t flops = memprof_flops::count(k, fn.inputs());
+      tl_append(TlEvent{kEvFlops, uint8_t(phase), 0, 0, 0, cur, id, 0, flops});
+    }
+  }
+}
+
+void timeline_op_end(const at::RecordFunction& fn, bool backward_record) {
+  OpTls& t = tl_ops;
+  if (t.depth <= 0) {
+    return;
+  }
+  const int d = --t.depth;
+  if (d >= kMaxDepth) {
+    return;
+  }
+  if (t.step != g_step_id.load(std::memory_order_relaxed)) {
+    return;  // opened in an earlier iteration
+  }
+  const int32_t id = t.ids[d];
+  if (t.counted_depth1 == d + 1) {
+    t.counted_depth1 = 0;
+  } else if (
+      t.counted_depth1 == 0 && !backward_record && !(t.had_child & (uint64_t(1) << d)) &&
+      id >= 0 && kind_of(id).family == memprof_flops::kUnknown &&
+      std::strncmp(g_names[id].name, "aten::", 6) == 0) {
+    const int32_t cur = t.n_tl > 0 ? t.tl_op[t.n_tl - 1] : -1;
+    tl_append(TlEvent{kEvUncounted, uint8_t(shown_phase(false)), 0, 0, 0, cur, id, 0, 0});
+  }
+  if (t.n_tl > 0 && t.tl_depth[t.n_tl - 1] == d) {
+    const int32_t op = t.tl_op[--t.n_tl];
+    const int slot = g_tl_device.load(std::memory_order_relaxed);
+    const int64_t live = g_dev[slot].live.load(std::memory_order_relaxed);
+    tl_append(TlEvent{
+        kEvOpEnd, uint8_t(shown_phase(backward_record)), 0, 0, 0, op, id, 0, live});
+  }
+  (void)fn;
+}
+
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  const bool backward_record = is_backward_record(fn);
+  if (backward_record) {
+    g_active_backward.fetch_add(1, std::memory_order_acq_rel);
+    uint64_t gp = g_genphase.load(std::memory_order_acquire);
+    const uint32_t ph = cur_phase(gp);
+    if (ph == kPhaseForward || ph == kPhaseOptimizer) {
+      transition(ph, kPhaseBackward);
+    }
+  }
+  if (g_tl_on.load(std::memory_order_relaxed)) {
+    try {
+      timeline_op_start(fn, backward_record);
+    } catch (...) {
+      // Never let the profiler fail the user's op.
+    }
   }
   return nullptr;
 }
 
 void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
-  if (is_backward_record(fn)) {
+  const bool backward_record = is_backward_record(fn);
+  if (g_tl_on.load(std::memory_order_relaxed)) {
+    try {
+      timeline_op_end(fn, backward_record);
+    } catch (...) {
+    }
+  }
+  if (backward_record) {
     g_active_backward.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
@@ -554,6 +910,18 @@ struct Init {
         -1,
         0);
     g_log = mem == MAP_FAILED ? nullptr : static_cast<LogEvent*>(mem);
+    void* tl = mmap(
+        nullptr,
+        kTlCapacity * sizeof(TlEvent),
+        PROT_READ | PROT_WRITE,
+        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+        -1,
+        0);
+    g_tl = tl == MAP_FAILED ? nullptr : static_cast<TlEvent*>(tl);
+    try {
+      g_params_all = std::make_unique<std::vector<std::unique_ptr<ParamTable>>>();
+    } catch (...) {
+    }
     if (!getenv("TCH_MEMPROF_DISABLE")) {
       try {
         c10::SetCPUAllocator(&g_cpu_allocator, /*priority=*/100);
@@ -586,6 +954,16 @@ int64_t cuda_round(int64_t n) {
     return kMin;
   }
   return kMin * ((n + kMin - 1) / kMin);
+}
+
+// Empties the step log for a new iteration whose first generation is `gen`.
+void begin_timeline(uint32_t gen) {
+  g_step_id.fetch_add(1);
+  g_op_counter.store(0);
+  g_last_op.store(-1);
+  g_tl_start_gen.store(gen);
+  g_tl_start_live.store(g_dev[g_tl_device.load()].live.load());
+  g_tl_len.store(0);
 }
 
 }  // namespace
@@ -656,7 +1034,7 @@ size_t memprof_last_error(char* buf, size_t len) {
   return n;
 }
 
-int memprof_start(int32_t want_cuda) {
+int memprof_start(int32_t want_cuda, int32_t timeline_slot) {
   try {
     std::lock_guard<std::mutex> lock(g_session_mutex);
     if (g_session.callback != 0) {
@@ -682,6 +1060,14 @@ int memprof_start(int32_t want_cuda) {
       d.reported_peak_allocated_run.store(d.reported_allocated.load());
       d.reported_peak_reserved_run.store(d.reported_reserved.load());
     }
+    if (timeline_slot >= kMaxDevices) {
+      set_error("timeline device slot out of range");
+      return -1;
+    }
+    if (timeline_slot >= 0 && !g_tl) {
+      set_error("the timeline event log could not be reserved (mmap failed)");
+      return -1;
+    }
     tl_training_thread = true;
     if (want_cuda) {
       c10::ThreadLocalDebugInfo::_push(
@@ -690,11 +1076,16 @@ int memprof_start(int32_t want_cuda) {
     }
     g_session.callback = at::addGlobalCallback(
         at::RecordFunctionCallback(&on_op_start, &on_op_end)
-            .needsInputs(false)
+            .needsInputs(timeline_slot >= 0)
             .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
     // Start iteration 1 in the forward phase.
     uint64_t gp = g_genphase.load();
     g_genphase.store((uint64_t(cur_gen(gp) + 1) << 8) | kPhaseForward);
+    if (timeline_slot >= 0) {
+      g_tl_device.store(timeline_slot);
+      begin_timeline(cur_gen(gp) + 1);
+      g_tl_on.store(true);
+    }
     return 0;
   } catch (const std::exception& e) {
     set_error(e.what());
@@ -710,6 +1101,14 @@ int memprof_stop() {
     if (g_session.callback != 0) {
       at::removeCallback(g_session.callback);
       g_session.callback = 0;
+    }
+    g_tl_on.store(false);
+    {
+      std::lock_guard<std::mutex> plock(g_params_mutex);
+      g_params.store(nullptr);
+      if (g_params_all) {
+        g_params_all->clear();
+      }
     }
     uint64_t gp = g_genphase.load();
     g_genphase.store((uint64_t(cur_gen(gp) + 1) << 8) | kPhaseIdle);
@@ -742,6 +1141,9 @@ int memprof_begin_iteration() {
     g_genphase.store((uint64_t(cur_gen(gp) + 1) << 8) | kPhaseForward);
     g_log_len.store(0);
     g_backward_passes.store(0);
+    if (g_tl_on.load()) {
+      begin_timeline(cur_gen(gp) + 1);
+    }
     for (auto& d : g_dev) {
       d.peak_iter.store(d.live.load());
       d.feature_maps.store(-1);
@@ -895,6 +1297,134 @@ int memprof_cuda_stats(int32_t index, MpCudaStats* out) {
     set_error("unknown C++ exception in memprof_cuda_stats");
   }
   return -1;
+}
+
+struct MpTimelineHeader {
+  uint64_t len;        // events logged this iteration (more than capacity: overflow)
+  uint64_t capacity;
+  uint32_t start_gen;  // first generation of this iteration
+  int32_t ops;         // timeline ops begun this iteration
+  int64_t start_live;  // live bytes of the timeline device when the iteration began
+  int32_t on;
+  int32_t device;
+};
+
+int memprof_timeline_header(MpTimelineHeader* out) {
+  if (!out) {
+    return -1;
+  }
+  out->len = g_tl_len.load(std::memory_order_acquire);
+  out->capacity = g_tl ? kTlCapacity : 0;
+  out->start_gen = g_tl_start_gen.load();
+  out->ops = g_op_counter.load();
+  out->start_live = g_tl_start_live.load();
+  out->on = g_tl_on.load() ? 1 : 0;
+  out->device = g_tl_device.load();
+  return 0;
+}
+
+// Copies up to `cap` events of this iteration's timeline log; returns how many were
+// logged in all.
+uint64_t memprof_read_timeline(TlEvent* out, uint64_t cap) {
+  uint64_t n = g_tl_len.load(std::memory_order_acquire);
+  uint64_t avail = n < kTlCapacity ? n : kTlCapacity;
+  uint64_t c = avail < cap ? avail : cap;
+  if (g_tl && out && c > 0) {
+    std::memcpy(out, g_tl, c * sizeof(TlEvent));
+  }
+  return n;
+}
+
+// Copies the name of interned id `id` into buf; returns its length, -1 if unknown.
+int64_t memprof_name(int32_t id, char* buf, size_t len) {
+  if (id < 0 || uint32_t(id) >= kNameSlots ||
+      g_names[id].ready.load(std::memory_order_acquire) == 0) {
+    return -1;
+  }
+  const char* n = g_names[id].name;
+  size_t l = std::strlen(n);
+  if (buf && len > 0) {
+    size_t c = l < len - 1 ? l : len - 1;
+    std::memcpy(buf, n, c);
+    buf[c] = 0;
+  }
+  return int64_t(l);
+}
+
+// Interns a name (for scopes); returns its id or -1.
+int32_t memprof_intern(const char* name) {
+  try {
+    int32_t id = intern(name);
+    if (id < 0) {
+      set_error("the op name table is full");
+    }
+    return id;
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_intern");
+  }
+  return -1;
+}
+
+// Replaces the table of model variables: storage pointers and their indices.
+int memprof_set_params(const uint64_t* ptrs, const int32_t* ids, size_t n) {
+  try {
+    auto t = std::make_unique<ParamTable>();
+    uint64_t cap = 16;
+    while (cap < 2 * uint64_t(n) + 1) {
+      cap <<= 1;
+    }
+    t->mask = cap - 1;
+    t->keys.reset(new uint64_t[cap]());
+    t->vals.reset(new int32_t[cap]());
+    for (size_t k = 0; k < n; ++k) {
+      const uint64_t key = ptrs[k];
+      if (key == 0) {
+        continue;
+      }
+      uint64_t i = (key >> 4) & t->mask;
+      while (t->keys[i] != 0 && t->keys[i] != key) {
+        i = (i + 1) & t->mask;
+      }
+      if (t->keys[i] == 0) {
+        t->keys[i] = key;
+        t->vals[i] = ids[k];
+      }
+    }
+    std::lock_guard<std::mutex> lock(g_params_mutex);
+    if (!g_params_all) {
+      set_error("parameter table storage missing");
+      return -1;
+    }
+    g_params.store(t.get(), std::memory_order_release);
+    g_params_all->push_back(std::move(t));
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_set_params");
+  }
+  return -1;
+}
+
+// Scopes name the layer of the ops run on this thread until the matching pop.
+int memprof_scope_push(int32_t id) {
+  OpTls& t = tl_ops;
+  if (t.n_scope >= kMaxScopes) {
+    set_error("scopes nested deeper than 32");
+    return -1;
+  }
+  t.scopes[t.n_scope++] = id;
+  return 0;
+}
+
+int memprof_scope_pop() {
+  OpTls& t = tl_ops;
+  if (t.n_scope <= 0) {
+    set_error("no scope is open on this thread");
+    return -1;
+  }
+  --t.n_scope;
+  return 0;
 }
 
 }  // extern "C"
