@@ -187,7 +187,7 @@ fn draw<DB: DrawingBackend>(
         )))
         .map_err(err)?;
     let label = format!(
-        "peak {} at {} ({})",
+        "peak {} during {} ({})",
         format::bytes(p.peak.bytes),
         if p.peak.op.is_empty() {
             "start"

@@ -106,7 +106,7 @@ pub(crate) fn render_step(p: &StepProfile, why: &str, top: usize) -> String {
     out.push('\n');
 
     let mut by_act: Vec<_> = p.layers.iter().filter(|l| l.activation_bytes > 0).collect();
-    by_act.sort_by(|a, b| b.activation_bytes.cmp(&a.activation_bytes));
+    by_act.sort_by_key(|l| std::cmp::Reverse(l.activation_bytes));
     if !by_act.is_empty() {
         let mut t = table();
         t.set_header(vec![
@@ -133,9 +133,7 @@ pub(crate) fn render_step(p: &StepProfile, why: &str, top: usize) -> String {
         .iter()
         .filter(|l| l.forward_flops + l.backward_flops > 0)
         .collect();
-    by_flops.sort_by(|a, b| {
-        (b.forward_flops + b.backward_flops).cmp(&(a.forward_flops + a.backward_flops))
-    });
+    by_flops.sort_by_key(|l| std::cmp::Reverse(l.forward_flops + l.backward_flops));
     if !by_flops.is_empty() {
         let mut t = table();
         t.set_header(vec![

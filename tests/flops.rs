@@ -175,7 +175,8 @@ fn normalizations_count_statistics_normalize_and_affine() {
 fn activations_cost_their_table_entry_per_element() {
     let x = randn(&[6, 7, 8]);
     let n = x.numel() as u64;
-    let cases: Vec<(&str, u64, Box<dyn Fn(&Tensor) -> Tensor>)> = vec![
+    type Activation = Box<dyn Fn(&Tensor) -> Tensor>;
+    let cases: Vec<(&str, u64, Activation)> = vec![
         ("relu", 1, Box::new(|t| t.relu())),
         ("relu6", 2, Box::new(|t| t.relu6())),
         ("leaky_relu", 2, Box::new(|t| t.leaky_relu())),
