@@ -75,6 +75,36 @@
 //! Each row is flushed before `record_stats` returns: a process killed at any moment
 //! leaves files that parse, with every row it completed.
 //!
+//! ## Step anatomy
+//!
+//! With [`MemoryProfilerBuilder::timeline`] (or [`MemoryProfilerBuilder::timeline_step`])
+//! the profiler also records one iteration op by op: live bytes by [`Category`] after
+//! every op (they add up to the allocator's live bytes), the [`Peak`] and the op and
+//! layer that reached it, per-layer parameters, activations and FLOPs
+//! ([`LayerProfile`]), and the ops it could not count FLOPs for. Read it with
+//! [`MemoryProfiler::step_profile`] or [`MemoryProfiler::peak_step_profile`]; write it
+//! with [`StepProfile::write_timeline_csv`], [`StepProfile::write_layers_csv`] and
+//! [`StepProfile::plot`]. Layers come from the VarStore paths of the variables an op
+//! reads; name other regions with [`scope`]. See the README for the categories, the
+//! layer rules and the FLOP formulas.
+//!
+//! ```no_run
+//! # use tch::{nn, nn::ModuleT, Device, Kind, Tensor};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let vs = nn::VarStore::new(Device::Cpu);
+//! let net = tch::vision::resnet::resnet18(&vs.root(), 1000);
+//! let mut profiler = tch_memprof::MemoryProfiler::builder(&vs)
+//!     .timeline_step(1)
+//!     .build()?;
+//! let x = Tensor::randn([2, 3, 224, 224], (Kind::Float, Device::Cpu));
+//! net.forward_t(&x, true).sum(Kind::Float).backward();
+//! profiler.record_stats();
+//! let p = profiler.step_profile().expect("step 1 was profiled");
+//! println!("peak {} B during {} ({})", p.peak.bytes, p.peak.op, p.peak.layer);
+//! p.plot(std::path::Path::new("step1.png"), Some("ResNet-18, one step"))?;
+//! # Ok(()) }
+//! ```
+//!
 //! ## Guarantees in the training loop
 //!
 //! - `record_stats` and `epoch_end` never panic and never stop training: a failure is

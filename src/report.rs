@@ -68,7 +68,7 @@ fn right(text: String) -> Cell {
 /// maximum, the top layers by activation memory and by FLOPs, uncounted ops.
 pub(crate) fn render_step(p: &StepProfile, why: &str, top: usize) -> String {
     let mut out = format!(
-        "step anatomy of step {} (epoch {}, iteration {}, {}): {why}\n",
+        "step {} anatomy (epoch {}, iteration {}, {}): {why}\n",
         p.step, p.epoch, p.iteration, p.device
     );
     if !p.complete {
@@ -108,13 +108,14 @@ pub(crate) fn render_step(p: &StepProfile, why: &str, top: usize) -> String {
     let mut by_act: Vec<_> = p.layers.iter().filter(|l| l.activation_bytes > 0).collect();
     by_act.sort_by_key(|l| std::cmp::Reverse(l.activation_bytes));
     if !by_act.is_empty() {
+        out.push_str(&format!(
+            "  top {} of {} layers by activations kept for backward\n",
+            by_act.len().min(top),
+            by_act.len()
+        ));
         let mut t = table();
         t.set_header(vec![
-            Cell::new(format!(
-                "top layers by activations ({} of {})",
-                by_act.len().min(top),
-                by_act.len()
-            )),
+            Cell::new("layer"),
             right("activations".into()),
             right("parameters".into()),
         ]);
@@ -135,13 +136,14 @@ pub(crate) fn render_step(p: &StepProfile, why: &str, top: usize) -> String {
         .collect();
     by_flops.sort_by_key(|l| std::cmp::Reverse(l.forward_flops + l.backward_flops));
     if !by_flops.is_empty() {
+        out.push_str(&format!(
+            "  top {} of {} layers by FLOPs (forward + backward)\n",
+            by_flops.len().min(top),
+            by_flops.len()
+        ));
         let mut t = table();
         t.set_header(vec![
-            Cell::new(format!(
-                "top layers by FLOPs ({} of {})",
-                by_flops.len().min(top),
-                by_flops.len()
-            )),
+            Cell::new("layer"),
             right("forward".into()),
             right("backward".into()),
         ]);

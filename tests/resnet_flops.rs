@@ -40,11 +40,19 @@ fn resnet18_and_resnet50_forward_flops_match_the_published_cost() {
     let vs = nn::VarStore::new(Device::Cpu);
     let net = tch::vision::resnet::resnet18(&vs.root(), 1000);
     let got = forward_flops(&vs, &net, 1, None);
+    eprintln!(
+        "ResNet-18 forward FLOPs at 224x224: {got} ({:.4} x 2 x 1.82e9)",
+        got as f64 / 3.64e9
+    );
     assert!(within(got, 2.0 * 1.82e9, 0.02), "ResNet-18: {got}");
 
     let vs = nn::VarStore::new(Device::Cpu);
     let net = tch::vision::resnet::resnet50(&vs.root(), 1000);
     let got = forward_flops(&vs, &net, 1, None);
+    eprintln!(
+        "ResNet-50 forward FLOPs at 224x224: {got} ({:.4} x 2 x 4.11e9)",
+        got as f64 / 8.22e9
+    );
     assert!(within(got, 2.0 * 4.11e9, 0.02), "ResNet-50: {got}");
 }
 
@@ -85,6 +93,10 @@ fn resnet152_forward_flops_in_layers_csv_scale_with_the_batch() {
     );
     assert_eq!(from_csv, total, "the CSV holds every forward FLOP");
     let expected = 2.0 * 11.51e9 * b as f64;
+    eprintln!(
+        "ResNet-152 forward FLOPs at 224x224, batch {b}: {from_csv} ({:.4} x 2 x 11.51e9 x {b})",
+        from_csv as f64 / expected
+    );
     assert!(
         within(from_csv, expected, 0.02),
         "ResNet-152 at batch {b}: {from_csv} vs {expected}"
