@@ -98,15 +98,8 @@ impl Capture {
             live: header.start_live,
             ..StepStart::default()
         };
-        let trainable: std::collections::HashSet<u64> = vars
-            .trainable_variables
-            .iter()
-            .filter_map(|v| ffi::tensor_block(&v.tensor, false).ok())
-            .filter(|b| b.defined != 0)
-            .map(|b| b.base)
-            .collect();
-        let mut names: Vec<&String> = vars.named_variables.keys().collect();
-        names.sort();
+        let trainable = crate::profiler::trainable_storages(vars);
+        let names = crate::profiler::sorted_names(vars);
         let mut entries = Vec::with_capacity(names.len());
         let mut ptrs = Vec::with_capacity(names.len());
         let mut opt_claimed = 0i64;

@@ -501,15 +501,8 @@ impl MemoryProfiler {
             Ok(v) => v,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let trainable: HashSet<u64> = vars
-            .trainable_variables
-            .iter()
-            .filter_map(|v| ffi::tensor_block(&v.tensor, false).ok())
-            .filter(|b| b.defined != 0)
-            .map(|b| b.base)
-            .collect();
-        let mut names: Vec<&String> = vars.named_variables.keys().collect();
-        names.sort();
+        let trainable = trainable_storages(&vars);
+        let names = sorted_names(&vars);
         let mut variables = Vec::with_capacity(names.len());
         let mut weight_blocks = Vec::new();
         let mut buffer_blocks = Vec::new();
@@ -631,6 +624,24 @@ impl Drop for MemoryProfiler {
         }
         ACTIVE.store(false, Ordering::Release);
     }
+}
+
+/// Storage pointers of the trainable variables (the VarStore lists them without names;
+/// a named variable is trainable when its storage is among these).
+pub(crate) fn trainable_storages(vars: &Variables) -> HashSet<u64> {
+    vars.trainable_variables
+        .iter()
+        .filter_map(|v| ffi::tensor_block(&v.tensor, false).ok())
+        .filter(|b| b.defined != 0)
+        .map(|b| b.base)
+        .collect()
+}
+
+/// Variable names in a stable order.
+pub(crate) fn sorted_names(vars: &Variables) -> Vec<&String> {
+    let mut names: Vec<&String> = vars.named_variables.keys().collect();
+    names.sort();
+    names
 }
 
 /// Allocated bytes on `device`: on CUDA the caching allocator's own counter (or, if its

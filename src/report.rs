@@ -340,6 +340,41 @@ pub(crate) fn render_epoch(e: &EpochStats) -> String {
 mod tests {
     use super::*;
     use crate::stats::VariableStats;
+    use crate::timeline::{LayerProfile, UncountedOp};
+
+    #[test]
+    fn step_report_ranks_layers_and_lists_uncounted_ops() {
+        let layer = |name: &str, act: u64, fwd: u64| LayerProfile {
+            layer: name.into(),
+            activation_bytes: act,
+            forward_flops: fwd,
+            ..LayerProfile::default()
+        };
+        let p = StepProfile {
+            layers: vec![
+                layer("small", 10, 5_000),
+                layer("big", 4096, 10),
+                layer("none", 0, 0),
+            ],
+            uncounted_ops: vec![UncountedOp {
+                op: "aten::cumsum".into(),
+                calls: 3,
+            }],
+            complete: true,
+            ..StepProfile::default()
+        };
+        let text = render_step(&p, "test", 10);
+        let (big, small) = (text.find("big").unwrap(), text.find("small").unwrap());
+        assert!(big < small, "activations table: largest first\n{text}");
+        assert!(text.contains("top 2 of 2 layers by activations"), "{text}");
+        let flops_table = &text[text.find("by FLOPs").unwrap()..];
+        assert!(flops_table.find("small").unwrap() < flops_table.find("big").unwrap());
+        assert!(text.contains("aten::cumsum x3"), "{text}");
+        assert!(
+            !text.contains("warning"),
+            "complete profiles carry no warning"
+        );
+    }
 
     fn stats(n: u64) -> IterationStats {
         let variables = (1..=n)
