@@ -187,18 +187,9 @@ fn draw<DB: DrawingBackend>(
         )))
         .map_err(err)?;
     let label = format!(
-        "peak {} during {} ({})",
+        "peak {} during {}",
         format::bytes(p.peak.bytes),
-        if p.peak.op.is_empty() {
-            "start"
-        } else {
-            &p.peak.op
-        },
-        if p.peak.layer.is_empty() {
-            "-"
-        } else {
-            &p.peak.layer
-        },
+        p.peak.location()
     );
     // Keep the label inside the plot: left of the marker when it is in the right half.
     let anchor_x = if peak_x > (n as f64) * 0.55 {

@@ -75,19 +75,9 @@ pub(crate) fn render_step(p: &StepProfile, why: &str, top: usize) -> String {
         out.push_str("  warning: the step log overflowed or lost events; numbers are incomplete\n");
     }
     out.push_str(&format!(
-        "  peak {} during {} ({}, {})\n",
+        "  peak {} during {}\n",
         format::bytes(p.peak.bytes),
-        if p.peak.op.is_empty() {
-            "the iteration start"
-        } else {
-            &p.peak.op
-        },
-        p.peak.phase.map_or("-", |ph| ph.name()),
-        if p.peak.layer.is_empty() {
-            "-"
-        } else {
-            &p.peak.layer
-        },
+        p.peak.location()
     ));
     let mut t = table();
     t.set_header(vec![

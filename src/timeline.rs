@@ -172,6 +172,23 @@ pub struct Peak {
     pub layer: String,
 }
 
+impl Peak {
+    /// Where the peak was reached: `aten::div (optimizer, l1)`.
+    pub fn location(&self) -> String {
+        let op = if self.op.is_empty() {
+            "the iteration start"
+        } else {
+            &self.op
+        };
+        let layer = if self.layer.is_empty() {
+            "-"
+        } else {
+            &self.layer
+        };
+        format!("{op} ({}, {layer})", self.phase.map_or("-", |ph| ph.name()))
+    }
+}
+
 /// Memory and FLOPs of one layer in the profiled iteration.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct LayerProfile {

@@ -775,7 +775,7 @@ void timeline_op_start(const at::RecordFunction& fn, bool backward_record) {
   }
 }
 
-void timeline_op_end(const at::RecordFunction& fn, bool backward_record) {
+void timeline_op_end(bool backward_record) {
   OpTls& t = tl_ops;
   if (t.depth <= 0) {
     return;
@@ -804,7 +804,6 @@ void timeline_op_end(const at::RecordFunction& fn, bool backward_record) {
     tl_append(TlEvent{
         kEvOpEnd, uint8_t(shown_phase(backward_record)), 0, 0, 0, op, id, 0, live});
   }
-  (void)fn;
 }
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
@@ -831,7 +830,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   const bool backward_record = is_backward_record(fn);
   if (g_tl_on.load(std::memory_order_relaxed)) {
     try {
-      timeline_op_end(fn, backward_record);
+      timeline_op_end(backward_record);
     } catch (...) {
     }
   }
