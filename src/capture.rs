@@ -8,6 +8,7 @@ use tch::nn::Variables;
 
 use crate::error::Result;
 use crate::ffi::{self, TlEvent};
+use crate::profiler::ParamSync;
 use crate::report;
 use crate::timeline::{self, Names, StepProfile, StepStart, VarEntry};
 
@@ -54,7 +55,6 @@ pub(crate) struct Capture {
     events: Vec<TlEvent>,
     start: StepStart,
     vars: Vec<VarEntry>,
-    var_ptrs: Vec<u64>,
     names: Names,
     best_peak: i64,
     pub(crate) peak: Option<StepProfile>,
@@ -79,7 +79,6 @@ impl Capture {
             events: Vec::new(),
             start: StepStart::default(),
             vars: Vec::new(),
-            var_ptrs: Vec::new(),
             names: Names::default(),
             best_peak: -1,
             peak: None,
@@ -91,7 +90,7 @@ impl Capture {
     /// Classifies what is live at the start of an iteration (call right after the
     /// native iteration began, before any op runs) and refreshes the native table of
     /// variables when the store changed.
-    pub(crate) fn begin(&mut self, vars: &Variables) -> Result<()> {
+    pub(crate) fn begin(&mut self, vars: &Variables, params: &mut ParamSync) -> Result<()> {
         let header = ffi::timeline_header();
         let mut start = StepStart {
             gen: header.start_gen,
@@ -102,6 +101,7 @@ impl Capture {
         let names = crate::profiler::sorted_names(vars);
         let mut entries = Vec::with_capacity(names.len());
         let mut ptrs = Vec::with_capacity(names.len());
+        let mut table_names = Vec::with_capacity(names.len());
         let mut opt_claimed = 0i64;
         for name in names {
             let t = &vars.named_variables[name];
@@ -125,6 +125,7 @@ impl Capture {
                 claim(&mut start.grad, &g);
             }
             ptrs.push(w.base);
+            table_names.push(name);
             entries.push(VarEntry {
                 layer: timeline::layer_of(name),
                 bytes: w.bytes.max(0) as u64,
@@ -132,11 +133,7 @@ impl Capture {
         }
         let ds = ffi::device_stats(self.slot)?;
         start.opt = (ds.optimizer_born_live - opt_claimed).max(0);
-        if ptrs != self.var_ptrs {
-            let ids: Vec<i32> = (0..ptrs.len() as i32).collect();
-            ffi::set_params(&ptrs, &ids)?;
-            self.var_ptrs = ptrs;
-        }
+        params.update(ptrs, &table_names)?;
         self.vars = entries;
         self.start = start;
         Ok(())

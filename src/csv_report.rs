@@ -3,6 +3,7 @@
 //! - `<run>_summary.csv`: one row per reported iteration (fixed columns).
 //! - `<run>_parameters.csv`: long form, one row per variable and gradient per report.
 //! - `<run>_epochs.csv`: one row per `epoch_end`.
+//! - `<run>_leaks.csv`: one row per leak suspect per `epoch_end`, only once there is one.
 //! - `<run>_wide.csv` (option): one column per variable and per gradient, as the
 //!   original Python tool wrote.
 //!
@@ -17,6 +18,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::format;
 use crate::fs;
+use crate::leaks::LeakReport;
 use crate::report::Report;
 use crate::stats::{EpochStats, IterationStats};
 
@@ -67,6 +69,19 @@ struct EpochRow<'a> {
     peak_intermediate_gradients_bytes: u64,
     allocated_bytes: u64,
     allocated_change_bytes: i64,
+}
+
+/// A row of `<run>_leaks.csv`.
+#[derive(Debug, Serialize)]
+struct LeakRow<'a> {
+    epoch: u64,
+    op: &'a str,
+    phase: &'a str,
+    layer: &'a str,
+    first_iteration: u64,
+    last_iteration: u64,
+    count: u64,
+    bytes: u64,
 }
 
 /// One CSV file, opened at its first row and reopened if it vanishes.
@@ -126,6 +141,7 @@ pub(crate) struct CsvReport {
     summary: CsvFile,
     parameters: CsvFile,
     epochs: CsvFile,
+    leaks: CsvFile,
     wide: Option<CsvFile>,
     /// Wide layout columns, fixed at its first row.
     wide_columns: Vec<String>,
@@ -169,17 +185,20 @@ impl CsvReport {
             summary: file("summary"),
             parameters: file("parameters"),
             epochs: file("epochs"),
+            leaks: file("leaks"),
             wide: wide.then(|| file("wide")),
             wide_columns: Vec::new(),
         }
     }
 
-    /// Paths of the files this run writes (some may not exist yet).
+    /// Paths of the files this run writes (some may not exist yet; the leaks file
+    /// exists only once a suspect was found).
     pub(crate) fn paths(&self) -> Vec<PathBuf> {
         let mut v = vec![
             self.summary.path.clone(),
             self.parameters.path.clone(),
             self.epochs.path.clone(),
+            self.leaks.path.clone(),
         ];
         if let Some(w) = &self.wide {
             v.push(w.path.clone());
@@ -297,6 +316,27 @@ impl Report for CsvReport {
                 allocated_bytes: e.allocated_bytes,
                 allocated_change_bytes: e.allocated_change_bytes,
             })
+        })
+    }
+
+    fn leaks(&mut self, r: &LeakReport) -> Result<()> {
+        if r.suspects.is_empty() {
+            return Ok(()); // no file, not even a header, without a suspect
+        }
+        self.leaks.append(|w| {
+            for g in &r.suspects {
+                w.serialize(LeakRow {
+                    epoch: r.epoch,
+                    op: &g.op,
+                    phase: g.phase.name(),
+                    layer: &g.layer,
+                    first_iteration: g.first_iteration,
+                    last_iteration: g.last_iteration,
+                    count: g.count,
+                    bytes: g.bytes,
+                })?;
+            }
+            Ok(())
         })
     }
 

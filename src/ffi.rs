@@ -141,9 +141,39 @@ pub(crate) struct TimelineHeader {
     pub device: i32,
 }
 
+/// A live block of the registry (leak hunting).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LiveBlock {
+    pub ptr: u64,
+    pub size: i64,
+    /// Name id of the op that allocated it, -1 none.
+    pub op: i32,
+    /// Name id of its layer, -1 unknown.
+    pub layer: i32,
+    /// Iteration (step, from 1) it was born in.
+    pub iter: u32,
+    pub phase: u8,
+    pub device: u8,
+    pub pad: u16,
+}
+
+/// The live-block registry's own size.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Registry {
+    pub capacity: u64,
+    pub high_water: u64,
+    pub live: i64,
+    pub dropped: i64,
+    pub entry_bytes: u64,
+    pub on: i32,
+    pub pad: i32,
+}
+
 extern "C" {
     fn memprof_last_error(buf: *mut c_char, len: usize) -> usize;
-    fn memprof_start(want_cuda: i32, timeline_slot: i32) -> i32;
+    fn memprof_start(want_cuda: i32, timeline_slot: i32, leaks: i32) -> i32;
     fn memprof_stop() -> i32;
     fn memprof_begin_iteration() -> i32;
     fn memprof_state(out: *mut State) -> i32;
@@ -155,7 +185,9 @@ extern "C" {
     fn memprof_read_timeline(out: *mut TlEvent, cap: u64) -> u64;
     fn memprof_name(id: i32, buf: *mut c_char, len: usize) -> i64;
     fn memprof_intern(name: *const c_char) -> i32;
-    fn memprof_set_params(ptrs: *const u64, ids: *const i32, n: usize) -> i32;
+    fn memprof_set_params(ptrs: *const u64, ids: *const i32, layers: *const i32, n: usize) -> i32;
+    fn memprof_live_blocks(slot: i32, out: *mut LiveBlock, cap: u64) -> u64;
+    fn memprof_registry(out: *mut Registry) -> i32;
     fn memprof_scope_push(id: i32) -> i32;
     fn memprof_scope_pop() -> i32;
 }
@@ -178,11 +210,12 @@ fn check(status: i32) -> Result<()> {
 }
 
 /// Starts the profiling session on the calling thread (the training thread);
-/// `timeline_slot` turns the step event log on for that device slot.
-pub(crate) fn start(want_cuda: bool, timeline_slot: Option<usize>) -> Result<()> {
+/// `timeline_slot` turns the step event log on for that device slot, `leaks` the
+/// live-block registry.
+pub(crate) fn start(want_cuda: bool, timeline_slot: Option<usize>, leaks: bool) -> Result<()> {
     let slot = timeline_slot.map_or(-1, |s| s as i32);
     // SAFETY: plain call; the callee catches all exceptions.
-    check(unsafe { memprof_start(want_cuda as i32, slot) })
+    check(unsafe { memprof_start(want_cuda as i32, slot, leaks as i32) })
 }
 
 /// Ends the profiling session. Call on the thread that started it.
@@ -286,11 +319,36 @@ pub(crate) fn intern(name: &str) -> Result<i32> {
     }
 }
 
-/// Replaces the native table of model variables (storage pointer -> variable index).
-pub(crate) fn set_params(ptrs: &[u64], ids: &[i32]) -> Result<()> {
-    let n = ptrs.len().min(ids.len());
-    // SAFETY: both slices are valid for `n` elements for the duration of the call.
-    check(unsafe { memprof_set_params(ptrs.as_ptr(), ids.as_ptr(), n) })
+/// Replaces the native table of model variables (storage pointer -> variable index
+/// and the name id of its layer).
+pub(crate) fn set_params(ptrs: &[u64], ids: &[i32], layers: &[i32]) -> Result<()> {
+    let n = ptrs.len().min(ids.len()).min(layers.len());
+    // SAFETY: the three slices are valid for `n` elements for the duration of the call.
+    check(unsafe { memprof_set_params(ptrs.as_ptr(), ids.as_ptr(), layers.as_ptr(), n) })
+}
+
+/// The live blocks of device `slot` registered in this session, into `into`.
+pub(crate) fn live_blocks(slot: usize, into: &mut Vec<LiveBlock>) {
+    loop {
+        let cap = into.capacity().max(1024);
+        into.clear();
+        into.resize(cap, LiveBlock::default());
+        // SAFETY: `into` holds `cap` initialised LiveBlocks; the callee writes at most `cap`.
+        let n = unsafe { memprof_live_blocks(slot as i32, into.as_mut_ptr(), cap as u64) } as usize;
+        if n <= cap {
+            into.truncate(n);
+            return;
+        }
+        // More blocks than room (others were born meanwhile): grow and read again.
+        into.reserve(n + n / 4 - into.len());
+    }
+}
+
+pub(crate) fn registry() -> Registry {
+    let mut r = Registry::default();
+    // SAFETY: `r` is a valid, writable Registry with the C layout.
+    unsafe { memprof_registry(&mut r) };
+    r
 }
 
 pub(crate) fn scope_push(id: i32) -> Result<()> {

@@ -138,22 +138,28 @@
 #![deny(missing_docs)]
 
 mod accounting;
+mod budget;
 mod capture;
 mod csv_report;
 mod error;
 mod ffi;
 pub mod format;
 mod fs;
+mod leaks;
 mod plot;
 mod profiler;
 mod report;
 mod stats;
 mod timeline;
 
+pub use budget::{Budget, BudgetExceeded, LayerUse, Overrun};
 pub use error::{Error, Result};
 pub use ffi::CudaStats;
+pub use leaks::{
+    LeakGroup, LeakPattern, LeakReport, DEFAULT_LEAK_THRESHOLD, DEFAULT_WARMUP_EPOCHS,
+};
 pub use profiler::{cuda_status, MemoryProfiler, MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
-pub use stats::{EpochStats, IterationStats, VariableKind, VariableStats};
+pub use stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableStats};
 pub use timeline::{
     scope, Category, CategoryBytes, LayerProfile, Peak, Phase, Scope, StepProfile, TimelineRow,
     UncountedOp,
@@ -169,5 +175,16 @@ pub mod __private {
     /// Whether the tracking CPU allocator is installed.
     pub fn cpu_tracking_installed() -> bool {
         crate::ffi::state().cpu_installed != 0
+    }
+    /// Live-block registry: (entries in use, entries ever used, births not registered).
+    pub fn registry() -> (i64, u64, i64) {
+        let r = crate::ffi::registry();
+        (r.live, r.high_water, r.dropped)
+    }
+    /// Live registered blocks of the CPU in this session: (bytes, count).
+    pub fn registered_cpu_blocks() -> (i64, usize) {
+        let mut v = Vec::new();
+        crate::ffi::live_blocks(0, &mut v);
+        (v.iter().map(|b| b.size).sum(), v.len())
     }
 }

@@ -12,12 +12,14 @@ use tch::nn::{VarStore, Variables};
 use tch::Device;
 
 use crate::accounting::{self, BlockInfo};
+use crate::budget::{Budget, BudgetExceeded};
 use crate::capture::Capture;
 use crate::csv_report::{self, CsvReport};
 use crate::error::{Error, Result};
 use crate::ffi::{self, LogEvent};
+use crate::leaks::{LeakHunter, LeakReport};
 use crate::report::{Report, TerminalReport};
-use crate::stats::{EpochStats, IterationStats, VariableKind, VariableStats};
+use crate::stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableStats};
 use crate::timeline::StepProfile;
 
 /// One profiler per process: the allocator hooks are process-wide.
@@ -40,6 +42,9 @@ pub struct MemoryProfilerBuilder {
     top_variables: usize,
     timeline: bool,
     timeline_step: Option<u64>,
+    leak_check: bool,
+    leak_threshold: u64,
+    leak_warmup_epochs: u64,
 }
 
 impl MemoryProfilerBuilder {
@@ -102,6 +107,32 @@ impl MemoryProfilerBuilder {
         self
     }
 
+    /// Hunts for leaks at each `epoch_end` (default true): live blocks that are not
+    /// weights or gradients, grouped by the op, phase and layer that made them, are
+    /// compared with the previous epoch end; groups that keep growing are reported
+    /// (terminal, `log::warn!`, `<run>_leaks.csv`, [`MemoryProfiler::last_leaks`]).
+    /// Costs a registry entry per live block and the op inputs of each outermost op
+    /// (see the README for the measured overhead).
+    pub fn leak_check(mut self, on: bool) -> Self {
+        self.leak_check = on;
+        self
+    }
+
+    /// Growth of live bytes (outside weights and gradients) between two epoch ends
+    /// that names the growing groups at once (default 1 MiB). Smaller growth is named
+    /// when the same group grows at two epoch ends in a row.
+    pub fn leak_threshold(mut self, bytes: u64) -> Self {
+        self.leak_threshold = bytes;
+        self
+    }
+
+    /// Epochs that only set the leak hunt's baseline (default 1): optimizer state and
+    /// caches are created in the first epoch and are not leaks. At least 1.
+    pub fn leak_warmup_epochs(mut self, n: u64) -> Self {
+        self.leak_warmup_epochs = n;
+        self
+    }
+
     /// Starts profiling. Fails when a setting is invalid (naming it and why), when
     /// another profiler is alive in the process, or when the native layer cannot start.
     pub fn build(self) -> Result<MemoryProfiler> {
@@ -110,6 +141,15 @@ impl MemoryProfilerBuilder {
                 name: "timeline_step",
                 value: "0".into(),
                 reason: "steps are counted from 1 (the first record_stats call ends step 1)".into(),
+            });
+        }
+        if self.leak_warmup_epochs == 0 {
+            return Err(Error::InvalidConfig {
+                name: "leak_warmup_epochs",
+                value: "0".into(),
+                reason: "must be at least 1: the first epoch end has nothing to compare with, \
+                         and optimizer state appears during the first epoch"
+                    .into(),
             });
         }
         if self.print_period == 0 {
@@ -162,9 +202,25 @@ impl MemoryProfilerBuilder {
         if let Err(e) = ffi::start(
             matches!(self.device, Device::Cuda(_)),
             timeline.then_some(slot),
+            self.leak_check,
         ) {
             ACTIVE.store(false, Ordering::Release);
             return Err(e);
+        }
+        let mut params = ParamSync::default();
+        if self.leak_check && !timeline {
+            // Layers of the first iteration's ops (the timeline capture does it below).
+            let vars = match self.variables.lock() {
+                Ok(v) => v,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            let synced = params.sync(&vars);
+            drop(vars);
+            if let Err(e) = synced {
+                let _ = ffi::stop();
+                ACTIVE.store(false, Ordering::Release);
+                return Err(e);
+            }
         }
         let capture = if timeline {
             let mut c = Capture::new(
@@ -178,7 +234,7 @@ impl MemoryProfilerBuilder {
                 Ok(v) => v,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            if let Err(e) = c.begin(&vars) {
+            if let Err(e) = c.begin(&vars, &mut params) {
                 drop(vars);
                 let _ = ffi::stop();
                 ACTIVE.store(false, Ordering::Release);
@@ -218,6 +274,12 @@ impl MemoryProfilerBuilder {
             failures: 0,
             log: Vec::new(),
             capture,
+            params,
+            hunter: self
+                .leak_check
+                .then(|| LeakHunter::new(slot, self.leak_threshold, self.leak_warmup_epochs)),
+            last_leaks: None,
+            run: RunAcc::default(),
             _not_send: PhantomData,
         };
         profiler.allocated_at_epoch_start = profiler.allocated_now().unwrap_or(0);
@@ -229,6 +291,59 @@ fn source_of(e: &Error) -> String {
     match e {
         Error::Io { source, .. } => source.to_string(),
         other => other.to_string(),
+    }
+}
+
+/// Peaks gathered over the whole run.
+#[derive(Debug, Default, Clone)]
+struct RunAcc {
+    peak_allocated: u64,
+    peak_reserved: u64,
+    peak_feature_maps: u64,
+    peak_intermediate: u64,
+}
+
+/// The native table of model variables (storage -> variable index and layer), replaced
+/// when the store's storages change.
+#[derive(Debug, Default)]
+pub(crate) struct ParamSync {
+    ptrs: Vec<u64>,
+}
+
+impl ParamSync {
+    /// Storage pointers and names of the defined variables, in variable-index order
+    /// (sorted names), as the timeline replay numbers them.
+    pub(crate) fn table(vars: &Variables) -> Result<(Vec<u64>, Vec<&String>)> {
+        let mut ptrs = Vec::new();
+        let mut names = Vec::new();
+        for name in sorted_names(vars) {
+            let w = ffi::tensor_block(&vars.named_variables[name], false)?;
+            if w.defined != 0 {
+                ptrs.push(w.base);
+                names.push(name);
+            }
+        }
+        Ok((ptrs, names))
+    }
+
+    pub(crate) fn sync(&mut self, vars: &Variables) -> Result<()> {
+        let (ptrs, names) = Self::table(vars)?;
+        self.update(ptrs, &names)
+    }
+
+    /// Sets the table if `ptrs` changed since the last call.
+    pub(crate) fn update(&mut self, ptrs: Vec<u64>, names: &[&String]) -> Result<()> {
+        if ptrs == self.ptrs {
+            return Ok(());
+        }
+        let ids: Vec<i32> = (0..ptrs.len() as i32).collect();
+        let layers: Vec<i32> = names
+            .iter()
+            .map(|n| ffi::intern(&crate::timeline::layer_of(n)).unwrap_or(-1))
+            .collect();
+        ffi::set_params(&ptrs, &ids, &layers)?;
+        self.ptrs = ptrs;
+        Ok(())
     }
 }
 
@@ -279,6 +394,10 @@ pub struct MemoryProfiler {
     failures: u64,
     log: Vec<LogEvent>,
     capture: Option<Capture>,
+    params: ParamSync,
+    hunter: Option<LeakHunter>,
+    last_leaks: Option<LeakReport>,
+    run: RunAcc,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -309,6 +428,9 @@ impl MemoryProfiler {
             top_variables: DEFAULT_TOP_VARIABLES,
             timeline: false,
             timeline_step: None,
+            leak_check: true,
+            leak_threshold: crate::leaks::DEFAULT_LEAK_THRESHOLD,
+            leak_warmup_epochs: crate::leaks::DEFAULT_WARMUP_EPOCHS,
         }
     }
 
@@ -340,7 +462,7 @@ impl MemoryProfiler {
             Err(poisoned) => poisoned.into_inner(),
         };
         match &mut self.capture {
-            Some(c) => c.begin(&vars),
+            Some(c) => c.begin(&vars, &mut self.params),
             None => Ok(()),
         }
     }
@@ -424,6 +546,13 @@ impl MemoryProfiler {
         acc.peak_intermediate = acc
             .peak_intermediate
             .max(stats.intermediate_gradients_bytes);
+        let run = &mut self.run;
+        run.peak_allocated = run.peak_allocated.max(stats.peak_allocated_bytes);
+        run.peak_reserved = run.peak_reserved.max(stats.peak_reserved_bytes);
+        run.peak_feature_maps = run.peak_feature_maps.max(stats.feature_maps_bytes);
+        run.peak_intermediate = run
+            .peak_intermediate
+            .max(stats.intermediate_gradients_bytes);
         if self.step % self.print_period as u64 == 0 {
             let mut errors = Vec::new();
             for r in &mut self.reports {
@@ -478,7 +607,104 @@ impl MemoryProfiler {
         for (name, err) in errors {
             self.fail(&format!("epoch_end ({name} report)"), &err);
         }
+        self.hunt_leaks(self.epoch - 1)
+    }
+
+    /// The leak hunt at the end of `epoch`.
+    fn hunt_leaks(&mut self, epoch: u64) -> Result<()> {
+        if self.hunter.is_none() {
+            return Ok(());
+        }
+        let mut exclude = HashSet::new();
+        {
+            let vars = match self.variables.lock() {
+                Ok(v) => v,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            for t in vars.named_variables.values() {
+                for grad in [false, true] {
+                    let b = ffi::tensor_block(t, grad)?;
+                    if b.defined != 0 {
+                        exclude.insert(b.base);
+                    }
+                }
+            }
+        }
+        let cuda = match self.device {
+            Device::Cuda(i) => ffi::cuda_stats(i)
+                .ok()
+                .map(|c| (c.allocated_current, c.reserved_current)),
+            _ => None,
+        };
+        let Some(hunter) = self.hunter.as_mut() else {
+            return Ok(());
+        };
+        self.last_leaks = hunter.epoch_end(epoch, &exclude, cuda);
+        let Some(report) = self.last_leaks.as_ref() else {
+            return Ok(());
+        };
+        log::warn!("tch-memprof: leak suspects: {}", report.summary());
+        let mut errors = Vec::new();
+        for r in &mut self.reports {
+            if let Err(err) = r.leaks(report) {
+                errors.push((r.name(), err));
+            }
+        }
+        for (name, err) in errors {
+            self.fail(&format!("epoch_end (leaks, {name} report)"), &err);
+        }
         Ok(())
+    }
+
+    /// What the leak hunt found at the last `epoch_end`: None when it found no suspect
+    /// (or leak hunting is off, or the warm-up is not over).
+    pub fn last_leaks(&self) -> Option<&LeakReport> {
+        self.last_leaks.as_ref()
+    }
+
+    /// The run's numbers so far: the last report and the run's peaks, for tests and
+    /// dashboards (see also [`check_budget`](Self::check_budget)).
+    pub fn stats(&self) -> RunStats {
+        RunStats {
+            last: self.last.clone(),
+            steps: self.step,
+            epochs_ended: self.epochs.len() as u64,
+            peak_allocated_bytes: self.run.peak_allocated,
+            peak_reserved_bytes: self.run.peak_reserved,
+            peak_feature_maps_bytes: self.run.peak_feature_maps,
+            peak_intermediate_gradients_bytes: self.run.peak_intermediate,
+            leaks: self.last_leaks.clone(),
+            profiler_memory_bytes: self.own_memory_bytes(),
+        }
+    }
+
+    /// Checks the run's numbers against `budget`; the error lists what went over and
+    /// the largest consumers by category and by layer.
+    pub fn check_budget(&self, budget: &Budget) -> std::result::Result<(), BudgetExceeded> {
+        let peak_layers = self.peak_step_profile().map(|p| p.layers.as_slice());
+        budget.check(&self.stats(), peak_layers)
+    }
+
+    /// Like [`check_budget`](Self::check_budget), but panics with the readable
+    /// message: for `#[test]`s that guard a model's memory.
+    #[track_caller]
+    pub fn assert_budget(&self, budget: &Budget) {
+        if let Err(e) = self.check_budget(budget) {
+            panic!("{e}");
+        }
+    }
+
+    /// Bytes the profiler itself holds: its buffers and the native registry and logs
+    /// it has touched (reserved address space not yet used is not counted).
+    fn own_memory_bytes(&self) -> u64 {
+        let reg = ffi::registry();
+        let st = ffi::state();
+        let log_touched = st.log_len.min(st.log_capacity) * std::mem::size_of::<LogEvent>() as u64;
+        reg.high_water * reg.entry_bytes
+            + log_touched
+            + (self.log.capacity() * std::mem::size_of::<LogEvent>()) as u64
+            + self.hunter.as_ref().map_or(0, |h| h.own_bytes())
+            + self.epochs.capacity() as u64 * std::mem::size_of::<EpochStats>() as u64
     }
 
     /// Allocated bytes on the profiled device now.
@@ -505,6 +731,7 @@ impl MemoryProfiler {
         let names = sorted_names(&vars);
         let mut variables = Vec::with_capacity(names.len());
         let mut weight_blocks = Vec::new();
+        let mut table_names = Vec::new();
         let mut buffer_blocks = Vec::new();
         let mut grad_blocks = Vec::new();
         let info = |b: &ffi::Block| BlockInfo {
@@ -525,6 +752,7 @@ impl MemoryProfiler {
                 VariableKind::Buffer
             };
             weight_blocks.push(info(&w));
+            table_names.push(name);
             if kind == VariableKind::Buffer {
                 buffer_blocks.push(info(&w));
             }
@@ -542,6 +770,11 @@ impl MemoryProfiler {
                 bytes: w.bytes.max(0) as u64,
                 grad_bytes: (g.defined != 0).then_some(g.bytes.max(0) as u64),
             });
+        }
+        if self.hunter.is_some() && self.capture.is_none() {
+            // Keeps the layers of leak origins right when variables change.
+            let ptrs = weight_blocks.iter().map(|b| b.base).collect();
+            self.params.update(ptrs, &table_names)?;
         }
         drop(vars);
 

@@ -8,6 +8,7 @@ use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 
 use crate::error::Result;
 use crate::format;
+use crate::leaks::LeakReport;
 use crate::stats::{EpochStats, IterationStats, VariableKind};
 use crate::timeline::{Category, StepProfile};
 
@@ -19,6 +20,10 @@ pub(crate) trait Report {
     }
     /// Called at every `epoch_end`.
     fn epoch(&mut self, _stats: &EpochStats) -> Result<()> {
+        Ok(())
+    }
+    /// Called at an `epoch_end` whose leak hunt found suspects.
+    fn leaks(&mut self, _report: &LeakReport) -> Result<()> {
         Ok(())
     }
     /// Short name for log messages.
@@ -36,6 +41,9 @@ impl Report for TerminalReport {
     }
     fn epoch(&mut self, stats: &EpochStats) -> Result<()> {
         write_stdout(&render_epoch(stats))
+    }
+    fn leaks(&mut self, report: &LeakReport) -> Result<()> {
+        write_stdout(&render_leaks(report))
     }
     fn name(&self) -> &'static str {
         "terminal"
@@ -433,4 +441,47 @@ mod tests {
         assert!(!text.contains("layer1.weight"));
         assert!(text.contains("epoch 1 · iteration 2 (step 2) · cpu"));
     }
+}
+
+/// The terminal report of a leak hunt: the suspects and, if recognised, what they mean.
+pub(crate) fn render_leaks(r: &LeakReport) -> String {
+    let mut out = format!(
+        "LEAK SUSPECTS at the end of epoch {}: memory outside weights and gradients grew by \
+         {} since the previous epoch end\n",
+        r.epoch,
+        format::signed_bytes(r.growth_bytes)
+    );
+    if let Some(g) = r.reserved_growth_bytes {
+        out.push_str(&format!("  CUDA reserved: {}\n", format::signed_bytes(g)));
+    }
+    if !r.suspects.is_empty() {
+        out.push_str("  live blocks by origin, largest growth first\n");
+        let mut t = table();
+        t.set_header(vec![
+            Cell::new("op"),
+            Cell::new("phase"),
+            Cell::new("layer"),
+            Cell::new("iterations"),
+            right("blocks".into()),
+            right("bytes".into()),
+            right("growth".into()),
+        ]);
+        for g in &r.suspects {
+            t.add_row(vec![
+                Cell::new(&g.op),
+                Cell::new(g.phase.name()),
+                Cell::new(&g.layer),
+                Cell::new(format!("{}..={}", g.first_iteration, g.last_iteration)),
+                right(g.count.to_string()),
+                right(format::bytes(g.bytes)),
+                right(format::signed_bytes(g.growth_bytes)),
+            ]);
+        }
+        out.push_str(&t.to_string());
+        out.push('\n');
+    }
+    if let Some(p) = r.pattern {
+        out.push_str(&format!("  what it looks like: {}\n", p.explanation()));
+    }
+    out
 }

@@ -115,3 +115,33 @@ pub struct EpochStats {
     /// built, for the first epoch).
     pub allocated_change_bytes: i64,
 }
+
+/// The run's numbers so far, from [`MemoryProfiler::stats`](crate::MemoryProfiler::stats).
+///
+/// New fields may be added in minor versions; the meaning of existing ones does not
+/// change.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RunStats {
+    /// The numbers of the last `record_stats` call, reported or not.
+    pub last: Option<IterationStats>,
+    /// `record_stats` calls so far.
+    pub steps: u64,
+    /// `epoch_end` calls so far.
+    pub epochs_ended: u64,
+    /// Highest peak allocated bytes of any iteration.
+    pub peak_allocated_bytes: u64,
+    /// Highest peak reserved bytes of any iteration (CPU: the process's peak resident
+    /// memory).
+    pub peak_reserved_bytes: u64,
+    /// Largest feature maps of any iteration.
+    pub peak_feature_maps_bytes: u64,
+    /// Largest intermediate gradients of any iteration.
+    pub peak_intermediate_gradients_bytes: u64,
+    /// What the leak hunt found at the last `epoch_end`, if anything.
+    pub leaks: Option<crate::leaks::LeakReport>,
+    /// Bytes the profiler itself holds: its buffers, and the native registry and logs
+    /// as far as they were used. Bounded: it depends on the most blocks live at once
+    /// and the most events in one iteration, not on the number of iterations.
+    pub profiler_memory_bytes: u64,
+}

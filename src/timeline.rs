@@ -119,7 +119,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    fn from_native(p: u8) -> Phase {
+    pub(crate) fn from_native(p: u8) -> Phase {
         match p {
             1 => Phase::Backward,
             2 => Phase::Optimizer,

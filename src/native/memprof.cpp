@@ -307,8 +307,26 @@ struct OpTls {
   uint32_t step;
   int n_scope;
   int32_t scopes[kMaxScopes];
+  // Origin of allocations (leak hunting): name id and layer (id + 1, 0 none) of each
+  // open timeline-level op, and the layer of the last forward op on this thread.
+  int32_t tl_name[kMaxTlStack];
+  int32_t tl_layer1[kMaxTlStack];
+  int32_t last_layer1;
 };
 thread_local OpTls tl_ops;
+
+// Where an allocation on this thread comes from: the timeline-level op running (-1 if
+// none) and its layer (-1 if unknown).
+inline void current_origin(int32_t* op, int32_t* layer) {
+  const OpTls& t = tl_ops;
+  if (t.n_tl > 0) {
+    *op = t.tl_name[t.n_tl - 1];
+    *layer = t.tl_layer1[t.n_tl - 1] - 1;
+  } else {
+    *op = -1;
+    *layer = t.last_layer1 - 1;
+  }
+}
 
 inline int32_t current_op() {
   const OpTls& t = tl_ops;
@@ -402,6 +420,104 @@ inline void on_free(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t 
 }
 
 // ---------------------------------------------------------------------------------
+// Live-block registry (leak hunting; on only when the profiler asks for it). Every
+// block born while it is on gets an entry: its size, birth phase, iteration, device and
+// origin (op and layer). Entries are recycled through a lock-free free list (a tagged
+// Treiber stack), so the registry holds as many entries as blocks were ever live at
+// once, not one per allocation: its memory is bounded by the peak number of live
+// blocks, never by the number of iterations. Reserved with mmap: untouched entries
+// cost nothing. Every field is an atomic so that the epoch-end scan may read entries
+// that another thread is filling (it re-reads the pointer to drop torn entries).
+
+constexpr uint32_t kNoReg = 0xffffffffu;
+constexpr uint32_t kRegCapacity = 1u << 21;
+
+struct RegEntry {
+  std::atomic<uint64_t> ptr;     // block data pointer; 0 while free or being filled
+  std::atomic<int64_t> size;
+  std::atomic<uint64_t> origin;  // op id (low 32 bits) | layer id (high 32 bits)
+  std::atomic<uint64_t> misc;    // iteration | phase << 32 | device << 40 | session << 48
+  std::atomic<uint32_t> next;    // free-list link: index + 1, 0 = end
+};
+
+RegEntry* g_reg = nullptr;
+std::atomic<uint64_t> g_reg_free{0};  // ABA tag << 32 | (index + 1); 0 = empty
+std::atomic<uint32_t> g_reg_hw{0};    // entries ever handed out
+std::atomic<int64_t> g_reg_live{0};
+std::atomic<int64_t> g_reg_dropped{0};  // births not registered: registry full
+std::atomic<bool> g_origin_on{false};
+std::atomic<uint32_t> g_iter{0};      // iteration (step) that births belong to
+std::atomic<uint32_t> g_session_id{0};  // bumped at each memprof_start
+
+uint32_t reg_pop() {
+  uint64_t h = g_reg_free.load(std::memory_order_acquire);
+  while (uint32_t(h) != 0) {
+    const uint32_t idx = uint32_t(h) - 1;
+    const uint64_t next = g_reg[idx].next.load(std::memory_order_relaxed);
+    const uint64_t nh = (((h >> 32) + 1) << 32) | next;
+    if (g_reg_free.compare_exchange_weak(
+            h, nh, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      return idx;
+    }
+  }
+  uint32_t hw = g_reg_hw.load(std::memory_order_relaxed);
+  while (hw < kRegCapacity) {
+    if (g_reg_hw.compare_exchange_weak(hw, hw + 1, std::memory_order_relaxed)) {
+      return hw;
+    }
+  }
+  return kNoReg;
+}
+
+void reg_push(uint32_t idx) {
+  uint64_t h = g_reg_free.load(std::memory_order_relaxed);
+  for (;;) {
+    g_reg[idx].next.store(uint32_t(h), std::memory_order_relaxed);
+    const uint64_t nh = (((h >> 32) + 1) << 32) | uint64_t(idx + 1);
+    if (g_reg_free.compare_exchange_weak(
+            h, nh, std::memory_order_release, std::memory_order_relaxed)) {
+      return;
+    }
+  }
+}
+
+// Registers a block born now; returns its entry or kNoReg.
+inline uint32_t reg_add(uint64_t ptr, int64_t size, uint32_t phase, int dev) {
+  if (!g_reg || !g_origin_on.load(std::memory_order_relaxed) || ptr == 0) {
+    return kNoReg;
+  }
+  const uint32_t idx = reg_pop();
+  if (idx == kNoReg) {
+    g_reg_dropped.fetch_add(1, std::memory_order_relaxed);
+    return kNoReg;
+  }
+  int32_t op = -1;
+  int32_t layer = -1;
+  current_origin(&op, &layer);
+  RegEntry& e = g_reg[idx];
+  e.size.store(size, std::memory_order_relaxed);
+  e.origin.store(
+      uint64_t(uint32_t(op)) | (uint64_t(uint32_t(layer)) << 32), std::memory_order_relaxed);
+  e.misc.store(
+      uint64_t(g_iter.load(std::memory_order_relaxed)) | (uint64_t(phase & 0xff) << 32) |
+          (uint64_t(dev & 0xff) << 40) |
+          (uint64_t(g_session_id.load(std::memory_order_relaxed) & 0xffff) << 48),
+      std::memory_order_relaxed);
+  e.ptr.store(ptr, std::memory_order_release);
+  g_reg_live.fetch_add(1, std::memory_order_relaxed);
+  return idx;
+}
+
+inline void reg_remove(uint32_t idx) {
+  if (idx >= kRegCapacity || !g_reg) {
+    return;
+  }
+  g_reg[idx].ptr.store(0, std::memory_order_release);
+  g_reg_live.fetch_sub(1, std::memory_order_relaxed);
+  reg_push(idx);
+}
+
+// ---------------------------------------------------------------------------------
 // CPU: a wrapping allocator, installed at library load, process-wide.
 //
 // Each block has a header in front of the data (data == context, as c10 requires):
@@ -416,6 +532,8 @@ struct BlockHeader {
   uint64_t head_bytes;  // distance from base to data
   uint32_t gen;
   uint32_t phase;
+  uint32_t reg;         // live-block registry entry, kNoReg if not registered
+  uint32_t pad;
 };
 static_assert(sizeof(BlockHeader) <= 64, "header fits the minimum alignment");
 
@@ -431,6 +549,7 @@ void tracked_delete(void* data) {
   void* base = static_cast<char*>(data) - h->head_bytes;
   if (h->magic == kMagic) {
     on_free(0, uint64_t(data), int64_t(h->size), h->gen, h->phase);
+    reg_remove(h->reg);
   } else {
     g_untagged_frees.fetch_add(1, std::memory_order_relaxed);
   }
@@ -456,6 +575,7 @@ struct TrackingCpuAllocator final : public c10::Allocator {
     h->head_bytes = head;
     h->gen = cur_gen(gp);
     h->phase = cur_phase(gp);
+    h->reg = reg_add(uint64_t(data), int64_t(n), h->phase, 0);
     on_alloc(0, uint64_t(data), int64_t(n), h->gen, h->phase);
     return {data, data, &tracked_delete, c10::Device(c10::DeviceType::CPU)};
   }
@@ -478,6 +598,7 @@ struct CudaTag {
   int64_t size;
   uint32_t gen;
   uint32_t phase;
+  uint32_t reg;
 };
 std::mutex g_cuda_mutex;
 std::unordered_map<uint64_t, CudaTag>* g_cuda_blocks = nullptr;  // under g_cuda_mutex
@@ -508,14 +629,21 @@ struct Reporter final : public c10::MemoryReportingInfoBase {
       const uint64_t key = uint64_t(ptr);
       if (alloc_size > 0) {
         uint64_t gp = phase_for_alloc();
-        CudaTag tag{alloc_size, cur_gen(gp), cur_phase(gp)};
+        CudaTag tag{alloc_size, cur_gen(gp), cur_phase(gp), kNoReg};
+        tag.reg = reg_add(key, alloc_size, tag.phase, dev);
+        uint32_t stale = kNoReg;
         {
           std::lock_guard<std::mutex> lock(g_cuda_mutex);
-          (*g_cuda_blocks)[key] = tag;
+          auto [it, inserted] = g_cuda_blocks->try_emplace(key, tag);
+          if (!inserted) {
+            stale = it->second.reg;  // a free we never saw
+            it->second = tag;
+          }
         }
+        reg_remove(stale);
         on_alloc(dev, key, alloc_size, tag.gen, tag.phase);
       } else if (alloc_size < 0) {
-        CudaTag tag{0, 0, 0};
+        CudaTag tag{0, 0, 0, kNoReg};
         bool found = false;
         {
           std::lock_guard<std::mutex> lock(g_cuda_mutex);
@@ -528,6 +656,7 @@ struct Reporter final : public c10::MemoryReportingInfoBase {
         }
         if (found) {
           on_free(dev, key, tag.size, tag.gen, tag.phase);
+          reg_remove(tag.reg);
         }
       }
     } catch (...) {
@@ -635,20 +764,22 @@ inline memprof_flops::Kind kind_of(int32_t id) {
 struct ParamTable {
   uint64_t mask = 0;
   std::unique_ptr<uint64_t[]> keys;
-  std::unique_ptr<int32_t[]> vals;
+  std::unique_ptr<int32_t[]> vals;    // variable index
+  std::unique_ptr<int32_t[]> layers;  // name id of the variable's layer, -1 none
 };
 std::atomic<ParamTable*> g_params{nullptr};
 std::mutex g_params_mutex;  // serialises replacement; readers never take it
 std::unique_ptr<std::vector<std::unique_ptr<ParamTable>>> g_params_all;
 
-inline int32_t param_lookup(const ParamTable* t, uint64_t key) {
+// The table slot of `key`, or -1.
+inline int64_t param_lookup(const ParamTable* t, uint64_t key) {
   if (!t || key == 0) {
     return -1;
   }
   uint64_t i = (key >> 4) & t->mask;
   for (uint64_t probe = 0; probe <= t->mask; ++probe, i = (i + 1) & t->mask) {
     if (t->keys[i] == key) {
-      return t->vals[i];
+      return int64_t(i);
     }
     if (t->keys[i] == 0) {
       return -1;
@@ -657,8 +788,9 @@ inline int32_t param_lookup(const ParamTable* t, uint64_t key) {
   return -1;
 }
 
-// The first VarStore variable among an op's tensor inputs, by storage.
-inline int32_t first_variable(c10::ArrayRef<const c10::IValue> inputs) {
+// The first VarStore variable among an op's tensor inputs, by storage; its layer's
+// name id + 1 goes to *layer1 (untouched when none is found).
+inline int32_t first_variable(c10::ArrayRef<const c10::IValue> inputs, int32_t* layer1) {
   const ParamTable* t = g_params.load(std::memory_order_acquire);
   if (!t) {
     return -1;
@@ -671,9 +803,10 @@ inline int32_t first_variable(c10::ArrayRef<const c10::IValue> inputs) {
     if (!x.defined() || !x.has_storage()) {
       continue;
     }
-    int32_t id = param_lookup(t, uint64_t(x.storage().data()));
-    if (id >= 0) {
-      return id;
+    const int64_t slot = param_lookup(t, uint64_t(x.storage().data()));
+    if (slot >= 0) {
+      *layer1 = t->layers[slot] + 1;
+      return t->vals[slot];
     }
   }
   return -1;
@@ -706,6 +839,27 @@ inline int32_t seq_load(int64_t seq, uint32_t step) {
   return int32_t(v & 0xffffff);
 }
 
+// Layer of each autograd sequence number's forward op (for leak origins): seq low 32
+// bits | layer id + 1. No step check: a layer does not change between iterations.
+std::atomic<uint64_t> g_seq_layer[kSeqSlots];
+
+inline void seq_layer_store(int64_t seq, int32_t layer1) {
+  if (seq < 0 || layer1 <= 0) {
+    return;
+  }
+  g_seq_layer[uint64_t(seq) & (kSeqSlots - 1)].store(
+      (uint64_t(uint32_t(seq)) << 32) | uint64_t(uint32_t(layer1)), std::memory_order_relaxed);
+}
+
+inline int32_t seq_layer_load(int64_t seq) {
+  if (seq < 0) {
+    return 0;
+  }
+  const uint64_t v =
+      g_seq_layer[uint64_t(seq) & (kSeqSlots - 1)].load(std::memory_order_relaxed);
+  return uint32_t(v >> 32) == uint32_t(seq) ? int32_t(uint32_t(v)) : 0;
+}
+
 // Phase shown for an op: what it is, not when the next allocation flips the phase
 // (the first forward op begins while the phase still says "optimizer").
 inline uint32_t shown_phase(bool backward_record) {
@@ -722,7 +876,9 @@ inline uint32_t shown_phase(bool backward_record) {
   return ph;
 }
 
-void timeline_op_start(const at::RecordFunction& fn, bool backward_record) {
+// Op bookkeeping on the calling thread. `tl`: the step log is on (log op events,
+// count FLOPs); otherwise only the origin of allocations is kept (leak hunting).
+void op_start(const at::RecordFunction& fn, bool backward_record, bool tl) {
   OpTls& t = tl_ops;
   const uint32_t step = g_step_id.load(std::memory_order_relaxed);
   if (t.step != step) {
@@ -734,38 +890,70 @@ void timeline_op_start(const at::RecordFunction& fn, bool backward_record) {
   if (d >= kMaxDepth) {
     return;
   }
-  const char* name = fn.name();
-  const int32_t id = intern(name);
-  t.ids[d] = id;
-  // A parent counts as a leaf for the "uncounted" list when its only children are
-  // ops known to do no arithmetic (most kernels allocate their output via aten::empty).
-  if (d > 0 && kind_of(id).family != memprof_flops::kZero) {
-    t.had_child |= (uint64_t(1) << (d - 1));
-  }
-  t.had_child &= ~(uint64_t(1) << d);
   const bool node = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
   const bool evaluate = backward_record && !node;
+  const bool opens = (evaluate || t.n_tl == 0) && t.n_tl < kMaxTlStack;
+  // Without the step log, only timeline-level ops need their name.
+  const int32_t id = (tl || opens) ? intern(fn.name()) : -1;
+  t.ids[d] = id;
+  if (tl) {
+    // A parent counts as a leaf for the "uncounted" list when its only children are
+    // ops known to do no arithmetic (most kernels allocate their output via aten::empty).
+    if (d > 0 && kind_of(id).family != memprof_flops::kZero) {
+      t.had_child |= (uint64_t(1) << (d - 1));
+    }
+    t.had_child &= ~(uint64_t(1) << d);
+  }
   const uint32_t phase = shown_phase(backward_record);
 
-  if ((evaluate || t.n_tl == 0) && t.n_tl < kMaxTlStack) {
-    const int32_t op = g_op_counter.fetch_add(1, std::memory_order_relaxed);
+  if (opens) {
+    int32_t op = -1;
+    if (tl) {
+      op = g_op_counter.fetch_add(1, std::memory_order_relaxed);
+      g_last_op.store(op, std::memory_order_relaxed);
+    }
+    int32_t layer1 = 0;
+    const int32_t var = backward_record ? -1 : first_variable(fn.inputs(), &layer1);
+    const uint32_t scope = t.n_scope > 0 ? uint32_t(t.scopes[t.n_scope - 1] + 1) : 0;
+    if (scope != 0) {
+      layer1 = int32_t(scope);
+    } else if (!backward_record && layer1 == 0) {
+      layer1 = t.last_layer1;  // the layer that ran last
+    }
+    if (!backward_record && layer1 != 0) {
+      t.last_layer1 = layer1;
+    }
     t.tl_depth[t.n_tl] = d;
     t.tl_op[t.n_tl] = op;
+    t.tl_name[t.n_tl] = id;
+    t.tl_layer1[t.n_tl] = layer1;  // a backward node sets it below
     ++t.n_tl;
-    g_last_op.store(op, std::memory_order_relaxed);
-    const int32_t var = backward_record ? -1 : first_variable(fn.inputs());
-    const uint32_t scope = t.n_scope > 0 ? uint32_t(t.scopes[t.n_scope - 1] + 1) : 0;
-    tl_append(TlEvent{kEvOpBegin, uint8_t(phase), 0, 0, scope, op, id, 0, var});
+    if (tl) {
+      tl_append(TlEvent{kEvOpBegin, uint8_t(phase), 0, 0, scope, op, id, 0, var});
+    }
   }
   const int32_t cur = t.n_tl > 0 ? t.tl_op[t.n_tl - 1] : -1;
   if (node) {
     const int64_t seq = fn.seqNr();
-    tl_append(TlEvent{
-        kEvLink, uint8_t(phase), 0, 0, 0, cur, seq_load(seq, step), uint64_t(seq), 0});
+    if (tl) {
+      tl_append(TlEvent{
+          kEvLink, uint8_t(phase), 0, 0, 0, cur, seq_load(seq, step), uint64_t(seq), 0});
+    }
+    if (t.n_tl > 0) {
+      const int32_t fwd_layer1 = seq_layer_load(seq);
+      if (fwd_layer1 != 0) {
+        t.tl_layer1[t.n_tl - 1] = fwd_layer1;
+      }
+    }
   } else if (!backward_record && phase == kPhaseForward) {
-    seq_store(fn.seqNr(), step, cur);
+    if (tl) {
+      seq_store(fn.seqNr(), step, cur);
+    }
+    if (t.n_tl > 0) {
+      seq_layer_store(fn.seqNr(), t.tl_layer1[t.n_tl - 1]);
+    }
   }
-  if (t.counted_depth1 == 0) {
+  if (tl && t.counted_depth1 == 0) {
     const memprof_flops::Kind k = kind_of(id);
     if (memprof_flops::counted(k)) {
       t.counted_depth1 = d + 1;
@@ -775,7 +963,7 @@ void timeline_op_start(const at::RecordFunction& fn, bool backward_record) {
   }
 }
 
-void timeline_op_end(bool backward_record) {
+void op_end(bool backward_record, bool tl) {
   OpTls& t = tl_ops;
   if (t.depth <= 0) {
     return;
@@ -788,21 +976,25 @@ void timeline_op_end(bool backward_record) {
     return;  // opened in an earlier iteration
   }
   const int32_t id = t.ids[d];
-  if (t.counted_depth1 == d + 1) {
-    t.counted_depth1 = 0;
-  } else if (
-      t.counted_depth1 == 0 && !backward_record && !(t.had_child & (uint64_t(1) << d)) &&
-      id >= 0 && kind_of(id).family == memprof_flops::kUnknown &&
-      std::strncmp(g_names[id].name, "aten::", 6) == 0) {
-    const int32_t cur = t.n_tl > 0 ? t.tl_op[t.n_tl - 1] : -1;
-    tl_append(TlEvent{kEvUncounted, uint8_t(shown_phase(false)), 0, 0, 0, cur, id, 0, 0});
+  if (tl) {
+    if (t.counted_depth1 == d + 1) {
+      t.counted_depth1 = 0;
+    } else if (
+        t.counted_depth1 == 0 && !backward_record && !(t.had_child & (uint64_t(1) << d)) &&
+        id >= 0 && kind_of(id).family == memprof_flops::kUnknown &&
+        std::strncmp(g_names[id].name, "aten::", 6) == 0) {
+      const int32_t cur = t.n_tl > 0 ? t.tl_op[t.n_tl - 1] : -1;
+      tl_append(TlEvent{kEvUncounted, uint8_t(shown_phase(false)), 0, 0, 0, cur, id, 0, 0});
+    }
   }
   if (t.n_tl > 0 && t.tl_depth[t.n_tl - 1] == d) {
     const int32_t op = t.tl_op[--t.n_tl];
-    const int slot = g_tl_device.load(std::memory_order_relaxed);
-    const int64_t live = g_dev[slot].live.load(std::memory_order_relaxed);
-    tl_append(TlEvent{
-        kEvOpEnd, uint8_t(shown_phase(backward_record)), 0, 0, 0, op, id, 0, live});
+    if (tl) {
+      const int slot = g_tl_device.load(std::memory_order_relaxed);
+      const int64_t live = g_dev[slot].live.load(std::memory_order_relaxed);
+      tl_append(TlEvent{
+          kEvOpEnd, uint8_t(shown_phase(backward_record)), 0, 0, 0, op, id, 0, live});
+    }
   }
 }
 
@@ -816,9 +1008,10 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       transition(ph, kPhaseBackward);
     }
   }
-  if (g_tl_on.load(std::memory_order_relaxed)) {
+  const bool tl = g_tl_on.load(std::memory_order_relaxed);
+  if (tl || g_origin_on.load(std::memory_order_relaxed)) {
     try {
-      timeline_op_start(fn, backward_record);
+      op_start(fn, backward_record, tl);
     } catch (...) {
       // Never let the profiler fail the user's op.
     }
@@ -828,9 +1021,10 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
 
 void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   const bool backward_record = is_backward_record(fn);
-  if (g_tl_on.load(std::memory_order_relaxed)) {
+  const bool tl = g_tl_on.load(std::memory_order_relaxed);
+  if (tl || g_origin_on.load(std::memory_order_relaxed)) {
     try {
-      timeline_op_end(backward_record);
+      op_end(backward_record, tl);
     } catch (...) {
     }
   }
@@ -917,6 +1111,15 @@ struct Init {
         -1,
         0);
     g_tl = tl == MAP_FAILED ? nullptr : static_cast<TlEvent*>(tl);
+    // Zero-filled pages: every entry starts free (ptr 0, next 0).
+    void* reg = mmap(
+        nullptr,
+        size_t(kRegCapacity) * sizeof(RegEntry),
+        PROT_READ | PROT_WRITE,
+        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+        -1,
+        0);
+    g_reg = reg == MAP_FAILED ? nullptr : static_cast<RegEntry*>(reg);
     try {
       g_params_all = std::make_unique<std::vector<std::unique_ptr<ParamTable>>>();
     } catch (...) {
@@ -1033,7 +1236,7 @@ size_t memprof_last_error(char* buf, size_t len) {
   return n;
 }
 
-int memprof_start(int32_t want_cuda, int32_t timeline_slot) {
+int memprof_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
   try {
     std::lock_guard<std::mutex> lock(g_session_mutex);
     if (g_session.callback != 0) {
@@ -1067,7 +1270,14 @@ int memprof_start(int32_t want_cuda, int32_t timeline_slot) {
       set_error("the timeline event log could not be reserved (mmap failed)");
       return -1;
     }
+    if (leaks && !g_reg) {
+      set_error("the live-block registry could not be reserved (mmap failed)");
+      return -1;
+    }
     tl_training_thread = true;
+    g_session_id.fetch_add(1);
+    g_iter.store(1);
+    g_origin_on.store(leaks != 0);
     if (want_cuda) {
       c10::ThreadLocalDebugInfo::_push(
           c10::DebugInfoKind::PROFILER_STATE, std::make_shared<Reporter>());
@@ -1075,7 +1285,7 @@ int memprof_start(int32_t want_cuda, int32_t timeline_slot) {
     }
     g_session.callback = at::addGlobalCallback(
         at::RecordFunctionCallback(&on_op_start, &on_op_end)
-            .needsInputs(timeline_slot >= 0)
+            .needsInputs(timeline_slot >= 0 || leaks != 0)
             .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
     // Start iteration 1 in the forward phase.
     uint64_t gp = g_genphase.load();
@@ -1102,6 +1312,7 @@ int memprof_stop() {
       g_session.callback = 0;
     }
     g_tl_on.store(false);
+    g_origin_on.store(false);
     {
       std::lock_guard<std::mutex> plock(g_params_mutex);
       g_params.store(nullptr);
@@ -1138,6 +1349,7 @@ int memprof_begin_iteration() {
       return -1;
     }
     g_genphase.store((uint64_t(cur_gen(gp) + 1) << 8) | kPhaseForward);
+    g_iter.fetch_add(1);
     g_log_len.store(0);
     g_backward_passes.store(0);
     if (g_tl_on.load()) {
@@ -1365,7 +1577,8 @@ int32_t memprof_intern(const char* name) {
 }
 
 // Replaces the table of model variables: storage pointers and their indices.
-int memprof_set_params(const uint64_t* ptrs, const int32_t* ids, size_t n) {
+int memprof_set_params(
+    const uint64_t* ptrs, const int32_t* ids, const int32_t* layers, size_t n) {
   try {
     auto t = std::make_unique<ParamTable>();
     uint64_t cap = 16;
@@ -1375,6 +1588,7 @@ int memprof_set_params(const uint64_t* ptrs, const int32_t* ids, size_t n) {
     t->mask = cap - 1;
     t->keys.reset(new uint64_t[cap]());
     t->vals.reset(new int32_t[cap]());
+    t->layers.reset(new int32_t[cap]());
     for (size_t k = 0; k < n; ++k) {
       const uint64_t key = ptrs[k];
       if (key == 0) {
@@ -1387,6 +1601,7 @@ int memprof_set_params(const uint64_t* ptrs, const int32_t* ids, size_t n) {
       if (t->keys[i] == 0) {
         t->keys[i] = key;
         t->vals[i] = ids[k];
+        t->layers[i] = layers[k];
       }
     }
     std::lock_guard<std::mutex> lock(g_params_mutex);
@@ -1423,6 +1638,87 @@ int memprof_scope_pop() {
     return -1;
   }
   --t.n_scope;
+  return 0;
+}
+
+struct MpLiveBlock {
+  uint64_t ptr;
+  int64_t size;
+  int32_t op;      // name id of the timeline-level op that allocated it, -1 none
+  int32_t layer;   // name id of its layer, -1 unknown
+  uint32_t iter;   // iteration (step, from 1) it was born in
+  uint8_t phase;   // birth phase
+  uint8_t device;  // device slot
+  uint16_t pad;
+};
+static_assert(sizeof(MpLiveBlock) == 32, "mirrored in src/ffi.rs");
+
+// Copies up to `cap` live blocks of device slot `slot` registered in this session;
+// returns how many there are (more than `cap`: call again with a larger buffer).
+uint64_t memprof_live_blocks(int32_t slot, MpLiveBlock* out, uint64_t cap) {
+  if (!g_reg) {
+    return 0;
+  }
+  const uint32_t session = g_session_id.load() & 0xffff;
+  uint32_t hw = g_reg_hw.load(std::memory_order_acquire);
+  if (hw > kRegCapacity) {
+    hw = kRegCapacity;
+  }
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < hw; ++i) {
+    const RegEntry& e = g_reg[i];
+    const uint64_t p = e.ptr.load(std::memory_order_acquire);
+    if (p == 0) {
+      continue;
+    }
+    const int64_t size = e.size.load(std::memory_order_relaxed);
+    const uint64_t origin = e.origin.load(std::memory_order_relaxed);
+    const uint64_t misc = e.misc.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (e.ptr.load(std::memory_order_relaxed) != p) {
+      continue;  // freed (and maybe reused) while read
+    }
+    if (((misc >> 40) & 0xff) != uint64_t(slot) || (misc >> 48) != session) {
+      continue;
+    }
+    if (out && n < cap) {
+      out[n] = MpLiveBlock{
+          p,
+          size,
+          int32_t(uint32_t(origin)),
+          int32_t(uint32_t(origin >> 32)),
+          uint32_t(misc),
+          uint8_t((misc >> 32) & 0xff),
+          uint8_t(slot),
+          0};
+    }
+    ++n;
+  }
+  return n;
+}
+
+struct MpRegistry {
+  uint64_t capacity;    // entries reserved
+  uint64_t high_water;  // entries ever used (their memory is touched)
+  int64_t live;         // entries in use now
+  int64_t dropped;      // births not registered because the registry was full
+  uint64_t entry_bytes;
+  int32_t on;
+  int32_t pad;
+};
+
+int memprof_registry(MpRegistry* out) {
+  if (!out) {
+    return -1;
+  }
+  const uint32_t hw = g_reg_hw.load();
+  out->capacity = g_reg ? kRegCapacity : 0;
+  out->high_water = hw < kRegCapacity ? hw : kRegCapacity;
+  out->live = g_reg_live.load();
+  out->dropped = g_reg_dropped.load();
+  out->entry_bytes = sizeof(RegEntry);
+  out->on = g_origin_on.load() ? 1 : 0;
+  out->pad = 0;
   return 0;
 }
 
