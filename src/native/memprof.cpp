@@ -1275,6 +1275,7 @@ int memprof_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
       return -1;
     }
     tl_training_thread = true;
+    tl_ops.last_layer1 = 0;
     g_session_id.fetch_add(1);
     g_iter.store(1);
     g_origin_on.store(leaks != 0);
@@ -1350,6 +1351,9 @@ int memprof_begin_iteration() {
     }
     g_genphase.store((uint64_t(cur_gen(gp) + 1) << 8) | kPhaseForward);
     g_iter.fetch_add(1);
+    // Called on the training thread: ops before the first layer of the new iteration
+    // (the batch, user code) belong to no layer, as in the step timeline.
+    tl_ops.last_layer1 = 0;
     g_log_len.store(0);
     g_backward_passes.store(0);
     if (g_tl_on.load()) {

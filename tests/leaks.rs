@@ -1,0 +1,324 @@
+//! Leak hunting: a clean loop raises nothing; each classic leak is named, with its
+//! origin op, phase and layer, within two epochs after the warm-up; sizes are checked
+//! against hand-computed tensor sizes.
+
+mod common;
+
+use std::sync::Mutex;
+
+use common::*;
+use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
+use tch_memprof::{Budget, LeakPattern, LeakReport, MemoryProfiler, Phase};
+
+/// One profiler per process: tests take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const ITERS: u64 = 4;
+/// Rows of the validation batch (differs from B so its blocks are told apart).
+const VB: i64 = 64;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Leak {
+    None,
+    /// A validation loss computed outside no_grad, summed over the whole run.
+    Graph,
+    /// The logits of every iteration pushed into a Vec.
+    Outputs,
+    /// A cache tensor that grows by concatenation every iteration.
+    Cache,
+    /// Every input batch kept (a cache keyed by batch, never evicted).
+    Batches,
+}
+
+/// Runs `epochs` epochs of ITERS iterations with `leak`; returns what `epoch_end`
+/// reported after each epoch, and the CSV folder.
+fn run(leak: Leak, epochs: u64) -> (Vec<Option<LeakReport>>, tempfile::TempDir) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    tch::manual_seed(0);
+    let dir = tempfile::tempdir().unwrap();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = mlp(&vs);
+    let mut opt = nn::Adam::default().build(&vs, 1e-4).unwrap();
+    let mut profiler = MemoryProfiler::builder(&vs)
+        .print(false)
+        .csv(true)
+        .csv_dir(dir.path())
+        .build()
+        .unwrap();
+    let vx = Tensor::randn([VB, IN], (Kind::Float, Device::Cpu));
+    let vy = Tensor::randint(OUT, [VB], (Kind::Int64, Device::Cpu));
+    let mut metric = Tensor::zeros([], (Kind::Float, Device::Cpu));
+    let mut outputs = Vec::new();
+    let mut cache = Tensor::zeros([0, OUT], (Kind::Float, Device::Cpu));
+    let mut batches = Vec::new();
+    let mut reports = Vec::new();
+    for _ in 0..epochs {
+        for _ in 0..ITERS {
+            let b = batch();
+            if leak == Leak::Batches {
+                batches.push(b.x.shallow_clone());
+            }
+            let out = net.forward(&b.x);
+            let loss = out.cross_entropy_for_logits(&b.y);
+            opt.zero_grad();
+            loss.backward();
+            opt.step();
+            match leak {
+                Leak::None | Leak::Batches => {}
+                Leak::Graph => {
+                    metric = metric + net.forward(&vx).cross_entropy_for_logits(&vy);
+                }
+                Leak::Outputs => outputs.push(out),
+                Leak::Cache => cache = Tensor::cat(&[&cache, &out.detach()], 0),
+            }
+            profiler.record_stats();
+        }
+        profiler.epoch_end();
+        reports.push(profiler.last_leaks().cloned());
+        assert_eq!(profiler.stats().leaks.as_ref(), profiler.last_leaks());
+    }
+    assert_eq!(profiler.failures(), 0);
+    drop(profiler);
+    drop((metric, outputs, cache, batches));
+    (reports, dir)
+}
+
+fn leaks_csv(dir: &tempfile::TempDir) -> Option<std::path::PathBuf> {
+    std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with("_leaks.csv"))
+}
+
+#[test]
+fn clean_loop_over_ten_epochs_raises_no_suspect_and_writes_no_file() {
+    let (reports, dir) = run(Leak::None, 10);
+    for (i, r) in reports.iter().enumerate() {
+        assert!(r.is_none(), "epoch {}: {r:?}", i + 1);
+    }
+    assert!(
+        leaks_csv(&dir).is_none(),
+        "a clean run writes no leaks file"
+    );
+}
+
+#[test]
+fn graph_held_by_a_summed_validation_loss_is_named_after_one_epoch() {
+    let (reports, dir) = run(Leak::Graph, 3);
+    assert!(
+        reports[0].is_none(),
+        "the warm-up epoch only sets the baseline"
+    );
+    let r = reports[1]
+        .as_ref()
+        .expect("named at the first epoch after the warm-up");
+    assert_eq!(r.pattern, Some(LeakPattern::GraphHeld), "{}", r.render());
+    // ReluBackward keeps the ReLU output of every validation pass: VB x HIDDEN f32.
+    let relu = r
+        .suspects
+        .iter()
+        .find(|g| g.op == "aten::relu")
+        .unwrap_or_else(|| panic!("{}", r.render()));
+    assert_eq!((relu.phase, relu.layer.as_str()), (Phase::Forward, "l1"));
+    let per_iteration = F32 * (VB * HIDDEN) as u64;
+    assert_eq!(relu.count, 2 * ITERS);
+    assert_eq!(relu.bytes, 2 * ITERS * per_iteration);
+    assert_eq!(relu.growth_bytes, (ITERS * per_iteration) as i64);
+    assert_eq!((relu.first_iteration, relu.last_iteration), (1, 2 * ITERS));
+    // The log-softmax output is kept too (NllLoss and LogSoftmax backward save it).
+    let ls = r.suspects.iter().find(|g| g.op == "aten::log_softmax");
+    assert!(ls.is_some_and(|g| g.bytes == 2 * ITERS * F32 * (VB * OUT) as u64));
+    assert!(r.render().contains("graph held by a tensor"));
+    // Largest growth first.
+    assert!(r
+        .suspects
+        .windows(2)
+        .all(|w| w[0].growth_bytes >= w[1].growth_bytes));
+
+    // The CSV: a row per suspect group per epoch with suspects.
+    let path = leaks_csv(&dir).expect("leaks file");
+    let mut rd = csv::Reader::from_path(&path).unwrap();
+    let header: Vec<String> = rd.headers().unwrap().iter().map(String::from).collect();
+    assert_eq!(
+        header.join(","),
+        "epoch,op,phase,layer,first_iteration,last_iteration,count,bytes"
+    );
+    let rows: Vec<csv::StringRecord> = rd.records().map(|r| r.unwrap()).collect();
+    let expected: usize = reports.iter().flatten().map(|r| r.suspects.len()).sum();
+    assert_eq!(rows.len(), expected);
+    let relu_row = rows
+        .iter()
+        .find(|row| &row[0] == "2" && &row[1] == "aten::relu")
+        .expect("relu row of epoch 2");
+    assert_eq!(&relu_row[2], "forward");
+    assert_eq!(&relu_row[3], "l1");
+    assert_eq!(relu_row[7].parse::<u64>().unwrap(), relu.bytes);
+}
+
+#[test]
+fn outputs_kept_in_a_vec_are_named_within_two_epochs() {
+    let (reports, _dir) = run(Leak::Outputs, 3);
+    // 10 KiB per iteration: below the 1 MiB threshold, so it takes two growing epochs.
+    let r = reports[1]
+        .as_ref()
+        .or(reports[2].as_ref())
+        .expect("named within two epochs after the warm-up");
+    assert_eq!(
+        r.pattern,
+        Some(LeakPattern::GrowingCollection),
+        "{}",
+        r.render()
+    );
+    assert_eq!(r.suspects.len(), 1, "{}", r.render());
+    let g = &r.suspects[0];
+    assert_eq!(
+        (g.op.as_str(), g.phase, g.layer.as_str()),
+        ("aten::linear", Phase::Forward, "l2")
+    );
+    let logits = F32 * (B * OUT) as u64;
+    let iterations = r.epoch * ITERS;
+    assert_eq!((g.count, g.bytes), (iterations, iterations * logits));
+    assert_eq!((g.first_iteration, g.last_iteration), (1, iterations));
+}
+
+#[test]
+fn a_cache_grown_by_concatenation_is_named_within_two_epochs() {
+    let (reports, _dir) = run(Leak::Cache, 3);
+    let r = reports[1]
+        .as_ref()
+        .or(reports[2].as_ref())
+        .expect("named within two epochs after the warm-up");
+    assert_eq!(
+        r.pattern,
+        Some(LeakPattern::GrowingCollection),
+        "{}",
+        r.render()
+    );
+    let g = &r.suspects[0];
+    assert_eq!((g.op.as_str(), g.phase), ("aten::cat", Phase::Forward));
+    // One tensor that grows: B logits rows per iteration so far.
+    let iterations = r.epoch * ITERS;
+    assert_eq!(g.count, 1);
+    assert_eq!(g.bytes, iterations * F32 * (B * OUT) as u64);
+    assert_eq!(g.growth_bytes, (ITERS * F32 * (B * OUT) as u64) as i64);
+    assert_eq!(g.last_iteration, iterations);
+}
+
+#[test]
+fn input_batches_kept_are_named_with_no_layer_from_the_first_iteration() {
+    let (reports, _dir) = run(Leak::Batches, 2);
+    let r = reports[1]
+        .as_ref()
+        .expect("4 MiB per iteration: named at once");
+    assert_eq!(r.suspects.len(), 1, "{}", r.render());
+    let g = &r.suspects[0];
+    // Made before any layer ran in its iteration: no layer, as in the step timeline.
+    assert_eq!(
+        (g.op.as_str(), g.phase, g.layer.as_str()),
+        ("aten::randn", Phase::Forward, "(none)")
+    );
+    // The kept batches, plus the validation input `vx` made by the same op in
+    // iteration 1 (alive, but not growing).
+    let x = F32 * (B * IN) as u64;
+    let vx = F32 * (VB * IN) as u64;
+    assert_eq!((g.count, g.bytes), (2 * ITERS + 1, 2 * ITERS * x + vx));
+    assert_eq!(g.growth_count, ITERS as i64);
+    assert_eq!((g.first_iteration, g.last_iteration), (1, 2 * ITERS));
+    assert_eq!(r.growth_bytes, (ITERS * x) as i64);
+}
+
+#[test]
+fn the_registry_sees_each_block_born_and_dead() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _net = mlp(&vs);
+    let profiler = MemoryProfiler::builder(&vs).print(false).build().unwrap();
+    let (bytes0, n0) = tch_memprof::__private::registered_cpu_blocks();
+    let t = Tensor::zeros([1000, 3], (Kind::Float, Device::Cpu));
+    let (bytes1, n1) = tch_memprof::__private::registered_cpu_blocks();
+    assert_eq!((bytes1 - bytes0, n1 - n0), (12_000, 1));
+    drop(t);
+    assert_eq!(
+        tch_memprof::__private::registered_cpu_blocks(),
+        (bytes0, n0)
+    );
+    drop(profiler);
+}
+
+#[test]
+fn a_budget_failure_names_what_went_over_and_the_largest_consumers() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = mlp(&vs);
+    let mut opt = nn::Sgd::default().build(&vs, 1e-3).unwrap();
+    let mut profiler = MemoryProfiler::builder(&vs)
+        .print(false)
+        .leak_check(false)
+        .build()
+        .unwrap();
+    let err = profiler.check_budget(&Budget::new()).unwrap_err();
+    assert!(
+        err.to_string().contains("nothing was measured yet"),
+        "{err}"
+    );
+    for _ in 0..2 {
+        train_step(&net, &mut opt);
+        profiler.record_stats();
+    }
+    let s = profiler.stats();
+    assert_eq!(s.steps, 2);
+    assert_eq!(s.peak_feature_maps_bytes, mlp_feature_map_bytes());
+    let last = s.last.as_ref().unwrap();
+    assert!(s.peak_allocated_bytes >= last.peak_allocated_bytes);
+
+    // Exactly at the measured values: within budget.
+    profiler.assert_budget(
+        &Budget::new()
+            .peak_allocated(s.peak_allocated_bytes)
+            .feature_maps(mlp_feature_map_bytes())
+            .weights(mlp_weight_bytes()),
+    );
+    // One byte under the hand-computed feature maps: over.
+    let err = profiler
+        .check_budget(&Budget::new().feature_maps(mlp_feature_map_bytes() - 1))
+        .unwrap_err();
+    assert_eq!(err.over.len(), 1);
+    assert_eq!(err.over[0].what, "feature maps");
+    assert_eq!(err.over[0].measured, mlp_feature_map_bytes());
+    // Largest layer: l1, its weights and its gradients (SGD keeps .grad).
+    let l1 = F32 * (IN * HIDDEN + HIDDEN) as u64;
+    assert_eq!(err.by_layer[0].layer, "l1");
+    assert_eq!(
+        (err.by_layer[0].weights, err.by_layer[0].gradients),
+        (l1, l1)
+    );
+    let text = format!("{err:?}");
+    for needle in [
+        "feature maps: ",
+        "largest consumers by category",
+        "largest layers",
+        "l1",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        profiler.assert_budget(&Budget::new().weights(1))
+    }))
+    .unwrap_err();
+    let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        msg.contains("weights: ") && msg.contains("budget 1 B"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn warmup_of_zero_epochs_is_refused() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let err = MemoryProfiler::builder(&vs)
+        .leak_warmup_epochs(0)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("leak_warmup_epochs = 0"), "{err}");
+}
