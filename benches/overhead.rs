@@ -5,11 +5,12 @@
 //!
 //! The baseline must not have the tracking allocator either, and that one is installed
 //! when the library loads; so each measurement is a child process of this bench:
-//! baseline children run with TCH_MEMPROF_DISABLE=1 and no profiler, profiled children
-//! build a MemoryProfiler and call record_stats every step, timeline children do the
-//! same with the step timeline on (every op's inputs, every allocation logged, the
-//! peak step replayed). The order of the three rotates every round so that drifts of
-//! the machine hit all alike; ratios are of the medians of all timed steps.
+//! baseline children run with TCH_MEMPROF_DISABLE=1 and no profiler; the others build
+//! a MemoryProfiler and call record_stats every step: core without leak hunting,
+//! profiled with the default settings (leak hunting on), timeline with the step
+//! timeline on as well (every op's inputs, every allocation logged, the peak step
+//! replayed). The order of the modes rotates every round so that drifts of the machine
+//! hit all alike; ratios are of the medians of all timed steps.
 //!
 //! Options (after `--`): `--rounds N` (default 4), `--steps N` timed steps per child
 //! (default 20).
@@ -34,16 +35,32 @@ fn arg(name: &str, default: usize) -> usize {
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
     Baseline,
+    /// The profiler without leak hunting.
+    Core,
+    /// The default profiler (with leak hunting).
     Profiled,
+    /// The default profiler with the step timeline.
     Timeline,
 }
+
+const MODES: [Mode; 4] = [Mode::Baseline, Mode::Core, Mode::Profiled, Mode::Timeline];
 
 impl Mode {
     fn name(self) -> &'static str {
         match self {
             Mode::Baseline => "baseline",
+            Mode::Core => "core",
             Mode::Profiled => "profiled",
             Mode::Timeline => "timeline",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Mode::Baseline => "baseline (no tracking allocator, no profiler)",
+            Mode::Core => "profiler without leak hunting",
+            Mode::Profiled => "profiler, default settings (leak hunting on)",
+            Mode::Timeline => "profiler + step timeline",
         }
     }
 }
@@ -58,6 +75,7 @@ fn child(mode: Mode, steps: usize) {
         tch_memprof::MemoryProfiler::builder(&vs)
             .print(false)
             .timeline(mode == Mode::Timeline)
+            .leak_check(mode != Mode::Core)
             .build()
             .expect("profiler")
     });
@@ -94,25 +112,22 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn main() {
     let steps = arg("--steps", 20);
-    if let Ok(mode) = std::env::var(MODE) {
-        let mode = match mode.as_str() {
-            "profiled" => Mode::Profiled,
-            "timeline" => Mode::Timeline,
-            _ => Mode::Baseline,
-        };
+    if let Ok(name) = std::env::var(MODE) {
+        let mode = MODES
+            .into_iter()
+            .find(|m| m.name() == name)
+            .unwrap_or(Mode::Baseline);
         child(mode, steps);
         return;
     }
     let rounds = arg("--rounds", 4);
     let exe = std::env::current_exe().unwrap();
-    let mut base = Vec::new();
-    let mut prof = Vec::new();
-    let mut tl = Vec::new();
-    let modes = [Mode::Baseline, Mode::Profiled, Mode::Timeline];
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
     for round in 0..rounds {
         // Rotate: no mode always runs first.
-        let order: Vec<Mode> = (0..3).map(|k| modes[(k + round) % 3]).collect();
-        for mode in order {
+        for k in 0..MODES.len() {
+            let m = (k + round) % MODES.len();
+            let mode = MODES[m];
             let mut cmd = Command::new(&exe);
             cmd.args(["--steps", &steps.to_string()]);
             cmd.env(MODE, mode.name());
@@ -125,42 +140,35 @@ fn main() {
                 "child failed: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            let times: Vec<f64> = String::from_utf8_lossy(&out.stdout)
+            let t: Vec<f64> = String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .filter_map(|l| l.trim().parse::<f64>().ok())
                 .map(|us| us / 1000.0)
                 .collect();
-            let mut t = times.clone();
             eprintln!(
                 "round {} {:>8}: median {:.2} ms over {} steps",
                 round + 1,
                 mode.name(),
-                median(&mut t),
-                times.len()
+                median(&mut t.clone()),
+                t.len()
             );
-            match mode {
-                Mode::Baseline => base.extend(times),
-                Mode::Profiled => prof.extend(times),
-                Mode::Timeline => tl.extend(times),
-            }
+            times[m].extend(t);
         }
     }
-    let (mb, mp, mt) = (median(&mut base), median(&mut prof), median(&mut tl));
+    let medians: Vec<f64> = times.iter_mut().map(|t| median(t)).collect();
     println!(
         "CPU ResNet-18 training step, batch 8x3x64x64, Adam, {} steps per mode",
-        base.len()
+        times[0].len()
     );
-    println!("  baseline (no tracking allocator, no profiler): {mb:.2} ms median");
-    println!("  with MemoryProfiler, record_stats every step:  {mp:.2} ms median");
-    println!("  with the step timeline on as well:            {mt:.2} ms median");
-    println!(
-        "  overhead ratio, profiler: {:.4} ({:+.2}%)",
-        mp / mb,
-        (mp / mb - 1.0) * 100.0
-    );
-    println!(
-        "  overhead ratio, profiler + timeline: {:.4} ({:+.2}%)",
-        mt / mb,
-        (mt / mb - 1.0) * 100.0
-    );
+    for (mode, m) in MODES.iter().zip(&medians) {
+        println!("  {:<48} {m:.2} ms median", mode.describe());
+    }
+    for (mode, m) in MODES.iter().zip(&medians).skip(1) {
+        println!(
+            "  overhead ratio, {}: {:.4} ({:+.2}%)",
+            mode.describe(),
+            m / medians[0],
+            (m / medians[0] - 1.0) * 100.0
+        );
+    }
 }

@@ -695,7 +695,9 @@ impl MemoryProfiler {
     }
 
     /// Bytes the profiler itself holds: its buffers and the native registry and logs
-    /// it has touched (reserved address space not yet used is not counted).
+    /// it has touched (reserved address space not yet used is not counted). The epoch
+    /// summaries kept for [`epochs`](Self::epochs) (one small record per `epoch_end`)
+    /// are not included.
     fn own_memory_bytes(&self) -> u64 {
         let reg = ffi::registry();
         let st = ffi::state();
@@ -704,7 +706,6 @@ impl MemoryProfiler {
             + log_touched
             + (self.log.capacity() * std::mem::size_of::<LogEvent>()) as u64
             + self.hunter.as_ref().map_or(0, |h| h.own_bytes())
-            + self.epochs.capacity() as u64 * std::mem::size_of::<EpochStats>() as u64
     }
 
     /// Allocated bytes on the profiled device now.

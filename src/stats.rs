@@ -142,6 +142,7 @@ pub struct RunStats {
     pub leaks: Option<crate::leaks::LeakReport>,
     /// Bytes the profiler itself holds: its buffers, and the native registry and logs
     /// as far as they were used. Bounded: it depends on the most blocks live at once
-    /// and the most events in one iteration, not on the number of iterations.
+    /// and the most events in one iteration, not on the number of iterations. (The
+    /// epoch summaries of `epochs()`, one small record per `epoch_end`, come on top.)
     pub profiler_memory_bytes: u64,
 }
