@@ -47,6 +47,7 @@ fn number(name: &str, default: i64) -> Result<i64, String> {
     }
 }
 
+#[allow(clippy::assign_op_pattern)] // `total = total + loss`, as users write it
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     for a in std::env::args().skip(1) {

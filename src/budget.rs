@@ -232,10 +232,12 @@ impl fmt::Display for BudgetExceeded {
         for o in &self.over {
             writeln!(
                 f,
-                "  {}: {} measured, budget {} ({} over)",
+                "  {}: {} measured ({} B), budget {} ({} B): {} over",
                 o.what,
                 format::bytes(o.measured),
+                o.measured,
                 format::bytes(o.limit),
+                o.limit,
                 format::bytes(o.measured - o.limit)
             )?;
         }

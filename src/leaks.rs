@@ -124,6 +124,9 @@ pub struct LeakReport {
     pub suspects: Vec<LeakGroup>,
     /// What the suspects look like, if recognised.
     pub pattern: Option<LeakPattern>,
+    /// False when some blocks could not be registered (more than two million blocks
+    /// live at once): the groups are then incomplete.
+    pub complete: bool,
 }
 
 impl LeakReport {
@@ -337,6 +340,7 @@ impl LeakHunter {
             reserved_growth_bytes: reserved_growth,
             suspects,
             pattern,
+            complete: ffi::registry().dropped == 0,
         })
     }
 }

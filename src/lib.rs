@@ -105,6 +105,19 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Leak hunting and budgets
+//!
+//! By default each `epoch_end` after the first (the warm-up) groups the blocks still
+//! alive that are not variables or gradients by the op, phase and layer that made them,
+//! and names the groups that grow ([`LeakReport`], [`MemoryProfiler::last_leaks`],
+//! `<run>_leaks.csv`, a `log::warn!`), with what the pattern usually means
+//! ([`LeakPattern`]). Tuning: [`MemoryProfilerBuilder::leak_threshold`],
+//! [`MemoryProfilerBuilder::leak_warmup_epochs`], [`MemoryProfilerBuilder::leak_check`].
+//!
+//! [`MemoryProfiler::stats`] gives the run's numbers ([`RunStats`]);
+//! [`MemoryProfiler::assert_budget`] checks them against a [`Budget`] in a `#[test]` and
+//! fails with the largest consumers by category and layer.
+//!
 //! ## Guarantees in the training loop
 //!
 //! - `record_stats` and `epoch_end` never panic and never stop training: a failure is

@@ -334,6 +334,54 @@ pub(crate) fn render_epoch(e: &EpochStats) -> String {
     format!("\n{t}\n")
 }
 
+/// The terminal report of a leak hunt: the suspects and, if recognised, what they mean.
+pub(crate) fn render_leaks(r: &LeakReport) -> String {
+    let mut out = format!(
+        "LEAK SUSPECTS at the end of epoch {}: memory outside weights and gradients grew by \
+         {} since the previous epoch end\n",
+        r.epoch,
+        format::signed_bytes(r.growth_bytes)
+    );
+    if !r.complete {
+        out.push_str(
+            "  warning: more blocks were live than the registry holds; groups are incomplete\n",
+        );
+    }
+    if let Some(g) = r.reserved_growth_bytes {
+        out.push_str(&format!("  CUDA reserved: {}\n", format::signed_bytes(g)));
+    }
+    if !r.suspects.is_empty() {
+        out.push_str("  live blocks by origin, largest growth first\n");
+        let mut t = table();
+        t.set_header(vec![
+            Cell::new("op"),
+            Cell::new("phase"),
+            Cell::new("layer"),
+            Cell::new("iterations"),
+            right("blocks".into()),
+            right("bytes".into()),
+            right("growth".into()),
+        ]);
+        for g in &r.suspects {
+            t.add_row(vec![
+                Cell::new(&g.op),
+                Cell::new(g.phase.name()),
+                Cell::new(&g.layer),
+                Cell::new(format!("{}..={}", g.first_iteration, g.last_iteration)),
+                right(g.count.to_string()),
+                right(format::bytes(g.bytes)),
+                right(format::signed_bytes(g.growth_bytes)),
+            ]);
+        }
+        out.push_str(&t.to_string());
+        out.push('\n');
+    }
+    if let Some(p) = r.pattern {
+        out.push_str(&format!("  what it looks like: {}\n", p.explanation()));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,47 +489,4 @@ mod tests {
         assert!(!text.contains("layer1.weight"));
         assert!(text.contains("epoch 1 · iteration 2 (step 2) · cpu"));
     }
-}
-
-/// The terminal report of a leak hunt: the suspects and, if recognised, what they mean.
-pub(crate) fn render_leaks(r: &LeakReport) -> String {
-    let mut out = format!(
-        "LEAK SUSPECTS at the end of epoch {}: memory outside weights and gradients grew by \
-         {} since the previous epoch end\n",
-        r.epoch,
-        format::signed_bytes(r.growth_bytes)
-    );
-    if let Some(g) = r.reserved_growth_bytes {
-        out.push_str(&format!("  CUDA reserved: {}\n", format::signed_bytes(g)));
-    }
-    if !r.suspects.is_empty() {
-        out.push_str("  live blocks by origin, largest growth first\n");
-        let mut t = table();
-        t.set_header(vec![
-            Cell::new("op"),
-            Cell::new("phase"),
-            Cell::new("layer"),
-            Cell::new("iterations"),
-            right("blocks".into()),
-            right("bytes".into()),
-            right("growth".into()),
-        ]);
-        for g in &r.suspects {
-            t.add_row(vec![
-                Cell::new(&g.op),
-                Cell::new(g.phase.name()),
-                Cell::new(&g.layer),
-                Cell::new(format!("{}..={}", g.first_iteration, g.last_iteration)),
-                right(g.count.to_string()),
-                right(format::bytes(g.bytes)),
-                right(format::signed_bytes(g.growth_bytes)),
-            ]);
-        }
-        out.push_str(&t.to_string());
-        out.push('\n');
-    }
-    if let Some(p) = r.pattern {
-        out.push_str(&format!("  what it looks like: {}\n", p.explanation()));
-    }
-    out
 }

@@ -32,6 +32,7 @@ enum Leak {
 
 /// Runs `epochs` epochs of ITERS iterations with `leak`; returns what `epoch_end`
 /// reported after each epoch, and the CSV folder.
+#[allow(clippy::assign_op_pattern)] // `metric = metric + loss`, as users write it
 fn run(leak: Leak, epochs: u64) -> (Vec<Option<LeakReport>>, tempfile::TempDir) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     tch::manual_seed(0);
@@ -294,6 +295,8 @@ fn a_budget_failure_names_what_went_over_and_the_largest_consumers() {
         (l1, l1)
     );
     let text = format!("{err:?}");
+    // Shown in the README (cargo test --test leaks -- --nocapture budget).
+    eprintln!("{text}");
     for needle in [
         "feature maps: ",
         "largest consumers by category",
