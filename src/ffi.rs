@@ -171,6 +171,14 @@ pub(crate) struct Registry {
     pub pad: i32,
 }
 
+/// Autocast state of one device type, to restore on exit.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Autocast {
+    pub enabled: i32,
+    pub dtype: i32,
+}
+
 extern "C" {
     fn memprof_last_error(buf: *mut c_char, len: usize) -> usize;
     fn memprof_start(want_cuda: i32, timeline_slot: i32, leaks: i32) -> i32;
@@ -188,6 +196,15 @@ extern "C" {
     fn memprof_set_params(ptrs: *const u64, ids: *const i32, layers: *const i32, n: usize) -> i32;
     fn memprof_live_blocks(slot: i32, out: *mut LiveBlock, cap: u64) -> u64;
     fn memprof_registry(out: *mut Registry) -> i32;
+    fn memprof_autocast_enter(
+        device_type: i32,
+        enabled: i32,
+        dtype: i32,
+        prev: *mut Autocast,
+    ) -> i32;
+    fn memprof_autocast_exit(device_type: i32, prev: *const Autocast) -> i32;
+    fn memprof_rng_get(device_type: i32, index: i32, out: *mut *mut c_void) -> i32;
+    fn memprof_rng_set(device_type: i32, index: i32, state: *const c_void) -> i32;
     fn memprof_scope_push(id: i32) -> i32;
     fn memprof_scope_pop() -> i32;
 }
@@ -359,4 +376,52 @@ pub(crate) fn scope_push(id: i32) -> Result<()> {
 pub(crate) fn scope_pop() -> Result<()> {
     // SAFETY: plain call on the calling thread's scope stack.
     check(unsafe { memprof_scope_pop() })
+}
+
+/// `(device_type, index)` as the native layer numbers devices: CPU 0, CUDA 1.
+fn device_code(device: tch::Device) -> Result<(i32, i32)> {
+    match device {
+        tch::Device::Cpu => Ok((0, 0)),
+        tch::Device::Cuda(i) => Ok((1, i as i32)),
+        other => Err(Error::Native(format!(
+            "{other:?}: only the CPU and CUDA are supported"
+        ))),
+    }
+}
+
+/// Enters autocast for `device` in `dtype` (a c10::ScalarType code); returns the state
+/// to hand to [`autocast_exit`].
+pub(crate) fn autocast_enter(device: tch::Device, dtype: i32) -> Result<Autocast> {
+    let (dt, _) = device_code(device)?;
+    let mut prev = Autocast::default();
+    // SAFETY: `prev` is a valid, writable Autocast; the callee catches all exceptions.
+    check(unsafe { memprof_autocast_enter(dt, 1, dtype, &mut prev) })?;
+    Ok(prev)
+}
+
+pub(crate) fn autocast_exit(device: tch::Device, prev: &Autocast) -> Result<()> {
+    let (dt, _) = device_code(device)?;
+    // SAFETY: `prev` is a valid Autocast; the callee catches all exceptions.
+    check(unsafe { memprof_autocast_exit(dt, prev) })
+}
+
+/// The default random generator's state of `device`.
+pub(crate) fn rng_state(device: tch::Device) -> Result<Tensor> {
+    let (dt, index) = device_code(device)?;
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `out` is a valid pointer slot; on success the callee stores a new
+    // at::Tensor* that we own, as tch owns the tensors its functions return.
+    check(unsafe { memprof_rng_get(dt, index, &mut out) })?;
+    if out.is_null() {
+        return Err(Error::Native("no generator state returned".into()));
+    }
+    // SAFETY: `out` is a heap at::Tensor* (tch's C_tensor), owned from here on.
+    Ok(unsafe { Tensor::from_ptr(out.cast()) })
+}
+
+/// Restores the default random generator's state of `device`.
+pub(crate) fn set_rng_state(device: tch::Device, state: &Tensor) -> Result<()> {
+    let (dt, index) = device_code(device)?;
+    // SAFETY: `state` is a live tensor handle for the duration of the call.
+    check(unsafe { memprof_rng_set(dt, index, state.as_ptr() as *const c_void) })
 }

@@ -159,6 +159,7 @@ mod ffi;
 pub mod format;
 mod fs;
 mod leaks;
+mod optimize;
 mod plot;
 mod profiler;
 mod report;
@@ -171,6 +172,7 @@ pub use ffi::CudaStats;
 pub use leaks::{
     LeakGroup, LeakPattern, LeakReport, DEFAULT_LEAK_THRESHOLD, DEFAULT_WARMUP_EPOCHS,
 };
+pub use optimize::{autocast, Checkpointed};
 pub use profiler::{cuda_status, MemoryProfiler, MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
 pub use stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableStats};
 pub use timeline::{

@@ -21,6 +21,8 @@
 //   Rust side replays to compute intermediate gradients (it knows which blocks ended up
 //   as weight gradients only after backward).
 
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
@@ -1724,6 +1726,93 @@ int memprof_registry(MpRegistry* out) {
   out->on = g_origin_on.load() ? 1 : 0;
   out->pad = 0;
   return 0;
+}
+
+// ---------------------------------------------------------------------------------
+// Mixed precision and RNG state, for src/optimize.rs (autocast and checkpointing).
+
+c10::DeviceType autocast_device(int32_t device_type) {
+  return device_type == 0 ? c10::DeviceType::CPU : c10::DeviceType::CUDA;
+}
+
+struct MpAutocast {
+  int32_t enabled;
+  int32_t dtype;  // c10::ScalarType
+};
+
+// Turns autocast on (or off) for a device type with `dtype`, remembering the previous
+// state in *prev for memprof_autocast_exit.
+int memprof_autocast_enter(int32_t device_type, int32_t enabled, int32_t dtype, MpAutocast* prev) {
+  try {
+    const auto dt = autocast_device(device_type);
+    prev->enabled = at::autocast::is_autocast_enabled(dt) ? 1 : 0;
+    prev->dtype = int32_t(at::autocast::get_autocast_dtype(dt));
+    at::autocast::set_autocast_enabled(dt, enabled != 0);
+    if (enabled) {
+      at::autocast::set_autocast_dtype(dt, c10::ScalarType(dtype));
+    }
+    at::autocast::increment_nesting();
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_autocast_enter");
+  }
+  return -1;
+}
+
+int memprof_autocast_exit(int32_t device_type, const MpAutocast* prev) {
+  try {
+    const auto dt = autocast_device(device_type);
+    if (at::autocast::decrement_nesting() == 0) {
+      at::autocast::clear_cache();  // the cached low-precision copies of the weights
+    }
+    at::autocast::set_autocast_enabled(dt, prev->enabled != 0);
+    at::autocast::set_autocast_dtype(dt, c10::ScalarType(prev->dtype));
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_autocast_exit");
+  }
+  return -1;
+}
+
+// The default generator's state of a device (CPU: device_type 0; CUDA: 1, index) as a
+// new tensor handle (an at::Tensor*, owned by the caller as tch owns its tensors).
+int memprof_rng_get(int32_t device_type, int32_t index, void** out) {
+  try {
+    *out = nullptr;
+    const c10::Device d = device_type == 0
+        ? c10::Device(c10::DeviceType::CPU)
+        : c10::Device(c10::DeviceType::CUDA, c10::DeviceIndex(index));
+    at::Generator gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    *out = new at::Tensor(gen.get_state());
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_rng_get");
+  }
+  return -1;
+}
+
+int memprof_rng_set(int32_t device_type, int32_t index, const void* state) {
+  try {
+    const c10::Device d = device_type == 0
+        ? c10::Device(c10::DeviceType::CPU)
+        : c10::Device(c10::DeviceType::CUDA, c10::DeviceIndex(index));
+    at::Generator gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(*static_cast<const at::Tensor*>(state));
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_rng_set");
+  }
+  return -1;
 }
 
 }  // extern "C"

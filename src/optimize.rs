@@ -1,0 +1,294 @@
+//! Memory optimizations for tch: gradient checkpointing and mixed precision.
+//!
+//! **Gradient checkpointing** ([`Checkpointed`]). tch has no custom autograd functions,
+//! so the helper drives backward itself, segment by segment, with the autograd tch
+//! offers:
+//!
+//! 1. forward: every segment but the last runs under `no_grad`; only its output (the
+//!    next segment's input, a *boundary*) is kept, not the activations inside it;
+//! 2. the last segment runs with a graph, the loss is computed and `backward()` runs;
+//!    the gradient of its input boundary is read from the detached input's `.grad`;
+//! 3. for each earlier segment, last to first: its input boundary is detached, marked
+//!    as requiring a gradient, the segment is run again with a graph (the
+//!    *recomputation*), and `sum(output * g).backward()` propagates the boundary
+//!    gradient `g` into it: the gradient of `sum(output * g)` with respect to `output`
+//!    is `g` exactly, so every parameter receives what the plain backward would give.
+//!
+//! Cost: one more forward pass of every segment but the last. Savings: the activations
+//! each checkpointed segment keeps for backward, minus its output, which stays as the next
+//! boundary (see the README for the measured table).
+//!
+//! **Mixed precision** ([`autocast`]): tch's own `tch::autocast` enables CUDA autocast
+//! only (in float16) and does nothing without CUDA; this one sets libtorch's autocast
+//! state of the given device type, CPU or CUDA, in bfloat16 or float16, with the same
+//! nesting and cast-cache rules.
+
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result};
+use crate::ffi;
+
+/// c10::ScalarType codes of the autocast dtypes.
+fn scalar_type(kind: Kind) -> Option<i32> {
+    match kind {
+        Kind::Half => Some(5),
+        Kind::BFloat16 => Some(15),
+        _ => None,
+    }
+}
+
+/// Restores the autocast state when dropped (also when the closure panics).
+struct AutocastGuard {
+    device: Device,
+    prev: ffi::Autocast,
+}
+
+impl Drop for AutocastGuard {
+    fn drop(&mut self) {
+        if let Err(e) = ffi::autocast_exit(self.device, &self.prev) {
+            log::warn!("tch-memprof: leaving autocast failed: {e}");
+        }
+    }
+}
+
+/// Runs `f` with libtorch's autocast on for `device`'s type in `dtype`: eligible ops
+/// (matrix products, convolutions) run in `dtype`, precision-sensitive ones (softmax,
+/// losses, norms) in float32. Weights stay float32; their low-precision copies are
+/// cached until the outermost `autocast` returns.
+///
+/// `dtype`: `Kind::BFloat16` (CPU or CUDA) or `Kind::Half` (CUDA; needs loss scaling,
+/// which this crate does not provide). Run the forward pass and the loss inside,
+/// `backward()` outside, as in PyTorch.
+pub fn autocast<T>(device: Device, dtype: Kind, f: impl FnOnce() -> T) -> Result<T> {
+    let code = scalar_type(dtype).ok_or_else(|| Error::InvalidConfig {
+        name: "autocast dtype",
+        value: format!("{dtype:?}"),
+        reason: "autocast computes in BFloat16 or Half".into(),
+    })?;
+    match device {
+        Device::Cpu => {}
+        Device::Cuda(_) if tch::Cuda::is_available() => {}
+        other => {
+            return Err(Error::InvalidConfig {
+                name: "autocast device",
+                value: format!("{other:?}"),
+                reason: match other {
+                    Device::Cuda(_) => "CUDA is not available in this process".into(),
+                    _ => "autocast here supports the CPU and CUDA".into(),
+                },
+            })
+        }
+    }
+    let prev = ffi::autocast_enter(device, code)?;
+    let _guard = AutocastGuard { device, prev };
+    Ok(f())
+}
+
+type Segment<'a> = Box<dyn Fn(&Tensor, bool) -> Tensor + 'a>;
+
+/// A model run as a chain of segments (each takes one tensor and returns one), trained
+/// with gradient checkpointing: every segment but the last keeps only its output during
+/// the forward pass and is recomputed during backward.
+///
+/// ```no_run
+/// use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let (a, b) = (vs.root() / "a", vs.root() / "b");
+/// let block1 = nn::seq().add(nn::linear(&a / "l1", 64, 256, Default::default())).add_fn(|x| x.relu());
+/// let block2 = nn::linear(&b / "l2", 256, 10, Default::default());
+/// let model = tch_memprof::Checkpointed::new(&vs)
+///     .segment(|x, _train| block1.forward(x))
+///     .segment(|x, _train| block2.forward(x));
+/// let mut opt = nn::Adam::default().build(&vs, 1e-3)?;
+/// let (x, y) = (Tensor::randn([32, 64], (Kind::Float, Device::Cpu)), Tensor::zeros([32], (Kind::Int64, Device::Cpu)));
+/// opt.zero_grad();
+/// let loss = model.forward_backward(&x, |out| out.cross_entropy_for_logits(&y))?;
+/// opt.step();
+/// # Ok(()) }
+/// ```
+///
+/// Limits: segments are a chain (one tensor in, one out; a residual connection must
+/// stay inside a segment); the loss is a scalar computed by the closure given to
+/// [`forward_backward`](Self::forward_backward); batch-norm running statistics, updated
+/// again by the recomputation, are put back to their value after the forward pass (the
+/// VarStore's buffers are copied once per step for that); random ops (dropout) see the
+/// same random numbers in the recomputation: the device's default generator state is
+/// saved before each checkpointed segment (a few kilobytes each) and restored for its
+/// recomputation, then set to where the plain run would have left it.
+pub struct Checkpointed<'a> {
+    segments: Vec<Segment<'a>>,
+    buffers: Vec<Tensor>,
+    device: Device,
+    mixed_precision: Option<Kind>,
+    preserve_rng: bool,
+}
+
+impl<'a> Checkpointed<'a> {
+    /// An empty chain over the model's VarStore (for its device and buffers).
+    pub fn new(vs: &VarStore) -> Self {
+        let trainable: Vec<Tensor> = vs.trainable_variables();
+        let is_trainable = |t: &Tensor| {
+            trainable
+                .iter()
+                .any(|p| p.data_ptr() == t.data_ptr() && p.size() == t.size())
+        };
+        let buffers = vs
+            .variables()
+            .into_values()
+            .filter(|t| t.defined() && !is_trainable(t))
+            .collect();
+        Checkpointed {
+            segments: Vec::new(),
+            buffers,
+            device: vs.device(),
+            mixed_precision: None,
+            preserve_rng: true,
+        }
+    }
+
+    /// Appends a segment: `f(input, train)` returns its output.
+    pub fn segment(mut self, f: impl Fn(&Tensor, bool) -> Tensor + 'a) -> Self {
+        self.segments.push(Box::new(f));
+        self
+    }
+
+    /// Runs the segments and the loss in [`autocast`] with `dtype` (both passes and
+    /// the recomputation). Default: float32.
+    pub fn mixed_precision(mut self, dtype: Kind) -> Self {
+        self.mixed_precision = Some(dtype);
+        self
+    }
+
+    /// Whether to replay the random generator's state in recomputations (default
+    /// true; off saves a few kilobytes per segment where no segment is random).
+    pub fn preserve_rng(mut self, on: bool) -> Self {
+        self.preserve_rng = on;
+        self
+    }
+
+    /// Number of segments.
+    pub fn len(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Whether there is no segment.
+    pub fn is_empty(&self) -> bool {
+        self.segments.is_empty()
+    }
+
+    fn amp<T>(&self, f: impl FnOnce() -> T) -> Result<T> {
+        match self.mixed_precision {
+            Some(dtype) => autocast(self.device, dtype, f),
+            None => Ok(f()),
+        }
+    }
+
+    /// The plain forward pass through every segment, with a graph when gradients are
+    /// enabled: no checkpointing (evaluation, or the baseline to compare with).
+    pub fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        self.amp(|| {
+            let mut h = x.shallow_clone();
+            for s in &self.segments {
+                h = s(&h, train);
+            }
+            h
+        })
+    }
+
+    /// One training step's forward and backward with checkpointing: gradients are
+    /// accumulated into the parameters (and into `x` if it requires a gradient) as
+    /// `loss.backward()` would. Returns the loss, detached. Call `zero_grad` before and
+    /// the optimizer step after, as usual.
+    pub fn forward_backward(
+        &self,
+        x: &Tensor,
+        loss_fn: impl FnOnce(&Tensor) -> Tensor,
+    ) -> Result<Tensor> {
+        let n = self.segments.len();
+        if n == 0 {
+            return Err(Error::InvalidConfig {
+                name: "Checkpointed segments",
+                value: "0".into(),
+                reason: "add at least one segment".into(),
+            });
+        }
+        // 1. Forward without graphs, keeping the boundaries (and the generator state
+        //    each checkpointed segment started from).
+        let mut bounds: Vec<Tensor> = vec![x.shallow_clone()];
+        let mut rng: Vec<Option<Tensor>> = Vec::with_capacity(n);
+        for i in 0..n - 1 {
+            rng.push(match self.preserve_rng {
+                true => Some(ffi::rng_state(self.device)?),
+                false => None,
+            });
+            let y = tch::no_grad(|| self.amp(|| (self.segments[i])(&bounds[i], true)))?;
+            bounds.push(y);
+        }
+
+        // 2. The last segment and the loss, with a graph.
+        let last_in = if n == 1 {
+            x.shallow_clone()
+        } else {
+            bounds[n - 1].detach().set_requires_grad(true)
+        };
+        let loss = self.amp(|| loss_fn(&(self.segments[n - 1])(&last_in, true)))?;
+        if loss.numel() != 1 {
+            return Err(Error::InvalidConfig {
+                name: "loss",
+                value: format!("a tensor of shape {:?}", loss.size()),
+                reason: "the loss closure must return a scalar".into(),
+            });
+        }
+        loss.f_backward()
+            .map_err(|e| Error::Native(format!("backward of the last segment: {e}")))?;
+        // Running statistics as the plain step leaves them (every segment ran once).
+        let buffers_after: Vec<Tensor> = match n > 1 {
+            true => tch::no_grad(|| self.buffers.iter().map(|b| b.copy()).collect()),
+            false => Vec::new(),
+        };
+        let rng_after = match self.preserve_rng && n > 1 {
+            true => Some(ffi::rng_state(self.device)?),
+            false => None,
+        };
+        let mut g = last_in.grad();
+        drop(last_in);
+        bounds.truncate(n - 1);
+
+        // 3. Earlier segments, last to first: recompute with a graph, push g through.
+        for i in (0..n - 1).rev() {
+            if !g.defined() {
+                // Nothing upstream of this boundary depends on a parameter.
+                break;
+            }
+            if let Some(state) = &rng[i] {
+                ffi::set_rng_state(self.device, state)?;
+            }
+            let input = if i == 0 {
+                x.shallow_clone()
+            } else {
+                bounds[i].detach().set_requires_grad(true)
+            };
+            let out = self.amp(|| (self.segments[i])(&input, true))?;
+            bounds.truncate(i);
+            if out.requires_grad() {
+                (out * &g)
+                    .f_sum(g.kind())
+                    .and_then(|s| s.f_backward())
+                    .map_err(|e| Error::Native(format!("backward of segment {i}: {e}")))?;
+            }
+            g = if i > 0 { input.grad() } else { Tensor::new() };
+        }
+        if let Some(state) = &rng_after {
+            ffi::set_rng_state(self.device, state)?;
+        }
+        tch::no_grad(|| {
+            for (b, saved) in self.buffers.iter().zip(&buffers_after) {
+                let mut b = b.shallow_clone();
+                b.copy_(saved);
+            }
+        });
+        Ok(loss.detach())
+    }
+}

@@ -1,0 +1,294 @@
+//! Gradient checkpointing and mixed precision: gradients equal to the plain run's, and
+//! feature maps lower by exactly what the checkpointed segments keep.
+
+use std::sync::Mutex;
+
+use tch::{nn, nn::Module, nn::ModuleT, Device, Kind, Tensor};
+use tch_memprof::{autocast, Checkpointed, MemoryProfiler};
+
+/// One profiler per process, and the global RNG: tests take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const B: i64 = 64;
+const D: i64 = 256;
+const N: usize = 4;
+
+/// Block i: Linear(D -> 4D) -> ReLU -> Linear(4D -> D).
+fn blocks(vs: &nn::VarStore) -> Vec<nn::Sequential> {
+    (0..N)
+        .map(|i| {
+            let p = vs.root() / format!("block{i}");
+            nn::seq()
+                .add(nn::linear(&p / "up", D, 4 * D, Default::default()))
+                .add_fn(|x| x.relu())
+                .add(nn::linear(&p / "down", 4 * D, D, Default::default()))
+        })
+        .collect()
+}
+
+fn chain<'a>(vs: &nn::VarStore, blocks: &'a [nn::Sequential]) -> Checkpointed<'a> {
+    blocks.iter().fold(Checkpointed::new(vs), |c, b| {
+        c.segment(move |x, _train| b.forward(x))
+    })
+}
+
+/// Every variable's gradient, by name.
+fn grads(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut v: Vec<(String, Tensor)> = vs
+        .variables()
+        .into_iter()
+        .filter(|(_, t)| t.grad().defined())
+        .map(|(n, t)| (n, t.grad().copy()))
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+fn zero_grads(vs: &nn::VarStore) {
+    for mut t in vs.trainable_variables() {
+        t.zero_grad();
+    }
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+fn assert_same_grads(plain: &[(String, Tensor)], ckpt: &[(String, Tensor)], tol: f64) {
+    assert_eq!(plain.len(), ckpt.len());
+    assert!(!plain.is_empty());
+    for ((n1, g1), (n2, g2)) in plain.iter().zip(ckpt) {
+        assert_eq!(n1, n2);
+        let scale = g1.abs().max().double_value(&[]).max(1e-30);
+        let d = max_abs_diff(g1, g2);
+        assert!(
+            d <= tol * scale,
+            "{n1}: max |diff| {d:e}, max |grad| {scale:e}"
+        );
+    }
+}
+
+#[test]
+fn gradients_match_the_plain_run_in_float32() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    tch::manual_seed(1);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let bl = blocks(&vs);
+    let model = chain(&vs, &bl);
+    let x = Tensor::randn([B, D], (Kind::Float, Device::Cpu));
+    let y = Tensor::randint(D, [B], (Kind::Int64, Device::Cpu));
+
+    let loss = model
+        .forward_t(&x, true)
+        .unwrap()
+        .cross_entropy_for_logits(&y);
+    loss.backward();
+    let plain = grads(&vs);
+    zero_grads(&vs);
+    let loss_ck = model
+        .forward_backward(&x, |out| out.cross_entropy_for_logits(&y))
+        .unwrap();
+    let ckpt = grads(&vs);
+    assert_eq!(
+        plain.len(),
+        4 * N,
+        "weights and biases of every linear layer"
+    );
+    assert_eq!(loss.double_value(&[]), loss_ck.double_value(&[]));
+    // The recomputation repeats the same float32 kernels on the same inputs, and the
+    // boundary gradient enters as exactly g: equal to the last bit in practice, 1e-6
+    // relative allowed.
+    assert_same_grads(&plain, &ckpt, 1e-6);
+}
+
+#[test]
+fn feature_maps_drop_by_what_the_checkpointed_segments_keep() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    tch::manual_seed(2);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let bl = blocks(&vs);
+    let model = chain(&vs, &bl).preserve_rng(false);
+    let mut profiler = MemoryProfiler::builder(&vs)
+        .print(false)
+        .leak_check(false)
+        .build()
+        .unwrap();
+    let mut measure = |checkpointed: bool| {
+        let x = Tensor::randn([B, D], (Kind::Float, Device::Cpu));
+        let y = Tensor::randint(D, [B], (Kind::Int64, Device::Cpu));
+        zero_grads(&vs);
+        if checkpointed {
+            let _loss = model
+                .forward_backward(&x, |out| out.cross_entropy_for_logits(&y))
+                .unwrap();
+        } else {
+            let loss = model
+                .forward_t(&x, true)
+                .unwrap()
+                .cross_entropy_for_logits(&y);
+            loss.backward();
+        }
+        drop((x, y));
+        profiler.record_stats();
+        let s = profiler.last_stats().unwrap();
+        (s.feature_maps_bytes, s.peak_allocated_bytes)
+    };
+    let _warm = measure(false);
+    let (plain_fm, plain_peak) = measure(false);
+    let (ckpt_fm, ckpt_peak) = measure(true);
+    // Each block keeps its ReLU output (B x 4D f32, saved by ReluBackward and by the
+    // second linear) for backward; its input and output are boundaries, kept either
+    // way. Checkpointing the first N-1 blocks drops their ReLU outputs.
+    let predicted = (N as u64 - 1) * 4 * (B * 4 * D) as u64;
+    assert_eq!(
+        plain_fm - ckpt_fm,
+        predicted,
+        "plain {plain_fm}, checkpointed {ckpt_fm}"
+    );
+    assert!(ckpt_peak < plain_peak, "peak {ckpt_peak} vs {plain_peak}");
+}
+
+/// Linear -> BatchNorm -> ReLU -> Dropout(0.5): random and with running statistics.
+fn noisy_blocks(vs: &nn::VarStore) -> Vec<nn::SequentialT> {
+    (0..3)
+        .map(|i| {
+            let p = vs.root() / format!("noisy{i}");
+            nn::seq_t()
+                .add(nn::linear(&p / "fc", D, D, Default::default()))
+                .add(nn::batch_norm1d(&p / "bn", D, Default::default()))
+                .add_fn(|x| x.relu())
+                .add_fn_t(|x, train| x.dropout(0.5, train))
+        })
+        .collect()
+}
+
+#[test]
+fn dropout_and_batch_norm_see_the_same_step_as_the_plain_run() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    tch::manual_seed(3);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let bl = noisy_blocks(&vs);
+    let model = bl.iter().fold(Checkpointed::new(&vs), |c, b| {
+        c.segment(move |x, train| b.forward_t(x, train))
+    });
+    let x = Tensor::randn([B, D], (Kind::Float, Device::Cpu));
+    let y = Tensor::randint(D, [B], (Kind::Int64, Device::Cpu));
+    let buffers = |vs: &nn::VarStore| {
+        let mut v: Vec<(String, Tensor)> = vs
+            .variables()
+            .into_iter()
+            .filter(|(n, _)| n.contains("running"))
+            .map(|(n, t)| (n, t.copy()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    let initial = buffers(&vs);
+    assert_eq!(
+        initial.len(),
+        6,
+        "running mean and var of three batch norms"
+    );
+
+    tch::manual_seed(42);
+    let loss = model
+        .forward_t(&x, true)
+        .unwrap()
+        .cross_entropy_for_logits(&y);
+    loss.backward();
+    let next_random = Tensor::rand([1], (Kind::Float, Device::Cpu)).double_value(&[0]);
+    let (plain, plain_buffers) = (grads(&vs), buffers(&vs));
+
+    // Back to the state before the plain step.
+    zero_grads(&vs);
+    tch::no_grad(|| {
+        for (name, saved) in &initial {
+            vs.variables()[name].shallow_clone().copy_(saved);
+        }
+    });
+    tch::manual_seed(42);
+    let _loss = model
+        .forward_backward(&x, |out| out.cross_entropy_for_logits(&y))
+        .unwrap();
+    let next_random_ck = Tensor::rand([1], (Kind::Float, Device::Cpu)).double_value(&[0]);
+
+    assert_same_grads(&plain, &grads(&vs), 1e-6);
+    for ((n, a), (_, b)) in plain_buffers.iter().zip(&buffers(&vs)) {
+        assert_eq!(
+            max_abs_diff(a, b),
+            0.0,
+            "{n}: updated once, as in the plain step"
+        );
+    }
+    assert_ne!(
+        plain_buffers[0].1.double_value(&[0]),
+        initial[0].1.double_value(&[0])
+    );
+    assert_eq!(
+        next_random, next_random_ck,
+        "the generator ends where the plain run left it"
+    );
+}
+
+#[test]
+fn mixed_precision_on_the_cpu_computes_in_bfloat16_and_checkpointing_keeps_its_gradients() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    tch::manual_seed(4);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let bl = blocks(&vs);
+    let x = Tensor::randn([B, D], (Kind::Float, Device::Cpu));
+    let y = Tensor::randint(D, [B], (Kind::Int64, Device::Cpu));
+
+    let inside = autocast(Device::Cpu, Kind::BFloat16, || bl[0].forward(&x)).unwrap();
+    assert_eq!(inside.kind(), Kind::BFloat16);
+    assert_eq!(
+        bl[0].forward(&x).kind(),
+        Kind::Float,
+        "off again after the closure"
+    );
+    let nested = autocast(Device::Cpu, Kind::BFloat16, || {
+        autocast(Device::Cpu, Kind::BFloat16, || ()).unwrap();
+        bl[0].forward(&x).kind()
+    })
+    .unwrap();
+    assert_eq!(
+        nested,
+        Kind::BFloat16,
+        "an inner autocast restores the outer state"
+    );
+
+    let model = chain(&vs, &bl).mixed_precision(Kind::BFloat16);
+    let loss = model.forward_t(&x, true).unwrap();
+    let loss = autocast(Device::Cpu, Kind::BFloat16, || {
+        loss.cross_entropy_for_logits(&y)
+    })
+    .unwrap();
+    loss.backward();
+    let plain = grads(&vs);
+    zero_grads(&vs);
+    let _loss = model
+        .forward_backward(&x, |out| out.cross_entropy_for_logits(&y))
+        .unwrap();
+    assert!(
+        plain.iter().all(|(_, g)| g.kind() == Kind::Float),
+        "float32 master weights"
+    );
+    assert_same_grads(&plain, &grads(&vs), 1e-6);
+}
+
+#[test]
+fn bad_autocast_settings_fail_softly_with_a_reason() {
+    let err = autocast(Device::Cpu, Kind::Float, || ()).unwrap_err();
+    assert!(err.to_string().contains("autocast dtype = Float"), "{err}");
+    if !tch::Cuda::is_available() {
+        let err = autocast(Device::Cuda(0), Kind::BFloat16, || ()).unwrap_err();
+        assert!(err.to_string().contains("CUDA is not available"), "{err}");
+    }
+    let vs = nn::VarStore::new(Device::Cpu);
+    let empty = Checkpointed::new(&vs);
+    let x = Tensor::zeros([1], (Kind::Float, Device::Cpu));
+    let err = empty
+        .forward_backward(&x, |o| o.sum(Kind::Float))
+        .unwrap_err();
+    assert!(err.to_string().contains("at least one segment"), "{err}");
+}
