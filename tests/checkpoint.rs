@@ -292,3 +292,77 @@ fn bad_autocast_settings_fail_softly_with_a_reason() {
         .unwrap_err();
     assert!(err.to_string().contains("at least one segment"), "{err}");
 }
+
+/// Conv(3x3)-BN-ReLU blocks at 32x32 (the shape of the example's first stage).
+fn conv_blocks(vs: &nn::VarStore, n: usize, c: i64) -> Vec<nn::SequentialT> {
+    (0..n)
+        .map(|i| {
+            let p = vs.root() / format!("conv{i}");
+            let c_in = if i == 0 { 3 } else { c };
+            let cfg = nn::ConvConfig {
+                padding: 1,
+                bias: false,
+                ..Default::default()
+            };
+            nn::seq_t()
+                .add(nn::conv2d(&p / "conv", c_in, c, 3, cfg))
+                .add(nn::batch_norm2d(&p / "bn", c, Default::default()))
+                .add_fn(|x| x.relu())
+        })
+        .collect()
+}
+
+#[test]
+fn checkpointing_and_bf16_together_cut_the_peak_by_more_than_30_percent() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let peak_of = |checkpointing: bool, bf16: bool| {
+        tch::manual_seed(5);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let bl = conv_blocks(&vs, 6, 32);
+        let fc = nn::linear(vs.root() / "fc", 32, 10, Default::default());
+        let mut model = bl.iter().fold(Checkpointed::new(&vs), |c, b| {
+            c.segment(move |x, train| b.forward_t(x, train))
+        });
+        model = model.segment(|x, _| x.mean_dim([2, 3].as_slice(), false, Kind::Float).apply(&fc));
+        if bf16 {
+            model = model.mixed_precision(Kind::BFloat16);
+        }
+        let mut profiler = MemoryProfiler::builder(&vs).print(false).build().unwrap();
+        let x = Tensor::randn([8, 3, 32, 32], (Kind::Float, Device::Cpu));
+        let y = Tensor::randint(10, [8], (Kind::Int64, Device::Cpu));
+        for _ in 0..2 {
+            zero_grads(&vs);
+            let _loss = if checkpointing {
+                model
+                    .forward_backward(&x, |o| o.cross_entropy_for_logits(&y))
+                    .unwrap()
+            } else {
+                let out = model.forward_t(&x, true).unwrap();
+                let loss = autocast(Device::Cpu, Kind::BFloat16, || {
+                    out.cross_entropy_for_logits(&y)
+                });
+                let loss = if bf16 {
+                    loss.unwrap()
+                } else {
+                    out.cross_entropy_for_logits(&y)
+                };
+                loss.backward();
+                loss
+            };
+            profiler.record_stats();
+        }
+        let g = grads(&vs);
+        (profiler.last_stats().unwrap().peak_allocated_bytes, g)
+    };
+    let (base, base_grads) = peak_of(false, false);
+    let (ckpt, ckpt_grads) = peak_of(true, false);
+    let (both, _) = peak_of(true, true);
+    assert_same_grads(&base_grads, &ckpt_grads, 1e-6);
+    let cut = 1.0 - both as f64 / base as f64;
+    assert!(
+        cut > 0.30,
+        "both: {both} B vs baseline {base} B: cut {:.1}%",
+        cut * 100.0
+    );
+    assert!(ckpt < base);
+}
