@@ -338,11 +338,11 @@ fn checkpointing_and_bf16_together_cut_the_peak_by_more_than_30_percent() {
                     .unwrap()
             } else {
                 let out = model.forward_t(&x, true).unwrap();
-                let loss = autocast(Device::Cpu, Kind::BFloat16, || {
-                    out.cross_entropy_for_logits(&y)
-                });
                 let loss = if bf16 {
-                    loss.unwrap()
+                    autocast(Device::Cpu, Kind::BFloat16, || {
+                        out.cross_entropy_for_logits(&y)
+                    })
+                    .unwrap()
                 } else {
                     out.cross_entropy_for_logits(&y)
                 };
