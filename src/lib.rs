@@ -118,6 +118,13 @@
 //! [`MemoryProfiler::assert_budget`] checks them against a [`Budget`] in a `#[test]` and
 //! fails with the largest consumers by category and layer.
 //!
+//! ## Memory optimizations
+//!
+//! [`Checkpointed`] trains a chain of segments with gradient checkpointing (recomputed
+//! in backward; gradients equal to the plain run's) and [`autocast`] runs code in
+//! bfloat16/float16 autocast on the CPU or CUDA; `examples/optimizations.rs` measures
+//! both with the profiler.
+//!
 //! ## Guarantees in the training loop
 //!
 //! - `record_stats` and `epoch_end` never panic and never stop training: a failure is
