@@ -14,6 +14,9 @@
 //! `--device cpu|cuda` (default cpu). Exits with status 1 when a requested leak was
 //! not named, or a clean run raised a suspect.
 
+#[path = "common/args.rs"]
+mod args;
+
 use std::collections::HashMap;
 
 use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
@@ -29,22 +32,6 @@ fn mlp(p: &nn::Path) -> impl Module {
         .add(nn::linear(p / "fc1", IN, HIDDEN, Default::default()))
         .add_fn(|x| x.relu())
         .add(nn::linear(p / "fc2", HIDDEN, CLASSES, Default::default()))
-}
-
-fn flag(name: &str) -> bool {
-    std::env::args().any(|a| a == name)
-}
-
-fn number(name: &str, default: i64) -> Result<i64, String> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name).map(|i| args.get(i + 1)) {
-        None => Ok(default),
-        Some(Some(v)) => match v.parse::<i64>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("{name} {v}: expected a positive integer")),
-        },
-        Some(None) => Err(format!("{name}: expected a value")),
-    }
 }
 
 #[allow(clippy::assign_op_pattern)] // `total = total + loss`, as users write it
@@ -63,20 +50,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("unknown option {a}; known: {}", known.join(" ")).into());
         }
     }
-    let (graph, outputs, cache) = (flag("--graph"), flag("--outputs"), flag("--cache"));
-    let epochs = number("--epochs", 4)? as u64;
-    let iterations = number("--iterations", 20)?;
-    let args: Vec<String> = std::env::args().collect();
-    let device = match args
-        .iter()
-        .position(|a| a == "--device")
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
-    {
-        None | Some("cpu") => Device::Cpu,
-        Some("cuda") => Device::Cuda(0),
-        Some(other) => return Err(format!("--device {other}: expected cpu or cuda").into()),
-    };
+    let (graph, outputs, cache) = (
+        args::flag("--graph"),
+        args::flag("--outputs"),
+        args::flag("--cache"),
+    );
+    let epochs = args::number("--epochs", 4)? as u64;
+    let iterations = args::number("--iterations", 20)?;
+    let device = args::device(Device::Cpu)?;
     let leaks: Vec<&str> = [(graph, "graph"), (outputs, "outputs"), (cache, "cache")]
         .iter()
         .filter(|(on, _)| *on)

@@ -10,6 +10,9 @@
 //! `--steps N` timed steps (default 8, after 2 warm-up steps), `--device cpu|cuda`
 //! (default cpu), `--output PATH` (default optimization_results/comparison.csv).
 
+#[path = "common/args.rs"]
+mod args;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -211,42 +214,21 @@ fn train(
     ))
 }
 
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
-
-fn number(name: &str, default: i64) -> Result<i64, String> {
-    match arg(name) {
-        None => Ok(default),
-        Some(v) => match v.parse::<i64>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("{name} {v}: expected a positive integer")),
-        },
-    }
-}
-
 fn pct(new: f64, base: f64) -> String {
     format!("{:+.1}%", (new / base - 1.0) * 100.0)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let device = match arg("--device").as_deref() {
-        None | Some("cpu") => Device::Cpu,
-        Some("cuda") => Device::Cuda(0),
-        Some(o) => return Err(format!("--device {o}: expected cpu or cuda").into()),
-    };
+    let device = args::device(Device::Cpu)?;
     let s = Settings {
-        batch: number("--batch-size", 32)?,
-        image: number("--image", 32)?,
-        steps: number("--steps", 8)? as usize,
+        batch: args::number("--batch-size", 32)?,
+        image: args::number("--image", 32)?,
+        steps: args::number("--steps", 8)? as usize,
         device,
     };
     let output = PathBuf::from(
-        arg("--output").unwrap_or_else(|| "optimization_results/comparison.csv".into()),
+        args::arg("--output").unwrap_or_else(|| "optimization_results/comparison.csv".into()),
     );
     println!(
         "ResNet-style model (stem, 3 stages x 2 basic blocks, 32/64/128 channels), batch {}x3x{}x{}, \

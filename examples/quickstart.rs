@@ -6,6 +6,9 @@
 //! Options: `--epochs N` (default 3), `--iterations N` per epoch (default 20),
 //! `--batch-size N` (default 32), `--device cpu|cuda` (default: cuda if available).
 
+#[path = "common/args.rs"]
+mod args;
+
 use tch::{nn, nn::ModuleT, nn::OptimizerConfig, Device, Kind, Tensor};
 
 fn cnn(p: &nn::Path, classes: i64) -> impl ModuleT {
@@ -35,43 +38,12 @@ fn cnn(p: &nn::Path, classes: i64) -> impl ModuleT {
         .add(nn::linear(p / "fc2", 256, classes, Default::default()))
 }
 
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
-
-fn number(name: &str, default: i64) -> Result<i64, String> {
-    match arg(name) {
-        None => Ok(default),
-        Some(v) => match v.parse::<i64>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("{name} {v}: expected a positive integer")),
-        },
-    }
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let epochs = number("--epochs", 3)?;
-    let iterations = number("--iterations", 20)?;
-    let batch = number("--batch-size", 32)?;
-    let device = match arg("--device").as_deref() {
-        None => Device::cuda_if_available(),
-        Some("cpu") => Device::Cpu,
-        Some("cuda") => {
-            if !tch::Cuda::is_available() {
-                return Err(format!(
-                    "--device cuda: CUDA is not available ({})",
-                    tch_memprof::cuda_status().err().unwrap_or_default()
-                )
-                .into());
-            }
-            Device::Cuda(0)
-        }
-        Some(other) => return Err(format!("--device {other}: expected cpu or cuda").into()),
-    };
+    let epochs = args::number("--epochs", 3)?;
+    let iterations = args::number("--iterations", 20)?;
+    let batch = args::number("--batch-size", 32)?;
+    let device = args::device(Device::cuda_if_available())?;
     println!("quickstart: small CNN, Adam, {epochs} epochs x {iterations} iterations, batch {batch}, {device:?}");
 
     let vs = nn::VarStore::new(device);

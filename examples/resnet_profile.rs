@@ -12,23 +12,15 @@
 //! Any tch model is profiled the same way: build the profiler with `.timeline_step(1)`,
 //! run the step, call `record_stats()`, read `step_profile()`.
 
+#[path = "common/args.rs"]
+mod args;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use tch::nn::{self, ModuleT};
 use tch::{Device, Kind, Tensor};
 use tch_memprof::{Category, MemoryProfiler, StepProfile};
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
-
-fn flag(name: &str) -> bool {
-    std::env::args().any(|a| a == name)
-}
 
 fn gb(bytes: u64) -> String {
     format!("{:.3} ({bytes} bytes)", bytes as f64 / 1e9)
@@ -79,7 +71,7 @@ fn write_summary(path: &Path, p: &StepProfile) -> std::io::Result<()> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let batch = match arg("--batch_size") {
+    let batch = match args::arg("--batch_size") {
         None => 16,
         Some(v) => match v.parse::<i64>() {
             Ok(n) if n > 0 => n,
@@ -87,14 +79,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     };
     let output = PathBuf::from(
-        arg("--output").unwrap_or_else(|| "resnet_results/memory_profile.png".into()),
+        args::arg("--output").unwrap_or_else(|| "resnet_results/memory_profile.png".into()),
     );
-    let device = match arg("--device").as_deref() {
-        None => Device::cuda_if_available(),
-        Some("cpu") => Device::Cpu,
-        Some("cuda") => Device::Cuda(0),
-        Some(other) => return Err(format!("--device {other}: expected cpu or cuda").into()),
-    };
+    let device = args::device(Device::cuda_if_available())?;
     let dir = output
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -120,7 +107,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .step_profile()
         .ok_or("the step was not profiled (see the warnings above)")?;
     let title = format!("ResNet-152 memory over one forward and backward pass, batch size {batch}");
-    let title = (!flag("--no_title")).then_some(title.as_str());
+    let title = (!args::flag("--no_title")).then_some(title.as_str());
     p.plot(&output, title)?;
     let svg = output.with_extension("svg");
     p.plot(&svg, title)?;

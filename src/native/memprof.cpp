@@ -1778,15 +1778,26 @@ int memprof_autocast_exit(int32_t device_type, const MpAutocast* prev) {
   return -1;
 }
 
-// The default generator's state of a device (CPU: device_type 0; CUDA: 1, index) as a
-// new tensor handle (an at::Tensor*, owned by the caller as tch owns its tensors).
+}  // extern "C"
+
+namespace {
+// The default random generator of a device (CPU: device_type 0; CUDA: 1, index).
+at::Generator default_generator(int32_t device_type, int32_t index) {
+  const c10::Device d = device_type == 0
+      ? c10::Device(c10::DeviceType::CPU)
+      : c10::Device(c10::DeviceType::CUDA, c10::DeviceIndex(index));
+  return at::globalContext().defaultGenerator(d);
+}
+}  // namespace
+
+extern "C" {
+
+// The default generator's state as a new tensor handle (an at::Tensor*, owned by the
+// caller as tch owns its tensors).
 int memprof_rng_get(int32_t device_type, int32_t index, void** out) {
   try {
     *out = nullptr;
-    const c10::Device d = device_type == 0
-        ? c10::Device(c10::DeviceType::CPU)
-        : c10::Device(c10::DeviceType::CUDA, c10::DeviceIndex(index));
-    at::Generator gen = at::globalContext().defaultGenerator(d);
+    at::Generator gen = default_generator(device_type, index);
     std::lock_guard<std::mutex> lock(gen.mutex());
     *out = new at::Tensor(gen.get_state());
     return 0;
@@ -1800,10 +1811,7 @@ int memprof_rng_get(int32_t device_type, int32_t index, void** out) {
 
 int memprof_rng_set(int32_t device_type, int32_t index, const void* state) {
   try {
-    const c10::Device d = device_type == 0
-        ? c10::Device(c10::DeviceType::CPU)
-        : c10::Device(c10::DeviceType::CUDA, c10::DeviceIndex(index));
-    at::Generator gen = at::globalContext().defaultGenerator(d);
+    at::Generator gen = default_generator(device_type, index);
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(*static_cast<const at::Tensor*>(state));
     return 0;
