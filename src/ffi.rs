@@ -171,6 +171,18 @@ pub(crate) struct Registry {
     pub pad: i32,
 }
 
+/// One birth (+size) or death (-size) of the memory history.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct HistEvent {
+    pub ptr: u64,
+    pub size: i64,
+    pub op: i32,
+    pub layer: i32,
+    /// Microseconds (monotonic clock) << 8 | device slot.
+    pub time_dev: u64,
+}
+
 /// Autocast state of one device type, to restore on exit.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -203,6 +215,11 @@ extern "C" {
         prev: *mut Autocast,
     ) -> i32;
     fn memprof_autocast_exit(device_type: i32, prev: *const Autocast) -> i32;
+    fn memprof_history(on: i32, max_entries: u64) -> i32;
+    fn memprof_read_history(out: *mut HistEvent, cap: u64) -> u64;
+    fn memprof_cuda_history(on: i32, max_entries: i64) -> i32;
+    fn memprof_cuda_snapshot(path: *const c_char) -> i32;
+    fn memprof_cuda_control(index: i32, what: i32) -> i32;
     fn memprof_rng_get(device_type: i32, index: i32, out: *mut *mut c_void) -> i32;
     fn memprof_rng_set(device_type: i32, index: i32, state: *const c_void) -> i32;
     fn memprof_scope_push(id: i32) -> i32;
@@ -424,4 +441,47 @@ pub(crate) fn set_rng_state(device: tch::Device, state: &Tensor) -> Result<()> {
     let (dt, index) = device_code(device)?;
     // SAFETY: `state` is a live tensor handle for the duration of the call.
     check(unsafe { memprof_rng_set(dt, index, state.as_ptr() as *const c_void) })
+}
+
+/// Starts (clearing) or stops the memory history of every device.
+pub(crate) fn history(on: bool, max_entries: u64) -> Result<()> {
+    // SAFETY: plain call; the callee catches all exceptions.
+    check(unsafe { memprof_history(on as i32, max_entries) })
+}
+
+/// The history's events, oldest first; returns whether older ones were overwritten.
+pub(crate) fn read_history(into: &mut Vec<HistEvent>, ring: usize) -> bool {
+    into.clear();
+    into.resize(ring, HistEvent::default());
+    // SAFETY: `into` holds `ring` initialised events; the callee copies at most `ring`.
+    let total = unsafe { memprof_read_history(into.as_mut_ptr(), ring as u64) } as usize;
+    into.truncate(total.min(ring));
+    total > ring
+}
+
+/// CUDA: starts or stops the caching allocator's own history.
+pub(crate) fn cuda_history(on: bool, max_entries: u64) -> Result<()> {
+    let n = i64::try_from(max_entries).unwrap_or(i64::MAX);
+    // SAFETY: plain call; the callee catches all exceptions and fails without CUDA.
+    check(unsafe { memprof_cuda_history(on as i32, n) })
+}
+
+/// CUDA: writes the caching allocator's snapshot to `path`.
+pub(crate) fn cuda_snapshot(path: &std::path::Path) -> Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().to_string_lossy().as_bytes())
+        .map_err(|e| Error::Native(e.to_string()))?;
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    check(unsafe { memprof_cuda_snapshot(c.as_ptr()) })
+}
+
+/// CUDA: resets the peak statistics of `cuda:index`.
+pub(crate) fn cuda_reset_peaks(index: usize) -> Result<()> {
+    // SAFETY: plain call; fails softly without CUDA.
+    check(unsafe { memprof_cuda_control(index as i32, 0) })
+}
+
+/// CUDA: releases the caching allocator's unused cached blocks.
+pub(crate) fn cuda_empty_cache() -> Result<()> {
+    // SAFETY: plain call; fails softly without CUDA.
+    check(unsafe { memprof_cuda_control(0, 1) })
 }

@@ -35,3 +35,17 @@ pub fn check_writable(dir: &Path) -> Result<()> {
         source,
     })
 }
+
+/// Writes `bytes` to `path` through a temporary file in the same folder and a rename:
+/// readers see the old file or the whole new one, never a part.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(|source| Error::Io {
+        path: tmp.clone(),
+        source,
+    })?;
+    std::fs::rename(&tmp, path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}

@@ -161,6 +161,7 @@ mod accounting;
 mod budget;
 mod capture;
 mod csv_report;
+pub mod cuda;
 mod error;
 mod ffi;
 pub mod format;
@@ -170,6 +171,7 @@ mod optimize;
 mod plot;
 mod profiler;
 mod report;
+mod snapshot;
 mod stats;
 mod timeline;
 

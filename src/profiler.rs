@@ -280,6 +280,7 @@ impl MemoryProfilerBuilder {
                 .then(|| LeakHunter::new(slot, self.leak_threshold, self.leak_warmup_epochs)),
             last_leaks: None,
             run: RunAcc::default(),
+            history_entries: 0,
             _not_send: PhantomData,
         };
         profiler.allocated_at_epoch_start = profiler.allocated_now().unwrap_or(0);
@@ -398,6 +399,7 @@ pub struct MemoryProfiler {
     hunter: Option<LeakHunter>,
     last_leaks: Option<LeakReport>,
     run: RunAcc,
+    history_entries: usize,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -654,6 +656,72 @@ impl MemoryProfiler {
             self.fail(&format!("epoch_end (leaks, {name} report)"), &err);
         }
         Ok(())
+    }
+
+    /// Starts recording the memory history of every device: each block's birth and
+    /// death with the op and layer that caused it, in a ring of the last `max_entries`
+    /// events (at most 16,777,216; 32 bytes each, touched only as they are written).
+    /// Restarting clears it. On CUDA the caching allocator's own history is started too
+    /// (see [`write_cuda_allocator_snapshot`](Self::write_cuda_allocator_snapshot)).
+    pub fn start_memory_history(&mut self, max_entries: usize) -> Result<()> {
+        if max_entries == 0 || max_entries > 1 << 24 {
+            return Err(Error::InvalidConfig {
+                name: "max_entries",
+                value: max_entries.to_string(),
+                reason: "must be between 1 and 16777216".into(),
+            });
+        }
+        ffi::history(true, max_entries as u64)?;
+        self.history_entries = max_entries;
+        if let Device::Cuda(_) = self.device {
+            ffi::cuda_history(true, max_entries as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Stops the memory history (what was recorded stays readable for snapshots).
+    pub fn stop_memory_history(&mut self) -> Result<()> {
+        ffi::history(false, 0)?;
+        if let Device::Cuda(_) = self.device {
+            ffi::cuda_history(false, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Writes a snapshot that PyTorch's memory viewer opens (`torch.cuda._memory_viz`,
+    /// or drag the file onto <https://pytorch.org/memory_viz>), for the profiled device,
+    /// the CPU included: every live block the profiler registered (with leak hunting
+    /// on, the default, or since `start_memory_history`), each with a frame naming the
+    /// op, layer, phase and iteration that made it, and the memory history as the
+    /// device trace. Written atomically.
+    pub fn write_memory_snapshot(&self, path: impl AsRef<Path>) -> Result<()> {
+        let mut blocks = Vec::new();
+        ffi::live_blocks(self.slot, &mut blocks);
+        let mut history = Vec::new();
+        ffi::read_history(&mut history, self.history_entries);
+        let index = self.slot.saturating_sub(1);
+        crate::snapshot::write(
+            path.as_ref(),
+            index,
+            &blocks,
+            &history,
+            self.slot as u8,
+            &mut crate::timeline::Names::default(),
+        )
+    }
+
+    /// CUDA: writes the caching allocator's own snapshot (`_memory_snapshot_pickled`:
+    /// its segments, free blocks, and its history since `start_memory_history`). Fails
+    /// with a reason on the CPU or without CUDA.
+    pub fn write_cuda_allocator_snapshot(&self, path: impl AsRef<Path>) -> Result<()> {
+        match self.device {
+            Device::Cuda(_) => ffi::cuda_snapshot(path.as_ref()),
+            other => Err(Error::InvalidConfig {
+                name: "device",
+                value: format!("{other:?}"),
+                reason: "the CUDA allocator snapshot needs a CUDA VarStore".into(),
+            }),
+        }
     }
 
     /// What the leak hunt found at the last `epoch_end`: None when it found no suspect

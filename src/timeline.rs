@@ -724,28 +724,18 @@ impl StepProfile {
 
 fn write_atomically(
     path: &Path,
-    body: impl FnOnce(&mut csv::Writer<std::fs::File>) -> std::result::Result<(), csv::Error>,
+    body: impl FnOnce(&mut csv::Writer<Vec<u8>>) -> std::result::Result<(), csv::Error>,
 ) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let csv_err = |source| Error::Csv {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::create(&tmp).map_err(|source| Error::Io {
-        path: tmp.clone(),
-        source,
-    })?;
-    let mut w = csv::Writer::from_writer(file);
+    let mut w = csv::Writer::from_writer(Vec::new());
     body(&mut w).map_err(csv_err)?;
-    w.flush().map_err(|source| Error::Io {
-        path: tmp.clone(),
-        source,
-    })?;
-    drop(w);
-    std::fs::rename(&tmp, path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    let bytes = w
+        .into_inner()
+        .map_err(|e| csv_err(csv::Error::from(e.into_error())))?;
+    crate::fs::write_atomic(path, &bytes)
 }
 
 /// Names the layer of every op run on this thread until the guard drops, overriding

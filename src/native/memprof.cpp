@@ -34,6 +34,7 @@
 
 #include <dlfcn.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -448,6 +449,7 @@ std::atomic<uint32_t> g_reg_hw{0};    // entries ever handed out
 std::atomic<int64_t> g_reg_live{0};
 std::atomic<int64_t> g_reg_dropped{0};  // births not registered: registry full
 std::atomic<bool> g_origin_on{false};
+bool g_leaks_requested = false;  // the session's setting, restored when history stops
 std::atomic<uint32_t> g_iter{0};      // iteration (step) that births belong to
 std::atomic<uint32_t> g_session_id{0};  // bumped at each memprof_start
 
@@ -520,6 +522,45 @@ inline void reg_remove(uint32_t idx) {
 }
 
 // ---------------------------------------------------------------------------------
+// Memory history (off unless asked for): every block birth and death on every device
+// with its origin and a timestamp, in a ring of the last `g_hist_cap` events (reserved
+// with mmap at its largest; only the entries written are touched). Written out as the
+// device trace of a memory_viz snapshot (src/snapshot.rs).
+
+struct HistEvent {
+  uint64_t ptr;
+  int64_t size;       // +bytes at birth, -bytes at death
+  int32_t op;         // name id of the op running on the thread, -1 none
+  int32_t layer;      // its layer's name id, -1 unknown
+  uint64_t time_dev;  // microseconds (CLOCK_MONOTONIC) << 8 | device slot
+};
+static_assert(sizeof(HistEvent) == 32, "mirrored in src/ffi.rs");
+
+constexpr uint64_t kHistMax = uint64_t(1) << 24;
+HistEvent* g_hist = nullptr;
+std::atomic<bool> g_hist_on{false};
+std::atomic<uint64_t> g_hist_len{0};
+std::atomic<uint64_t> g_hist_cap{0};
+
+inline void hist_append(int dev, uint64_t ptr, int64_t delta) {
+  if (!g_hist_on.load(std::memory_order_relaxed)) {
+    return;
+  }
+  const uint64_t cap = g_hist_cap.load(std::memory_order_relaxed);
+  if (!g_hist || cap == 0) {
+    return;
+  }
+  int32_t op = -1;
+  int32_t layer = -1;
+  current_origin(&op, &layer);
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const uint64_t us = uint64_t(ts.tv_sec) * 1000000u + uint64_t(ts.tv_nsec) / 1000u;
+  const uint64_t i = g_hist_len.fetch_add(1, std::memory_order_relaxed);
+  g_hist[i % cap] = HistEvent{ptr, delta, op, layer, (us << 8) | uint64_t(dev & 0xff)};
+}
+
+// ---------------------------------------------------------------------------------
 // CPU: a wrapping allocator, installed at library load, process-wide.
 //
 // Each block has a header in front of the data (data == context, as c10 requires):
@@ -552,6 +593,7 @@ void tracked_delete(void* data) {
   if (h->magic == kMagic) {
     on_free(0, uint64_t(data), int64_t(h->size), h->gen, h->phase);
     reg_remove(h->reg);
+    hist_append(0, uint64_t(data), -int64_t(h->size));
   } else {
     g_untagged_frees.fetch_add(1, std::memory_order_relaxed);
   }
@@ -578,6 +620,7 @@ struct TrackingCpuAllocator final : public c10::Allocator {
     h->gen = cur_gen(gp);
     h->phase = cur_phase(gp);
     h->reg = reg_add(uint64_t(data), int64_t(n), h->phase, 0);
+    hist_append(0, uint64_t(data), int64_t(n));
     on_alloc(0, uint64_t(data), int64_t(n), h->gen, h->phase);
     return {data, data, &tracked_delete, c10::Device(c10::DeviceType::CPU)};
   }
@@ -643,6 +686,7 @@ struct Reporter final : public c10::MemoryReportingInfoBase {
           }
         }
         reg_remove(stale);
+        hist_append(dev, key, alloc_size);
         on_alloc(dev, key, alloc_size, tag.gen, tag.phase);
       } else if (alloc_size < 0) {
         CudaTag tag{0, 0, 0, kNoReg};
@@ -659,6 +703,7 @@ struct Reporter final : public c10::MemoryReportingInfoBase {
         if (found) {
           on_free(dev, key, tag.size, tag.gen, tag.phase);
           reg_remove(tag.reg);
+          hist_append(dev, key, -tag.size);
         }
       }
     } catch (...) {
@@ -1122,6 +1167,14 @@ struct Init {
         -1,
         0);
     g_reg = reg == MAP_FAILED ? nullptr : static_cast<RegEntry*>(reg);
+    void* hist = mmap(
+        nullptr,
+        size_t(kHistMax) * sizeof(HistEvent),
+        PROT_READ | PROT_WRITE,
+        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+        -1,
+        0);
+    g_hist = hist == MAP_FAILED ? nullptr : static_cast<HistEvent*>(hist);
     try {
       g_params_all = std::make_unique<std::vector<std::unique_ptr<ParamTable>>>();
     } catch (...) {
@@ -1281,6 +1334,7 @@ int memprof_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
     g_session_id.fetch_add(1);
     g_iter.store(1);
     g_origin_on.store(leaks != 0);
+    g_leaks_requested = leaks != 0;
     if (want_cuda) {
       c10::ThreadLocalDebugInfo::_push(
           c10::DebugInfoKind::PROFILER_STATE, std::make_shared<Reporter>());
@@ -1726,6 +1780,142 @@ int memprof_registry(MpRegistry* out) {
   out->on = g_origin_on.load() ? 1 : 0;
   out->pad = 0;
   return 0;
+}
+
+// Starts (clearing it) or stops the memory history; `max_entries` (1..2^24) is the ring's
+// size when starting.
+int memprof_history(int32_t on, uint64_t max_entries) {
+  if (on) {
+    if (!g_hist) {
+      set_error("the memory history could not be reserved (mmap failed)");
+      return -1;
+    }
+    if (max_entries == 0 || max_entries > kHistMax) {
+      set_error("max_entries must be between 1 and 16777216");
+      return -1;
+    }
+    g_hist_on.store(false);
+    g_hist_cap.store(max_entries);
+    g_hist_len.store(0);
+    g_origin_on.store(true);  // snapshots list the registered live blocks
+    g_hist_on.store(true);
+  } else {
+    g_hist_on.store(false);
+    g_origin_on.store(g_leaks_requested);
+  }
+  return 0;
+}
+
+// CUDA: the caching allocator's own history and snapshot (torch::cuda functions of
+// libtorch_cuda.so, looked up by their mangled names: tch does not link that library).
+using RecordHistoryFn = void (*)(
+    bool, bool, int64_t, bool, bool, bool, bool, bool, const std::vector<std::string>&);
+using SnapshotFn = std::string (*)();
+
+void* cuda_symbol(const char* mangled) {
+  if (!g_cuda_loaded) {
+    set_error(("CUDA is not available: " + g_cuda_load_message).c_str());
+    return nullptr;
+  }
+  void* f = dlsym(RTLD_DEFAULT, mangled);
+  if (!f) {
+    set_error((std::string("libtorch_cuda.so lacks ") + mangled).c_str());
+  }
+  return f;
+}
+
+int memprof_cuda_history(int32_t on, int64_t max_entries) {
+  try {
+    auto f = reinterpret_cast<RecordHistoryFn>(cuda_symbol(
+        "_ZN5torch4cuda22_record_memory_historyEbblbbbbbRKSt6vectorINSt7__cxx1112basic_"
+        "stringIcSt11char_traitsIcESaIcEEESaIS7_EE"));
+    if (!f) {
+      return -1;
+    }
+    // enabled, record_context, trace_alloc_max_entries, trace_alloc_record_context,
+    // record_cpp_context (C++ unwinding is slow: off), clearHistory, compileContext,
+    // globalRecordAllocations, skip_actions.
+    f(on != 0, on != 0, max_entries, on != 0, false, on != 0, false, false, {});
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_cuda_history");
+  }
+  return -1;
+}
+
+// Writes the caching allocator's snapshot (the pickle memory_viz reads) to `path`.
+int memprof_cuda_snapshot(const char* path) {
+  try {
+    auto f = reinterpret_cast<SnapshotFn>(
+        cuda_symbol("_ZN5torch4cuda24_memory_snapshot_pickledB5cxx11Ev"));
+    if (!f) {
+      return -1;
+    }
+    const std::string bytes = f();
+    FILE* out = std::fopen(path, "wb");
+    if (!out) {
+      set_error((std::string("cannot create ") + path).c_str());
+      return -1;
+    }
+    const size_t n = std::fwrite(bytes.data(), 1, bytes.size(), out);
+    const bool ok = n == bytes.size() && std::fclose(out) == 0;
+    if (!ok) {
+      set_error((std::string("cannot write ") + path).c_str());
+      return -1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_cuda_snapshot");
+  }
+  return -1;
+}
+
+// CUDA: resets the caching allocator's peak statistics, or empties its cache.
+int memprof_cuda_control(int32_t index, int32_t what) {
+  try {
+    if (!g_cuda_loaded) {
+      set_error(("CUDA is not available: " + g_cuda_load_message).c_str());
+      return -1;
+    }
+    auto* alloc = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(c10::DeviceType::CUDA));
+    if (!alloc || !alloc->initialized()) {
+      set_error("the CUDA caching allocator is not initialized (no CUDA tensor yet)");
+      return -1;
+    }
+    if (what == 0) {
+      alloc->resetPeakStats(c10::DeviceIndex(index));
+    } else {
+      alloc->emptyCache();
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error("unknown C++ exception in memprof_cuda_control");
+  }
+  return -1;
+}
+
+// Copies the history's last min(len, capacity) events, oldest first, into out (up to
+// cap of them); returns how many were appended since the start (more than the ring's
+// capacity: the oldest were overwritten).
+uint64_t memprof_read_history(HistEvent* out, uint64_t cap) {
+  const uint64_t len = g_hist_len.load(std::memory_order_acquire);
+  const uint64_t ring = g_hist_cap.load();
+  if (!g_hist || ring == 0 || !out) {
+    return len;
+  }
+  const uint64_t n = len < ring ? len : ring;
+  const uint64_t first = len - n;
+  const uint64_t c = n < cap ? n : cap;
+  for (uint64_t k = 0; k < c; ++k) {
+    out[k] = g_hist[(first + k) % ring];
+  }
+  return len;
 }
 
 // ---------------------------------------------------------------------------------

@@ -1,0 +1,37 @@
+//! The CUDA caching allocator, explicitly: statistics, peak reset, emptying the cache.
+//! The profiler itself never calls `reset_peak_stats` or `empty_cache` (it does not
+//! change the run); these are for the user to call where they choose. Without CUDA every
+//! function returns an error that says why (no driver, a CPU-only libtorch, no CUDA
+//! tensor yet), never a crash.
+
+use crate::error::Result;
+use crate::ffi;
+pub use crate::ffi::CudaStats;
+
+/// The caching allocator's statistics of `cuda:index` (aggregate pool): allocated,
+/// reserved, active and requested bytes, current and peak; allocation retries; OOMs;
+/// free and total device memory.
+pub fn stats(index: usize) -> Result<CudaStats> {
+    ffi::cuda_stats(index)
+}
+
+/// Resets the peak counters of `cuda:index` (what `torch.cuda.reset_peak_memory_stats`
+/// does): the next peaks start from the current values.
+pub fn reset_peak_stats(index: usize) -> Result<()> {
+    ffi::cuda_reset_peaks(index)
+}
+
+/// Returns the caching allocator's unused cached blocks to the driver (what
+/// `torch.cuda.empty_cache` does). Reserved memory drops; allocated does not change.
+pub fn empty_cache() -> Result<()> {
+    ffi::cuda_empty_cache()
+}
+
+/// Statistics of every CUDA device whose allocator holds memory, with its index.
+pub fn devices_in_use() -> Vec<(usize, CudaStats)> {
+    let n = tch::Cuda::device_count().max(0) as usize;
+    (0..n)
+        .filter_map(|i| ffi::cuda_stats(i).ok().map(|s| (i, s)))
+        .filter(|(_, s)| s.reserved_current > 0)
+        .collect()
+}
