@@ -216,6 +216,7 @@ extern "C" {
     ) -> i32;
     fn memprof_autocast_exit(device_type: i32, prev: *const Autocast) -> i32;
     fn memprof_history(on: i32, max_entries: u64) -> i32;
+    fn memprof_set_oom_callback(cb: Option<OomCallback>) -> i32;
     fn memprof_read_history(out: *mut HistEvent, cap: u64) -> u64;
     fn memprof_cuda_history(on: i32, max_entries: i64) -> i32;
     fn memprof_cuda_snapshot(path: *const c_char) -> i32;
@@ -484,4 +485,14 @@ pub(crate) fn cuda_reset_peaks(index: usize) -> Result<()> {
 pub(crate) fn cuda_empty_cache() -> Result<()> {
     // SAFETY: plain call; fails softly without CUDA.
     check(unsafe { memprof_cuda_control(0, 1) })
+}
+
+/// Called by the native layer when an allocation fails, before the error is raised:
+/// `(device slot, requested bytes, allocated bytes, reserved bytes (CUDA; 0 on the CPU))`.
+pub(crate) type OomCallback = extern "C" fn(i32, i64, i64, i64);
+
+/// Sets or clears the out-of-memory report writer.
+pub(crate) fn set_oom_callback(cb: Option<OomCallback>) {
+    // SAFETY: a plain store of a function pointer (or null) that lives for the program.
+    unsafe { memprof_set_oom_callback(cb) };
 }

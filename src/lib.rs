@@ -167,6 +167,7 @@ mod ffi;
 pub mod format;
 mod fs;
 mod leaks;
+mod oom;
 mod optimize;
 mod plot;
 mod profiler;
@@ -181,6 +182,7 @@ pub use ffi::CudaStats;
 pub use leaks::{
     LeakGroup, LeakPattern, LeakReport, DEFAULT_LEAK_THRESHOLD, DEFAULT_WARMUP_EPOCHS,
 };
+pub use oom::{OomBlock, OomReport};
 pub use optimize::{autocast, Checkpointed};
 pub use profiler::{cuda_status, MemoryProfiler, MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
 pub use stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableStats};

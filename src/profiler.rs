@@ -1,7 +1,7 @@
 //! The profiler a training loop drives: `record_stats` after each iteration,
 //! `epoch_end` after each epoch.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -18,6 +18,7 @@ use crate::csv_report::{self, CsvReport};
 use crate::error::{Error, Result};
 use crate::ffi::{self, LogEvent};
 use crate::leaks::{LeakHunter, LeakReport};
+use crate::oom::OomReport;
 use crate::report::{Report, TerminalReport};
 use crate::stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableStats};
 use crate::timeline::StepProfile;
@@ -192,6 +193,10 @@ impl MemoryProfilerBuilder {
             None
         };
 
+        let oom_stem = match &stem_for_timeline {
+            Some((_, stem)) => stem.clone(),
+            None => csv_report::run_stem(&self.csv_dir, start),
+        };
         if ACTIVE
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
@@ -245,6 +250,23 @@ impl MemoryProfilerBuilder {
         } else {
             None
         };
+
+        crate::oom::install(crate::oom::OomContext {
+            slot,
+            device: device_name(self.device),
+            dir: self.csv_dir.clone(),
+            stem: oom_stem,
+            print: self.print,
+            step: 1,
+            weights: HashSet::new(),
+            grads: HashSet::new(),
+            weights_by_layer: HashMap::new(),
+            weight_bytes: 0,
+            history_entries: 0,
+            count: 0,
+            last: None,
+            pending_allocator_snapshot: None,
+        });
 
         let mut csv_paths = Vec::new();
         let mut reports: Vec<Box<dyn Report>> = Vec::new();
@@ -446,6 +468,7 @@ impl MemoryProfiler {
     /// iteration, and starts the next one. Call it once per iteration, after the
     /// optimizer step.
     pub fn record_stats(&mut self) {
+        self.write_owed_oom_snapshot();
         let outcome = catch_unwind(AssertUnwindSafe(|| self.try_record_stats()));
         self.absorb("record_stats", outcome);
         // Whatever happened, the next iteration starts here.
@@ -492,6 +515,7 @@ impl MemoryProfiler {
     /// Ends the current epoch: prints its summary (peaks, change of live bytes since the
     /// previous epoch's end) and writes it to `<run>_epochs.csv`.
     pub fn epoch_end(&mut self) {
+        self.write_owed_oom_snapshot();
         let outcome = catch_unwind(AssertUnwindSafe(|| self.try_epoch_end()));
         self.absorb("epoch_end", outcome);
     }
@@ -673,6 +697,7 @@ impl MemoryProfiler {
         }
         ffi::history(true, max_entries as u64)?;
         self.history_entries = max_entries;
+        crate::oom::update(|c| c.history_entries = max_entries);
         if let Device::Cuda(_) = self.device {
             ffi::cuda_history(true, max_entries as u64)?;
         }
@@ -722,6 +747,26 @@ impl MemoryProfiler {
                 reason: "the CUDA allocator snapshot needs a CUDA VarStore".into(),
             }),
         }
+    }
+
+    /// CUDA: after an out-of-memory error, the caching allocator's own snapshot, which
+    /// cannot be taken inside its OOM path.
+    fn write_owed_oom_snapshot(&mut self) {
+        if let Some(path) = crate::oom::take_pending_allocator_snapshot() {
+            if let Err(e) = ffi::cuda_snapshot(&path) {
+                self.fail(
+                    "the CUDA allocator snapshot after an out-of-memory error",
+                    &e,
+                );
+            }
+        }
+    }
+
+    /// The report of the last out-of-memory error in this session (also printed,
+    /// logged and written as `<run>_oom<N>.txt` with a snapshot `<run>_oom<N>.pickle`
+    /// in the CSV folder, when it happened).
+    pub fn last_oom(&self) -> Option<OomReport> {
+        crate::oom::last()
     }
 
     /// What the leak hunt found at the last `epoch_end`: None when it found no suspect
@@ -847,6 +892,20 @@ impl MemoryProfiler {
         }
         drop(vars);
 
+        let next_step = self.step + 1;
+        crate::oom::update(|c| {
+            c.step = next_step;
+            c.weights = weight_blocks.iter().map(|b| b.base).collect();
+            c.grads = grad_blocks.iter().map(|b| b.base).collect();
+            c.weight_bytes = accounting::distinct_bytes(&weight_blocks);
+            c.weights_by_layer.clear();
+            for v in &variables {
+                *c.weights_by_layer
+                    .entry(crate::timeline::layer_of(&v.name))
+                    .or_default() += v.bytes;
+            }
+        });
+
         let weights = accounting::distinct_bytes(&weight_blocks);
         let buffers = accounting::distinct_bytes(&buffer_blocks);
         let gradients = accounting::distinct_bytes(&grad_blocks);
@@ -921,6 +980,7 @@ impl Drop for MemoryProfiler {
                 Err(_) => log::warn!("tch-memprof: writing the peak step timeline panicked"),
             }
         }
+        crate::oom::uninstall();
         if let Err(e) = ffi::stop() {
             log::warn!("tch-memprof: stopping the profiler failed: {e}");
         }

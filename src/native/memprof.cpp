@@ -561,6 +561,30 @@ inline void hist_append(int dev, uint64_t ptr, int64_t delta) {
 }
 
 // ---------------------------------------------------------------------------------
+// Out-of-memory hook: the Rust side's report writer, called when an allocation fails,
+// before the error is raised to the user's code. For CUDA it runs inside the caching
+// allocator's OOM path, holding its lock: the callback must not touch CUDA memory (it
+// reads the registry and writes files). One at a time; a failure inside it is dropped.
+
+using OomCallback = void (*)(int32_t slot, int64_t requested, int64_t allocated, int64_t reserved);
+std::atomic<OomCallback> g_oom_callback{nullptr};
+std::atomic<int> g_oom_busy{0};
+std::atomic<int64_t> g_ooms_reported{0};
+
+void fire_oom(int slot, int64_t requested, int64_t allocated, int64_t reserved) {
+  g_ooms_reported.fetch_add(1, std::memory_order_relaxed);
+  OomCallback cb = g_oom_callback.load(std::memory_order_acquire);
+  if (!cb || g_oom_busy.exchange(1) != 0) {
+    return;
+  }
+  try {
+    cb(slot, requested, allocated, reserved);
+  } catch (...) {
+  }
+  g_oom_busy.store(0);
+}
+
+// ---------------------------------------------------------------------------------
 // CPU: a wrapping allocator, installed at library load, process-wide.
 //
 // Each block has a header in front of the data (data == context, as c10 requires):
@@ -610,7 +634,13 @@ struct TrackingCpuAllocator final : public c10::Allocator {
     if (head < 64) {
       head = 64;
     }
-    void* base = c10::alloc_cpu(n + head);  // throws c10::Error on failure, like c10's
+    void* base = nullptr;
+    try {
+      base = c10::alloc_cpu(n + head);  // throws c10::Error on failure, like c10's
+    } catch (...) {
+      fire_oom(0, int64_t(n), g_dev[0].live.load(std::memory_order_relaxed), 0);
+      throw;
+    }
     void* data = static_cast<char*>(base) + head;
     uint64_t gp = phase_for_alloc();
     BlockHeader* h = header_of(data);
@@ -712,11 +742,15 @@ struct Reporter final : public c10::MemoryReportingInfoBase {
   }
 
   void reportOutOfMemory(
-      int64_t /*alloc_size*/,
-      size_t /*total_allocated*/,
-      size_t /*total_reserved*/,
-      c10::Device /*device*/) override {
+      int64_t alloc_size,
+      size_t total_allocated,
+      size_t total_reserved,
+      c10::Device device) override {
     g_cuda_ooms_seen.fetch_add(1, std::memory_order_relaxed);
+    if (device.type() == c10::DeviceType::CUDA && device.index() >= 0 &&
+        device.index() < kMaxCuda) {
+      fire_oom(1 + device.index(), alloc_size, int64_t(total_allocated), int64_t(total_reserved));
+    }
   }
 
   bool memoryProfilingEnabled() const override {
@@ -1779,6 +1813,12 @@ int memprof_registry(MpRegistry* out) {
   out->entry_bytes = sizeof(RegEntry);
   out->on = g_origin_on.load() ? 1 : 0;
   out->pad = 0;
+  return 0;
+}
+
+// Sets (or clears, with null) the out-of-memory report writer.
+int memprof_set_oom_callback(OomCallback cb) {
+  g_oom_callback.store(cb, std::memory_order_release);
   return 0;
 }
 
