@@ -42,6 +42,32 @@ struct SummaryRow<'a> {
     other_bytes: u64,
     step: u64,
     backward_passes: u64,
+    // CUDA runs only (the columns are absent on the CPU): the caching allocator's own
+    // statistics of the profiled device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_allocated_bytes: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_peak_allocated_bytes: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_reserved_bytes: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_peak_reserved_bytes: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_active_bytes: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_peak_active_bytes: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_requested_bytes: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_peak_requested_bytes: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_alloc_retries: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_ooms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_device_free_bytes: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_device_total_bytes: Option<i64>,
 }
 
 /// A row of `<run>_parameters.csv`.
@@ -234,6 +260,18 @@ impl Report for CsvReport {
             other_bytes: s.other_bytes,
             step: s.step,
             backward_passes: s.backward_passes,
+            cuda_allocated_bytes: s.cuda.map(|c| c.allocated_current),
+            cuda_peak_allocated_bytes: s.cuda.map(|c| c.allocated_peak),
+            cuda_reserved_bytes: s.cuda.map(|c| c.reserved_current),
+            cuda_peak_reserved_bytes: s.cuda.map(|c| c.reserved_peak),
+            cuda_active_bytes: s.cuda.map(|c| c.active_current),
+            cuda_peak_active_bytes: s.cuda.map(|c| c.active_peak),
+            cuda_requested_bytes: s.cuda.map(|c| c.requested_current),
+            cuda_peak_requested_bytes: s.cuda.map(|c| c.requested_peak),
+            cuda_alloc_retries: s.cuda.map(|c| c.alloc_retries),
+            cuda_ooms: s.cuda.map(|c| c.ooms),
+            cuda_device_free_bytes: s.cuda.map(|c| c.free_bytes),
+            cuda_device_total_bytes: s.cuda.map(|c| c.total_bytes),
         };
         let mut first_error = self.summary.append(|w| w.serialize(&row)).err();
 
@@ -342,5 +380,85 @@ impl Report for CsvReport {
 
     fn name(&self) -> &'static str {
         "csv"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(device: &str, cuda: Option<crate::CudaStats>) -> IterationStats {
+        IterationStats {
+            epoch: 1,
+            iteration: 1,
+            step: 1,
+            device: device.into(),
+            allocated_bytes: 7,
+            peak_allocated_bytes: 8,
+            reserved_bytes: 9,
+            peak_reserved_bytes: 10,
+            weights_bytes: 0,
+            buffers_bytes: 0,
+            gradients_bytes: 0,
+            feature_maps_bytes: 0,
+            intermediate_gradients_bytes: 0,
+            intermediate_gradients_exact: true,
+            optimizer_state_bytes: 0,
+            other_bytes: 0,
+            backward_passes: 0,
+            variables: Vec::new(),
+            cuda,
+            cuda_devices: Vec::new(),
+        }
+    }
+
+    fn summary(s: &IterationStats) -> (Vec<String>, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = CsvReport::new(dir.path(), "run", false);
+        r.iteration(s).unwrap();
+        let mut rd = csv::Reader::from_path(dir.path().join("run_summary.csv")).unwrap();
+        let h = rd.headers().unwrap().iter().map(String::from).collect();
+        let row = rd.records().next().unwrap().unwrap();
+        (h, row.iter().map(String::from).collect())
+    }
+
+    #[test]
+    fn cuda_runs_add_the_allocator_columns_and_cpu_runs_do_not() {
+        let (h, _) = summary(&stats("cpu", None));
+        assert_eq!(h.last().unwrap(), "backward_passes");
+        assert!(!h.iter().any(|c| c.starts_with("cuda_")));
+
+        let c = crate::report::tests::cuda_stats(1 << 20);
+        let (h, row) = summary(&stats("cuda:0", Some(c)));
+        let cuda: Vec<&str> = h
+            .iter()
+            .map(String::as_str)
+            .filter(|c| c.starts_with("cuda_"))
+            .collect();
+        assert_eq!(
+            cuda,
+            [
+                "cuda_allocated_bytes",
+                "cuda_peak_allocated_bytes",
+                "cuda_reserved_bytes",
+                "cuda_peak_reserved_bytes",
+                "cuda_active_bytes",
+                "cuda_peak_active_bytes",
+                "cuda_requested_bytes",
+                "cuda_peak_requested_bytes",
+                "cuda_alloc_retries",
+                "cuda_ooms",
+                "cuda_device_free_bytes",
+                "cuda_device_total_bytes",
+            ]
+        );
+        let at = |name: &str| row[h.iter().position(|c| c == name).unwrap()].clone();
+        assert_eq!(at("cuda_reserved_bytes"), (4 << 20).to_string());
+        assert_eq!(
+            at("cuda_peak_requested_bytes"),
+            ((2 << 20) - 100).to_string()
+        );
+        assert_eq!(at("cuda_ooms"), "1");
+        assert_eq!(h.len(), row.len());
     }
 }

@@ -966,6 +966,10 @@ impl MemoryProfiler {
             backward_passes: state.backward_passes.max(0) as u64,
             variables,
             cuda,
+            cuda_devices: match self.device {
+                Device::Cuda(_) => crate::cuda::devices_in_use(),
+                _ => Vec::new(),
+            },
         })
     }
 }

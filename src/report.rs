@@ -249,11 +249,57 @@ pub(crate) fn render_iteration(s: &IterationStats, top: usize) -> String {
         "\ntch-memprof · epoch {} · iteration {} (step {}) · {}\n{t}\n",
         s.epoch, s.iteration, s.step, s.device
     );
+    if !s.cuda_devices.is_empty() {
+        out.push_str(&render_cuda(&s.cuda_devices));
+        out.push('\n');
+    }
     if top > 0 && !s.variables.is_empty() {
         out.push_str(&render_variables(s, top));
         out.push('\n');
     }
     out
+}
+
+/// The CUDA caching allocator's own statistics, one column pair per device.
+pub(crate) fn render_cuda(devices: &[(usize, crate::CudaStats)]) -> String {
+    let mut t = table();
+    let mut header = vec![Cell::new("CUDA allocator")];
+    for (i, _) in devices {
+        header.push(right(format!("cuda:{i} current")));
+        header.push(right("peak".into()));
+    }
+    t.set_header(header);
+    type Pick = fn(&crate::CudaStats) -> (i64, Option<i64>);
+    let rows: [(&str, Pick); 6] = [
+        ("allocated", |c| {
+            (c.allocated_current, Some(c.allocated_peak))
+        }),
+        ("reserved", |c| (c.reserved_current, Some(c.reserved_peak))),
+        ("active", |c| (c.active_current, Some(c.active_peak))),
+        ("requested", |c| {
+            (c.requested_current, Some(c.requested_peak))
+        }),
+        ("device free", |c| (c.free_bytes, None)),
+        ("device total", |c| (c.total_bytes, None)),
+    ];
+    for (label, pick) in rows {
+        let mut row = vec![Cell::new(label)];
+        for (_, c) in devices {
+            let (cur, peak) = pick(c);
+            row.push(right(format::bytes(cur.max(0) as u64)));
+            row.push(right(
+                peak.map_or(String::new(), |p| format::bytes(p.max(0) as u64)),
+            ));
+        }
+        t.add_row(row);
+    }
+    let mut counts = vec![Cell::new("alloc retries / OOMs")];
+    for (_, c) in devices {
+        counts.push(right(format!("{} / {}", c.alloc_retries, c.ooms)));
+        counts.push(right(String::new()));
+    }
+    t.add_row(counts);
+    t.to_string()
 }
 
 /// Largest variables first; the rest summed in one row.
@@ -383,7 +429,7 @@ pub(crate) fn render_leaks(r: &LeakReport) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::stats::VariableStats;
     use crate::timeline::{LayerProfile, UncountedOp};
@@ -457,7 +503,53 @@ mod tests {
             backward_passes: 1,
             variables,
             cuda: None,
+            cuda_devices: Vec::new(),
         }
+    }
+
+    pub(crate) fn cuda_stats(allocated: i64) -> crate::CudaStats {
+        crate::CudaStats {
+            allocated_current: allocated,
+            allocated_peak: 2 * allocated,
+            reserved_current: 4 * allocated,
+            reserved_peak: 8 * allocated,
+            active_current: allocated,
+            active_peak: 2 * allocated,
+            requested_current: allocated - 100,
+            requested_peak: 2 * allocated - 100,
+            alloc_retries: 3,
+            ooms: 1,
+            free_bytes: 1 << 30,
+            total_bytes: 80 << 30,
+        }
+    }
+
+    #[test]
+    fn cuda_runs_show_the_allocators_statistics_for_every_device_in_use() {
+        let mut s = stats(2);
+        s.device = "cuda:0".into();
+        s.cuda = Some(cuda_stats(1 << 20));
+        s.cuda_devices = vec![(0, cuda_stats(1 << 20)), (1, cuda_stats(2 << 20))];
+        let text = render_iteration(&s, 0);
+        for needle in [
+            "cuda:0 current",
+            "cuda:1 current",
+            "reserved (cached)",
+            "3 / 1",
+        ] {
+            assert!(text.contains(needle), "{needle:?} missing:\n{text}");
+        }
+        let cuda_table = &text[text.find("CUDA allocator").unwrap()..];
+        let reserved = cuda_table
+            .lines()
+            .find(|l| l.contains("│ reserved "))
+            .unwrap();
+        // cuda:0 reserved 4 MiB (peak 8), cuda:1 8 MiB (peak 16).
+        for v in ["4.00 MiB", "8.00 MiB", "16.00 MiB"] {
+            assert!(reserved.contains(v), "{v} missing: {reserved}");
+        }
+        assert!(text.contains("80.00 GiB"), "{text}");
+        assert!(!render_iteration(&stats(2), 0).contains("CUDA allocator"));
     }
 
     #[test]

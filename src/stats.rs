@@ -90,8 +90,11 @@ pub struct IterationStats {
     pub backward_passes: u64,
     /// Every variable, in VarStore order of names.
     pub variables: Vec<VariableStats>,
-    /// CUDA caching-allocator statistics, on CUDA runs.
+    /// CUDA caching-allocator statistics of the profiled device, on CUDA runs.
     pub cuda: Option<CudaStats>,
+    /// CUDA runs: the statistics of every CUDA device whose allocator holds memory
+    /// (index, statistics), the profiled one included.
+    pub cuda_devices: Vec<(usize, CudaStats)>,
 }
 
 /// Summary of one epoch, as printed by `epoch_end`.

@@ -46,3 +46,86 @@ fn cuda_fails_softly_without_a_gpu_and_matches_the_allocator_with_one() {
     }
     assert_eq!(p.failures(), 0);
 }
+
+/// The explicit allocator calls, snapshots and OOM forensics: soft failures without a
+/// GPU; with one, their effect on the allocator's counters, a CUDA snapshot, and an
+/// out-of-memory error provoked on purpose that is reported while the loop goes on.
+#[test]
+fn allocator_calls_snapshots_and_oom_on_cuda() {
+    if !tch::Cuda::is_available() {
+        for (what, r) in [
+            ("stats", tch_memprof::cuda::stats(0).map(|_| ())),
+            ("reset_peak_stats", tch_memprof::cuda::reset_peak_stats(0)),
+            ("empty_cache", tch_memprof::cuda::empty_cache()),
+        ] {
+            let e = r.expect_err(what).to_string();
+            assert!(e.contains("CUDA is not available"), "{what}: {e}");
+        }
+        assert!(tch_memprof::cuda::devices_in_use().is_empty());
+        let vs = nn::VarStore::new(Device::Cpu);
+        let p = MemoryProfiler::builder(&vs).print(false).build().unwrap();
+        let e = p.write_cuda_allocator_snapshot("x.pickle").unwrap_err();
+        assert!(e.to_string().contains("CUDA VarStore"), "{e}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Device::Cuda(0);
+    let vs = nn::VarStore::new(dev);
+    let net = nn::linear(vs.root() / "l1", 1024, 1024, Default::default());
+    let mut p = MemoryProfiler::builder(&vs)
+        .print(false)
+        .csv(true)
+        .csv_dir(dir.path())
+        .build()
+        .unwrap();
+    p.start_memory_history(100_000).unwrap();
+    let big = Tensor::zeros([64 << 20], (Kind::Float, dev)); // 256 MiB
+    drop(big);
+    let s = tch_memprof::cuda::stats(0).unwrap();
+    assert!(s.reserved_current >= s.allocated_current + (256 << 20));
+    tch_memprof::cuda::empty_cache().unwrap();
+    let after = tch_memprof::cuda::stats(0).unwrap();
+    assert!(
+        after.reserved_current < s.reserved_current,
+        "the cache was emptied"
+    );
+    assert_eq!(after.allocated_current, s.allocated_current);
+    tch_memprof::cuda::reset_peak_stats(0).unwrap();
+    let reset = tch_memprof::cuda::stats(0).unwrap();
+    assert_eq!(reset.allocated_peak, reset.allocated_current);
+
+    let x = Tensor::randn([256, 1024], (Kind::Float, dev));
+    let y = net.forward(&x);
+    let ours = dir.path().join("ours.pickle");
+    p.write_memory_snapshot(&ours).unwrap();
+    let theirs = dir.path().join("allocator.pickle");
+    p.write_cuda_allocator_snapshot(&theirs).unwrap();
+    assert!(std::fs::metadata(&ours).unwrap().len() > 0);
+    assert!(std::fs::metadata(&theirs).unwrap().len() > 0);
+
+    // Out of memory on purpose: twice the device's memory.
+    let total = tch_memprof::cuda::stats(0).unwrap().total_bytes;
+    let huge = Tensor::f_empty([total / 2], (Kind::Float, dev));
+    assert!(huge.is_err());
+    let r = p.last_oom().expect("OOM report");
+    assert_eq!(r.device, "cuda:0");
+    assert!(r.requested_bytes >= total as u64 * 2);
+    assert_eq!(
+        r.by_category.iter().map(|(_, b)| b).sum::<u64>(),
+        r.allocated_bytes
+    );
+    assert!(r.report_path.as_ref().is_some_and(|f| f.exists()));
+    assert!(r.snapshot_path.as_ref().is_some_and(|f| f.exists()));
+    drop((x, y));
+    p.record_stats(); // writes the allocator snapshot owed since the OOM
+    assert_eq!(p.failures(), 0);
+    let owed = std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .ends_with("_oom1_allocator.pickle")
+    });
+    assert!(owed, "the allocator snapshot after the OOM");
+    let last = p.last_stats().unwrap();
+    assert_eq!(last.cuda_devices[0].0, 0);
+    assert_eq!(last.cuda.unwrap().ooms, 1);
+}
