@@ -11,6 +11,8 @@
 //! - `--cache`: normalised input batches cached by batch id and never evicted.
 //!
 //! Options: `--epochs N` (default 4), `--iterations N` per epoch (default 20),
+//! `--snapshot PATH` (record the memory history and write a snapshot for PyTorch's
+//! memory viewer at the end),
 //! `--device cpu|cuda` (default cpu). Exits with status 1 when a requested leak was
 //! not named, or a clean run raised a suspect.
 
@@ -39,6 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     for a in std::env::args().skip(1) {
         let known = [
+            "--snapshot",
             "--graph",
             "--outputs",
             "--cache",
@@ -82,6 +85,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .top_variables(0)
         .csv(true)
         .build()?;
+    let snapshot = args::arg("--snapshot");
+    if snapshot.is_some() {
+        profiler.start_memory_history(1 << 20)?;
+    }
 
     let opts = (Kind::Float, device);
     let val_x = Tensor::randn([BATCH, IN], opts);
@@ -150,6 +157,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .find(|p| p.exists() && p.to_string_lossy().ends_with("_leaks.csv"))
     {
         println!("leak_hunt: suspects written to {}", p.display());
+    }
+    if let Some(path) = &snapshot {
+        // What is alive now, each block with the op and layer that made it: open it in
+        // https://pytorch.org/memory_viz.
+        profiler.write_memory_snapshot(path)?;
+        println!("leak_hunt: memory snapshot written to {path}");
+        if device.is_cuda() {
+            let allocator = format!("{path}.allocator.pickle");
+            profiler.write_cuda_allocator_snapshot(&allocator)?;
+            println!("leak_hunt: the CUDA allocator's snapshot written to {allocator}");
+        }
     }
     drop((val_total, history, batch_cache));
     if !ok {

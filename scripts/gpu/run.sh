@@ -24,6 +24,8 @@ step "optimizations on cuda" ./optimizations --device cuda --output out/comparis
 for leak in "" --graph --outputs --cache; do
   step "leak_hunt ${leak:-clean} on cuda" ./leak_hunt --device cuda $leak
 done
+mkdir -p out
+step "leak_hunt --graph with snapshots on cuda" ./leak_hunt --device cuda --graph --snapshot out/leak_graph.pickle
 step "snapshots open in torch.cuda._memory_viz" python3 viewer_check.py
 
 echo; echo "=== summary"
