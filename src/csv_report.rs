@@ -388,28 +388,10 @@ mod tests {
     use super::*;
 
     fn stats(device: &str, cuda: Option<crate::CudaStats>) -> IterationStats {
-        IterationStats {
-            epoch: 1,
-            iteration: 1,
-            step: 1,
-            device: device.into(),
-            allocated_bytes: 7,
-            peak_allocated_bytes: 8,
-            reserved_bytes: 9,
-            peak_reserved_bytes: 10,
-            weights_bytes: 0,
-            buffers_bytes: 0,
-            gradients_bytes: 0,
-            feature_maps_bytes: 0,
-            intermediate_gradients_bytes: 0,
-            intermediate_gradients_exact: true,
-            optimizer_state_bytes: 0,
-            other_bytes: 0,
-            backward_passes: 0,
-            variables: Vec::new(),
-            cuda,
-            cuda_devices: Vec::new(),
-        }
+        let mut s = crate::report::tests::stats(0);
+        s.device = device.into();
+        s.cuda = cuda;
+        s
     }
 
     fn summary(s: &IterationStats) -> (Vec<String>, Vec<String>) {

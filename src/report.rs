@@ -468,7 +468,8 @@ pub(crate) mod tests {
         );
     }
 
-    fn stats(n: u64) -> IterationStats {
+    /// An iteration of `n` variables (`layer1` a buffer), every other number 0.
+    pub(crate) fn stats(n: u64) -> IterationStats {
         let variables = (1..=n)
             .map(|i| VariableStats {
                 name: format!("layer{i}.weight"),

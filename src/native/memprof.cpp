@@ -82,6 +82,20 @@ void set_error(const char* what) {
   }
 }
 
+// Runs `body` (returning 0 or -1) with every exception turned into -1 and a message:
+// nothing crosses the C ABI.
+template <class F>
+int guarded(const char* what, F&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error((std::string("unknown C++ exception in ") + what).c_str());
+  }
+  return -1;
+}
+
 // ---------------------------------------------------------------------------------
 // Generation slots.
 
@@ -1865,7 +1879,7 @@ void* cuda_symbol(const char* mangled) {
 }
 
 int memprof_cuda_history(int32_t on, int64_t max_entries) {
-  try {
+  return guarded("memprof_cuda_history", [&]() -> int {
     auto f = reinterpret_cast<RecordHistoryFn>(cuda_symbol(
         "_ZN5torch4cuda22_record_memory_historyEbblbbbbbRKSt6vectorINSt7__cxx1112basic_"
         "stringIcSt11char_traitsIcESaIcEEESaIS7_EE"));
@@ -1877,17 +1891,12 @@ int memprof_cuda_history(int32_t on, int64_t max_entries) {
     // globalRecordAllocations, skip_actions.
     f(on != 0, on != 0, max_entries, on != 0, false, on != 0, false, false, {});
     return 0;
-  } catch (const std::exception& e) {
-    set_error(e.what());
-  } catch (...) {
-    set_error("unknown C++ exception in memprof_cuda_history");
-  }
-  return -1;
+  });
 }
 
 // Writes the caching allocator's snapshot (the pickle memory_viz reads) to `path`.
 int memprof_cuda_snapshot(const char* path) {
-  try {
+  return guarded("memprof_cuda_snapshot", [&]() -> int {
     auto f = reinterpret_cast<SnapshotFn>(
         cuda_symbol("_ZN5torch4cuda24_memory_snapshot_pickledB5cxx11Ev"));
     if (!f) {
@@ -1906,17 +1915,12 @@ int memprof_cuda_snapshot(const char* path) {
       return -1;
     }
     return 0;
-  } catch (const std::exception& e) {
-    set_error(e.what());
-  } catch (...) {
-    set_error("unknown C++ exception in memprof_cuda_snapshot");
-  }
-  return -1;
+  });
 }
 
 // CUDA: resets the caching allocator's peak statistics, or empties its cache.
 int memprof_cuda_control(int32_t index, int32_t what) {
-  try {
+  return guarded("memprof_cuda_control", [&]() -> int {
     if (!g_cuda_loaded) {
       set_error(("CUDA is not available: " + g_cuda_load_message).c_str());
       return -1;
@@ -1932,12 +1936,7 @@ int memprof_cuda_control(int32_t index, int32_t what) {
       alloc->emptyCache();
     }
     return 0;
-  } catch (const std::exception& e) {
-    set_error(e.what());
-  } catch (...) {
-    set_error("unknown C++ exception in memprof_cuda_control");
-  }
-  return -1;
+  });
 }
 
 // Copies the history's last min(len, capacity) events, oldest first, into out (up to
@@ -1973,7 +1972,7 @@ struct MpAutocast {
 // Turns autocast on (or off) for a device type with `dtype`, remembering the previous
 // state in *prev for memprof_autocast_exit.
 int memprof_autocast_enter(int32_t device_type, int32_t enabled, int32_t dtype, MpAutocast* prev) {
-  try {
+  return guarded("memprof_autocast_enter", [&]() -> int {
     const auto dt = autocast_device(device_type);
     prev->enabled = at::autocast::is_autocast_enabled(dt) ? 1 : 0;
     prev->dtype = int32_t(at::autocast::get_autocast_dtype(dt));
@@ -1983,16 +1982,11 @@ int memprof_autocast_enter(int32_t device_type, int32_t enabled, int32_t dtype, 
     }
     at::autocast::increment_nesting();
     return 0;
-  } catch (const std::exception& e) {
-    set_error(e.what());
-  } catch (...) {
-    set_error("unknown C++ exception in memprof_autocast_enter");
-  }
-  return -1;
+  });
 }
 
 int memprof_autocast_exit(int32_t device_type, const MpAutocast* prev) {
-  try {
+  return guarded("memprof_autocast_exit", [&]() -> int {
     const auto dt = autocast_device(device_type);
     if (at::autocast::decrement_nesting() == 0) {
       at::autocast::clear_cache();  // the cached low-precision copies of the weights
@@ -2000,12 +1994,7 @@ int memprof_autocast_exit(int32_t device_type, const MpAutocast* prev) {
     at::autocast::set_autocast_enabled(dt, prev->enabled != 0);
     at::autocast::set_autocast_dtype(dt, c10::ScalarType(prev->dtype));
     return 0;
-  } catch (const std::exception& e) {
-    set_error(e.what());
-  } catch (...) {
-    set_error("unknown C++ exception in memprof_autocast_exit");
-  }
-  return -1;
+  });
 }
 
 }  // extern "C"
@@ -2025,32 +2014,22 @@ extern "C" {
 // The default generator's state as a new tensor handle (an at::Tensor*, owned by the
 // caller as tch owns its tensors).
 int memprof_rng_get(int32_t device_type, int32_t index, void** out) {
-  try {
+  return guarded("memprof_rng_get", [&]() -> int {
     *out = nullptr;
     at::Generator gen = default_generator(device_type, index);
     std::lock_guard<std::mutex> lock(gen.mutex());
     *out = new at::Tensor(gen.get_state());
     return 0;
-  } catch (const std::exception& e) {
-    set_error(e.what());
-  } catch (...) {
-    set_error("unknown C++ exception in memprof_rng_get");
-  }
-  return -1;
+  });
 }
 
 int memprof_rng_set(int32_t device_type, int32_t index, const void* state) {
-  try {
+  return guarded("memprof_rng_set", [&]() -> int {
     at::Generator gen = default_generator(device_type, index);
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(*static_cast<const at::Tensor*>(state));
     return 0;
-  } catch (const std::exception& e) {
-    set_error(e.what());
-  } catch (...) {
-    set_error("unknown C++ exception in memprof_rng_set");
-  }
-  return -1;
+  });
 }
 
 }  // extern "C"
