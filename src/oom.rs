@@ -184,6 +184,14 @@ pub(crate) extern "C" fn on_oom(slot: i32, requested: i64, allocated: i64, reser
         if slot < 0 || slot as usize != ctx.slot {
             return;
         }
+        // When the process itself is out of memory, writing the report needs memory
+        // too: go on only if what it needs (the live-block list and some text) can be
+        // had, rather than abort the process on a failed allocation.
+        let live = ffi::registry().live.max(0) as usize;
+        let need = live * std::mem::size_of::<LiveBlock>() * 2 + (4 << 20);
+        if Vec::<u8>::new().try_reserve(need).is_err() {
+            return;
+        }
         let report = build(ctx, requested, allocated, (slot > 0).then_some(reserved));
         log::error!(
             "tch-memprof: out of memory on {} ({} requested, {} allocated); report: {}",
