@@ -45,29 +45,29 @@ struct SummaryRow<'a> {
     // CUDA runs only (the columns are absent on the CPU): the caching allocator's own
     // statistics of the profiled device.
     #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_allocated_bytes: Option<i64>,
+    cuda_allocated_bytes: Option<Option<i64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_peak_allocated_bytes: Option<i64>,
+    cuda_peak_allocated_bytes: Option<Option<i64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_reserved_bytes: Option<i64>,
+    cuda_reserved_bytes: Option<Option<i64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_peak_reserved_bytes: Option<i64>,
+    cuda_peak_reserved_bytes: Option<Option<i64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_active_bytes: Option<i64>,
+    cuda_active_bytes: Option<Option<i64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_peak_active_bytes: Option<i64>,
+    cuda_peak_active_bytes: Option<Option<i64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_requested_bytes: Option<i64>,
+    cuda_requested_bytes: Option<Option<i64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_peak_requested_bytes: Option<i64>,
+    cuda_peak_requested_bytes: Option<Option<i64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_alloc_retries: Option<i64>,
+    cuda_alloc_retries: Option<Option<i64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_ooms: Option<i64>,
+    cuda_ooms: Option<Option<i64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_device_free_bytes: Option<i64>,
+    cuda_device_free_bytes: Option<Option<i64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_device_total_bytes: Option<i64>,
+    cuda_device_total_bytes: Option<Option<i64>>,
 }
 
 /// A row of `<run>_parameters.csv`.
@@ -242,6 +242,10 @@ fn now() -> String {
 impl Report for CsvReport {
     fn iteration(&mut self, s: &IterationStats) -> Result<()> {
         let ts = now();
+        // CUDA runs always have the columns (empty where the statistics could not be
+        // read), so that every row of the file has the same fields.
+        let on_cuda = s.device.starts_with("cuda");
+        let cuda = |f: fn(&crate::CudaStats) -> i64| on_cuda.then(|| s.cuda.as_ref().map(f));
         let row = SummaryRow {
             timestamp: &ts,
             epoch: s.epoch,
@@ -260,18 +264,18 @@ impl Report for CsvReport {
             other_bytes: s.other_bytes,
             step: s.step,
             backward_passes: s.backward_passes,
-            cuda_allocated_bytes: s.cuda.map(|c| c.allocated_current),
-            cuda_peak_allocated_bytes: s.cuda.map(|c| c.allocated_peak),
-            cuda_reserved_bytes: s.cuda.map(|c| c.reserved_current),
-            cuda_peak_reserved_bytes: s.cuda.map(|c| c.reserved_peak),
-            cuda_active_bytes: s.cuda.map(|c| c.active_current),
-            cuda_peak_active_bytes: s.cuda.map(|c| c.active_peak),
-            cuda_requested_bytes: s.cuda.map(|c| c.requested_current),
-            cuda_peak_requested_bytes: s.cuda.map(|c| c.requested_peak),
-            cuda_alloc_retries: s.cuda.map(|c| c.alloc_retries),
-            cuda_ooms: s.cuda.map(|c| c.ooms),
-            cuda_device_free_bytes: s.cuda.map(|c| c.free_bytes),
-            cuda_device_total_bytes: s.cuda.map(|c| c.total_bytes),
+            cuda_allocated_bytes: cuda(|c| c.allocated_current),
+            cuda_peak_allocated_bytes: cuda(|c| c.allocated_peak),
+            cuda_reserved_bytes: cuda(|c| c.reserved_current),
+            cuda_peak_reserved_bytes: cuda(|c| c.reserved_peak),
+            cuda_active_bytes: cuda(|c| c.active_current),
+            cuda_peak_active_bytes: cuda(|c| c.active_peak),
+            cuda_requested_bytes: cuda(|c| c.requested_current),
+            cuda_peak_requested_bytes: cuda(|c| c.requested_peak),
+            cuda_alloc_retries: cuda(|c| c.alloc_retries),
+            cuda_ooms: cuda(|c| c.ooms),
+            cuda_device_free_bytes: cuda(|c| c.free_bytes),
+            cuda_device_total_bytes: cuda(|c| c.total_bytes),
         };
         let mut first_error = self.summary.append(|w| w.serialize(&row)).err();
 
@@ -442,5 +446,10 @@ mod tests {
         );
         assert_eq!(at("cuda_ooms"), "1");
         assert_eq!(h.len(), row.len());
+
+        // Statistics that could not be read: the same columns, empty.
+        let (h2, row2) = summary(&stats("cuda:0", None));
+        assert_eq!(h2, h);
+        assert_eq!(row2[h2.iter().position(|c| c == "cuda_ooms").unwrap()], "");
     }
 }
