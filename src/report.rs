@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use comfy_table::presets::UTF8_FULL_CONDENSED;
-use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
+use comfy_table::{Cell, CellAlignment, ColumnConstraint, ContentArrangement, Table, Width};
 
 use crate::error::Result;
 use crate::format;
@@ -382,12 +382,18 @@ pub(crate) fn render_epoch(e: &EpochStats) -> String {
 
 /// The terminal report of a leak hunt: the suspects and, if recognised, what they mean.
 pub(crate) fn render_leaks(r: &LeakReport) -> String {
-    let mut out = format!(
-        "LEAK SUSPECTS at the end of epoch {}: memory outside weights and gradients grew by \
-         {} since the previous epoch end\n",
-        r.epoch,
-        format::signed_bytes(r.growth_bytes)
+    let mut t = table();
+    let width = t.width().map_or(100, usize::from).clamp(40, 100);
+    let mut out = textwrap::fill(
+        &format!(
+            "LEAK SUSPECTS at the end of epoch {}: memory outside weights and gradients grew \
+             by {} since the previous epoch end",
+            r.epoch,
+            format::signed_bytes(r.growth_bytes)
+        ),
+        width,
     );
+    out.push('\n');
     if !r.complete {
         out.push_str(
             "  warning: more blocks were live than the registry holds; groups are incomplete\n",
@@ -398,21 +404,24 @@ pub(crate) fn render_leaks(r: &LeakReport) -> String {
     }
     if !r.suspects.is_empty() {
         out.push_str("  live blocks by origin, largest growth first\n");
-        let mut t = table();
         t.set_header(vec![
-            Cell::new("op"),
-            Cell::new("phase"),
-            Cell::new("layer"),
-            Cell::new("iterations"),
+            Cell::new("op\n(phase, layer)"),
+            Cell::new("iters"),
             right("blocks".into()),
             right("bytes".into()),
             right("growth".into()),
         ]);
+        // Op names and counts stay whole on a narrow terminal; units may go to the next
+        // line, and so may the layer.
+        let longest_op = r.suspects.iter().map(|g| g.op.len()).max().unwrap_or(2);
+        t.set_constraints(vec![
+            ColumnConstraint::LowerBoundary(Width::Fixed(longest_op.min(40) as u16 + 2)),
+            ColumnConstraint::ContentWidth,
+            ColumnConstraint::ContentWidth,
+        ]);
         for g in &r.suspects {
             t.add_row(vec![
-                Cell::new(&g.op),
-                Cell::new(g.phase.name()),
-                Cell::new(&g.layer),
+                Cell::new(format!("{}\n({}, {})", g.op, g.phase.name(), g.layer)),
                 Cell::new(format!("{}..={}", g.first_iteration, g.last_iteration)),
                 right(g.count.to_string()),
                 right(format::bytes(g.bytes)),
@@ -423,7 +432,12 @@ pub(crate) fn render_leaks(r: &LeakReport) -> String {
         out.push('\n');
     }
     if let Some(p) = r.pattern {
-        out.push_str(&format!("  what it looks like: {}\n", p.explanation()));
+        let text = format!("what it looks like: {}", p.explanation());
+        let opts = textwrap::Options::new(width)
+            .initial_indent("  ")
+            .subsequent_indent("  ");
+        out.push_str(&textwrap::fill(&text, opts));
+        out.push('\n');
     }
     out
 }
