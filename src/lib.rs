@@ -118,6 +118,15 @@
 //! [`MemoryProfiler::assert_budget`] checks them against a [`Budget`] in a `#[test]` and
 //! fails with the largest consumers by category and layer.
 //!
+//! ## CUDA allocator, snapshots, out-of-memory reports
+//!
+//! On CUDA runs each report adds the caching allocator's statistics of every device in
+//! use; [`cuda`] has the explicit calls (statistics, `reset_peak_stats`, `empty_cache`).
+//! [`MemoryProfiler::start_memory_history`] and [`MemoryProfiler::write_memory_snapshot`]
+//! write snapshots that PyTorch's memory viewer opens, on the CPU as on CUDA. When an
+//! allocation fails, the profiler writes a report and a snapshot before the error reaches
+//! the loop ([`OomReport`], [`MemoryProfiler::last_oom`]).
+//!
 //! ## Memory optimizations
 //!
 //! [`Checkpointed`] trains a chain of segments with gradient checkpointing (recomputed
