@@ -8,7 +8,10 @@
 //!
 //! Options (after `--`): `--iterations N` (default 100000).
 
-use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use tch::{nn, nn::OptimizerConfig, Device};
 
 fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -32,10 +35,7 @@ fn main() {
         .unwrap_or(100_000);
     tch::set_num_threads(1);
     let vs = nn::VarStore::new(Device::Cpu);
-    let net = nn::seq()
-        .add(nn::linear(vs.root() / "l1", 16, 32, Default::default()))
-        .add_fn(|x| x.relu())
-        .add(nn::linear(vs.root() / "l2", 32, 4, Default::default()));
+    let net = common::tiny_mlp(&vs);
     let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
     let mut profiler = tch_memprof::MemoryProfiler::builder(&vs)
         .print(false)
@@ -48,10 +48,7 @@ fn main() {
     );
     let t0 = std::time::Instant::now();
     for i in 1..=iterations {
-        let x = Tensor::randn([8, 16], (Kind::Float, Device::Cpu));
-        let y = Tensor::randint(4, [8], (Kind::Int64, Device::Cpu));
-        let loss = net.forward(&x).cross_entropy_for_logits(&y);
-        opt.backward_step(&loss);
+        common::tiny_step(&net, &mut opt);
         profiler.record_stats();
         if i % 1_000 == 0 {
             profiler.epoch_end();

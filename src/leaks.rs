@@ -313,17 +313,9 @@ impl LeakHunter {
                 let a = now[k];
                 let p = prev.get(k).copied().unwrap_or_default();
                 LeakGroup {
-                    op: if k.0 < 0 {
-                        "(no op)".into()
-                    } else {
-                        self.names.get(k.0)
-                    },
+                    op: self.names.op(k.0),
                     phase: Phase::from_native(k.1),
-                    layer: if k.2 < 0 {
-                        "(none)".into()
-                    } else {
-                        self.names.get(k.2)
-                    },
+                    layer: self.names.layer(k.2),
                     first_iteration: a.first as u64,
                     last_iteration: a.last as u64,
                     count: a.count,

@@ -243,11 +243,7 @@ fn build(ctx: &mut OomContext, requested: i64, allocated: i64, reserved: Option<
         if c == "weights" {
             registered_weights += bytes; // counted in weights_by_layer already
         } else {
-            let layer = if b.layer < 0 {
-                "(none)".to_string()
-            } else {
-                names.get(b.layer)
-            };
+            let layer = names.layer(b.layer);
             *by_layer.entry(layer).or_default() += bytes;
         }
     }
@@ -280,17 +276,9 @@ fn build(ctx: &mut OomContext, requested: i64, allocated: i64, reserved: Option<
         .iter()
         .take(10)
         .map(|b| OomBlock {
-            op: if b.op < 0 {
-                "(no op)".into()
-            } else {
-                names.get(b.op)
-            },
+            op: names.op(b.op),
             phase: Phase::from_native(b.phase),
-            layer: if b.layer < 0 {
-                "(none)".into()
-            } else {
-                names.get(b.layer)
-            },
+            layer: names.layer(b.layer),
             iteration: b.iter as u64,
             bytes: b.size.max(0) as u64,
             category: category(b).to_string(),

@@ -70,16 +70,8 @@ struct Snapshot {
 
 fn frame(names: &mut Names, op: i32, layer: i32, line: i64) -> Frame {
     Frame {
-        name: if op < 0 {
-            "(no op)".into()
-        } else {
-            names.get(op)
-        },
-        filename: if layer < 0 {
-            "(none)".into()
-        } else {
-            names.get(layer)
-        },
+        name: names.op(op),
+        filename: names.layer(layer),
         line,
     }
 }

@@ -319,6 +319,24 @@ impl Names {
             .or_insert_with(|| ffi::name(id).unwrap_or_else(|| "?".into()))
             .clone()
     }
+
+    /// The op named by a block's origin: `(no op)` for -1 (born outside any op).
+    pub(crate) fn op(&mut self, id: i32) -> String {
+        if id < 0 {
+            "(no op)".into()
+        } else {
+            self.get(id)
+        }
+    }
+
+    /// The layer named by a block's origin: `(none)` for -1 (unknown).
+    pub(crate) fn layer(&mut self, id: i32) -> String {
+        if id < 0 {
+            NONE_LAYER.into()
+        } else {
+            self.get(id)
+        }
+    }
 }
 
 /// Whether generation `gen` is at or after `start` (32-bit wrap-aware).

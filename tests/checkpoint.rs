@@ -366,3 +366,40 @@ fn checkpointing_and_bf16_together_cut_the_peak_by_more_than_30_percent() {
     );
     assert!(ckpt < base);
 }
+
+/// The replay of the random generator is what makes dropout segments right: without it
+/// the recomputation draws other masks and the gradients differ from the plain run's.
+#[test]
+fn without_rng_replay_dropout_gradients_differ() {
+    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    tch::manual_seed(3);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let bl = noisy_blocks(&vs);
+    let model = bl
+        .iter()
+        .fold(Checkpointed::new(&vs), |c, b| {
+            c.segment(move |x, train| b.forward_t(x, train))
+        })
+        .preserve_rng(false);
+    let x = Tensor::randn([B, D], (Kind::Float, Device::Cpu));
+    let y = Tensor::randint(D, [B], (Kind::Int64, Device::Cpu));
+    tch::manual_seed(42);
+    let loss = model
+        .forward_t(&x, true)
+        .unwrap()
+        .cross_entropy_for_logits(&y);
+    loss.backward();
+    let plain = grads(&vs);
+    zero_grads(&vs);
+    tch::manual_seed(42);
+    let _loss = model
+        .forward_backward(&x, |out| out.cross_entropy_for_logits(&y))
+        .unwrap();
+    let worst = plain
+        .iter()
+        .zip(&grads(&vs))
+        .map(|((_, a), (_, b))| max_abs_diff(a, b) / a.abs().max().double_value(&[]).max(1e-30))
+        .fold(0.0, f64::max);
+    eprintln!("largest relative gradient difference without RNG replay: {worst:e}");
+    assert!(worst > 1e-3, "{worst:e}");
+}

@@ -1182,6 +1182,20 @@ void load_cuda() {
   g_cuda_load_message = "loaded " + path;
 }
 
+// Reserves address space for `n` T (zero-filled pages, touched only as they are
+// written; no swap reserved); null if the reservation fails.
+template <class T>
+T* reserve(size_t n) {
+  void* mem = mmap(
+      nullptr,
+      n * sizeof(T),
+      PROT_READ | PROT_WRITE,
+      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+      -1,
+      0);
+  return mem == MAP_FAILED ? nullptr : static_cast<T*>(mem);
+}
+
 // Runs at library load, before main and so before the user's model is built.
 struct Init {
   Init() {
@@ -1190,39 +1204,10 @@ struct Init {
       g_cuda_blocks = new std::unordered_map<uint64_t, CudaTag>();
     } catch (...) {
     }
-    void* mem = mmap(
-        nullptr,
-        kLogCapacity * sizeof(LogEvent),
-        PROT_READ | PROT_WRITE,
-        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-        -1,
-        0);
-    g_log = mem == MAP_FAILED ? nullptr : static_cast<LogEvent*>(mem);
-    void* tl = mmap(
-        nullptr,
-        kTlCapacity * sizeof(TlEvent),
-        PROT_READ | PROT_WRITE,
-        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-        -1,
-        0);
-    g_tl = tl == MAP_FAILED ? nullptr : static_cast<TlEvent*>(tl);
-    // Zero-filled pages: every entry starts free (ptr 0, next 0).
-    void* reg = mmap(
-        nullptr,
-        size_t(kRegCapacity) * sizeof(RegEntry),
-        PROT_READ | PROT_WRITE,
-        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-        -1,
-        0);
-    g_reg = reg == MAP_FAILED ? nullptr : static_cast<RegEntry*>(reg);
-    void* hist = mmap(
-        nullptr,
-        size_t(kHistMax) * sizeof(HistEvent),
-        PROT_READ | PROT_WRITE,
-        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-        -1,
-        0);
-    g_hist = hist == MAP_FAILED ? nullptr : static_cast<HistEvent*>(hist);
+    g_log = reserve<LogEvent>(kLogCapacity);
+    g_tl = reserve<TlEvent>(kTlCapacity);
+    g_reg = reserve<RegEntry>(kRegCapacity);  // zero pages: every entry starts free
+    g_hist = reserve<HistEvent>(kHistMax);
     try {
       g_params_all = std::make_unique<std::vector<std::unique_ptr<ParamTable>>>();
     } catch (...) {

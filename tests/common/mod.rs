@@ -74,3 +74,20 @@ pub fn train_step(net: &impl Module, opt: &mut nn::Optimizer) {
     loss.backward();
     opt.step();
 }
+
+/// The tiny model of the bounded-memory checks (test and bench):
+/// Linear(16->32) -> ReLU -> Linear(32->4).
+pub fn tiny_mlp(vs: &nn::VarStore) -> impl Module {
+    nn::seq()
+        .add(nn::linear(vs.root() / "l1", 16, 32, Default::default()))
+        .add_fn(|x| x.relu())
+        .add(nn::linear(vs.root() / "l2", 32, 4, Default::default()))
+}
+
+/// One optimizer step of the tiny model on a fresh batch of 8.
+pub fn tiny_step(net: &impl Module, opt: &mut nn::Optimizer) {
+    let x = Tensor::randn([8, 16], (Kind::Float, Device::Cpu));
+    let y = Tensor::randint(4, [8], (Kind::Int64, Device::Cpu));
+    let loss = net.forward(&x).cross_entropy_for_logits(&y);
+    opt.backward_step(&loss);
+}
