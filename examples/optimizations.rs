@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use tch::{nn, nn::ModuleT, nn::OptimizerConfig, Device, Kind, Tensor};
-use tch_memprof::{autocast, format, Checkpointed, MemoryProfiler};
+use tch_memprof::{autocast, Checkpointed, MemoryProfiler};
 
 const WARMUP: usize = 2;
 const CLASSES: i64 = 10;
@@ -185,13 +185,7 @@ fn train(
     }
     let peak_where = profiler
         .step_profile()
-        .map(|p| {
-            format!(
-                "{} during {}",
-                tch_memprof::format::bytes(p.peak.bytes),
-                p.peak.location()
-            )
-        })
+        .map(|p| format!("{} during {}", mib(p.peak.bytes), p.peak.location()))
         .unwrap_or_default();
     let mut sorted = times.clone();
     sorted.sort_by(|a, b| a.total_cmp(b));
@@ -245,8 +239,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "  {:<24} peak {:>11}  feature maps {:>11}  {:>8.1} ms/step",
             cfg.name,
-            format::bytes(m.peak_allocated),
-            format::bytes(m.feature_maps),
+            mib(m.peak_allocated),
+            mib(m.feature_maps),
             m.ms_per_step
         );
         results.push(m);
@@ -269,10 +263,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for m in &results {
         table.add_row(vec![
             m.config.name.to_string(),
-            format::bytes(m.peak_allocated),
+            mib(m.peak_allocated),
             pct(m.peak_allocated as f64, base.peak_allocated as f64),
-            format::bytes(m.feature_maps),
-            format::bytes(m.intermediate),
+            mib(m.feature_maps),
+            mib(m.intermediate),
             format!("{:.1}", m.ms_per_step),
             pct(m.ms_per_step, base.ms_per_step),
         ]);
@@ -311,11 +305,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "2. How much does checkpointing save? Peak allocated {} -> {} ({}), feature maps \
          {} -> {} ({}).",
-        format::bytes(base.peak_allocated),
-        format::bytes(ck.peak_allocated),
+        mib(base.peak_allocated),
+        mib(ck.peak_allocated),
         pct(ck.peak_allocated as f64, base.peak_allocated as f64),
-        format::bytes(base.feature_maps),
-        format::bytes(ck.feature_maps),
+        mib(base.feature_maps),
+        mib(ck.feature_maps),
         pct(ck.feature_maps as f64, base.feature_maps as f64),
     );
     println!(
@@ -340,4 +334,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if cut > 0.30 { "beyond" } else { "short of" }
     );
     Ok(())
+}
+
+/// Bytes in MiB with two decimals, as the table shows them.
+fn mib(bytes: u64) -> String {
+    format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
 }

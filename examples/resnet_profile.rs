@@ -58,7 +58,7 @@ fn write_summary(path: &Path, p: &StepProfile) -> std::io::Result<()> {
         f,
         "Peak reached during {} ({}, layer {}).",
         p.peak.op,
-        p.peak.phase.map_or("-", |ph| ph.name()),
+        p.peak.phase.map_or(tch_memprof::MISSING, |ph| ph.name()),
         p.peak.layer
     )?;
     writeln!(

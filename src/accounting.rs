@@ -30,10 +30,10 @@ pub fn intermediate_peak(events: &[LogEvent], device: u32, grads: &HashSet<u64>)
         .collect();
     let mut peak: i64 = 0;
     let mut running: i64 = 0;
-    let mut gen = None;
+    let mut pass = None;
     for (i, e) in events.iter().enumerate() {
-        if gen != Some(e.gen) {
-            gen = Some(e.gen);
+        if pass != Some(e.generation) {
+            pass = Some(e.generation);
             running = 0;
         }
         if grad_births.contains(&i) {
@@ -83,11 +83,11 @@ pub fn optimizer_state(optimizer_born_live: i64, weights_and_grads: &[BlockInfo]
 mod tests {
     use super::*;
 
-    fn ev(ptr: u64, delta: i64, gen: u32) -> LogEvent {
+    fn ev(ptr: u64, delta: i64, generation: u32) -> LogEvent {
         LogEvent {
             ptr,
             delta,
-            gen,
+            generation,
             device: 0,
         }
     }

@@ -17,8 +17,9 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::format;
+use crate::names::layer_of;
 use crate::stats::RunStats;
-use crate::timeline::{layer_of, LayerProfile};
+use crate::timeline::LayerProfile;
 
 /// Limits, in bytes, on the numbers of a run; unset limits are not checked.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -177,6 +178,7 @@ impl Budget {
 
 /// A limit that was exceeded.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Overrun {
     /// Which number (`peak allocated`, `feature maps`, ...).
     pub what: &'static str,
@@ -188,6 +190,7 @@ pub struct Overrun {
 
 /// Memory of one layer, for a budget's failure message.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LayerUse {
     /// Layer name (a VarStore path without its last component).
     pub layer: String,
@@ -207,6 +210,7 @@ impl LayerUse {
 
 /// Why a budget check failed: what went over, and the largest consumers.
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BudgetExceeded {
     /// The limits exceeded (empty when nothing was measured yet; see `note`).
     pub over: Vec<Overrun>,

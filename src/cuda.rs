@@ -8,6 +8,12 @@ use crate::error::Result;
 use crate::ffi;
 pub use crate::ffi::CudaStats;
 
+/// Whether CUDA is usable by the profiler, and if not, why (no driver, a CPU-only
+/// libtorch, no CUDA tensor allocated yet, ...).
+pub fn status() -> std::result::Result<(), String> {
+    ffi::cuda_stats(0).map(|_| ()).map_err(|e| e.to_string())
+}
+
 /// The caching allocator's statistics of `cuda:index` (aggregate pool): allocated,
 /// reserved, active and requested bytes, current and peak; allocation retries; OOMs;
 /// free and total device memory.

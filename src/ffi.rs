@@ -1,7 +1,13 @@
-//! The one seam to the native layer (`src/native/memprof.cpp`): every `extern "C"`
-//! declaration and every `unsafe` block of the crate lives here. The C++ side catches
-//! every exception and reports failure as a status plus a thread-local message, which
-//! this module turns into [`Error::Native`].
+//! The one seam to the native layer (`src/native/`): every `extern "C"` declaration
+//! and every `unsafe` block of the crate lives here. The contract is
+//! `src/native/memprof.h`; the structs below mirror it field for field, and build.rs
+//! turns the header's layout table into compile-time checks of their sizes, field
+//! offsets and the shared constants (`layout.rs`, included below), so a drift on
+//! either side fails the build.
+//!
+//! Every native function returns a status; a failure becomes [`Error::Native`] with
+//! the native layer's message. Nothing here panics.
+#![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_void};
 
@@ -9,12 +15,37 @@ use tch::Tensor;
 
 use crate::error::{Error, Result};
 
-/// Number of device slots: slot 0 is the CPU, slot `1 + i` is `cuda:i`.
-pub(crate) const MAX_DEVICES: usize = 17;
+/// Constants of the contract (`MP_*` in memprof.h).
+pub(crate) mod native {
+    pub const MAX_DEVICES: usize = 17;
+    pub const PHASE_FORWARD: u32 = 0;
+    pub const PHASE_BACKWARD: u32 = 1;
+    pub const PHASE_OPTIMIZER: u32 = 2;
+    pub const PHASE_IDLE: u32 = 3;
+    pub const EV_ALLOC: u8 = 1;
+    pub const EV_FREE: u8 = 2;
+    pub const EV_OP_BEGIN: u8 = 3;
+    pub const EV_OP_END: u8 = 4;
+    pub const EV_LINK: u8 = 5;
+    pub const EV_FLOPS: u8 = 6;
+    pub const EV_UNCOUNTED: u8 = 7;
+    pub const EV_PHASE: u8 = 8;
+    pub const DEVICE_CPU: i32 = 0;
+    pub const DEVICE_CUDA: i32 = 1;
+    pub const CUDA_RESET_PEAKS: i32 = 0;
+    pub const CUDA_EMPTY_CACHE: i32 = 1;
+}
+pub(crate) use native::MAX_DEVICES;
 
-/// The optimizer phase as the native layer numbers it (forward 0, backward 1).
-pub(crate) const PHASE_OPTIMIZER: u32 = 2;
+/// Kinds of step-log events (`TlEvent::kind`).
+pub(crate) mod ev {
+    pub use super::native::{
+        EV_ALLOC as ALLOC, EV_FLOPS as FLOPS, EV_FREE as FREE, EV_LINK as LINK,
+        EV_OP_BEGIN as OP_BEGIN, EV_OP_END as OP_END, EV_PHASE as PHASE, EV_UNCOUNTED as UNCOUNTED,
+    };
+}
 
+/// `MpDeviceStats`: the counters of one device slot.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct DeviceStats {
@@ -33,10 +64,11 @@ pub(crate) struct DeviceStats {
     pub reported_peak_reserved_run: i64,
 }
 
+/// `MpState`: the session's global state.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct State {
-    pub gen: u32,
+    pub generation: u32,
     pub phase: u32,
     pub active_backward: i64,
     pub backward_passes: i64,
@@ -46,19 +78,21 @@ pub(crate) struct State {
     pub cpu_installed: i32,
     pub cuda_loaded: i32,
     pub cuda_ooms_seen: i64,
+    pub hook_reentries: i64,
+    pub cuda_untracked: i64,
 }
 
-/// One birth (+size) or death (-size) of a block during backward.
+/// `MpLogEvent`: one birth (+size) or death (-size) of a block during backward.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct LogEvent {
     pub ptr: u64,
     pub delta: i64,
-    pub gen: u32,
+    pub generation: u32,
     pub device: u32,
 }
 
-/// The allocation behind a tensor's storage.
+/// `MpBlock`: the allocation behind a tensor's storage.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Block {
@@ -66,15 +100,32 @@ pub(crate) struct Block {
     pub device: i32,
     pub tracked: i32,
     pub phase: u32,
-    pub gen: u32,
+    pub generation: u32,
     pub pad: u32,
     pub base: u64,
     pub bytes: i64,
 }
 
+impl Block {
+    pub(crate) fn is_defined(&self) -> bool {
+        self.defined != 0
+    }
+    /// Whether the block's birth was seen on device `slot`.
+    pub(crate) fn tracked_on(&self, slot: usize) -> bool {
+        self.tracked != 0 && self.device == slot as i32
+    }
+    pub(crate) fn born_in_optimizer(&self) -> bool {
+        self.tracked != 0 && self.phase == native::PHASE_OPTIMIZER
+    }
+    pub(crate) fn size(&self) -> u64 {
+        self.bytes.max(0) as u64
+    }
+}
+
 /// CUDA caching-allocator statistics of one device (aggregate pool).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CudaStats {
     /// Bytes in blocks handed to tensors now.
     pub allocated_current: i64,
@@ -102,19 +153,8 @@ pub struct CudaStats {
     pub total_bytes: i64,
 }
 
-/// Kinds of step-log events (`TlEvent::kind`).
-pub(crate) mod ev {
-    pub const ALLOC: u8 = 1;
-    pub const FREE: u8 = 2;
-    pub const OP_BEGIN: u8 = 3;
-    pub const OP_END: u8 = 4;
-    pub const LINK: u8 = 5;
-    pub const FLOPS: u8 = 6;
-    pub const UNCOUNTED: u8 = 7;
-    pub const PHASE: u8 = 8;
-}
-
-/// One event of the step log; field meanings depend on `kind` (see memprof.cpp).
+/// `MpTlEvent`: one event of the step log; field meanings depend on `kind` (see
+/// memprof.h).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct TlEvent {
@@ -122,26 +162,27 @@ pub(crate) struct TlEvent {
     pub phase: u8,
     pub device: u8,
     pub pad: u8,
-    pub gen: u32,
+    pub generation: u32,
     pub op: i32,
     pub aux: i32,
     pub ptr: u64,
     pub value: i64,
 }
 
+/// `MpTimelineHeader`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct TimelineHeader {
     pub len: u64,
     pub capacity: u64,
-    pub start_gen: u32,
+    pub start_generation: u32,
     pub ops: i32,
     pub start_live: i64,
     pub on: i32,
     pub device: i32,
 }
 
-/// A live block of the registry (leak hunting).
+/// `MpLiveBlock`: a live block of the registry (leak hunting).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct LiveBlock {
@@ -158,7 +199,7 @@ pub(crate) struct LiveBlock {
     pub pad: u16,
 }
 
-/// The live-block registry's own size.
+/// `MpRegistry`: the live-block registry's own size.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Registry {
@@ -171,7 +212,7 @@ pub(crate) struct Registry {
     pub pad: i32,
 }
 
-/// One birth (+size) or death (-size) of the memory history.
+/// `MpHistEvent`: one birth (+size) or death (-size) of the memory history.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct HistEvent {
@@ -183,7 +224,7 @@ pub(crate) struct HistEvent {
     pub time_dev: u64,
 }
 
-/// Autocast state of one device type, to restore on exit.
+/// `MpAutocast`: autocast state of one device type, to restore on exit.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Autocast {
@@ -191,23 +232,37 @@ pub(crate) struct Autocast {
     pub dtype: i32,
 }
 
+// The compile-time layout checks generated from memprof.h.
+include!(concat!(env!("OUT_DIR"), "/layout.rs"));
+
+type OomCallback = extern "C" fn(*mut c_void, i32, i64, i64, i64);
+
 extern "C" {
-    fn memprof_last_error(buf: *mut c_char, len: usize) -> usize;
+    fn memprof_last_error(buf: *mut c_char, len: usize, needed: *mut usize) -> i32;
     fn memprof_start(want_cuda: i32, timeline_slot: i32, leaks: i32) -> i32;
     fn memprof_stop() -> i32;
     fn memprof_begin_iteration() -> i32;
     fn memprof_state(out: *mut State) -> i32;
     fn memprof_device_stats(slot: i32, out: *mut DeviceStats) -> i32;
-    fn memprof_read_log(out: *mut LogEvent, cap: u64) -> u64;
-    fn memprof_tensor_block(tensor: *const c_void, grad: i32, out: *mut Block) -> i32;
-    fn memprof_cuda_stats(index: i32, out: *mut CudaStats) -> i32;
-    fn memprof_timeline_header(out: *mut TimelineHeader) -> i32;
-    fn memprof_read_timeline(out: *mut TlEvent, cap: u64) -> u64;
-    fn memprof_name(id: i32, buf: *mut c_char, len: usize) -> i64;
-    fn memprof_intern(name: *const c_char) -> i32;
-    fn memprof_set_params(ptrs: *const u64, ids: *const i32, layers: *const i32, n: usize) -> i32;
-    fn memprof_live_blocks(slot: i32, out: *mut LiveBlock, cap: u64) -> u64;
     fn memprof_registry(out: *mut Registry) -> i32;
+    fn memprof_timeline_header(out: *mut TimelineHeader) -> i32;
+    fn memprof_read_log(out: *mut LogEvent, cap: u64, total: *mut u64) -> i32;
+    fn memprof_read_timeline(out: *mut TlEvent, cap: u64, total: *mut u64) -> i32;
+    fn memprof_read_history(out: *mut HistEvent, cap: u64, total: *mut u64, ring: *mut u64) -> i32;
+    fn memprof_live_blocks(slot: i32, out: *mut LiveBlock, cap: u64, n: *mut u64) -> i32;
+    fn memprof_tensor_block(tensor: *const c_void, grad: i32, out: *mut Block) -> i32;
+    fn memprof_name(id: i32, buf: *mut c_char, len: usize, name_len: *mut i64) -> i32;
+    fn memprof_intern(name: *const c_char, id: *mut i32) -> i32;
+    fn memprof_set_params(ptrs: *const u64, ids: *const i32, layers: *const i32, n: usize) -> i32;
+    fn memprof_scope_push(id: i32) -> i32;
+    fn memprof_scope_pop() -> i32;
+    fn memprof_history(on: i32, max_entries: u64) -> i32;
+    fn memprof_set_oom_callback(cb: Option<OomCallback>, ctx: *mut c_void) -> i32;
+    fn memprof_write_stdout(buf: *const c_char, len: usize) -> i32;
+    fn memprof_cuda_stats(index: i32, out: *mut CudaStats) -> i32;
+    fn memprof_cuda_history(on: i32, max_entries: i64) -> i32;
+    fn memprof_cuda_snapshot(path: *const c_char) -> i32;
+    fn memprof_cuda_control(index: i32, what: i32) -> i32;
     fn memprof_autocast_enter(
         device_type: i32,
         enabled: i32,
@@ -215,23 +270,18 @@ extern "C" {
         prev: *mut Autocast,
     ) -> i32;
     fn memprof_autocast_exit(device_type: i32, prev: *const Autocast) -> i32;
-    fn memprof_history(on: i32, max_entries: u64) -> i32;
-    fn memprof_set_oom_callback(cb: Option<OomCallback>) -> i32;
-    fn memprof_read_history(out: *mut HistEvent, cap: u64) -> u64;
-    fn memprof_cuda_history(on: i32, max_entries: i64) -> i32;
-    fn memprof_cuda_snapshot(path: *const c_char) -> i32;
-    fn memprof_cuda_control(index: i32, what: i32) -> i32;
     fn memprof_rng_get(device_type: i32, index: i32, out: *mut *mut c_void) -> i32;
     fn memprof_rng_set(device_type: i32, index: i32, state: *const c_void) -> i32;
-    fn memprof_scope_push(id: i32) -> i32;
-    fn memprof_scope_pop() -> i32;
+    fn memprof_selftest_block_table(n: u64, errors: *mut u64) -> i32;
+    fn memprof_selftest_reenter() -> i32;
 }
 
 fn last_error() -> Error {
-    let mut buf = vec![0u8; 1024];
-    // SAFETY: the buffer is valid for `len` bytes; the callee writes at most len-1
-    // bytes plus a terminating NUL.
-    unsafe { memprof_last_error(buf.as_mut_ptr().cast(), buf.len()) };
+    let mut buf = [0u8; 1024];
+    let mut needed = 0usize;
+    // SAFETY: the buffer is valid for its length; the callee writes at most len-1 bytes
+    // plus a NUL, and `needed` is a valid out-pointer.
+    unsafe { memprof_last_error(buf.as_mut_ptr().cast(), buf.len(), &mut needed) };
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     Error::Native(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
@@ -244,32 +294,42 @@ fn check(status: i32) -> Result<()> {
     }
 }
 
+/// A vector of `n` default values, or an error if the memory cannot be had (the OOM
+/// path calls the readers below when the process may be out of memory).
+fn buffer<T: Default + Clone>(into: &mut Vec<T>, n: usize) -> Result<()> {
+    into.clear();
+    into.try_reserve_exact(n)
+        .map_err(|e| Error::Native(format!("cannot allocate a buffer of {n} events: {e}")))?;
+    into.resize(n, T::default());
+    Ok(())
+}
+
 /// Starts the profiling session on the calling thread (the training thread);
-/// `timeline_slot` turns the step event log on for that device slot, `leaks` the
-/// live-block registry.
+/// `timeline_slot` turns the step log on for that device slot, `leaks` the live-block
+/// registry.
 pub(crate) fn start(want_cuda: bool, timeline_slot: Option<usize>, leaks: bool) -> Result<()> {
     let slot = timeline_slot.map_or(-1, |s| s as i32);
-    // SAFETY: plain call; the callee catches all exceptions.
+    // SAFETY: plain call.
     check(unsafe { memprof_start(want_cuda as i32, slot, leaks as i32) })
 }
 
 /// Ends the profiling session. Call on the thread that started it.
 pub(crate) fn stop() -> Result<()> {
-    // SAFETY: plain call; the callee catches all exceptions.
+    // SAFETY: plain call.
     check(unsafe { memprof_stop() })
 }
 
 /// Ends the current iteration and begins the next (forward phase).
 pub(crate) fn begin_iteration() -> Result<()> {
-    // SAFETY: plain call; the callee catches all exceptions.
+    // SAFETY: plain call.
     check(unsafe { memprof_begin_iteration() })
 }
 
-pub(crate) fn state() -> State {
+pub(crate) fn state() -> Result<State> {
     let mut s = State::default();
     // SAFETY: `s` is a valid, writable State with the C layout.
-    unsafe { memprof_state(&mut s) };
-    s
+    check(unsafe { memprof_state(&mut s) })?;
+    Ok(s)
 }
 
 pub(crate) fn device_stats(slot: usize) -> Result<DeviceStats> {
@@ -279,17 +339,85 @@ pub(crate) fn device_stats(slot: usize) -> Result<DeviceStats> {
     Ok(s)
 }
 
-/// The backward events logged in this iteration, and whether the log overflowed.
-pub(crate) fn read_log(into: &mut Vec<LogEvent>) -> bool {
-    let st = state();
+pub(crate) fn registry() -> Result<Registry> {
+    let mut r = Registry::default();
+    // SAFETY: `r` is a valid, writable Registry with the C layout.
+    check(unsafe { memprof_registry(&mut r) })?;
+    Ok(r)
+}
+
+pub(crate) fn timeline_header() -> Result<TimelineHeader> {
+    let mut h = TimelineHeader::default();
+    // SAFETY: `h` is a valid, writable TimelineHeader with the C layout.
+    check(unsafe { memprof_timeline_header(&mut h) })?;
+    Ok(h)
+}
+
+/// The backward events logged in this iteration; returns whether the log overflowed.
+pub(crate) fn read_log(into: &mut Vec<LogEvent>) -> Result<bool> {
+    let st = state()?;
     let n = st.log_len.min(st.log_capacity) as usize;
-    into.clear();
-    into.resize(n, LogEvent::default());
+    buffer(into, n)?;
+    let mut total = 0u64;
     // SAFETY: `into` holds `n` initialised LogEvents; the callee copies at most `n`.
-    let total = unsafe { memprof_read_log(into.as_mut_ptr(), n as u64) };
-    let copied = (total.min(st.log_capacity) as usize).min(n);
-    into.truncate(copied);
-    total > st.log_capacity
+    check(unsafe { memprof_read_log(into.as_mut_ptr(), n as u64, &mut total) })?;
+    into.truncate((total.min(st.log_capacity) as usize).min(n));
+    Ok(total > st.log_capacity)
+}
+
+/// This iteration's step log; returns whether it overflowed (events were dropped).
+pub(crate) fn read_timeline(into: &mut Vec<TlEvent>) -> Result<bool> {
+    let h = timeline_header()?;
+    let n = h.len.min(h.capacity) as usize;
+    buffer(into, n)?;
+    let mut total = 0u64;
+    // SAFETY: `into` holds `n` initialised TlEvents; the callee copies at most `n`.
+    check(unsafe { memprof_read_timeline(into.as_mut_ptr(), n as u64, &mut total) })?;
+    into.truncate((total.min(h.capacity) as usize).min(n));
+    Ok(total > h.capacity)
+}
+
+/// The memory history's length: (events appended since it started, ring size). The
+/// events a read returns are `min(appended, ring)`.
+pub(crate) fn history_len() -> Result<(u64, u64)> {
+    let (mut total, mut ring) = (0u64, 0u64);
+    // SAFETY: cap 0 with a null buffer only reads the counts into valid out-pointers.
+    check(unsafe { memprof_read_history(std::ptr::null_mut(), 0, &mut total, &mut ring) })?;
+    Ok((total, ring))
+}
+
+/// The history's newest events (at most `max`), oldest first; returns whether older
+/// ones were overwritten or left out.
+pub(crate) fn read_history(into: &mut Vec<HistEvent>, max: usize) -> Result<bool> {
+    let (total, ring) = history_len()?;
+    let n = (total.min(ring) as usize).min(max);
+    buffer(into, n)?;
+    let (mut total, mut ring) = (0u64, 0u64);
+    // SAFETY: `into` holds `n` initialised events; the callee copies at most `n`.
+    check(unsafe { memprof_read_history(into.as_mut_ptr(), n as u64, &mut total, &mut ring) })?;
+    into.truncate((total.min(ring) as usize).min(n));
+    Ok(total > into.len() as u64)
+}
+
+/// The live blocks of device `slot` registered in this session, into `into`.
+pub(crate) fn live_blocks(slot: usize, into: &mut Vec<LiveBlock>) -> Result<()> {
+    let mut n = 0u64;
+    // SAFETY: cap 0 with a null buffer only counts.
+    check(unsafe { memprof_live_blocks(slot as i32, std::ptr::null_mut(), 0, &mut n) })?;
+    for _ in 0..8 {
+        // Room for blocks born while reading.
+        let cap = n as usize + n as usize / 4 + 64;
+        buffer(into, cap)?;
+        // SAFETY: `into` holds `cap` initialised LiveBlocks; the callee writes at most `cap`.
+        check(unsafe { memprof_live_blocks(slot as i32, into.as_mut_ptr(), cap as u64, &mut n) })?;
+        if n as usize <= cap {
+            into.truncate(n as usize);
+            return Ok(());
+        }
+    }
+    Err(Error::Native(
+        "the live-block registry kept growing while it was read".into(),
+    ))
 }
 
 /// The block behind `t`'s storage, or behind its `.grad` when `grad` is true.
@@ -301,89 +429,43 @@ pub(crate) fn tensor_block(t: &Tensor, grad: bool) -> Result<Block> {
     Ok(b)
 }
 
-/// CUDA allocator statistics of `cuda:index`; an error (never a crash) without CUDA.
-pub(crate) fn cuda_stats(index: usize) -> Result<CudaStats> {
-    let mut s = CudaStats::default();
-    // SAFETY: `s` is a valid, writable CudaStats with the C layout.
-    check(unsafe { memprof_cuda_stats(index as i32, &mut s) })?;
-    Ok(s)
-}
-
-pub(crate) fn timeline_header() -> TimelineHeader {
-    let mut h = TimelineHeader::default();
-    // SAFETY: `h` is a valid, writable TimelineHeader with the C layout.
-    unsafe { memprof_timeline_header(&mut h) };
-    h
-}
-
-/// This iteration's step log; returns whether it overflowed (events were dropped).
-pub(crate) fn read_timeline(into: &mut Vec<TlEvent>) -> bool {
-    let h = timeline_header();
-    let n = h.len.min(h.capacity) as usize;
-    into.clear();
-    into.resize(n, TlEvent::default());
-    // SAFETY: `into` holds `n` initialised TlEvents; the callee copies at most `n`.
-    let total = unsafe { memprof_read_timeline(into.as_mut_ptr(), n as u64) };
-    into.truncate((total.min(h.capacity) as usize).min(n));
-    total > h.capacity
-}
-
-/// The interned name `id` (op or scope), if known.
-pub(crate) fn name(id: i32) -> Option<String> {
+/// The interned name `id` (op, layer or scope), if known.
+pub(crate) fn name(id: i32) -> Result<Option<String>> {
     let mut buf = [0u8; 128];
-    // SAFETY: the buffer is valid for its length; the callee writes at most len-1
-    // bytes plus a NUL.
-    let n = unsafe { memprof_name(id, buf.as_mut_ptr().cast(), buf.len()) };
-    if n < 0 {
-        return None;
+    let mut len = 0i64;
+    // SAFETY: the buffer is valid for its length; the callee writes at most len-1 bytes
+    // plus a NUL.
+    check(unsafe { memprof_name(id, buf.as_mut_ptr().cast(), buf.len(), &mut len) })?;
+    if len < 0 {
+        return Ok(None);
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
+    Ok(Some(String::from_utf8_lossy(&buf[..end]).into_owned()))
 }
 
-/// Interns `name` (a scope name) and returns its id.
+/// Interns `name` and returns its id.
 pub(crate) fn intern(name: &str) -> Result<i32> {
     let c = std::ffi::CString::new(name.replace('\0', " "))
         .map_err(|e| Error::Native(e.to_string()))?;
+    let mut id = -1;
     // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
-    let id = unsafe { memprof_intern(c.as_ptr()) };
-    if id < 0 {
-        Err(last_error())
-    } else {
-        Ok(id)
-    }
+    check(unsafe { memprof_intern(c.as_ptr(), &mut id) })?;
+    Ok(id)
 }
 
 /// Replaces the native table of model variables (storage pointer -> variable index
 /// and the name id of its layer).
 pub(crate) fn set_params(ptrs: &[u64], ids: &[i32], layers: &[i32]) -> Result<()> {
-    let n = ptrs.len().min(ids.len()).min(layers.len());
-    // SAFETY: the three slices are valid for `n` elements for the duration of the call.
-    check(unsafe { memprof_set_params(ptrs.as_ptr(), ids.as_ptr(), layers.as_ptr(), n) })
-}
-
-/// The live blocks of device `slot` registered in this session, into `into`.
-pub(crate) fn live_blocks(slot: usize, into: &mut Vec<LiveBlock>) {
-    loop {
-        let cap = into.capacity().max(1024);
-        into.clear();
-        into.resize(cap, LiveBlock::default());
-        // SAFETY: `into` holds `cap` initialised LiveBlocks; the callee writes at most `cap`.
-        let n = unsafe { memprof_live_blocks(slot as i32, into.as_mut_ptr(), cap as u64) } as usize;
-        if n <= cap {
-            into.truncate(n);
-            return;
-        }
-        // More blocks than room (others were born meanwhile): grow and read again.
-        into.reserve(n + n / 4 - into.len());
+    if ptrs.len() != ids.len() || ptrs.len() != layers.len() {
+        return Err(Error::Native(format!(
+            "set_params: {} pointers, {} ids, {} layers",
+            ptrs.len(),
+            ids.len(),
+            layers.len()
+        )));
     }
-}
-
-pub(crate) fn registry() -> Registry {
-    let mut r = Registry::default();
-    // SAFETY: `r` is a valid, writable Registry with the C layout.
-    unsafe { memprof_registry(&mut r) };
-    r
+    // SAFETY: the three slices are valid for `len` elements for the duration of the call.
+    check(unsafe { memprof_set_params(ptrs.as_ptr(), ids.as_ptr(), layers.as_ptr(), ptrs.len()) })
 }
 
 pub(crate) fn scope_push(id: i32) -> Result<()> {
@@ -396,11 +478,59 @@ pub(crate) fn scope_pop() -> Result<()> {
     check(unsafe { memprof_scope_pop() })
 }
 
-/// `(device_type, index)` as the native layer numbers devices: CPU 0, CUDA 1.
+/// Starts (clearing) or stops the memory history of every device.
+pub(crate) fn history(on: bool, max_entries: u64) -> Result<()> {
+    // SAFETY: plain call.
+    check(unsafe { memprof_history(on as i32, max_entries) })
+}
+
+/// Writes to standard output with one `write(2)` loop: no lock (a thread holding
+/// Rust's stdout lock cannot stall it), no allocation. For the out-of-memory path.
+pub(crate) fn write_stdout_unlocked(text: &str) -> Result<()> {
+    // SAFETY: the pointer and length describe `text`'s bytes for the call's duration.
+    check(unsafe { memprof_write_stdout(text.as_ptr().cast(), text.len()) })
+}
+
+/// CUDA allocator statistics of `cuda:index`; an error (never a crash) without CUDA.
+pub(crate) fn cuda_stats(index: usize) -> Result<CudaStats> {
+    let mut s = CudaStats::default();
+    // SAFETY: `s` is a valid, writable CudaStats with the C layout.
+    check(unsafe { memprof_cuda_stats(index as i32, &mut s) })?;
+    Ok(s)
+}
+
+/// CUDA: starts or stops the caching allocator's own history.
+pub(crate) fn cuda_history(on: bool, max_entries: u64) -> Result<()> {
+    let n = i64::try_from(max_entries).unwrap_or(i64::MAX);
+    // SAFETY: plain call; fails softly without CUDA.
+    check(unsafe { memprof_cuda_history(on as i32, n) })
+}
+
+/// CUDA: writes the caching allocator's snapshot to `path`.
+pub(crate) fn cuda_snapshot(path: &std::path::Path) -> Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().to_string_lossy().as_bytes())
+        .map_err(|e| Error::Native(e.to_string()))?;
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    check(unsafe { memprof_cuda_snapshot(c.as_ptr()) })
+}
+
+/// CUDA: resets the peak statistics of `cuda:index`.
+pub(crate) fn cuda_reset_peaks(index: usize) -> Result<()> {
+    // SAFETY: plain call; fails softly without CUDA.
+    check(unsafe { memprof_cuda_control(index as i32, native::CUDA_RESET_PEAKS) })
+}
+
+/// CUDA: releases the caching allocator's unused cached blocks.
+pub(crate) fn cuda_empty_cache() -> Result<()> {
+    // SAFETY: plain call; fails softly without CUDA.
+    check(unsafe { memprof_cuda_control(0, native::CUDA_EMPTY_CACHE) })
+}
+
+/// `(device_type, index)` as the native layer numbers devices.
 fn device_code(device: tch::Device) -> Result<(i32, i32)> {
     match device {
-        tch::Device::Cpu => Ok((0, 0)),
-        tch::Device::Cuda(i) => Ok((1, i as i32)),
+        tch::Device::Cpu => Ok((native::DEVICE_CPU, 0)),
+        tch::Device::Cuda(i) => Ok((native::DEVICE_CUDA, i as i32)),
         other => Err(Error::Native(format!(
             "{other:?}: only the CPU and CUDA are supported"
         ))),
@@ -412,14 +542,14 @@ fn device_code(device: tch::Device) -> Result<(i32, i32)> {
 pub(crate) fn autocast_enter(device: tch::Device, dtype: i32) -> Result<Autocast> {
     let (dt, _) = device_code(device)?;
     let mut prev = Autocast::default();
-    // SAFETY: `prev` is a valid, writable Autocast; the callee catches all exceptions.
+    // SAFETY: `prev` is a valid, writable Autocast.
     check(unsafe { memprof_autocast_enter(dt, 1, dtype, &mut prev) })?;
     Ok(prev)
 }
 
 pub(crate) fn autocast_exit(device: tch::Device, prev: &Autocast) -> Result<()> {
     let (dt, _) = device_code(device)?;
-    // SAFETY: `prev` is a valid Autocast; the callee catches all exceptions.
+    // SAFETY: `prev` is a valid Autocast.
     check(unsafe { memprof_autocast_exit(dt, prev) })
 }
 
@@ -444,55 +574,119 @@ pub(crate) fn set_rng_state(device: tch::Device, state: &Tensor) -> Result<()> {
     check(unsafe { memprof_rng_set(dt, index, state.as_ptr() as *const c_void) })
 }
 
-/// Starts (clearing) or stops the memory history of every device.
-pub(crate) fn history(on: bool, max_entries: u64) -> Result<()> {
-    // SAFETY: plain call; the callee catches all exceptions.
-    check(unsafe { memprof_history(on as i32, max_entries) })
+/// What the native layer passes when an allocation fails, before the error is raised.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OomEvent {
+    /// Device slot.
+    pub slot: usize,
+    /// Bytes asked for (CUDA: the rounded block size).
+    pub requested: i64,
+    /// Bytes allocated when it failed.
+    pub allocated: i64,
+    /// CUDA: bytes reserved by the caching allocator; 0 on the CPU.
+    pub reserved: i64,
 }
 
-/// The history's events, oldest first; returns whether older ones were overwritten.
-pub(crate) fn read_history(into: &mut Vec<HistEvent>, ring: usize) -> bool {
-    into.clear();
-    into.resize(ring, HistEvent::default());
-    // SAFETY: `into` holds `ring` initialised events; the callee copies at most `ring`.
-    let total = unsafe { memprof_read_history(into.as_mut_ptr(), ring as u64) } as usize;
-    into.truncate(total.min(ring));
-    total > ring
+type OomFn = Box<dyn Fn(OomEvent) + Send + Sync>;
+
+/// The out-of-memory hook of a session: calls `f` from the failing allocation (on the
+/// thread that allocated; on CUDA inside the caching allocator's OOM path). Dropping it
+/// unregisters `f` and returns once no call of it is running.
+pub(crate) struct OomHook {
+    ctx: *mut OomFn,
 }
 
-/// CUDA: starts or stops the caching allocator's own history.
-pub(crate) fn cuda_history(on: bool, max_entries: u64) -> Result<()> {
-    let n = i64::try_from(max_entries).unwrap_or(i64::MAX);
-    // SAFETY: plain call; the callee catches all exceptions and fails without CUDA.
-    check(unsafe { memprof_cuda_history(on as i32, n) })
+extern "C" fn oom_trampoline(
+    ctx: *mut c_void,
+    slot: i32,
+    requested: i64,
+    allocated: i64,
+    reserved: i64,
+) {
+    if ctx.is_null() || slot < 0 {
+        return;
+    }
+    // SAFETY: `ctx` is the `OomFn` box registered by `OomHook::install`, alive until the
+    // hook's drop, which waits for running calls before freeing it.
+    let f = unsafe { &*(ctx as *const OomFn) };
+    let event = OomEvent {
+        slot: slot as usize,
+        requested,
+        allocated,
+        reserved,
+    };
+    // A panic must not unwind into C++.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(event)));
 }
 
-/// CUDA: writes the caching allocator's snapshot to `path`.
-pub(crate) fn cuda_snapshot(path: &std::path::Path) -> Result<()> {
-    let c = std::ffi::CString::new(path.as_os_str().to_string_lossy().as_bytes())
-        .map_err(|e| Error::Native(e.to_string()))?;
-    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-    check(unsafe { memprof_cuda_snapshot(c.as_ptr()) })
+impl OomHook {
+    pub(crate) fn install(f: impl Fn(OomEvent) + Send + Sync + 'static) -> Result<OomHook> {
+        let ctx: *mut OomFn = Box::into_raw(Box::new(Box::new(f)));
+        // SAFETY: the trampoline matches MpOomCallback; `ctx` stays valid until drop.
+        if let Err(e) = check(unsafe { memprof_set_oom_callback(Some(oom_trampoline), ctx.cast()) })
+        {
+            // SAFETY: not registered: we still own the box.
+            drop(unsafe { Box::from_raw(ctx) });
+            return Err(e);
+        }
+        Ok(OomHook { ctx })
+    }
 }
 
-/// CUDA: resets the peak statistics of `cuda:index`.
-pub(crate) fn cuda_reset_peaks(index: usize) -> Result<()> {
-    // SAFETY: plain call; fails softly without CUDA.
-    check(unsafe { memprof_cuda_control(index as i32, 0) })
+impl Drop for OomHook {
+    fn drop(&mut self) {
+        // SAFETY: unregisters; returns once no call is running, so the box is free after.
+        let status = unsafe { memprof_set_oom_callback(None, std::ptr::null_mut()) };
+        if status == 0 {
+            // SAFETY: `ctx` came from Box::into_raw in install and is no longer used.
+            drop(unsafe { Box::from_raw(self.ctx) });
+        } else {
+            log::warn!("tch-memprof: unregistering the OOM hook failed; its state is leaked");
+        }
+    }
 }
 
-/// CUDA: releases the caching allocator's unused cached blocks.
-pub(crate) fn cuda_empty_cache() -> Result<()> {
-    // SAFETY: plain call; fails softly without CUDA.
-    check(unsafe { memprof_cuda_control(0, 1) })
+/// Self-check of the native CUDA block table without a GPU: inserts, finds and removes
+/// `n` fake blocks per writer with two concurrent writers; returns the mismatches.
+pub(crate) fn selftest_block_table(n: u64) -> Result<u64> {
+    let mut errors = 0;
+    // SAFETY: `errors` is a valid out-pointer.
+    check(unsafe { memprof_selftest_block_table(n, &mut errors) })?;
+    Ok(errors)
 }
 
-/// Called by the native layer when an allocation fails, before the error is raised:
-/// `(device slot, requested bytes, allocated bytes, reserved bytes (CUDA; 0 on the CPU))`.
-pub(crate) type OomCallback = extern "C" fn(i32, i64, i64, i64);
+/// Re-enters the CPU allocation hook on purpose (the negative control of
+/// `State::hook_reentries`).
+pub(crate) fn selftest_reenter() -> Result<()> {
+    // SAFETY: plain call.
+    check(unsafe { memprof_selftest_reenter() })
+}
 
-/// Sets or clears the out-of-memory report writer.
-pub(crate) fn set_oom_callback(cb: Option<OomCallback>) {
-    // SAFETY: a plain store of a function pointer (or null) that lives for the program.
-    unsafe { memprof_set_oom_callback(cb) };
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    #[test]
+    fn a_null_out_pointer_is_an_error_with_a_message() {
+        // SAFETY: the callee checks the pointer and writes nothing.
+        let status = unsafe { memprof_state(std::ptr::null_mut()) };
+        assert_eq!(status, -1);
+        let msg = last_error().to_string();
+        assert!(msg.contains("memprof_state: null pointer"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_name_ids_are_none() {
+        assert_eq!(name(-5).unwrap(), None);
+        let id = intern("tch-memprof-test-name").unwrap();
+        assert_eq!(name(id).unwrap().as_deref(), Some("tch-memprof-test-name"));
+        assert_eq!(intern("tch-memprof-test-name").unwrap(), id);
+    }
+
+    #[test]
+    fn offsets_are_checked_at_compile_time() {
+        // The generated checks cover every field; one spot check that they are real.
+        assert_eq!(offset_of!(TlEvent, value), 24);
+    }
 }

@@ -18,9 +18,11 @@ use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 
+use crate::error::Result;
 use crate::ffi::{self, LiveBlock};
 use crate::format;
-use crate::timeline::{Names, Phase};
+use crate::names::Names;
+use crate::phase::Phase;
 
 /// Default growth (bytes, between two epoch ends) that names suspects at once.
 pub const DEFAULT_LEAK_THRESHOLD: u64 = 1 << 20;
@@ -30,9 +32,10 @@ pub const DEFAULT_WARMUP_EPOCHS: u64 = 1;
 
 /// Live blocks of one origin that survived into an epoch end and grew since the last.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct LeakGroup {
     /// The op that allocated the blocks: the outermost op on its thread (`aten::linear`)
-    /// or the backward node (`AddmmBackward0`); `(no op)` outside any op.
+    /// or the backward node (`AddmmBackward0`); `(none)` outside any op.
     pub op: String,
     /// The phase the blocks were born in.
     pub phase: Phase,
@@ -113,6 +116,7 @@ impl LeakPattern {
 
 /// What the leak hunt found at one epoch end.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct LeakReport {
     /// The epoch that just ended.
     pub epoch: u64,
@@ -130,11 +134,6 @@ pub struct LeakReport {
 }
 
 impl LeakReport {
-    /// The report as terminal text.
-    pub fn render(&self) -> String {
-        crate::report::render_leaks(self)
-    }
-
     /// One line for the log.
     pub fn summary(&self) -> String {
         let mut s = format!(
@@ -163,7 +162,8 @@ impl LeakReport {
     }
 }
 
-type Key = (i32, u8, i32);
+/// A group's origin: (op name id, birth phase, layer name id).
+type Key = (i32, Phase, i32);
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Agg {
@@ -177,10 +177,12 @@ struct Agg {
 fn group(blocks: &[LiveBlock], exclude: &HashSet<u64>) -> HashMap<Key, Agg> {
     let mut groups: HashMap<Key, Agg> = HashMap::new();
     for b in blocks.iter().filter(|b| !exclude.contains(&b.ptr)) {
-        let a = groups.entry((b.op, b.phase, b.layer)).or_insert(Agg {
-            first: u32::MAX,
-            ..Agg::default()
-        });
+        let a = groups
+            .entry((b.op, Phase::from_native(b.phase), b.layer))
+            .or_insert(Agg {
+                first: u32::MAX,
+                ..Agg::default()
+            });
         a.count += 1;
         a.bytes += b.size.max(0) as u64;
         a.first = a.first.min(b.iter);
@@ -280,16 +282,18 @@ impl LeakHunter {
         epoch: u64,
         exclude: &HashSet<u64>,
         cuda: Option<(i64, i64)>,
-    ) -> Option<LeakReport> {
-        ffi::live_blocks(self.slot, &mut self.blocks);
+    ) -> Result<Option<LeakReport>> {
+        ffi::live_blocks(self.slot, &mut self.blocks)?;
         let now = group(&self.blocks, exclude);
         let prev = self.prev.replace(now);
         let prev_reserved = std::mem::replace(&mut self.prev_reserved, cuda);
         let now = self.prev.as_ref().expect("set above");
         if epoch <= self.warmup_epochs {
-            return None;
+            return Ok(None);
         }
-        let prev = prev?;
+        let Some(prev) = prev else {
+            return Ok(None);
+        };
         let (keys, growing, growth) = judge(now, &prev, &self.grew_before, self.threshold);
         self.grew_before = growing;
 
@@ -305,7 +309,7 @@ impl LeakHunter {
             r > self.threshold as i64 && allocated_growth <= self.threshold as i64 / 4
         });
         if keys.is_empty() && !reserved_only {
-            return None;
+            return Ok(None);
         }
         let suspects: Vec<LeakGroup> = keys
             .iter()
@@ -313,9 +317,9 @@ impl LeakHunter {
                 let a = now[k];
                 let p = prev.get(k).copied().unwrap_or_default();
                 LeakGroup {
-                    op: self.names.op(k.0),
-                    phase: Phase::from_native(k.1),
-                    layer: self.names.layer(k.2),
+                    op: self.names.get(k.0),
+                    phase: k.1,
+                    layer: self.names.get(k.2),
                     first_iteration: a.first as u64,
                     last_iteration: a.last as u64,
                     count: a.count,
@@ -326,14 +330,14 @@ impl LeakHunter {
             })
             .collect();
         let pattern = pattern_of(&suspects, reserved_only);
-        Some(LeakReport {
+        Ok(Some(LeakReport {
             epoch,
             growth_bytes: growth,
             reserved_growth_bytes: reserved_growth,
             suspects,
             pattern,
-            complete: ffi::registry().dropped == 0,
-        })
+            complete: ffi::registry()?.dropped == 0,
+        }))
     }
 }
 
@@ -352,7 +356,11 @@ mod tests {
 
     #[test]
     fn steady_groups_are_not_suspects() {
-        let m: HashMap<Key, Agg> = [((1, 0, 2), agg(3, 300)), ((4, 2, -1), agg(2, 80))].into();
+        let m: HashMap<Key, Agg> = [
+            ((1, Phase::Forward, 2), agg(3, 300)),
+            ((4, Phase::Optimizer, -1), agg(2, 80)),
+        ]
+        .into();
         let (s, growing, growth) = judge(&m, &m, &HashSet::new(), 0);
         assert!(s.is_empty() && growing.is_empty());
         assert_eq!(growth, 0);
@@ -360,33 +368,40 @@ mod tests {
 
     #[test]
     fn fast_growth_names_every_growing_group_largest_first() {
-        let prev: HashMap<Key, Agg> = [((1, 0, 2), agg(1, 100))].into();
+        let prev: HashMap<Key, Agg> = [((1, Phase::Forward, 2), agg(1, 100))].into();
         let now: HashMap<Key, Agg> = [
-            ((1, 0, 2), agg(2, 200)),
-            ((5, 0, 2), agg(1, 5000)),
-            ((6, 1, 2), agg(1, 10)),
+            ((1, Phase::Forward, 2), agg(2, 200)),
+            ((5, Phase::Forward, 2), agg(1, 5000)),
+            ((6, Phase::Backward, 2), agg(1, 10)),
         ]
         .into();
         let (s, _, growth) = judge(&now, &prev, &HashSet::new(), 1000);
         assert_eq!(growth, 5110);
-        assert_eq!(s, vec![(5, 0, 2), (1, 0, 2), (6, 1, 2)]);
+        assert_eq!(
+            s,
+            vec![
+                (5, Phase::Forward, 2),
+                (1, Phase::Forward, 2),
+                (6, Phase::Backward, 2)
+            ]
+        );
     }
 
     #[test]
     fn slow_growth_needs_two_epochs_in_a_row() {
-        let e1: HashMap<Key, Agg> = [((1, 0, 2), agg(1, 100))].into();
-        let e2: HashMap<Key, Agg> = [((1, 0, 2), agg(2, 200))].into();
-        let e3: HashMap<Key, Agg> = [((1, 0, 2), agg(3, 300))].into();
+        let e1: HashMap<Key, Agg> = [((1, Phase::Forward, 2), agg(1, 100))].into();
+        let e2: HashMap<Key, Agg> = [((1, Phase::Forward, 2), agg(2, 200))].into();
+        let e3: HashMap<Key, Agg> = [((1, Phase::Forward, 2), agg(3, 300))].into();
         let (s2, grew, _) = judge(&e2, &e1, &HashSet::new(), 1 << 20);
         assert!(s2.is_empty(), "one small growth is not yet a leak");
         let (s3, _, _) = judge(&e3, &e2, &grew, 1 << 20);
-        assert_eq!(s3, vec![(1, 0, 2)]);
+        assert_eq!(s3, vec![(1, Phase::Forward, 2)]);
     }
 
     #[test]
     fn a_group_that_shrank_back_is_not_a_suspect() {
-        let e1: HashMap<Key, Agg> = [((1, 0, 2), agg(1, 100))].into();
-        let e2: HashMap<Key, Agg> = [((1, 0, 2), agg(2, 200))].into();
+        let e1: HashMap<Key, Agg> = [((1, Phase::Forward, 2), agg(1, 100))].into();
+        let e2: HashMap<Key, Agg> = [((1, Phase::Forward, 2), agg(2, 200))].into();
         let (_, grew, _) = judge(&e2, &e1, &HashSet::new(), 1 << 20);
         let (s3, _, _) = judge(&e1, &e2, &grew, 1 << 20);
         assert!(s3.is_empty());

@@ -129,8 +129,8 @@
 //!
 //! ## Memory optimizations
 //!
-//! [`Checkpointed`] trains a chain of segments with gradient checkpointing (recomputed
-//! in backward; gradients equal to the plain run's) and [`autocast`] runs code in
+//! [`optim::Checkpointed`] trains a chain of segments with gradient checkpointing (recomputed
+//! in backward; gradients equal to the plain run's) and [`optim::autocast`] runs code in
 //! bfloat16/float16 autocast on the CPU or CUDA; `examples/optimizations.rs` measures
 //! both with the profiler.
 //!
@@ -149,7 +149,7 @@
 //! allocator when the program loads (before the model is built), registers for the
 //! CUDA caching allocator's memory reports, and watches the autograd engine's nodes to
 //! find the phases. Every allocation is tagged with the phase it was born in. See
-//! `README.md` for the design and its limits.
+//! `docs/architecture.md` for the data flow, the accounting model and the hot-path rules.
 //!
 //! ## Setup
 //!
@@ -165,40 +165,49 @@
 //! }
 //! ```
 #![deny(missing_docs)]
+// Every `unsafe` block of the crate is in `ffi`, the one seam to the native layer.
+#![deny(unsafe_code)]
 
 mod accounting;
 mod budget;
-mod capture;
-mod csv_report;
 pub mod cuda;
 mod error;
-mod ffi;
-pub mod format;
+mod ffi; // the one `#![allow(unsafe_code)]`
+mod format;
 mod fs;
-mod leaks;
+pub mod leaks;
+mod names;
 mod oom;
-mod optimize;
-mod plot;
+pub mod optim;
+mod phase;
 mod profiler;
 mod report;
-mod snapshot;
+mod session;
 mod stats;
-mod timeline;
+pub mod timeline;
+mod vars;
 
 pub use budget::{Budget, BudgetExceeded, LayerUse, Overrun};
+pub use cuda::CudaStats;
 pub use error::{Error, Result};
-pub use ffi::CudaStats;
 pub use leaks::{
     LeakGroup, LeakPattern, LeakReport, DEFAULT_LEAK_THRESHOLD, DEFAULT_WARMUP_EPOCHS,
 };
-pub use oom::{OomBlock, OomReport};
-pub use optimize::{autocast, Checkpointed};
-pub use profiler::{cuda_status, MemoryProfiler, MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
+pub use names::MISSING;
+pub use oom::{OomBlock, OomCategory, OomReport};
+pub use optim::{autocast, Checkpointed};
+pub use phase::Phase;
+pub use profiler::{MemoryProfiler, MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
 pub use stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableStats};
 pub use timeline::{
-    scope, Category, CategoryBytes, LayerProfile, Peak, Phase, Scope, StepProfile, TimelineRow,
+    scope, Category, CategoryBytes, LayerProfile, Peak, Scope, StepFiles, StepProfile, TimelineRow,
     UncountedOp,
 };
+
+/// Whether CUDA is usable by the profiler, and if not, why. Same as [`cuda::status`].
+pub fn cuda_status() -> std::result::Result<(), String> {
+    cuda::status()
+}
 
 /// Raw measurements, for this crate's own tests and benches. Not a stable API.
 #[doc(hidden)]
@@ -209,17 +218,39 @@ pub mod __private {
     }
     /// Whether the tracking CPU allocator is installed.
     pub fn cpu_tracking_installed() -> bool {
-        crate::ffi::state().cpu_installed != 0
+        crate::ffi::state().is_ok_and(|s| s.cpu_installed != 0)
     }
     /// Live-block registry: (entries in use, entries ever used, births not registered).
     pub fn registry() -> (i64, u64, i64) {
-        let r = crate::ffi::registry();
+        let r = crate::ffi::registry().unwrap_or_default();
         (r.live, r.high_water, r.dropped)
     }
     /// Live registered blocks of the CPU in this session: (bytes, count).
     pub fn registered_cpu_blocks() -> (i64, usize) {
         let mut v = Vec::new();
-        crate::ffi::live_blocks(0, &mut v);
+        if crate::ffi::live_blocks(0, &mut v).is_err() {
+            return (-1, 0);
+        }
         (v.iter().map(|b| b.size).sum(), v.len())
+    }
+    /// Times an allocation hook was entered while one was running on the same thread
+    /// (a hook that allocated through the allocator it watches); must stay 0.
+    pub fn hook_reentries() -> i64 {
+        crate::ffi::state().map_or(-1, |s| s.hook_reentries)
+    }
+    /// CUDA births the native block table had no room for, and frees whose birth tag
+    /// could not be read.
+    pub fn untracked() -> (i64, i64) {
+        crate::ffi::state().map_or((-1, -1), |s| (s.cuda_untracked, s.untagged_frees))
+    }
+    /// Re-enters the CPU allocation hook on purpose: the negative control of
+    /// [`hook_reentries`].
+    pub fn reenter_hook_on_purpose() -> Result<(), String> {
+        crate::ffi::selftest_reenter().map_err(|e| e.to_string())
+    }
+    /// Inserts, finds and removes `n` fake CUDA blocks per writer in a small native block
+    /// table with two concurrent writers; the mismatches (0 when the table is right).
+    pub fn block_table_selftest(n: u64) -> Result<u64, String> {
+        crate::ffi::selftest_block_table(n).map_err(|e| e.to_string())
     }
 }

@@ -23,6 +23,7 @@ impl VariableKind {
 
 /// One VarStore variable at a report.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct VariableStats {
     /// Its VarStore path, such as `layer1.0.conv1.weight`.
     pub name: String,
@@ -45,6 +46,7 @@ pub struct VariableStats {
 /// gradients + optimizer state + other`. Feature maps and intermediate gradients are
 /// measured at their own moment inside the iteration (see each field).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct IterationStats {
     /// Epoch, from 1 (incremented by `epoch_end`).
     pub epoch: u64,
@@ -99,6 +101,7 @@ pub struct IterationStats {
 
 /// Summary of one epoch, as printed by `epoch_end`.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct EpochStats {
     /// Epoch, from 1.
     pub epoch: u64,

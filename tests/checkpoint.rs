@@ -1,13 +1,10 @@
 //! Gradient checkpointing and mixed precision: gradients equal to the plain run's, and
 //! feature maps lower by exactly what the checkpointed segments keep.
 
-use std::sync::Mutex;
+mod common;
 
 use tch::{nn, nn::Module, nn::ModuleT, Device, Kind, Tensor};
 use tch_memprof::{autocast, Checkpointed, MemoryProfiler};
-
-/// One profiler per process, and the global RNG: tests take turns.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 const B: i64 = 64;
 const D: i64 = 256;
@@ -70,7 +67,7 @@ fn assert_same_grads(plain: &[(String, Tensor)], ckpt: &[(String, Tensor)], tol:
 
 #[test]
 fn gradients_match_the_plain_run_in_float32() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _s = common::serial();
     tch::manual_seed(1);
     let vs = nn::VarStore::new(Device::Cpu);
     let bl = blocks(&vs);
@@ -103,7 +100,7 @@ fn gradients_match_the_plain_run_in_float32() {
 
 #[test]
 fn feature_maps_drop_by_what_the_checkpointed_segments_keep() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _s = common::serial();
     tch::manual_seed(2);
     let vs = nn::VarStore::new(Device::Cpu);
     let bl = blocks(&vs);
@@ -164,7 +161,7 @@ fn noisy_blocks(vs: &nn::VarStore) -> Vec<nn::SequentialT> {
 
 #[test]
 fn dropout_and_batch_norm_see_the_same_step_as_the_plain_run() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _s = common::serial();
     tch::manual_seed(3);
     let vs = nn::VarStore::new(Device::Cpu);
     let bl = noisy_blocks(&vs);
@@ -232,7 +229,7 @@ fn dropout_and_batch_norm_see_the_same_step_as_the_plain_run() {
 
 #[test]
 fn mixed_precision_on_the_cpu_computes_in_bfloat16_and_checkpointing_keeps_its_gradients() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _s = common::serial();
     tch::manual_seed(4);
     let vs = nn::VarStore::new(Device::Cpu);
     let bl = blocks(&vs);
@@ -312,66 +309,72 @@ fn conv_blocks(vs: &nn::VarStore, n: usize, c: i64) -> Vec<nn::SequentialT> {
         .collect()
 }
 
+/// A chain of conv + batch norm + ReLU blocks. Without checkpointing each block keeps
+/// for backward its conv output (batch norm's input) and its ReLU output (the next
+/// conv's input); checkpointed, a block keeps only its output, the boundary. So
+/// checkpointing cuts the feature maps by N conv outputs, N x B x C x H x W x 4 bytes,
+/// give or take the small tensors that batch norm and the CPU's convolution kernels
+/// keep (statistics, workspaces: under 64 KiB here, and kernel-dependent). How much the
+/// *peak* drops depends on the kernels' temporaries too, so it is asserted only to
+/// drop. (A ratio of peaks was asserted here once: it held on AVX-512 machines and
+/// failed on AVX2-only ones.)
 #[test]
-fn checkpointing_and_bf16_together_cut_the_peak_by_more_than_30_percent() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let peak_of = |checkpointing: bool, bf16: bool| {
+fn checkpointing_a_conv_chain_keeps_only_the_block_outputs() {
+    const N: usize = 6;
+    const B: i64 = 8;
+    const C: i64 = 32;
+    const HW: i64 = 32;
+    let _s = common::serial();
+    let run = |checkpointing: bool| {
         tch::manual_seed(5);
         let vs = nn::VarStore::new(Device::Cpu);
-        let bl = conv_blocks(&vs, 6, 32);
-        let fc = nn::linear(vs.root() / "fc", 32, 10, Default::default());
-        let mut model = bl.iter().fold(Checkpointed::new(&vs), |c, b| {
-            c.segment(move |x, train| b.forward_t(x, train))
-        });
-        model = model.segment(|x, _| x.mean_dim([2, 3].as_slice(), false, Kind::Float).apply(&fc));
-        if bf16 {
-            model = model.mixed_precision(Kind::BFloat16);
-        }
+        let bl = conv_blocks(&vs, N, C);
+        let fc = nn::linear(vs.root() / "fc", C, 10, Default::default());
+        let model = bl
+            .iter()
+            .fold(Checkpointed::new(&vs), |c, b| {
+                c.segment(move |x, train| b.forward_t(x, train))
+            })
+            .segment(|x, _| x.mean_dim([2, 3].as_slice(), false, Kind::Float).apply(&fc));
         let mut profiler = MemoryProfiler::builder(&vs).print(false).build().unwrap();
-        let x = Tensor::randn([8, 3, 32, 32], (Kind::Float, Device::Cpu));
-        let y = Tensor::randint(10, [8], (Kind::Int64, Device::Cpu));
+        let x = Tensor::randn([B, 3, HW, HW], (Kind::Float, Device::Cpu));
+        let y = Tensor::randint(10, [B], (Kind::Int64, Device::Cpu));
         for _ in 0..2 {
             zero_grads(&vs);
-            let _loss = if checkpointing {
-                model
+            if checkpointing {
+                let _loss = model
                     .forward_backward(&x, |o| o.cross_entropy_for_logits(&y))
-                    .unwrap()
+                    .unwrap();
             } else {
-                let out = model.forward_t(&x, true).unwrap();
-                let loss = if bf16 {
-                    autocast(Device::Cpu, Kind::BFloat16, || {
-                        out.cross_entropy_for_logits(&y)
-                    })
+                model
+                    .forward_t(&x, true)
                     .unwrap()
-                } else {
-                    out.cross_entropy_for_logits(&y)
-                };
-                loss.backward();
-                loss
-            };
+                    .cross_entropy_for_logits(&y)
+                    .backward();
+            }
             profiler.record_stats();
         }
-        let g = grads(&vs);
-        (profiler.last_stats().unwrap().peak_allocated_bytes, g)
+        let s = profiler.last_stats().unwrap().clone();
+        (s.feature_maps_bytes, s.peak_allocated_bytes, grads(&vs))
     };
-    let (base, base_grads) = peak_of(false, false);
-    let (ckpt, ckpt_grads) = peak_of(true, false);
-    let (both, _) = peak_of(true, true);
+    let (base_fm, base_peak, base_grads) = run(false);
+    let (ckpt_fm, ckpt_peak, ckpt_grads) = run(true);
     assert_same_grads(&base_grads, &ckpt_grads, 1e-6);
-    let cut = 1.0 - both as f64 / base as f64;
+    let conv_outputs = N as i64 * B * C * HW * HW * 4;
+    let cut = base_fm as i64 - ckpt_fm as i64;
     assert!(
-        cut > 0.30,
-        "both: {both} B vs baseline {base} B: cut {:.1}%",
-        cut * 100.0
+        (cut - conv_outputs).abs() < 64 << 10,
+        "feature maps {base_fm} B plain, {ckpt_fm} B checkpointed: cut {cut} B, \
+         {N} conv outputs are {conv_outputs} B"
     );
-    assert!(ckpt < base);
+    assert!(ckpt_peak < base_peak, "peak {ckpt_peak} B vs {base_peak} B");
 }
 
 /// The replay of the random generator is what makes dropout segments right: without it
 /// the recomputation draws other masks and the gradients differ from the plain run's.
 #[test]
 fn without_rng_replay_dropout_gradients_differ() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _s = common::serial();
     tch::manual_seed(3);
     let vs = nn::VarStore::new(Device::Cpu);
     let bl = noisy_blocks(&vs);

@@ -33,7 +33,7 @@ fn file(paths: &[PathBuf], suffix: &str) -> PathBuf {
 
 #[test]
 fn every_third_iteration_is_reported_and_the_files_parse_back() {
-    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _guard = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let csv_dir = dir.path().join("nested/memory_csv_data");
     let vs = nn::VarStore::new(Device::Cpu);
@@ -140,7 +140,7 @@ fn every_third_iteration_is_reported_and_the_files_parse_back() {
 
 #[test]
 fn files_are_never_overwritten() {
-    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _guard = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
     let _net = mlp(&vs);
@@ -161,6 +161,3 @@ fn files_are_never_overwritten() {
     );
     assert!(stems.iter().all(|p| p.exists()));
 }
-
-/// The tests of this file share the process-wide allocator counters: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());

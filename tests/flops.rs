@@ -1,17 +1,14 @@
 //! FLOPs of single ops against closed-form formulas (a multiply-add counts 2; the
 //! per-element costs are the documented table in README "FLOPs").
 
-use std::sync::Mutex;
+mod common;
 
 use tch::{Device, Kind, Tensor};
 use tch_memprof::{MemoryProfiler, StepProfile};
 
-/// One profiler per process: tests of this file take turns.
-static SERIAL: Mutex<()> = Mutex::new(());
-
 /// Runs `f` as step 1 of a fresh profiler and returns its profile.
 fn profile(f: impl FnOnce()) -> StepProfile {
-    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _guard = common::serial();
     let vs = tch::nn::VarStore::new(Device::Cpu);
     let mut prof = MemoryProfiler::builder(&vs)
         .print(false)
@@ -29,7 +26,7 @@ fn randn(shape: &[i64]) -> Tensor {
 }
 
 fn forward_flops(f: impl FnOnce()) -> u64 {
-    let _ = tch::no_grad_guard();
+    let _no_grad = tch::no_grad_guard();
     profile(f).forward_flops
 }
 

@@ -4,14 +4,9 @@
 
 mod common;
 
-use std::sync::Mutex;
-
 use common::*;
 use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
 use tch_memprof::{Budget, LeakPattern, LeakReport, MemoryProfiler, Phase};
-
-/// One profiler per process: tests take turns.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 const ITERS: u64 = 4;
 /// Rows of the validation batch (differs from B so its blocks are told apart).
@@ -34,7 +29,7 @@ enum Leak {
 /// reported after each epoch, and the CSV folder.
 #[allow(clippy::assign_op_pattern)] // `metric = metric + loss`, as users write it
 fn run(leak: Leak, epochs: u64) -> (Vec<Option<LeakReport>>, tempfile::TempDir) {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = common::serial();
     tch::manual_seed(0);
     let dir = tempfile::tempdir().unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
@@ -230,7 +225,7 @@ fn input_batches_kept_are_named_with_no_layer_from_the_first_iteration() {
 
 #[test]
 fn the_registry_sees_each_block_born_and_dead() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let _net = mlp(&vs);
     let profiler = MemoryProfiler::builder(&vs).print(false).build().unwrap();
@@ -248,7 +243,7 @@ fn the_registry_sees_each_block_born_and_dead() {
 
 #[test]
 fn a_budget_failure_names_what_went_over_and_the_largest_consumers() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let net = mlp(&vs);
     let mut opt = nn::Sgd::default().build(&vs, 1e-3).unwrap();

@@ -48,7 +48,7 @@ fn a_failed_allocation_is_reported_and_the_loop_goes_on() {
     let cat = |name: &str| {
         r.by_category
             .iter()
-            .find(|(c, _)| c.starts_with(name))
+            .find(|(c, _)| c.label().starts_with(name))
             .map_or(0, |(_, b)| *b)
     };
     let w = mlp_weight_bytes();

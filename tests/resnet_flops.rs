@@ -4,14 +4,13 @@
 //! pooling and residual additions, which the published figures leave out; they add
 //! well under 2%.
 
+mod common;
+
 use std::path::Path;
-use std::sync::Mutex;
 
 use tch::nn::ModuleT;
 use tch::{nn, Device, Kind, Tensor};
 use tch_memprof::MemoryProfiler;
-
-static SERIAL: Mutex<()> = Mutex::new(());
 
 fn within(got: u64, expected: f64, tolerance: f64) -> bool {
     ((got as f64 - expected) / expected).abs() <= tolerance
@@ -19,7 +18,7 @@ fn within(got: u64, expected: f64, tolerance: f64) -> bool {
 
 /// Forward FLOPs of one eval-mode pass at batch `b`, from the step profile.
 fn forward_flops(vs: &nn::VarStore, net: &impl ModuleT, b: i64, csv_dir: Option<&Path>) -> u64 {
-    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _guard = common::serial();
     let mut builder = MemoryProfiler::builder(vs).print(false).timeline_step(1);
     if let Some(dir) = csv_dir {
         builder = builder.csv(true).csv_dir(dir);

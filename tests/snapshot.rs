@@ -9,14 +9,10 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Mutex;
 
 use common::*;
 use tch::{nn, nn::OptimizerConfig, Device};
 use tch_memprof::MemoryProfiler;
-
-/// One profiler per process: tests take turns.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 /// `<venv>/bin/python3` of the torch wheel that LIBTORCH points into.
 fn torch_python() -> Option<PathBuf> {
@@ -55,7 +51,7 @@ print("html_bytes", len(html))
 
 #[test]
 fn a_cpu_snapshot_loads_in_pytorchs_viewer_with_the_allocators_bytes() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = common::serial();
     let Some(python) = torch_python() else {
         use std::io::Write;
         let _ = writeln!(
@@ -122,7 +118,7 @@ fn a_cpu_snapshot_loads_in_pytorchs_viewer_with_the_allocators_bytes() {
 
 #[test]
 fn history_settings_are_checked() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let mut profiler = MemoryProfiler::builder(&vs).print(false).build().unwrap();
     let err = profiler.start_memory_history(0).unwrap_err();

@@ -5,13 +5,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use common::*;
 use tch::nn::{self, OptimizerConfig};
 use tch_memprof::{Error, MemoryProfiler};
-
-static SERIAL: Mutex<()> = Mutex::new(());
 
 fn files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -30,7 +27,7 @@ fn ending(dir: &Path, suffix: &str) -> Option<PathBuf> {
 
 #[test]
 fn peak_step_files_appear_at_epoch_end_and_parse() {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _g = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let net = mlp(&vs);
@@ -56,15 +53,15 @@ fn peak_step_files_appear_at_epoch_end_and_parse() {
     assert!(ending(dir.path(), "_step2_layers.csv").is_some());
     assert!(ending(dir.path(), "_step2_timeline.png").is_some());
     let peak_files = prof.peak_step_files().unwrap();
-    assert!(!peak_files[0].exists());
+    assert!(!peak_files.timeline_csv.exists());
     prof.epoch_end();
     assert_eq!(prof.failures(), 0);
-    for f in &peak_files {
+    for f in peak_files.paths() {
         assert!(f.exists(), "{} missing", f.display());
     }
 
     let peak = prof.peak_step_profile().unwrap();
-    let mut r = csv::Reader::from_path(&peak_files[0]).unwrap();
+    let mut r = csv::Reader::from_path(&peak_files.timeline_csv).unwrap();
     let header: Vec<String> = r.headers().unwrap().iter().map(String::from).collect();
     assert_eq!(
         header,
@@ -93,16 +90,16 @@ fn peak_step_files_appear_at_epoch_end_and_parse() {
     }
     assert_eq!(rows, peak.rows.len());
 
-    let png = std::fs::read(&peak_files[2]).unwrap();
+    let png = std::fs::read(&peak_files.png).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-    let svg = std::fs::read_to_string(&peak_files[3]).unwrap();
+    let svg = std::fs::read_to_string(&peak_files.svg).unwrap();
     assert!(svg.contains("<svg") && svg.contains("ACT"));
     drop(prof);
 }
 
 #[test]
 fn no_timeline_files_without_the_timeline() {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _g = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let net = mlp(&vs);
@@ -124,7 +121,7 @@ fn no_timeline_files_without_the_timeline() {
 
 #[test]
 fn step_zero_is_refused_with_the_reason() {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _g = common::serial();
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let err = MemoryProfiler::builder(&vs)
         .timeline_step(0)

@@ -91,3 +91,11 @@ pub fn tiny_step(net: &impl Module, opt: &mut nn::Optimizer) {
     let loss = net.forward(&x).cross_entropy_for_logits(&y);
     opt.backward_step(&loss);
 }
+
+/// Serialises the tests of one test binary that start a profiler (one per process).
+pub static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Takes [`SERIAL`] (a test that panicked while holding it does not block the rest).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -21,7 +21,7 @@ static FONT_ONCE: Once = Once::new();
 /// system fonts.
 fn register_font() {
     FONT_ONCE.call_once(|| {
-        let bytes: &'static [u8] = include_bytes!("../assets/fonts/DejaVuSans.ttf");
+        let bytes: &'static [u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
         if plotters::style::register_font(FONT, FontStyle::Normal, bytes).is_err() {
             log::warn!(
                 "tch-memprof: the bundled font could not be loaded; plot text may be missing"
@@ -55,7 +55,14 @@ fn unit(max: u64) -> (f64, &'static str) {
     }
 }
 
-pub(crate) fn plot_timeline(p: &StepProfile, path: &Path, title: Option<&str>) -> Result<()> {
+impl StepProfile {
+    /// Writes the plot: PNG or SVG by the file's extension (`.svg` gives SVG).
+    pub fn plot(&self, path: &Path, title: Option<&str>) -> Result<()> {
+        plot_timeline(self, path, title)
+    }
+}
+
+fn plot_timeline(p: &StepProfile, path: &Path, title: Option<&str>) -> Result<()> {
     register_font();
     let svg = path
         .extension()

@@ -16,7 +16,8 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::ffi::{HistEvent, LiveBlock};
-use crate::timeline::{Names, Phase};
+use crate::names::Names;
+use crate::phase::Phase;
 
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Frame {
@@ -70,8 +71,8 @@ struct Snapshot {
 
 fn frame(names: &mut Names, op: i32, layer: i32, line: i64) -> Frame {
     Frame {
-        name: names.op(op),
-        filename: names.layer(layer),
+        name: names.get(op),
+        filename: names.get(layer),
         line,
     }
 }

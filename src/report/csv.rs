@@ -19,8 +19,10 @@ use crate::error::{Error, Result};
 use crate::format;
 use crate::fs;
 use crate::leaks::LeakReport;
-use crate::report::Report;
 use crate::stats::{EpochStats, IterationStats};
+use crate::timeline::{Category, StepFiles, StepKind, StepProfile};
+
+use super::Report;
 
 /// A row of `<run>_summary.csv`.
 #[derive(Debug, Serialize)]
@@ -164,6 +166,8 @@ impl CsvFile {
 
 /// The CSV sink of one run.
 pub(crate) struct CsvReport {
+    dir: PathBuf,
+    stem: String,
     summary: CsvFile,
     parameters: CsvFile,
     epochs: CsvFile,
@@ -208,6 +212,8 @@ impl CsvReport {
     pub(crate) fn new(dir: &Path, stem: &str, wide: bool) -> Self {
         let file = |suffix: &str| CsvFile::new(dir.join(format!("{stem}_{suffix}.csv")));
         CsvReport {
+            dir: dir.to_path_buf(),
+            stem: stem.to_string(),
             summary: file("summary"),
             parameters: file("parameters"),
             epochs: file("epochs"),
@@ -382,9 +388,98 @@ impl Report for CsvReport {
         })
     }
 
+    fn step_profile(&mut self, p: &StepProfile, kind: StepKind) -> Result<()> {
+        let files = match kind {
+            StepKind::Requested(step) => {
+                StepFiles::beside(&self.dir, &format!("{}_step{step}", self.stem))
+            }
+            StepKind::Peak | StepKind::PeakAtExit => StepFiles::beside(&self.dir, &self.stem),
+        };
+        p.write_timeline_csv(&files.timeline_csv)?;
+        p.write_layers_csv(&files.layers_csv)?;
+        let title = format!(
+            "Live memory by category, step {} ({}), peak {}",
+            p.step,
+            p.device,
+            format::bytes(p.peak.bytes)
+        );
+        p.plot(&files.png, Some(&title))?;
+        p.plot(&files.svg, Some(&title))
+    }
+
     fn name(&self) -> &'static str {
         "csv"
     }
+}
+
+#[derive(Serialize)]
+struct TimelineCsvRow<'a> {
+    op_index: u32,
+    op: &'a str,
+    phase: &'static str,
+    layer: &'a str,
+    param_bytes: u64,
+    buffer_bytes: u64,
+    grad_bytes: u64,
+    act_bytes: u64,
+    temp_bytes: u64,
+    opt_bytes: u64,
+    other_bytes: u64,
+    total_bytes: u64,
+}
+
+impl StepProfile {
+    /// Writes the timeline as CSV: `op_index, op, phase, layer`, one `<category>_bytes`
+    /// column per category and `total_bytes`. Replaces the file atomically.
+    pub fn write_timeline_csv(&self, path: &Path) -> Result<()> {
+        write_atomically(path, |w| {
+            for r in &self.rows {
+                let b = &r.bytes;
+                w.serialize(TimelineCsvRow {
+                    op_index: r.op_index,
+                    op: &r.op,
+                    phase: r.phase.name(),
+                    layer: &r.layer,
+                    param_bytes: b.get(Category::Param),
+                    buffer_bytes: b.get(Category::Buffer),
+                    grad_bytes: b.get(Category::Grad),
+                    act_bytes: b.get(Category::Act),
+                    temp_bytes: b.get(Category::Temp),
+                    opt_bytes: b.get(Category::Opt),
+                    other_bytes: b.get(Category::Other),
+                    total_bytes: b.total(),
+                })?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Writes the layers as CSV: `layer, parameters_bytes, activation_bytes,
+    /// forward_flops, backward_flops`. Replaces the file atomically.
+    pub fn write_layers_csv(&self, path: &Path) -> Result<()> {
+        write_atomically(path, |w| {
+            for l in &self.layers {
+                w.serialize(l)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+fn write_atomically(
+    path: &Path,
+    body: impl FnOnce(&mut csv::Writer<Vec<u8>>) -> std::result::Result<(), csv::Error>,
+) -> Result<()> {
+    let csv_err = |source| Error::Csv {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut w = csv::Writer::from_writer(Vec::new());
+    body(&mut w).map_err(csv_err)?;
+    let bytes = w
+        .into_inner()
+        .map_err(|e| csv_err(csv::Error::from(e.into_error())))?;
+    crate::fs::write_atomic(path, &bytes)
 }
 
 #[cfg(test)]
@@ -392,7 +487,7 @@ mod tests {
     use super::*;
 
     fn stats(device: &str, cuda: Option<crate::CudaStats>) -> IterationStats {
-        let mut s = crate::report::tests::stats(0);
+        let mut s = crate::report::terminal::tests::stats(0);
         s.device = device.into();
         s.cuda = cuda;
         s
@@ -414,7 +509,7 @@ mod tests {
         assert_eq!(h.last().unwrap(), "backward_passes");
         assert!(!h.iter().any(|c| c.starts_with("cuda_")));
 
-        let c = crate::report::tests::cuda_stats(1 << 20);
+        let c = crate::report::terminal::tests::cuda_stats(1 << 20);
         let (h, row) = summary(&stats("cuda:0", Some(c)));
         let cuda: Vec<&str> = h
             .iter()

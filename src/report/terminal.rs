@@ -1,5 +1,4 @@
-//! Reports as a fan-out: the profiler hands each report to every sink (terminal, CSV);
-//! a sink's failure is logged and counted by the profiler, never raised in the loop.
+//! The terminal: tables on standard output, and the text of leak and OOM reports.
 
 use std::io::Write;
 
@@ -9,30 +8,17 @@ use comfy_table::{Cell, CellAlignment, ColumnConstraint, ContentArrangement, Tab
 use crate::error::Result;
 use crate::format;
 use crate::leaks::LeakReport;
+use crate::oom::OomReport;
 use crate::stats::{EpochStats, IterationStats, VariableKind};
-use crate::timeline::{Category, StepProfile};
+use crate::timeline::{Category, StepKind, StepProfile};
 
-/// A destination for reports. Both hooks do nothing by default.
-pub(crate) trait Report {
-    /// Called at every reported iteration.
-    fn iteration(&mut self, _stats: &IterationStats) -> Result<()> {
-        Ok(())
-    }
-    /// Called at every `epoch_end`.
-    fn epoch(&mut self, _stats: &EpochStats) -> Result<()> {
-        Ok(())
-    }
-    /// Called at an `epoch_end` whose leak hunt found suspects.
-    fn leaks(&mut self, _report: &LeakReport) -> Result<()> {
-        Ok(())
-    }
-    /// Short name for log messages.
-    fn name(&self) -> &'static str;
-}
+use super::Report;
 
 /// Prints tables to standard output.
 pub(crate) struct TerminalReport {
     pub top_variables: usize,
+    /// Layers listed in a step profile's tables.
+    pub top_layers: usize,
 }
 
 impl Report for TerminalReport {
@@ -42,8 +28,21 @@ impl Report for TerminalReport {
     fn epoch(&mut self, stats: &EpochStats) -> Result<()> {
         write_stdout(&render_epoch(stats))
     }
+    fn step_profile(&mut self, p: &StepProfile, kind: StepKind) -> Result<()> {
+        let why = match kind {
+            StepKind::Requested(_) => "the step asked for with timeline_step",
+            StepKind::Peak => "the step with the run's highest peak so far",
+            StepKind::PeakAtExit => return Ok(()),
+        };
+        write_stdout(&render_step(p, why, self.top_layers))
+    }
     fn leaks(&mut self, report: &LeakReport) -> Result<()> {
-        write_stdout(&render_leaks(report))
+        write_stdout(&report.render())
+    }
+    fn oom(&mut self, report: &OomReport) -> Result<()> {
+        // Not through Rust's stdout lock: the thread that ran out of memory may be
+        // the one holding it.
+        crate::ffi::write_stdout_unlocked(&report.render())
     }
     fn name(&self) -> &'static str {
         "terminal"
@@ -261,7 +260,7 @@ pub(crate) fn render_iteration(s: &IterationStats, top: usize) -> String {
 }
 
 /// The CUDA caching allocator's own statistics, one column pair per device.
-pub(crate) fn render_cuda(devices: &[(usize, crate::CudaStats)]) -> String {
+fn render_cuda(devices: &[(usize, crate::CudaStats)]) -> String {
     let mut t = table();
     let mut header = vec![Cell::new("CUDA allocator")];
     for (i, _) in devices {
@@ -323,7 +322,7 @@ fn render_variables(s: &IterationStats, top: usize) -> String {
         let grad = match (v.kind, v.grad_bytes) {
             (_, Some(g)) => format::bytes(g),
             (VariableKind::Buffer, None) => "buffer".into(),
-            (VariableKind::Weight, None) => "-".into(),
+            (VariableKind::Weight, None) => crate::names::MISSING.into(),
         };
         t.add_row(vec![
             Cell::new(&v.name),
@@ -380,8 +379,69 @@ pub(crate) fn render_epoch(e: &EpochStats) -> String {
     format!("\n{t}\n")
 }
 
-/// The terminal report of a leak hunt: the suspects and, if recognised, what they mean.
-pub(crate) fn render_leaks(r: &LeakReport) -> String {
+impl LeakReport {
+    /// The report as terminal text: the suspects and, if recognised, what they mean.
+    pub fn render(&self) -> String {
+        render_leaks(self)
+    }
+}
+
+impl OomReport {
+    /// The report as terminal text.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "OUT OF MEMORY on {} during step {}: an allocation of {} failed with {} \
+             allocated\n",
+            self.device,
+            self.step,
+            format::bytes(self.requested_bytes),
+            format::bytes(self.allocated_bytes)
+        );
+        if let Some(r) = self.reserved_bytes {
+            out.push_str(&format!(
+                "  reserved {}: {} of it cached but free, in blocks the request did not fit \
+                 (fragmentation)\n",
+                format::bytes(r),
+                format::bytes(r.saturating_sub(self.allocated_bytes))
+            ));
+        }
+        out.push_str("  live bytes by category:\n");
+        for (c, b) in &self.by_category {
+            out.push_str(&format!(
+                "    {:<48} {:>12}\n",
+                c.label(),
+                format::bytes(*b)
+            ));
+        }
+        out.push_str("  largest layers:\n");
+        for (l, b) in &self.by_layer {
+            out.push_str(&format!("    {l:<48} {:>12}\n", format::bytes(*b)));
+        }
+        out.push_str("  largest blocks: [category] op (phase, layer, iteration)\n");
+        for b in &self.largest_blocks {
+            out.push_str(&format!(
+                "    {:>12}  [{}] {} ({}, {}, iteration {})\n",
+                format::bytes(b.bytes),
+                b.category.short(),
+                b.op,
+                b.phase.name(),
+                b.layer,
+                b.iteration
+            ));
+        }
+        for (what, p) in [
+            ("report", &self.report_path),
+            ("snapshot", &self.snapshot_path),
+        ] {
+            if let Some(p) = p {
+                out.push_str(&format!("  {what}: {}\n", p.display()));
+            }
+        }
+        out
+    }
+}
+
+fn render_leaks(r: &LeakReport) -> String {
     let mut t = table();
     let width = t.width().map_or(100, usize::from).clamp(40, 100);
     let mut out = textwrap::fill(

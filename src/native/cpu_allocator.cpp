@@ -1,0 +1,127 @@
+// The tracking CPU allocator: wraps c10's CPU allocation, installed when the library
+// loads (before the user's model is built), process-wide.
+//
+// Each block has a header in front of the data (data == context, as c10 requires):
+// [base ... header (kHeader bytes, holds the tag) | data ...]. The header size is the
+// alignment c10 would use, so the data keeps c10's alignment.
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+#include "internal.h"
+
+namespace memprof {
+
+std::atomic<bool> g_cpu_installed{false};
+
+namespace {
+constexpr uint64_t kMagic = 0x6d656d70726f6631ull;  // "memprof1"
+
+struct BlockHeader {
+  uint64_t magic;
+  uint64_t size;        // bytes requested by the tensor
+  uint64_t head_bytes;  // distance from base to data
+  uint32_t gen;
+  uint32_t phase;
+  uint32_t reg;         // live-block registry entry, kNoReg if not registered
+  uint32_t pad;
+};
+static_assert(sizeof(BlockHeader) <= 64, "header fits the minimum alignment");
+
+inline BlockHeader* header_of(void* data) {
+  return reinterpret_cast<BlockHeader*>(static_cast<char*>(data) - sizeof(BlockHeader));
+}
+
+void tracked_delete(void* data) {
+  if (!data) {
+    return;
+  }
+  HookScope hook;
+  BlockHeader* h = header_of(data);
+  void* base = static_cast<char*>(data) - h->head_bytes;
+  if (h->magic == kMagic) {
+    on_free(0, uint64_t(data), int64_t(h->size), h->gen, h->phase);
+    reg_remove(h->reg);
+    hist_append(0, uint64_t(data), -int64_t(h->size));
+  } else {
+    g_untagged_frees.fetch_add(1, std::memory_order_relaxed);
+  }
+  h->magic = 0;
+  c10::free_cpu(base);
+}
+
+struct TrackingCpuAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    if (n == 0) {
+      return {nullptr, nullptr, &tracked_delete, c10::Device(c10::DeviceType::CPU)};
+    }
+    size_t head = c10::c10_compute_alignment(n);
+    if (head < 64) {
+      head = 64;
+    }
+    void* base = nullptr;
+    try {
+      HookScope hook;
+      base = c10::alloc_cpu(n + head);  // throws c10::Error on failure, like c10's
+    } catch (...) {
+      // The hook scope has closed: the report writer is not the hook.
+      fire_oom(0, int64_t(n), g_dev[0].live.load(std::memory_order_relaxed), 0);
+      throw;
+    }
+    HookScope hook;
+    void* data = static_cast<char*>(base) + head;
+    const uint64_t gp = phase_for_alloc();
+    BlockHeader* h = header_of(data);
+    h->magic = kMagic;
+    h->size = n;
+    h->head_bytes = head;
+    h->gen = cur_gen(gp);
+    h->phase = cur_phase(gp);
+    h->reg = reg_add(uint64_t(data), int64_t(n), h->phase, 0);
+    hist_append(0, uint64_t(data), int64_t(n));
+    on_alloc(0, uint64_t(data), int64_t(n), h->gen, h->phase);
+    return {data, data, &tracked_delete, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &tracked_delete;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+// Constructed on first use (not a global with a dynamic initialiser, whose order
+// against the library's load-time initialiser would be unspecified).
+TrackingCpuAllocator* tracking_allocator() {
+  static TrackingCpuAllocator a;
+  return &a;
+}
+}  // namespace
+
+void install_cpu_allocator() {
+  c10::SetCPUAllocator(tracking_allocator(), /*priority=*/100);
+  g_cpu_installed.store(c10::GetCPUAllocator() == tracking_allocator());
+}
+
+bool cpu_block_tag(const c10::DataPtr& dp, int64_t* size, uint32_t* gen, uint32_t* phase) {
+  if (dp.get_deleter() != &tracked_delete || !dp.get()) {
+    return false;
+  }
+  const BlockHeader* h = header_of(dp.get());
+  if (h->magic != kMagic) {
+    return false;
+  }
+  *size = int64_t(h->size);
+  *gen = h->gen;
+  *phase = h->phase;
+  return true;
+}
+
+void reenter_cpu_hook() {
+  HookScope hook;
+  // What a hook must never do: allocate through the allocator it watches.
+  c10::DataPtr p = tracking_allocator()->allocate(16);
+}
+
+}  // namespace memprof

@@ -1,0 +1,271 @@
+// CUDA: the caching allocator's reports, libtorch_cuda.so (which tch binaries do not
+// list as needed), the allocator's statistics, history, snapshot and control.
+//
+// The caching allocator reports to the thread-local MemoryReportingInfoBase that the
+// session pushes on the training thread (the autograd engine carries it to its device
+// threads). Sizes are the allocator's rounded block sizes. The reporter runs under the
+// allocator's lock: it keeps its tags in the lock-free block table (registry.cpp),
+// takes no lock, allocates nothing and never calls back into the allocator.
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "internal.h"
+
+namespace memprof {
+
+std::atomic<int64_t> g_cuda_ooms_seen{0};
+
+namespace {
+std::atomic<bool> g_cuda_loaded{false};
+// Why CUDA is (not) available; written once, at library load.
+char g_cuda_message[512] = "not attempted";
+
+void set_message(const std::string& m) {
+  std::snprintf(g_cuda_message, sizeof(g_cuda_message), "%s", m.c_str());
+}
+
+struct Reporter final : public c10::MemoryReportingInfoBase {
+  void reportMemoryUsage(
+      void* ptr,
+      int64_t alloc_size,
+      size_t total_allocated,
+      size_t total_reserved,
+      c10::Device device) override {
+    if (device.type() != c10::DeviceType::CUDA || device.index() < 0 ||
+        device.index() >= kMaxCuda) {
+      return;  // the CPU is counted by the tracking allocator
+    }
+    HookScope hook;
+    const int dev = 1 + device.index();
+    DeviceState& d = g_dev[dev];
+    const int64_t alloc = int64_t(total_allocated);
+    const int64_t reserved = int64_t(total_reserved);
+    d.reported_allocated.store(alloc, std::memory_order_relaxed);
+    d.reported_reserved.store(reserved, std::memory_order_relaxed);
+    atomic_max(d.reported_peak_allocated_iter, alloc);
+    atomic_max(d.reported_peak_reserved_iter, reserved);
+    atomic_max(d.reported_peak_allocated_run, alloc);
+    atomic_max(d.reported_peak_reserved_run, reserved);
+    const uint64_t key = uint64_t(ptr);
+    if (alloc_size > 0) {
+      const uint64_t gp = phase_for_alloc();
+      const uint32_t gen = cur_gen(gp);
+      const uint32_t phase = cur_phase(gp);
+      const uint32_t reg = reg_add(key, alloc_size, phase, dev);
+      uint32_t stale = kNoReg;
+      if (!table_insert(g_cuda_blocks, key, pack(gen, phase, alloc_size), reg, &stale)) {
+        // No room: leave the block uncounted rather than count a free we cannot tag.
+        g_cuda_untracked.fetch_add(1, std::memory_order_relaxed);
+        reg_remove(reg);
+        return;
+      }
+      reg_remove(stale);
+      hist_append(dev, key, alloc_size);
+      on_alloc(dev, key, alloc_size, gen, phase);
+    } else if (alloc_size < 0) {
+      uint64_t tag = 0;
+      uint32_t reg = kNoReg;
+      if (table_remove(g_cuda_blocks, key, &tag, &reg)) {
+        on_free(dev, key, slot_bytes(tag), slot_gen(tag), slot_phase(tag));
+        reg_remove(reg);
+        hist_append(dev, key, -slot_bytes(tag));
+      }
+    }
+  }
+
+  void reportOutOfMemory(
+      int64_t alloc_size,
+      size_t total_allocated,
+      size_t total_reserved,
+      c10::Device device) override {
+    g_cuda_ooms_seen.fetch_add(1, std::memory_order_relaxed);
+    if (device.type() == c10::DeviceType::CUDA && device.index() >= 0 &&
+        device.index() < kMaxCuda) {
+      fire_oom(1 + device.index(), alloc_size, int64_t(total_allocated), int64_t(total_reserved));
+    }
+  }
+
+  bool memoryProfilingEnabled() const override {
+    return true;
+  }
+};
+
+std::string libtorch_dir() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&c10::alloc_cpu), &info) && info.dli_fname) {
+    std::string p(info.dli_fname);
+    auto slash = p.rfind('/');
+    if (slash != std::string::npos) {
+      return p.substr(0, slash);
+    }
+  }
+  return "";
+}
+
+bool nvidia_driver_present() {
+  return access("/proc/driver/nvidia/version", F_OK) == 0 || access("/dev/nvidiactl", F_OK) == 0;
+}
+
+c10::DeviceAllocator* cuda_allocator() {
+  if (!g_cuda_loaded.load()) {
+    set_error((std::string("CUDA is not available: ") + g_cuda_message).c_str());
+    return nullptr;
+  }
+  auto* alloc = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(c10::DeviceType::CUDA));
+  if (!alloc || !alloc->initialized()) {
+    set_error("the CUDA caching allocator is not initialized (no CUDA tensor yet)");
+    return nullptr;
+  }
+  return alloc;
+}
+
+// torch::cuda functions of libtorch_cuda.so, looked up by their mangled names.
+void* cuda_symbol(const char* mangled) {
+  if (!g_cuda_loaded.load()) {
+    set_error((std::string("CUDA is not available: ") + g_cuda_message).c_str());
+    return nullptr;
+  }
+  void* f = dlsym(RTLD_DEFAULT, mangled);
+  if (!f) {
+    set_error((std::string("libtorch_cuda.so lacks ") + mangled).c_str());
+  }
+  return f;
+}
+
+using RecordHistoryFn = void (*)(
+    bool, bool, int64_t, bool, bool, bool, bool, bool, const std::vector<std::string>&);
+using SnapshotFn = std::string (*)();
+}  // namespace
+
+bool cuda_loaded() {
+  return g_cuda_loaded.load();
+}
+
+const char* cuda_load_message() {
+  return g_cuda_message;
+}
+
+void load_cuda() {
+  if (getenv("TCH_MEMPROF_NO_CUDA")) {
+    set_message("TCH_MEMPROF_NO_CUDA is set");
+    return;
+  }
+  if (!nvidia_driver_present()) {
+    set_message("no NVIDIA driver on this machine (/proc/driver/nvidia absent)");
+    return;
+  }
+  const std::string dir = libtorch_dir();
+  const std::string path = dir.empty() ? "libtorch_cuda.so" : dir + "/libtorch_cuda.so";
+  if (access(path.c_str(), F_OK) != 0) {
+    set_message(path + " not found: this libtorch is CPU-only");
+    return;
+  }
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (!h) {
+    const char* e = dlerror();
+    set_message(std::string("dlopen ") + path + " failed: " + (e ? e : "unknown error"));
+    return;
+  }
+  g_cuda_loaded.store(true);
+  set_message("loaded " + path);
+}
+
+void push_cuda_reporter() {
+  c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, std::make_shared<Reporter>());
+}
+
+void pop_cuda_reporter() {
+  auto top = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
+  if (top && dynamic_cast<Reporter*>(top)) {
+    c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
+  }
+}
+
+int cuda_stats(int32_t index, MpCudaStats* out) {
+  auto* alloc = cuda_allocator();
+  if (!alloc) {
+    return -1;
+  }
+  auto s = alloc->getDeviceStats(c10::DeviceIndex(index));
+  constexpr auto A = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  out->allocated_current = s.allocated_bytes[A].current;
+  out->allocated_peak = s.allocated_bytes[A].peak;
+  out->reserved_current = s.reserved_bytes[A].current;
+  out->reserved_peak = s.reserved_bytes[A].peak;
+  out->active_current = s.active_bytes[A].current;
+  out->active_peak = s.active_bytes[A].peak;
+  out->requested_current = s.requested_bytes[A].current;
+  out->requested_peak = s.requested_bytes[A].peak;
+  out->alloc_retries = s.num_alloc_retries;
+  out->ooms = s.num_ooms;
+  auto info = alloc->getMemoryInfo(c10::DeviceIndex(index));
+  out->free_bytes = int64_t(info.first);
+  out->total_bytes = int64_t(info.second);
+  return 0;
+}
+
+int cuda_history(bool on, int64_t max_entries) {
+  auto f = reinterpret_cast<RecordHistoryFn>(cuda_symbol(
+      "_ZN5torch4cuda22_record_memory_historyEbblbbbbbRKSt6vectorINSt7__cxx1112basic_"
+      "stringIcSt11char_traitsIcESaIcEEESaIS7_EE"));
+  if (!f) {
+    return -1;
+  }
+  // enabled, record_context, trace_alloc_max_entries, trace_alloc_record_context,
+  // record_cpp_context (C++ unwinding is slow: off), clearHistory, compileContext,
+  // globalRecordAllocations, skip_actions.
+  f(on, on, max_entries, on, false, on, false, false, {});
+  return 0;
+}
+
+int cuda_snapshot(const char* path) {
+  auto f = reinterpret_cast<SnapshotFn>(
+      cuda_symbol("_ZN5torch4cuda24_memory_snapshot_pickledB5cxx11Ev"));
+  if (!f) {
+    return -1;
+  }
+  const std::string bytes = f();
+  FILE* out = std::fopen(path, "wb");
+  if (!out) {
+    set_error((std::string("cannot create ") + path).c_str());
+    return -1;
+  }
+  const size_t n = std::fwrite(bytes.data(), 1, bytes.size(), out);
+  const bool closed = std::fclose(out) == 0;
+  if (n != bytes.size() || !closed) {
+    set_error((std::string("cannot write ") + path).c_str());
+    return -1;
+  }
+  return 0;
+}
+
+int cuda_control(int32_t index, int32_t what) {
+  if (what != MP_CUDA_RESET_PEAKS && what != MP_CUDA_EMPTY_CACHE) {
+    set_error("memprof_cuda_control: unknown action");
+    return -1;
+  }
+  auto* alloc = cuda_allocator();
+  if (!alloc) {
+    return -1;
+  }
+  if (what == MP_CUDA_RESET_PEAKS) {
+    alloc->resetPeakStats(c10::DeviceIndex(index));
+  } else {
+    alloc->emptyCache();
+  }
+  return 0;
+}
+
+}  // namespace memprof

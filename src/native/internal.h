@@ -1,0 +1,427 @@
+// Internals shared by the native layer's translation units. Nothing here crosses the
+// FFI: the contract with Rust is memprof.h.
+//
+// Hot-path rules (the allocation hooks and op callbacks run millions of times):
+// - atomics only: no lock, no heap allocation, no I/O, no unbounded wait;
+// - never allocate through the allocator being watched (HookScope counts re-entries,
+//   and the tests require the count to stay 0);
+// - the CUDA reporter runs under the caching allocator's lock: it never calls back
+//   into that allocator.
+//
+// Accounting model:
+// - Every block carries a birth tag: the generation (bumped at every phase change and
+//   every iteration start) and the phase it was born in.
+// - Per device, live bytes are kept per generation in a ring of kRing slots; a slot
+//   whose generation falls out of the ring is folded into a per-phase "old" counter.
+//   Slot updates are single 64-bit CASes (generation, phase and bytes packed), so a
+//   free is never charged to the wrong generation, even racing with a fold.
+// - Feature maps: bytes of the forward generation still live when the first backward
+//   node starts. Optimizer state: live bytes born in optimizer generations.
+// - During backward, births and deaths go to a lock-free log that the Rust side
+//   replays for the intermediate gradients (which blocks became weight gradients is
+//   known only after backward).
+
+#pragma once
+
+#include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "flops.h"
+#include "memprof.h"
+
+namespace memprof {
+
+// ---------------------------------------------------------------------------------
+// Constants.
+
+constexpr int kMaxCuda = MP_MAX_CUDA;
+constexpr int kMaxDevices = MP_MAX_DEVICES;  // slot 0 = CPU, 1 + i = cuda:i
+constexpr int kRing = 8;
+constexpr uint32_t kForward = MP_PHASE_FORWARD;
+constexpr uint32_t kBackward = MP_PHASE_BACKWARD;
+constexpr uint32_t kOptimizer = MP_PHASE_OPTIMIZER;
+constexpr uint32_t kIdle = MP_PHASE_IDLE;
+constexpr int kPhases = 4;
+
+constexpr uint64_t kGenBits = 20;
+constexpr uint64_t kGenMask = (1ull << kGenBits) - 1;
+constexpr uint64_t kBytesBits = 42;
+constexpr uint64_t kBytesMask = (1ull << kBytesBits) - 1;
+
+constexpr uint32_t kNoReg = 0xffffffffu;
+
+// ---------------------------------------------------------------------------------
+// Errors (api.cpp): the calling thread's last-error slot.
+
+void set_error(const char* what) noexcept;
+
+// ---------------------------------------------------------------------------------
+// Re-entrancy of the hooks: every hook body runs inside a HookScope; entering one
+// while another is open on the same thread means a hook allocated through the
+// allocator it watches (or called back into itself), which is counted.
+
+extern std::atomic<int64_t> g_hook_reentries;
+extern thread_local int tls_hook_depth;
+
+struct HookScope {
+  HookScope() noexcept {
+    if (tls_hook_depth++ > 0) {
+      g_hook_reentries.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  ~HookScope() {
+    --tls_hook_depth;
+  }
+  HookScope(const HookScope&) = delete;
+  HookScope& operator=(const HookScope&) = delete;
+};
+
+// ---------------------------------------------------------------------------------
+// Generation slots and device counters (counters.cpp).
+
+inline uint64_t pack(uint32_t gen, uint32_t phase, int64_t bytes) {
+  return ((uint64_t(gen) & kGenMask) << (kBytesBits + 2)) |
+      ((uint64_t(phase) & 3u) << kBytesBits) | (uint64_t(bytes) & kBytesMask);
+}
+inline uint32_t slot_gen(uint64_t v) {
+  return uint32_t(v >> (kBytesBits + 2));
+}
+inline uint32_t slot_phase(uint64_t v) {
+  return uint32_t((v >> kBytesBits) & 3u);
+}
+inline int64_t slot_bytes(uint64_t v) {
+  // 42-bit two's complement.
+  int64_t b = int64_t(v & kBytesMask);
+  if (b & (1ll << (kBytesBits - 1))) {
+    b -= (1ll << kBytesBits);
+  }
+  return b;
+}
+
+struct DeviceState {
+  std::atomic<int64_t> live{0};       // live bytes of blocks this layer saw born
+  std::atomic<int64_t> peak_iter{0};  // peak of `live` since the iteration began
+  std::atomic<int64_t> peak_run{0};   // peak of `live` since the profiler started
+  std::atomic<int64_t> allocs{0};
+  std::atomic<int64_t> frees{0};
+  std::atomic<uint64_t> slots[kRing];
+  std::atomic<int64_t> old_by_phase[kPhases];
+  // Feature maps: the largest forward-generation live bytes seen at a backward start
+  // in this iteration; -1 when no backward started.
+  std::atomic<int64_t> feature_maps{-1};
+  // CUDA only: the caching allocator's own counters, as passed with each report.
+  std::atomic<int64_t> reported_allocated{-1};
+  std::atomic<int64_t> reported_reserved{-1};
+  std::atomic<int64_t> reported_peak_allocated_iter{-1};
+  std::atomic<int64_t> reported_peak_reserved_iter{-1};
+  std::atomic<int64_t> reported_peak_allocated_run{-1};
+  std::atomic<int64_t> reported_peak_reserved_run{-1};
+};
+
+extern DeviceState g_dev[kMaxDevices];
+// Current generation and phase, packed (gen << 8 | phase) so both are read together.
+extern std::atomic<uint64_t> g_genphase;
+// Backward nodes running now, on any thread.
+extern std::atomic<int64_t> g_active_backward;
+extern std::atomic<int64_t> g_backward_passes;
+// Frees whose birth tag could not be read (should stay 0).
+extern std::atomic<int64_t> g_untagged_frees;
+// Whether this thread is the training thread of the session.
+extern thread_local bool tls_training_thread;
+
+inline uint32_t cur_gen(uint64_t gp) {
+  return uint32_t(gp >> 8);
+}
+inline uint32_t cur_phase(uint64_t gp) {
+  return uint32_t(gp & 0xff);
+}
+inline uint64_t genphase(uint32_t gen, uint32_t phase) {
+  return (uint64_t(gen) << 8) | phase;
+}
+
+inline void atomic_max(std::atomic<int64_t>& a, int64_t v) {
+  int64_t cur = a.load(std::memory_order_relaxed);
+  while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+
+void init_slots();
+void slot_add(DeviceState& d, uint32_t gen, uint32_t phase, int64_t delta);
+int64_t phase_live(const DeviceState& d, uint32_t phase);
+// Moves from `from` to `to` (bumping the generation) if the phase is still `from`.
+bool transition(uint32_t from, uint32_t to);
+
+// Called on every allocation by the training thread: the allocation-driven phase
+// changes (backward -> optimizer when no backward node runs; optimizer -> forward when
+// a grad-mode op allocates, i.e. the next micro-batch's forward pass).
+inline uint64_t phase_for_alloc() {
+  uint64_t gp = g_genphase.load(std::memory_order_acquire);
+  if (tls_training_thread) {
+    const uint32_t ph = cur_phase(gp);
+    if (ph == kBackward && g_active_backward.load(std::memory_order_acquire) == 0) {
+      transition(kBackward, kOptimizer);
+      gp = g_genphase.load(std::memory_order_acquire);
+    } else if (ph == kOptimizer && c10::GradMode::is_enabled()) {
+      transition(kOptimizer, kForward);
+      gp = g_genphase.load(std::memory_order_acquire);
+    }
+  }
+  return gp;
+}
+
+// ---------------------------------------------------------------------------------
+// Logs (logs.cpp): fixed-capacity event logs reserved with mmap (pages touched only
+// as they fill), appended with one atomic increment.
+
+// Reserves address space for `bytes` (zero-filled pages, no swap reserved); null if
+// the reservation fails.
+void* reserve_pages(size_t bytes);
+template <class T>
+T* reserve(size_t n) {
+  return static_cast<T*>(reserve_pages(n * sizeof(T)));
+}
+
+// The backward log.
+constexpr size_t kLogCapacity = size_t(1) << 20;
+extern MpLogEvent* g_log;
+extern std::atomic<uint64_t> g_log_len;
+
+inline void log_event(uint64_t ptr, int64_t delta, uint32_t gen, uint32_t dev) {
+  if (!g_log) {
+    return;
+  }
+  const uint64_t i = g_log_len.fetch_add(1, std::memory_order_relaxed);
+  if (i < kLogCapacity) {
+    g_log[i] = MpLogEvent{ptr, delta, gen, dev};
+  }
+}
+
+// The step log (timeline; off unless asked for): every block birth and death on
+// every device, every timeline-level op begin and end, every phase change, every
+// counted FLOP and every op that could not be counted, reset at each iteration.
+constexpr size_t kStepLogCapacity = size_t(1) << 22;
+extern MpTlEvent* g_steplog;
+extern std::atomic<uint64_t> g_steplog_len;
+extern std::atomic<bool> g_steplog_on;
+extern std::atomic<int32_t> g_op_counter;
+extern std::atomic<int32_t> g_last_op;
+extern std::atomic<uint32_t> g_step_id;
+extern std::atomic<int32_t> g_steplog_device;
+extern std::atomic<uint32_t> g_steplog_start_gen;
+extern std::atomic<int64_t> g_steplog_start_live;
+
+inline void steplog_append(const MpTlEvent& e) {
+  if (!g_steplog) {
+    return;
+  }
+  const uint64_t i = g_steplog_len.fetch_add(1, std::memory_order_relaxed);
+  if (i < kStepLogCapacity) {
+    g_steplog[i] = e;
+  }
+}
+
+// Empties the step log for a new iteration whose first generation is `gen`.
+void begin_steplog(uint32_t gen);
+
+// The memory history (off unless asked for): births and deaths with their origin and
+// a timestamp, in a ring of the last g_hist_cap events.
+constexpr uint64_t kHistMax = uint64_t(1) << 24;
+extern MpHistEvent* g_hist;
+extern std::atomic<bool> g_hist_on;
+extern std::atomic<uint64_t> g_hist_len;
+extern std::atomic<uint64_t> g_hist_cap;
+
+// ---------------------------------------------------------------------------------
+// Per-thread op state (ops.cpp); zero-initialised means "nothing open".
+
+constexpr int kMaxDepth = 64;
+constexpr int kMaxOpenOps = 8;
+constexpr int kMaxScopes = 32;
+
+struct OpStack {
+  int depth;
+  int counted_depth1;  // 1 + depth of the counted op we are inside, 0 if none
+  uint64_t had_child;  // bit d: the open record at depth d has a nested record
+  int n_open;          // open timeline-level ops
+  int open_depth[kMaxOpenOps];
+  int32_t open_op[kMaxOpenOps];
+  int32_t ids[kMaxDepth];  // name id of the open record at each depth
+  uint32_t step;
+  int n_scope;
+  int32_t scopes[kMaxScopes];
+  // Origin of allocations (leak hunting): name id and layer (id + 1, 0 none) of each
+  // open timeline-level op, and the layer of the last forward op on this thread.
+  int32_t open_name[kMaxOpenOps];
+  int32_t open_layer1[kMaxOpenOps];
+  int32_t last_layer1;
+};
+extern thread_local OpStack tls_ops;
+
+// Where an allocation on this thread comes from: the timeline-level op running (-1 if
+// none) and its layer (-1 if unknown).
+inline void current_origin(int32_t* op, int32_t* layer) {
+  const OpStack& t = tls_ops;
+  if (t.n_open > 0) {
+    *op = t.open_name[t.n_open - 1];
+    *layer = t.open_layer1[t.n_open - 1] - 1;
+  } else {
+    *op = -1;
+    *layer = t.last_layer1 - 1;
+  }
+}
+
+inline int32_t current_op() {
+  const OpStack& t = tls_ops;
+  if (t.n_open > 0 && t.step == g_step_id.load(std::memory_order_relaxed)) {
+    return t.open_op[t.n_open - 1];
+  }
+  return g_last_op.load(std::memory_order_relaxed);
+}
+
+void hist_append(int dev, uint64_t ptr, int64_t delta);
+
+// ---------------------------------------------------------------------------------
+// Live-block registry (registry.cpp).
+
+struct RegEntry {
+  std::atomic<uint64_t> ptr;     // block data pointer; 0 while free or being filled
+  std::atomic<int64_t> size;
+  std::atomic<uint64_t> origin;  // op id (low 32 bits) | layer id (high 32 bits)
+  std::atomic<uint64_t> misc;    // iteration | phase << 32 | device << 40 | session << 48
+  std::atomic<uint32_t> next;    // free-list link: index + 1, 0 = end
+};
+
+constexpr uint32_t kRegCapacity = 1u << 21;
+extern RegEntry* g_reg;
+extern std::atomic<uint32_t> g_reg_hw;
+extern std::atomic<int64_t> g_reg_live;
+extern std::atomic<int64_t> g_reg_dropped;
+extern std::atomic<bool> g_origin_on;
+extern std::atomic<uint32_t> g_iter;
+extern std::atomic<uint32_t> g_session_id;
+
+// Registers a block born now; returns its entry or kNoReg.
+uint32_t reg_add(uint64_t ptr, int64_t size, uint32_t phase, int dev);
+void reg_remove(uint32_t idx);
+
+// CUDA block table: block pointer -> birth tag (pack(gen, phase, bytes)) and registry
+// entry. Lock-free open addressing (linear probing, bounded), safe with several
+// writers; a removed key leaves a tombstone, turned back into an empty slot when no
+// probe chain runs through it.
+struct BlockSlot {
+  std::atomic<uint64_t> key;  // 0 empty, 1 tombstone, 2 being written, else the pointer
+  std::atomic<uint64_t> tag;
+  std::atomic<uint32_t> reg;
+  uint32_t pad;
+};
+struct BlockTable {
+  BlockSlot* slots = nullptr;
+  uint64_t mask = 0;
+};
+constexpr int kMaxProbe = 512;
+// Inserts `ptr`; *stale_reg gets the registry entry of an earlier entry for the same
+// pointer (a free that was never reported), else kNoReg. False: no room.
+bool table_insert(BlockTable& t, uint64_t ptr, uint64_t tag, uint32_t reg, uint32_t* stale_reg);
+// Removes `ptr`, handing back its tag and registry entry. False: not found.
+bool table_remove(BlockTable& t, uint64_t ptr, uint64_t* tag, uint32_t* reg);
+// Reads `ptr`'s tag without removing it. False: not found.
+bool table_find(const BlockTable& t, uint64_t ptr, uint64_t* tag);
+
+extern BlockTable g_cuda_blocks;
+extern std::atomic<int64_t> g_cuda_untracked;
+
+// ---------------------------------------------------------------------------------
+// Counting births and deaths (every device).
+
+inline void steplog_block_event(
+    uint8_t kind, int dev, uint64_t ptr, int64_t delta, uint32_t gen, uint32_t phase) {
+  if (g_steplog_on.load(std::memory_order_relaxed)) {
+    steplog_append(MpTlEvent{
+        kind, uint8_t(phase), uint8_t(dev), 0, gen, current_op(), 0, ptr, delta});
+  }
+}
+
+inline void on_alloc(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t phase) {
+  DeviceState& d = g_dev[dev];
+  const int64_t live = d.live.fetch_add(size, std::memory_order_relaxed) + size;
+  d.allocs.fetch_add(1, std::memory_order_relaxed);
+  atomic_max(d.peak_iter, live);
+  atomic_max(d.peak_run, live);
+  slot_add(d, gen, phase, size);
+  if (phase == kBackward) {
+    log_event(ptr, size, gen, uint32_t(dev));
+  }
+  steplog_block_event(MP_EV_ALLOC, dev, ptr, size, gen, phase);
+}
+
+inline void on_free(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t phase) {
+  DeviceState& d = g_dev[dev];
+  d.live.fetch_sub(size, std::memory_order_relaxed);
+  d.frees.fetch_add(1, std::memory_order_relaxed);
+  slot_add(d, gen, phase, -size);
+  if (phase == kBackward) {
+    const uint64_t gp = g_genphase.load(std::memory_order_relaxed);
+    if (cur_gen(gp) == gen) {
+      log_event(ptr, -size, gen, uint32_t(dev));
+    }
+  }
+  steplog_block_event(MP_EV_FREE, dev, ptr, -size, gen, phase);
+}
+
+// ---------------------------------------------------------------------------------
+// Names (names.cpp): op, layer and scope names interned once into a fixed table.
+
+constexpr uint32_t kNameSlots = 1u << 13;
+constexpr size_t kNameLen = 96;
+// Interns `name`; its id, or -1 when the table is full (or a slot stays unready).
+int32_t intern(const char* name);
+memprof_flops::Kind kind_of(int32_t id);
+// The stored name of `id`, or null.
+const char* name_of(int32_t id);
+
+// ---------------------------------------------------------------------------------
+// Op callbacks (ops.cpp).
+
+bool is_backward_record(const at::RecordFunction& fn);
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn);
+void on_op_end(const at::RecordFunction& fn, at::ObserverContext*);
+void clear_params();
+int set_params(const uint64_t* ptrs, const int32_t* ids, const int32_t* layers, size_t n);
+
+// ---------------------------------------------------------------------------------
+// Allocators.
+
+// cpu_allocator.cpp: the tracking CPU allocator (installed at library load).
+extern std::atomic<bool> g_cpu_installed;
+void install_cpu_allocator();
+// Fills the tag of a CPU block if it is ours; false otherwise.
+bool cpu_block_tag(const c10::DataPtr& dp, int64_t* size, uint32_t* gen, uint32_t* phase);
+// Re-enters the CPU allocation hook on purpose (memprof_selftest_reenter).
+void reenter_cpu_hook();
+
+// cuda.cpp: the CUDA reporter, libtorch_cuda, allocator statistics and control.
+extern std::atomic<int64_t> g_cuda_ooms_seen;
+bool cuda_loaded();
+const char* cuda_load_message();
+void load_cuda();
+void push_cuda_reporter();
+void pop_cuda_reporter();
+int cuda_stats(int32_t index, MpCudaStats* out);
+int cuda_history(bool on, int64_t max_entries);
+int cuda_snapshot(const char* path);
+int cuda_control(int32_t index, int32_t what);
+// Rounds a CUDA request the way the caching allocator does for its blocks.
+inline int64_t cuda_round(int64_t n) {
+  constexpr int64_t kMin = 512;
+  return n < kMin ? kMin : kMin * ((n + kMin - 1) / kMin);
+}
+
+// ---------------------------------------------------------------------------------
+// Out-of-memory hook (api.cpp): calls the Rust report writer.
+
+void fire_oom(int slot, int64_t requested, int64_t allocated, int64_t reserved);
+
+}  // namespace memprof

@@ -1,0 +1,419 @@
+// tch-memprof's FFI contract: every struct, enum and function that crosses between the
+// native layer (src/native/*.cpp) and Rust (src/ffi.rs) is defined here, once.
+//
+// Layout checks on both sides come from the MP_SIZE / MP_FIELD / MP_CONST lines below:
+// the C++ side turns them into static_asserts at the end of this file, and build.rs
+// turns the same lines into compile-time `size_of` / `offset_of!` / value assertions on
+// the Rust mirrors. A struct that drifts on either side fails that side's build.
+//
+// Conventions:
+// - Every function returns 0 on success and -1 on failure; the failure's message is in
+//   the calling thread's last-error slot (memprof_last_error). Counts and other results
+//   go through out-pointers. No C++ exception crosses this boundary: every function is
+//   noexcept and runs its body behind one guard (api.cpp).
+// - Device slots: 0 is the CPU, 1 + i is cuda:i (MP_MAX_DEVICES in all).
+// - Generations: a counter bumped at every phase change and every iteration start;
+//   blocks carry the generation and phase of their birth.
+
+#ifndef TCH_MEMPROF_H
+#define TCH_MEMPROF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+#define MP_NOEXCEPT noexcept
+extern "C" {
+#else
+#define MP_NOEXCEPT
+#endif
+
+// ---------------------------------------------------------------------------------
+// Constants and enums.
+
+#define MP_MAX_CUDA 16
+#define MP_MAX_DEVICES 17
+
+// Phases of an iteration (a block's birth phase, an op's phase).
+enum MpPhase {
+  MP_PHASE_FORWARD = 0,
+  MP_PHASE_BACKWARD = 1,
+  MP_PHASE_OPTIMIZER = 2,
+  MP_PHASE_IDLE = 3,  // no profiling session
+};
+
+// Kinds of step-log events (MpTlEvent.kind).
+enum MpEventKind {
+  MP_EV_ALLOC = 1,
+  MP_EV_FREE = 2,
+  MP_EV_OP_BEGIN = 3,
+  MP_EV_OP_END = 4,
+  MP_EV_LINK = 5,
+  MP_EV_FLOPS = 6,
+  MP_EV_UNCOUNTED = 7,
+  MP_EV_PHASE = 8,
+};
+
+// Device types of the autocast and RNG calls.
+enum MpDeviceType {
+  MP_DEVICE_CPU = 0,
+  MP_DEVICE_CUDA = 1,
+};
+
+// What memprof_cuda_control does.
+enum MpCudaControl {
+  MP_CUDA_RESET_PEAKS = 0,
+  MP_CUDA_EMPTY_CACHE = 1,
+};
+
+// ---------------------------------------------------------------------------------
+// Structs.
+
+// Counters of one device slot.
+typedef struct MpDeviceStats {
+  int64_t live;       // live bytes of blocks whose birth was seen
+  int64_t peak_iter;  // peak of live since the iteration began
+  int64_t peak_run;   // peak of live since the session began
+  int64_t allocs;
+  int64_t frees;
+  int64_t optimizer_born_live;  // live bytes born in optimizer phases
+  int64_t feature_maps;         // forward bytes live at backward start; -1: no backward
+  // CUDA: the caching allocator's own totals, as passed with its reports (-1: none yet).
+  int64_t reported_allocated;
+  int64_t reported_reserved;
+  int64_t reported_peak_allocated_iter;
+  int64_t reported_peak_reserved_iter;
+  int64_t reported_peak_allocated_run;
+  int64_t reported_peak_reserved_run;
+} MpDeviceStats;
+
+// The session's global state.
+typedef struct MpState {
+  uint32_t generation;
+  uint32_t phase;  // MpPhase
+  int64_t active_backward;
+  int64_t backward_passes;
+  uint64_t log_len;
+  uint64_t log_capacity;
+  int64_t untagged_frees;  // frees whose birth tag could not be read (should stay 0)
+  int32_t cpu_installed;
+  int32_t cuda_loaded;
+  int64_t cuda_ooms_seen;
+  int64_t hook_reentries;   // a hook entered while it ran on the same thread (must stay 0)
+  int64_t cuda_untracked;   // CUDA births the block table had no room for
+} MpState;
+
+// One birth (+size) or death (-size) of a block during backward.
+typedef struct MpLogEvent {
+  uint64_t ptr;
+  int64_t delta;
+  uint32_t generation;
+  uint32_t device;  // device slot
+} MpLogEvent;
+
+// The allocation behind a tensor's storage.
+typedef struct MpBlock {
+  int32_t defined;
+  int32_t device;   // device slot, -1 unknown device type
+  int32_t tracked;  // the block's birth was seen
+  uint32_t phase;   // birth phase (tracked only)
+  uint32_t generation;  // birth generation (tracked only)
+  uint32_t pad;
+  uint64_t base;    // storage base pointer (block identity)
+  int64_t bytes;    // block bytes as accounted (CUDA: rounded)
+} MpBlock;
+
+// CUDA caching-allocator statistics of one device (aggregate pool).
+typedef struct MpCudaStats {
+  int64_t allocated_current;
+  int64_t allocated_peak;
+  int64_t reserved_current;
+  int64_t reserved_peak;
+  int64_t active_current;
+  int64_t active_peak;
+  int64_t requested_current;
+  int64_t requested_peak;
+  int64_t alloc_retries;
+  int64_t ooms;
+  int64_t free_bytes;
+  int64_t total_bytes;
+} MpCudaStats;
+
+// One event of the step log; the meaning of the fields depends on kind:
+//   alloc/free: phase = birth phase, device = slot, generation = birth generation,
+//               op = timeline op, ptr = block, value = +/- bytes;
+//   op begin:   generation = scope name id + 1 (0 none), aux = name id, value = index
+//               of the first VarStore variable among the inputs (-1 none);
+//   op end:     aux = name id, value = live bytes of the timeline device;
+//   link:       aux = forward op index, ptr = autograd sequence number;
+//   flops:      aux = name id, value = FLOPs;   uncounted: aux = name id;
+//   phase:      phase = the new phase, generation = the new generation.
+typedef struct MpTlEvent {
+  uint8_t kind;  // MpEventKind
+  uint8_t phase;
+  uint8_t device;
+  uint8_t pad;
+  uint32_t generation;
+  int32_t op;   // timeline op index in this step, -1 none
+  int32_t aux;
+  uint64_t ptr;
+  int64_t value;
+} MpTlEvent;
+
+typedef struct MpTimelineHeader {
+  uint64_t len;  // events logged this iteration (more than capacity: overflow)
+  uint64_t capacity;
+  uint32_t start_generation;  // first generation of this iteration
+  int32_t ops;                // timeline ops begun this iteration
+  int64_t start_live;         // live bytes of the timeline device at the iteration start
+  int32_t on;
+  int32_t device;
+} MpTimelineHeader;
+
+// A live block of the registry (leak hunting, snapshots, OOM reports).
+typedef struct MpLiveBlock {
+  uint64_t ptr;
+  int64_t size;
+  int32_t op;      // name id of the timeline-level op that allocated it, -1 none
+  int32_t layer;   // name id of its layer, -1 unknown
+  uint32_t iter;   // iteration (step, from 1) it was born in
+  uint8_t phase;   // birth phase
+  uint8_t device;  // device slot
+  uint16_t pad;
+} MpLiveBlock;
+
+// The live-block registry's own size.
+typedef struct MpRegistry {
+  uint64_t capacity;    // entries reserved
+  uint64_t high_water;  // entries ever used (their memory is touched)
+  int64_t live;         // entries in use now
+  int64_t dropped;      // births not registered because the registry was full
+  uint64_t entry_bytes;
+  int32_t on;
+  int32_t pad;
+} MpRegistry;
+
+// One birth (+size) or death (-size) of the memory history.
+typedef struct MpHistEvent {
+  uint64_t ptr;
+  int64_t size;
+  int32_t op;         // name id of the op running on the thread, -1 none
+  int32_t layer;      // its layer's name id, -1 unknown
+  uint64_t time_dev;  // microseconds (CLOCK_MONOTONIC) << 8 | device slot
+} MpHistEvent;
+
+// Autocast state of one device type, to restore on exit.
+typedef struct MpAutocast {
+  int32_t enabled;
+  int32_t dtype;  // c10::ScalarType
+} MpAutocast;
+
+// Called when an allocation fails, before the error is raised: (ctx, device slot,
+// requested bytes, allocated bytes, reserved bytes (CUDA; 0 on the CPU)).
+typedef void (*MpOomCallback)(void* ctx, int32_t slot, int64_t requested, int64_t allocated,
+                              int64_t reserved);
+
+// ---------------------------------------------------------------------------------
+// Functions (api.cpp).
+
+// The calling thread's last error message: copies at most len-1 bytes and a NUL into
+// buf; *needed gets the full length.
+int memprof_last_error(char* buf, size_t len, size_t* needed) MP_NOEXCEPT;
+
+// Session control, on the training thread.
+int memprof_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) MP_NOEXCEPT;
+int memprof_stop(void) MP_NOEXCEPT;
+int memprof_begin_iteration(void) MP_NOEXCEPT;
+
+// Reading the counters.
+int memprof_state(MpState* out) MP_NOEXCEPT;
+int memprof_device_stats(int32_t slot, MpDeviceStats* out) MP_NOEXCEPT;
+int memprof_registry(MpRegistry* out) MP_NOEXCEPT;
+int memprof_timeline_header(MpTimelineHeader* out) MP_NOEXCEPT;
+
+// Reading the logs: copy up to cap events (out may be null with cap 0); *total gets how
+// many were logged in all (more than cap or the capacity: some were not copied).
+int memprof_read_log(MpLogEvent* out, uint64_t cap, uint64_t* total) MP_NOEXCEPT;
+int memprof_read_timeline(MpTlEvent* out, uint64_t cap, uint64_t* total) MP_NOEXCEPT;
+// The history's newest min(len, ring, cap) events, oldest first; *total: appended since
+// the start, *ring: the ring's size.
+int memprof_read_history(MpHistEvent* out, uint64_t cap, uint64_t* total, uint64_t* ring)
+    MP_NOEXCEPT;
+// Live registered blocks of device `slot` in this session; *n: how many there are.
+int memprof_live_blocks(int32_t slot, MpLiveBlock* out, uint64_t cap, uint64_t* n) MP_NOEXCEPT;
+
+// The block behind a tensor (an at::Tensor*), or behind its .grad with grad = 1.
+int memprof_tensor_block(const void* tensor, int32_t grad, MpBlock* out) MP_NOEXCEPT;
+
+// Names of ops, layers and scopes.
+int memprof_name(int32_t id, char* buf, size_t len, int64_t* name_len) MP_NOEXCEPT;  // -1: unknown id
+int memprof_intern(const char* name, int32_t* id) MP_NOEXCEPT;
+int memprof_set_params(const uint64_t* ptrs, const int32_t* ids, const int32_t* layers,
+                       size_t n) MP_NOEXCEPT;
+int memprof_scope_push(int32_t id) MP_NOEXCEPT;
+int memprof_scope_pop(void) MP_NOEXCEPT;
+
+// Memory history and out-of-memory reports.
+int memprof_history(int32_t on, uint64_t max_entries) MP_NOEXCEPT;
+int memprof_set_oom_callback(MpOomCallback cb, void* ctx) MP_NOEXCEPT;
+// Writes to standard output with write(2): no lock, no allocation (the OOM path).
+int memprof_write_stdout(const char* buf, size_t len) MP_NOEXCEPT;
+
+// CUDA: allocator statistics, history, snapshot, peak reset and cache emptying. Each
+// fails softly (an error, never a crash) without CUDA.
+int memprof_cuda_stats(int32_t index, MpCudaStats* out) MP_NOEXCEPT;
+int memprof_cuda_history(int32_t on, int64_t max_entries) MP_NOEXCEPT;
+int memprof_cuda_snapshot(const char* path) MP_NOEXCEPT;
+int memprof_cuda_control(int32_t index, int32_t what) MP_NOEXCEPT;
+
+// Mixed precision and RNG state (checkpointing).
+int memprof_autocast_enter(int32_t device_type, int32_t enabled, int32_t dtype,
+                           MpAutocast* prev) MP_NOEXCEPT;
+int memprof_autocast_exit(int32_t device_type, const MpAutocast* prev) MP_NOEXCEPT;
+int memprof_rng_get(int32_t device_type, int32_t index, void** out) MP_NOEXCEPT;
+int memprof_rng_set(int32_t device_type, int32_t index, const void* state) MP_NOEXCEPT;
+
+// Self-checks for the tests: the CUDA block table (insert, find, remove of n fake
+// blocks in a small table, with collisions and reuse; *errors counts mismatches), and a
+// deliberate re-entry of the CPU allocation hook (the negative control of
+// MpState.hook_reentries).
+int memprof_selftest_block_table(uint64_t n, uint64_t* errors) MP_NOEXCEPT;
+int memprof_selftest_reenter(void) MP_NOEXCEPT;
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+// ---------------------------------------------------------------------------------
+// Layout. build.rs reads these lines (one per line, exactly this shape) and asserts the
+// same numbers on the Rust mirrors, whose names drop the `Mp` prefix.
+
+#define MP_LAYOUT_TABLE(MP_SIZE, MP_FIELD, MP_CONST)   \
+  MP_CONST(MP_MAX_DEVICES, 17)                         \
+  MP_CONST(MP_PHASE_FORWARD, 0)                        \
+  MP_CONST(MP_PHASE_BACKWARD, 1)                       \
+  MP_CONST(MP_PHASE_OPTIMIZER, 2)                      \
+  MP_CONST(MP_PHASE_IDLE, 3)                           \
+  MP_CONST(MP_EV_ALLOC, 1)                             \
+  MP_CONST(MP_EV_FREE, 2)                              \
+  MP_CONST(MP_EV_OP_BEGIN, 3)                          \
+  MP_CONST(MP_EV_OP_END, 4)                            \
+  MP_CONST(MP_EV_LINK, 5)                              \
+  MP_CONST(MP_EV_FLOPS, 6)                             \
+  MP_CONST(MP_EV_UNCOUNTED, 7)                         \
+  MP_CONST(MP_EV_PHASE, 8)                             \
+  MP_CONST(MP_DEVICE_CPU, 0)                           \
+  MP_CONST(MP_DEVICE_CUDA, 1)                          \
+  MP_CONST(MP_CUDA_RESET_PEAKS, 0)                     \
+  MP_CONST(MP_CUDA_EMPTY_CACHE, 1)                     \
+  MP_SIZE(MpDeviceStats, 104)                          \
+  MP_FIELD(MpDeviceStats, live, 0)                     \
+  MP_FIELD(MpDeviceStats, peak_iter, 8)                \
+  MP_FIELD(MpDeviceStats, peak_run, 16)                \
+  MP_FIELD(MpDeviceStats, allocs, 24)                  \
+  MP_FIELD(MpDeviceStats, frees, 32)                   \
+  MP_FIELD(MpDeviceStats, optimizer_born_live, 40)     \
+  MP_FIELD(MpDeviceStats, feature_maps, 48)            \
+  MP_FIELD(MpDeviceStats, reported_allocated, 56)      \
+  MP_FIELD(MpDeviceStats, reported_reserved, 64)       \
+  MP_FIELD(MpDeviceStats, reported_peak_allocated_iter, 72) \
+  MP_FIELD(MpDeviceStats, reported_peak_reserved_iter, 80)  \
+  MP_FIELD(MpDeviceStats, reported_peak_allocated_run, 88)  \
+  MP_FIELD(MpDeviceStats, reported_peak_reserved_run, 96)   \
+  MP_SIZE(MpState, 80)                                 \
+  MP_FIELD(MpState, generation, 0)                     \
+  MP_FIELD(MpState, phase, 4)                          \
+  MP_FIELD(MpState, active_backward, 8)                \
+  MP_FIELD(MpState, backward_passes, 16)               \
+  MP_FIELD(MpState, log_len, 24)                       \
+  MP_FIELD(MpState, log_capacity, 32)                  \
+  MP_FIELD(MpState, untagged_frees, 40)                \
+  MP_FIELD(MpState, cpu_installed, 48)                 \
+  MP_FIELD(MpState, cuda_loaded, 52)                   \
+  MP_FIELD(MpState, cuda_ooms_seen, 56)                \
+  MP_FIELD(MpState, hook_reentries, 64)                \
+  MP_FIELD(MpState, cuda_untracked, 72)                \
+  MP_SIZE(MpLogEvent, 24)                              \
+  MP_FIELD(MpLogEvent, ptr, 0)                         \
+  MP_FIELD(MpLogEvent, delta, 8)                       \
+  MP_FIELD(MpLogEvent, generation, 16)                 \
+  MP_FIELD(MpLogEvent, device, 20)                     \
+  MP_SIZE(MpBlock, 40)                                 \
+  MP_FIELD(MpBlock, defined, 0)                        \
+  MP_FIELD(MpBlock, device, 4)                         \
+  MP_FIELD(MpBlock, tracked, 8)                        \
+  MP_FIELD(MpBlock, phase, 12)                         \
+  MP_FIELD(MpBlock, generation, 16)                    \
+  MP_FIELD(MpBlock, pad, 20)                           \
+  MP_FIELD(MpBlock, base, 24)                          \
+  MP_FIELD(MpBlock, bytes, 32)                         \
+  MP_SIZE(MpCudaStats, 96)                             \
+  MP_FIELD(MpCudaStats, allocated_current, 0)          \
+  MP_FIELD(MpCudaStats, allocated_peak, 8)             \
+  MP_FIELD(MpCudaStats, reserved_current, 16)          \
+  MP_FIELD(MpCudaStats, reserved_peak, 24)             \
+  MP_FIELD(MpCudaStats, active_current, 32)            \
+  MP_FIELD(MpCudaStats, active_peak, 40)               \
+  MP_FIELD(MpCudaStats, requested_current, 48)         \
+  MP_FIELD(MpCudaStats, requested_peak, 56)            \
+  MP_FIELD(MpCudaStats, alloc_retries, 64)             \
+  MP_FIELD(MpCudaStats, ooms, 72)                      \
+  MP_FIELD(MpCudaStats, free_bytes, 80)                \
+  MP_FIELD(MpCudaStats, total_bytes, 88)               \
+  MP_SIZE(MpTlEvent, 32)                               \
+  MP_FIELD(MpTlEvent, kind, 0)                         \
+  MP_FIELD(MpTlEvent, phase, 1)                        \
+  MP_FIELD(MpTlEvent, device, 2)                       \
+  MP_FIELD(MpTlEvent, pad, 3)                          \
+  MP_FIELD(MpTlEvent, generation, 4)                   \
+  MP_FIELD(MpTlEvent, op, 8)                           \
+  MP_FIELD(MpTlEvent, aux, 12)                         \
+  MP_FIELD(MpTlEvent, ptr, 16)                         \
+  MP_FIELD(MpTlEvent, value, 24)                       \
+  MP_SIZE(MpTimelineHeader, 40)                        \
+  MP_FIELD(MpTimelineHeader, len, 0)                   \
+  MP_FIELD(MpTimelineHeader, capacity, 8)              \
+  MP_FIELD(MpTimelineHeader, start_generation, 16)     \
+  MP_FIELD(MpTimelineHeader, ops, 20)                  \
+  MP_FIELD(MpTimelineHeader, start_live, 24)           \
+  MP_FIELD(MpTimelineHeader, on, 32)                   \
+  MP_FIELD(MpTimelineHeader, device, 36)               \
+  MP_SIZE(MpLiveBlock, 32)                             \
+  MP_FIELD(MpLiveBlock, ptr, 0)                        \
+  MP_FIELD(MpLiveBlock, size, 8)                       \
+  MP_FIELD(MpLiveBlock, op, 16)                        \
+  MP_FIELD(MpLiveBlock, layer, 20)                     \
+  MP_FIELD(MpLiveBlock, iter, 24)                      \
+  MP_FIELD(MpLiveBlock, phase, 28)                     \
+  MP_FIELD(MpLiveBlock, device, 29)                    \
+  MP_FIELD(MpLiveBlock, pad, 30)                       \
+  MP_SIZE(MpRegistry, 48)                              \
+  MP_FIELD(MpRegistry, capacity, 0)                    \
+  MP_FIELD(MpRegistry, high_water, 8)                  \
+  MP_FIELD(MpRegistry, live, 16)                       \
+  MP_FIELD(MpRegistry, dropped, 24)                    \
+  MP_FIELD(MpRegistry, entry_bytes, 32)                \
+  MP_FIELD(MpRegistry, on, 40)                         \
+  MP_FIELD(MpRegistry, pad, 44)                        \
+  MP_SIZE(MpHistEvent, 32)                             \
+  MP_FIELD(MpHistEvent, ptr, 0)                        \
+  MP_FIELD(MpHistEvent, size, 8)                       \
+  MP_FIELD(MpHistEvent, op, 16)                        \
+  MP_FIELD(MpHistEvent, layer, 20)                     \
+  MP_FIELD(MpHistEvent, time_dev, 24)                  \
+  MP_SIZE(MpAutocast, 8)                               \
+  MP_FIELD(MpAutocast, enabled, 0)                     \
+  MP_FIELD(MpAutocast, dtype, 4)
+
+#ifdef __cplusplus
+#define MP_ASSERT_SIZE(S, n) static_assert(sizeof(S) == (n), "size of " #S " (mirrored in src/ffi.rs)");
+#define MP_ASSERT_FIELD(S, f, o) \
+  static_assert(offsetof(S, f) == (o), "offset of " #S "." #f " (mirrored in src/ffi.rs)");
+#define MP_ASSERT_CONST(c, v) static_assert((c) == (v), "value of " #c " (mirrored in src/ffi.rs)");
+MP_LAYOUT_TABLE(MP_ASSERT_SIZE, MP_ASSERT_FIELD, MP_ASSERT_CONST)
+#undef MP_ASSERT_SIZE
+#undef MP_ASSERT_FIELD
+#undef MP_ASSERT_CONST
+#endif
+
+#endif  // TCH_MEMPROF_H

@@ -1,0 +1,87 @@
+// Op, layer and scope names, interned once into a fixed table: no lock, no heap (a
+// slot is claimed with a CAS on its hash), bounded probing and bounded waiting. The
+// stored name drops the evaluate_function prefix of backward nodes.
+
+#include <cstring>
+
+#include "internal.h"
+
+namespace memprof {
+
+namespace {
+constexpr char kEvaluateFunction[] = "autograd::engine::evaluate_function";
+constexpr uint32_t kMaxNameProbe = 256;
+// Polls of a slot that another thread is filling before giving up on it (the filler
+// copies at most kNameLen bytes, so this is never reached unless it was preempted).
+constexpr uint32_t kMaxReadyPolls = 1u << 16;
+
+struct NameSlot {
+  std::atomic<uint64_t> hash;
+  std::atomic<uint32_t> ready;
+  memprof_flops::Kind kind;
+  char name[kNameLen];
+};
+NameSlot g_names[kNameSlots];
+
+inline uint64_t name_hash(const char* s) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t n = 0; *s && n < 4096; ++s, ++n) {
+    h = (h ^ uint8_t(*s)) * 1099511628211ull;
+  }
+  return h | 1;  // 0 marks an empty slot
+}
+}  // namespace
+
+int32_t intern(const char* name) {
+  if (!name) {
+    name = "";
+  }
+  const uint64_t h = name_hash(name);
+  uint32_t i = uint32_t(h) & (kNameSlots - 1);
+  for (uint32_t probe = 0; probe < kMaxNameProbe; ++probe, i = (i + 1) & (kNameSlots - 1)) {
+    NameSlot& slot = g_names[i];
+    uint64_t cur = slot.hash.load(std::memory_order_acquire);
+    if (cur == 0 && slot.hash.compare_exchange_strong(cur, h, std::memory_order_acq_rel)) {
+      const char* shown = name;
+      constexpr size_t kPrefix = sizeof(kEvaluateFunction) - 1;
+      if (std::strncmp(name, kEvaluateFunction, kPrefix) == 0) {
+        shown = name + kPrefix;
+        while (*shown == ':' || *shown == ' ') {
+          ++shown;
+        }
+      }
+      std::strncpy(slot.name, shown, kNameLen - 1);
+      slot.name[kNameLen - 1] = 0;
+      slot.kind = memprof_flops::classify(name);
+      slot.ready.store(1, std::memory_order_release);
+      return int32_t(i);
+    }
+    if (cur == h) {
+      for (uint32_t n = 0; n < kMaxReadyPolls; ++n) {
+        if (slot.ready.load(std::memory_order_acquire) != 0) {
+          return int32_t(i);
+        }
+      }
+      return -1;
+    }
+  }
+  return -1;
+}
+
+memprof_flops::Kind kind_of(int32_t id) {
+  if (id < 0 || uint32_t(id) >= kNameSlots ||
+      g_names[id].ready.load(std::memory_order_acquire) == 0) {
+    return memprof_flops::Kind{memprof_flops::kUnknown, 0};
+  }
+  return g_names[id].kind;
+}
+
+const char* name_of(int32_t id) {
+  if (id < 0 || uint32_t(id) >= kNameSlots ||
+      g_names[id].ready.load(std::memory_order_acquire) == 0) {
+    return nullptr;
+  }
+  return g_names[id].name;
+}
+
+}  // namespace memprof

@@ -1,0 +1,292 @@
+//! The builder: settings, checked at `build()`.
+
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tch::nn::Variables;
+use tch::Device;
+
+use crate::error::{Error, Result};
+use crate::ffi::MAX_DEVICES;
+use crate::leaks::LeakHunter;
+use crate::oom::OomState;
+use crate::report::csv::{run_stem, CsvReport};
+use crate::report::terminal::TerminalReport;
+use crate::report::Reports;
+use crate::session::Session;
+use crate::timeline::Recorder;
+use crate::vars::{self, ParamSync};
+
+use super::measure::device_name;
+use super::{MemoryProfiler, Shared};
+
+/// Default number of variables listed by name in the terminal report.
+pub const DEFAULT_TOP_VARIABLES: usize = 10;
+
+/// Builds a [`MemoryProfiler`]; see [`MemoryProfiler::builder`].
+#[derive(Debug, Clone)]
+#[must_use = "call .build() to start profiling"]
+pub struct MemoryProfilerBuilder {
+    pub(super) variables: Arc<Mutex<Variables>>,
+    pub(super) device: Device,
+    print_period: usize,
+    print: bool,
+    csv: bool,
+    csv_dir: PathBuf,
+    wide_csv: bool,
+    top_variables: usize,
+    timeline: bool,
+    timeline_step: Option<u64>,
+    leak_check: bool,
+    leak_threshold: u64,
+    leak_warmup_epochs: u64,
+}
+
+impl MemoryProfilerBuilder {
+    /// Report every `n`-th `record_stats` call (default 1: every iteration). Must be at
+    /// least 1. Every iteration is still measured, so epoch peaks cover all of them.
+    pub fn print_period(mut self, n: usize) -> Self {
+        self.print_period = n;
+        self
+    }
+
+    /// Print reports on the terminal (standard output). Default true.
+    pub fn print(mut self, on: bool) -> Self {
+        self.print = on;
+        self
+    }
+
+    /// Write CSV files (default false). See the crate docs for their columns.
+    pub fn csv(mut self, on: bool) -> Self {
+        self.csv = on;
+        self
+    }
+
+    /// Folder of the CSV files (default `memory_csv_data`), created if missing.
+    pub fn csv_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.csv_dir = dir.as_ref().to_path_buf();
+        self
+    }
+
+    /// Also write `<run>_wide.csv`: one column per variable and one per gradient, the
+    /// layout of the original Python tool (default false).
+    pub fn wide_csv(mut self, on: bool) -> Self {
+        self.wide_csv = on;
+        self
+    }
+
+    /// Variables listed by name in the terminal report, largest first; the rest are
+    /// summed in one row (default 10; 0 hides the table).
+    pub fn top_variables(mut self, n: usize) -> Self {
+        self.top_variables = n;
+        self
+    }
+
+    /// Records the anatomy of iterations: live bytes by category (PARAM, BUFFER, GRAD,
+    /// ACT, TEMP, OPT, OTHER) after every op, per-layer memory and FLOPs. The profile of
+    /// the step with the run's highest peak is kept ([`MemoryProfiler::peak_step_profile`]),
+    /// printed and written (CSV and plots, with `csv` on) at each `epoch_end` where it
+    /// changed. Off by default: it asks libtorch for every op's inputs and logs every
+    /// allocation of the iteration (see the README for its measured cost).
+    pub fn timeline(mut self, on: bool) -> Self {
+        self.timeline = on;
+        self
+    }
+
+    /// Profiles step `n` (the iteration that the n-th `record_stats` call ends,
+    /// counting from 1) and reports it when it ends, to the terminal and to
+    /// `<run>_step<n>_timeline.csv`, `_layers.csv`, `.png`, `.svg`. Turns the timeline
+    /// on. `n = 0` is refused at `build`.
+    pub fn timeline_step(mut self, n: u64) -> Self {
+        self.timeline_step = Some(n);
+        self
+    }
+
+    /// Hunts for leaks at each `epoch_end` (default true): live blocks that are not
+    /// weights or gradients, grouped by the op, phase and layer that made them, are
+    /// compared with the previous epoch end; groups that keep growing are reported
+    /// (terminal, `log::warn!`, `<run>_leaks.csv`, [`MemoryProfiler::last_leaks`]).
+    /// Costs a registry entry per live block and the op inputs of each outermost op
+    /// (see the README for the measured overhead).
+    pub fn leak_check(mut self, on: bool) -> Self {
+        self.leak_check = on;
+        self
+    }
+
+    /// Growth of live bytes (outside weights and gradients) between two epoch ends
+    /// that names the growing groups at once (default 1 MiB). Smaller growth is named
+    /// when the same group grows at two epoch ends in a row.
+    pub fn leak_threshold(mut self, bytes: u64) -> Self {
+        self.leak_threshold = bytes;
+        self
+    }
+
+    /// Epochs that only set the leak hunt's baseline (default 1): optimizer state and
+    /// caches are created in the first epoch and are not leaks. At least 1.
+    pub fn leak_warmup_epochs(mut self, n: u64) -> Self {
+        self.leak_warmup_epochs = n;
+        self
+    }
+
+    /// Starts profiling. Fails when a setting is invalid (naming it and why), when
+    /// another profiler is alive in the process, or when the native layer cannot start.
+    pub fn build(self) -> Result<MemoryProfiler> {
+        if self.timeline_step == Some(0) {
+            return Err(Error::InvalidConfig {
+                name: "timeline_step",
+                value: "0".into(),
+                reason: "steps are counted from 1 (the first record_stats call ends step 1)".into(),
+            });
+        }
+        if self.leak_warmup_epochs == 0 {
+            return Err(Error::InvalidConfig {
+                name: "leak_warmup_epochs",
+                value: "0".into(),
+                reason: "must be at least 1: the first epoch end has nothing to compare with, \
+                         and optimizer state appears during the first epoch"
+                    .into(),
+            });
+        }
+        if self.print_period == 0 {
+            return Err(Error::InvalidConfig {
+                name: "print_period",
+                value: "0".into(),
+                reason: "must be at least 1 (report every n-th record_stats call)".into(),
+            });
+        }
+        let slot = match self.device {
+            Device::Cpu => 0,
+            Device::Cuda(i) if i < MAX_DEVICES - 1 => 1 + i,
+            other => {
+                return Err(Error::InvalidConfig {
+                    name: "VarStore device",
+                    value: format!("{other:?}"),
+                    reason: "only the CPU and cuda:0..15 are supported".into(),
+                })
+            }
+        };
+        let start = chrono::Local::now();
+        let csv = if self.csv {
+            let csv_dir_error = |reason: String| Error::InvalidConfig {
+                name: "csv_dir",
+                value: self.csv_dir.display().to_string(),
+                reason,
+            };
+            if self.csv_dir.as_os_str().is_empty() {
+                return Err(csv_dir_error("is empty".into()));
+            }
+            crate::fs::create_dir_all(&self.csv_dir)
+                .map_err(|e| csv_dir_error(format!("cannot be created: {}", source_of(&e))))?;
+            crate::fs::check_writable(&self.csv_dir)
+                .map_err(|e| csv_dir_error(format!("is not writable: {}", source_of(&e))))?;
+            Some(run_stem(&self.csv_dir, start))
+        } else {
+            None
+        };
+        let stem = csv
+            .clone()
+            .unwrap_or_else(|| run_stem(&self.csv_dir, start));
+
+        let timeline = self.timeline || self.timeline_step.is_some();
+        let mut session = Session::start(
+            matches!(self.device, Device::Cuda(_)),
+            timeline.then_some(slot),
+            self.leak_check,
+        )?;
+        let mut params = ParamSync::default();
+        let mut recorder = timeline.then(|| Recorder::new(slot, self.timeline_step));
+        if self.leak_check || timeline {
+            // Layers of the first iteration's ops, and what is live when it begins.
+            let store = vars::lock(&self.variables);
+            let walk = vars::walk(&store)?;
+            params.update(&walk)?;
+            if let Some(r) = recorder.as_mut() {
+                r.begin(&walk)?;
+            }
+        }
+
+        let mut reports = Reports::default();
+        if self.print {
+            reports.push(Box::new(TerminalReport {
+                top_variables: self.top_variables,
+                top_layers: self.top_variables.max(1),
+            }));
+        }
+        let mut csv_paths = Vec::new();
+        if let Some(stem) = &csv {
+            let sink = CsvReport::new(&self.csv_dir, stem, self.wide_csv);
+            csv_paths = sink.paths();
+            reports.push(Box::new(sink));
+        }
+        let shared = Arc::new(Mutex::new(Shared {
+            reports,
+            oom: OomState::new(slot, device_name(self.device)),
+            oom_dir: self.csv_dir.clone(),
+            oom_stem: stem.clone(),
+        }));
+        let hook = Arc::clone(&shared);
+        session.on_oom(move |event| super::on_oom(&hook, event))?;
+
+        let mut profiler = MemoryProfiler {
+            variables: self.variables,
+            device: self.device,
+            slot,
+            print_period: self.print_period as u64,
+            shared,
+            csv_paths,
+            step_files_stem: csv.map(|stem| (self.csv_dir, stem)),
+            epoch: 1,
+            iteration: 0,
+            step: 0,
+            epoch_peaks: Default::default(),
+            run_peaks: Default::default(),
+            allocated_at_epoch_start: 0,
+            last: None,
+            epochs: Vec::new(),
+            failures: 0,
+            log: Vec::new(),
+            recorder,
+            params,
+            hunter: self
+                .leak_check
+                .then(|| LeakHunter::new(slot, self.leak_threshold, self.leak_warmup_epochs)),
+            last_leaks: None,
+            history_entries: 0,
+            _session: session,
+            _not_send: PhantomData,
+        };
+        profiler.allocated_at_epoch_start = profiler.allocated_now().unwrap_or(0);
+        Ok(profiler)
+    }
+}
+
+fn source_of(e: &Error) -> String {
+    match e {
+        Error::Io { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+}
+
+impl MemoryProfiler {
+    /// A builder over the model's VarStore. The profiler keeps a handle to the store's
+    /// variables, not a borrow of the store: `vs.freeze()`, `vs.load()` and the rest
+    /// stay usable, and variables added later are seen.
+    pub fn builder(vs: &tch::nn::VarStore) -> MemoryProfilerBuilder {
+        MemoryProfilerBuilder {
+            variables: Arc::clone(&vs.variables_),
+            device: vs.device(),
+            print_period: 1,
+            print: true,
+            csv: false,
+            csv_dir: PathBuf::from("memory_csv_data"),
+            wide_csv: false,
+            top_variables: DEFAULT_TOP_VARIABLES,
+            timeline: false,
+            timeline_step: None,
+            leak_check: true,
+            leak_threshold: crate::leaks::DEFAULT_LEAK_THRESHOLD,
+            leak_warmup_epochs: crate::leaks::DEFAULT_WARMUP_EPOCHS,
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! Presentation: everything that prints or writes a file. The profiler hands each
+//! result to every sink of its [`Reports`] (terminal, CSV); a sink's failure is logged
+//! and counted by the profiler, never raised in the loop. Data modules (stats,
+//! timeline, leaks, oom) only compute.
+//!
+//! - `terminal`: tables on standard output, and the text of leak and OOM reports;
+//! - `csv`: the run's CSV files, and a profiled step's timeline and layers CSV;
+//! - `plot`: a profiled step's plot (PNG or SVG);
+//! - `snapshot`: memory snapshots in the pickle format of PyTorch's memory viewer;
+//! - `oom_files`: the report and snapshot files of an out-of-memory error.
+
+pub(crate) mod csv;
+pub(crate) mod oom_files;
+pub(crate) mod plot;
+pub(crate) mod snapshot;
+pub(crate) mod terminal;
+
+use crate::error::{Error, Result};
+use crate::leaks::LeakReport;
+use crate::oom::OomReport;
+use crate::stats::{EpochStats, IterationStats};
+use crate::timeline::{StepKind, StepProfile};
+
+/// A destination for reports. Every hook does nothing by default.
+pub(crate) trait Report: Send {
+    /// At every reported iteration.
+    fn iteration(&mut self, _stats: &IterationStats) -> Result<()> {
+        Ok(())
+    }
+    /// At every `epoch_end`.
+    fn epoch(&mut self, _stats: &EpochStats) -> Result<()> {
+        Ok(())
+    }
+    /// When a step profile is ready: the requested step, or a new peak step.
+    fn step_profile(&mut self, _profile: &StepProfile, _kind: StepKind) -> Result<()> {
+        Ok(())
+    }
+    /// At an `epoch_end` whose leak hunt found suspects.
+    fn leaks(&mut self, _report: &LeakReport) -> Result<()> {
+        Ok(())
+    }
+    /// From the failing allocation, when an allocation ran out of memory: no lock that
+    /// another thread may hold, and nothing that allocates much.
+    fn oom(&mut self, _report: &OomReport) -> Result<()> {
+        Ok(())
+    }
+    /// Short name for log messages.
+    fn name(&self) -> &'static str;
+}
+
+/// The sinks of one profiler.
+#[derive(Default)]
+pub(crate) struct Reports {
+    sinks: Vec<Box<dyn Report>>,
+}
+
+impl Reports {
+    pub(crate) fn push(&mut self, sink: Box<dyn Report>) {
+        self.sinks.push(sink);
+    }
+
+    /// Calls `hook` on every sink; the failures, each with its sink's name.
+    fn each(
+        &mut self,
+        mut hook: impl FnMut(&mut dyn Report) -> Result<()>,
+    ) -> Vec<(&'static str, Error)> {
+        let mut errors = Vec::new();
+        for s in &mut self.sinks {
+            if let Err(e) = hook(s.as_mut()) {
+                errors.push((s.name(), e));
+            }
+        }
+        errors
+    }
+
+    pub(crate) fn iteration(&mut self, s: &IterationStats) -> Vec<(&'static str, Error)> {
+        self.each(|r| r.iteration(s))
+    }
+    pub(crate) fn epoch(&mut self, s: &EpochStats) -> Vec<(&'static str, Error)> {
+        self.each(|r| r.epoch(s))
+    }
+    pub(crate) fn step_profile(
+        &mut self,
+        p: &StepProfile,
+        kind: StepKind,
+    ) -> Vec<(&'static str, Error)> {
+        self.each(|r| r.step_profile(p, kind))
+    }
+    pub(crate) fn leaks(&mut self, l: &LeakReport) -> Vec<(&'static str, Error)> {
+        self.each(|r| r.leaks(l))
+    }
+    pub(crate) fn oom(&mut self, o: &OomReport) -> Vec<(&'static str, Error)> {
+        self.each(|r| r.oom(o))
+    }
+}

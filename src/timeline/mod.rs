@@ -1,0 +1,20 @@
+//! Step anatomy: live bytes by category after every op of one iteration, the peak and
+//! who reached it, per-layer memory and FLOPs.
+//!
+//! The native step log records every block birth and death, op begin and end, phase
+//! change and counted FLOP of an iteration; once the iteration is over, the
+//! recorder replays it into a [`StepProfile`].
+//! Nothing here runs while the model does, and nothing here prints or writes files:
+//! the profiler hands profiles to its reports.
+
+mod recorder;
+mod replay;
+mod scope;
+mod types;
+
+pub use crate::phase::Phase;
+pub(crate) use recorder::{Recorder, StepKind};
+pub use scope::{scope, Scope};
+pub use types::{
+    Category, CategoryBytes, LayerProfile, Peak, StepFiles, StepProfile, TimelineRow, UncountedOp,
+};

@@ -1,0 +1,151 @@
+//! Which iterations get a step profile: the step the user asked for, and the step with
+//! the run's highest peak so far. The recorder classifies what is live when an
+//! iteration begins and replays its step log when it ends; the profiler hands the
+//! profiles to its reports.
+
+use std::collections::HashMap;
+
+use crate::error::Result;
+use crate::ffi::{self, TlEvent};
+use crate::names::{layer_of, Names};
+use crate::vars::Var;
+
+use super::replay::replay;
+use super::types::{StepProfile, StepStart, VarEntry};
+
+/// Why a profile is reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepKind {
+    /// The step asked for with `timeline_step`.
+    Requested(u64),
+    /// The step with the run's highest peak so far, at an `epoch_end`.
+    Peak,
+    /// The same, when the profiler drops (written, not printed).
+    PeakAtExit,
+}
+
+pub(crate) struct Recorder {
+    slot: usize,
+    requested_step: Option<u64>,
+    events: Vec<TlEvent>,
+    start: StepStart,
+    vars: Vec<VarEntry>,
+    names: Names,
+    best_peak: i64,
+    peak: Option<StepProfile>,
+    peak_unreported: bool,
+    requested: Option<StepProfile>,
+}
+
+impl Recorder {
+    pub(crate) fn new(slot: usize, requested_step: Option<u64>) -> Self {
+        Recorder {
+            slot,
+            requested_step,
+            events: Vec::new(),
+            start: StepStart::default(),
+            vars: Vec::new(),
+            names: Names::default(),
+            best_peak: -1,
+            peak: None,
+            peak_unreported: false,
+            requested: None,
+        }
+    }
+
+    /// Classifies what is live at the start of an iteration. Call right after the
+    /// native iteration began, before any op runs, with the store's variables.
+    pub(crate) fn begin(&mut self, vars: &[Var<'_>]) -> Result<()> {
+        let header = ffi::timeline_header()?;
+        let mut start = StepStart {
+            generation: header.start_generation,
+            live: header.start_live,
+            ..StepStart::default()
+        };
+        let mut entries = Vec::with_capacity(vars.len());
+        let mut opt_claimed = 0i64;
+        let slot = self.slot;
+        let mut claim = |map: &mut HashMap<u64, i64>, b: &ffi::Block| {
+            if b.tracked_on(slot) && map.insert(b.base, b.bytes).is_none() && b.born_in_optimizer()
+            {
+                opt_claimed += b.bytes;
+            }
+        };
+        for v in vars {
+            if v.trainable {
+                claim(&mut start.param, &v.block);
+            } else {
+                claim(&mut start.buffer, &v.block);
+            }
+            if v.grad.is_defined() {
+                claim(&mut start.grad, &v.grad);
+            }
+            entries.push(VarEntry {
+                layer: layer_of(v.name),
+                bytes: v.block.size(),
+            });
+        }
+        let ds = ffi::device_stats(self.slot)?;
+        start.opt = (ds.optimizer_born_live - opt_claimed).max(0);
+        self.vars = entries;
+        self.start = start;
+        Ok(())
+    }
+
+    /// Ends an iteration: builds its profile if it is the requested step or the
+    /// highest peak so far. Call before the native iteration ends. Returns the
+    /// requested step's profile when this was that step.
+    pub(crate) fn finish(
+        &mut self,
+        step: u64,
+        epoch: u64,
+        iteration: u64,
+        device: &str,
+    ) -> Result<Option<&StepProfile>> {
+        let requested = self.requested_step == Some(step);
+        let peak_now = ffi::device_stats(self.slot)?.peak_iter;
+        let is_peak = peak_now > self.best_peak;
+        if !requested && !is_peak {
+            return Ok(None);
+        }
+        let overflow = ffi::read_timeline(&mut self.events)?;
+        let mut p = replay(
+            &self.events,
+            overflow,
+            &self.start,
+            self.slot as u8,
+            &self.vars,
+            &mut self.names,
+        );
+        p.step = step;
+        p.epoch = epoch;
+        p.iteration = iteration;
+        p.device = device.to_string();
+        if is_peak {
+            self.best_peak = peak_now;
+            self.peak = Some(p.clone());
+            self.peak_unreported = true;
+        }
+        if requested {
+            self.requested = Some(p);
+            return Ok(self.requested.as_ref());
+        }
+        Ok(None)
+    }
+
+    /// The peak step's profile if it changed since it was last taken.
+    pub(crate) fn take_new_peak(&mut self) -> Option<&StepProfile> {
+        if !std::mem::take(&mut self.peak_unreported) {
+            return None;
+        }
+        self.peak.as_ref()
+    }
+
+    pub(crate) fn requested(&self) -> Option<&StepProfile> {
+        self.requested.as_ref()
+    }
+
+    pub(crate) fn peak(&self) -> Option<&StepProfile> {
+        self.peak.as_ref()
+    }
+}

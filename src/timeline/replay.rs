@@ -1,0 +1,613 @@
+//! Replays one iteration's step log into a [`StepProfile`], in named passes:
+//!
+//! 1. [`collect_ops`]: every timeline op's name, phase, first variable, scope and the
+//!    forward op of a backward node;
+//! 2. [`classify_blocks`]: the category of every block born in the iteration, from what
+//!    became of it (freed in its phase: TEMP; forward blocks alive at a backward start:
+//!    ACT; backward blocks that outlive it: GRAD; optimizer blocks that outlive it: OPT);
+//! 3. [`attribute_layers`]: the layer of every op;
+//! 4. [`live_by_category`]: live bytes by category after every op, the peak and each
+//!    category's maximum;
+//! 5. [`layer_table`] and [`count_flops`]: per-layer parameters, activations, FLOPs.
+//!
+//! Nothing here runs while the model does.
+
+use std::collections::HashMap;
+
+use crate::ffi::{ev, TlEvent};
+use crate::names::{Names, MISSING};
+use crate::phase::Phase;
+
+use super::types::{
+    Category, CategoryBytes, LayerProfile, Peak, StepProfile, StepStart, TimelineRow, UncountedOp,
+    VarEntry,
+};
+
+/// What one timeline op is.
+#[derive(Debug, Clone)]
+struct OpRec {
+    name: i32,
+    phase: Option<Phase>,
+    var: i32,
+    scope: i32,
+    link: i32,
+}
+
+impl Default for OpRec {
+    fn default() -> Self {
+        OpRec {
+            name: -1,
+            phase: None,
+            var: -1,
+            scope: -1,
+            link: -1,
+        }
+    }
+}
+
+/// Whom an alloc or free event belongs to.
+#[derive(Debug, Clone, Copy)]
+enum Owner {
+    None,
+    Born(u32),
+    Initial(Category),
+}
+
+#[derive(Debug, Clone)]
+struct Born {
+    bytes: i64,
+    phase: Phase,
+    op: i32,
+    cat: Option<Category>,
+}
+
+/// Pass 2's result.
+struct Births {
+    born: Vec<Born>,
+    owner: Vec<Owner>,
+    /// Activation bytes by forward op, one map per backward pass.
+    act_passes: Vec<HashMap<i32, i64>>,
+}
+
+/// Whether generation `generation` is at or after `start` (32-bit wrap-aware).
+fn in_step(generation: u32, start: u32) -> bool {
+    (generation.wrapping_sub(start) as i32) >= 0
+}
+
+/// Replays one iteration's step log into a profile.
+pub(crate) fn replay(
+    events: &[TlEvent],
+    overflow: bool,
+    start: &StepStart,
+    slot: u8,
+    vars: &[VarEntry],
+    names: &mut Names,
+) -> StepProfile {
+    let mut consistent = !overflow;
+    let ops = collect_ops(events);
+    let births = classify_blocks(events, start, slot, &mut consistent);
+    let op_layer = attribute_layers(&ops, vars, names);
+    let (rows, peak, category_max) = live_by_category(
+        events,
+        &births,
+        start,
+        slot,
+        &ops,
+        &op_layer,
+        names,
+        &mut consistent,
+    );
+    let mut layers = layer_table(&ops, &op_layer, vars, &births.act_passes);
+    let (forward_flops, backward_flops, optimizer_flops, uncounted_ops) =
+        count_flops(events, &ops, &op_layer, &mut layers, names);
+    StepProfile {
+        start_bytes: start.live.max(0) as u64,
+        rows,
+        peak,
+        category_max,
+        layers: layers.into_layers(),
+        forward_flops,
+        backward_flops,
+        optimizer_flops,
+        uncounted_ops,
+        complete: consistent,
+        ..StepProfile::default()
+    }
+}
+
+/// Pass 1: the timeline ops, indexed by their number in the step.
+fn collect_ops(events: &[TlEvent]) -> Vec<OpRec> {
+    let n_ops = events
+        .iter()
+        .filter(|e| matches!(e.kind, ev::OP_BEGIN | ev::OP_END) && e.op >= 0)
+        .map(|e| e.op as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut ops = vec![OpRec::default(); n_ops];
+    for e in events {
+        if e.op < 0 || e.op as usize >= n_ops {
+            continue;
+        }
+        let o = &mut ops[e.op as usize];
+        match e.kind {
+            ev::OP_BEGIN => {
+                o.name = e.aux;
+                o.var = e.value as i32;
+                o.scope = e.generation as i32 - 1;
+                o.phase.get_or_insert(Phase::from_native(e.phase));
+            }
+            ev::OP_END => {
+                if o.name < 0 {
+                    o.name = e.aux;
+                }
+                o.phase = Some(Phase::from_native(e.phase));
+            }
+            ev::LINK if o.link < 0 && e.aux >= 0 && e.aux < e.op => o.link = e.aux,
+            _ => {}
+        }
+    }
+    ops
+}
+
+/// Pass 2: the category of every block born in the iteration, and the owner of every
+/// alloc/free event of the profiled device.
+fn classify_blocks(
+    events: &[TlEvent],
+    start: &StepStart,
+    slot: u8,
+    consistent: &mut bool,
+) -> Births {
+    let mut born: Vec<Born> = Vec::new();
+    let mut live_born: HashMap<u64, u32> = HashMap::new();
+    let mut owner: Vec<Owner> = vec![Owner::None; events.len()];
+    let mut act_passes: Vec<HashMap<i32, i64>> = Vec::new();
+    let mut phase = Phase::Forward;
+    for (i, e) in events.iter().enumerate() {
+        match e.kind {
+            ev::ALLOC if e.device == slot => {
+                let id = born.len() as u32;
+                born.push(Born {
+                    bytes: e.value,
+                    phase: Phase::from_native(e.phase),
+                    op: e.op,
+                    cat: None,
+                });
+                live_born.insert(e.ptr, id);
+                owner[i] = Owner::Born(id);
+            }
+            ev::FREE if e.device == slot => {
+                if in_step(e.generation, start.generation) {
+                    match live_born.remove(&e.ptr) {
+                        Some(id) => {
+                            born[id as usize].cat.get_or_insert(Category::Temp);
+                            owner[i] = Owner::Born(id);
+                        }
+                        None => *consistent = false,
+                    }
+                } else {
+                    owner[i] = Owner::Initial(initial_category(start, e));
+                }
+            }
+            ev::PHASE => {
+                let next = Phase::from_native(e.phase);
+                let mut act = HashMap::new();
+                for &id in live_born.values() {
+                    let b = &mut born[id as usize];
+                    if b.cat.is_some() {
+                        continue;
+                    }
+                    if next == Phase::Backward && b.phase == Phase::Forward {
+                        b.cat = Some(Category::Act);
+                        *act.entry(b.op).or_insert(0) += b.bytes;
+                    } else if phase == Phase::Backward && b.phase == Phase::Backward {
+                        b.cat = Some(Category::Grad);
+                    } else if phase == Phase::Optimizer && b.phase == Phase::Optimizer {
+                        b.cat = Some(Category::Opt);
+                    }
+                }
+                if next == Phase::Backward {
+                    act_passes.push(act);
+                }
+                phase = next;
+            }
+            _ => {}
+        }
+    }
+    // Blocks still alive at the end: what their birth phase makes them.
+    for &id in live_born.values() {
+        let b = &mut born[id as usize];
+        b.cat.get_or_insert(match b.phase {
+            Phase::Backward => Category::Grad,
+            Phase::Optimizer => Category::Opt,
+            Phase::Forward => Category::Other,
+        });
+    }
+    Births {
+        born,
+        owner,
+        act_passes,
+    }
+}
+
+/// The category of a block alive when the iteration began, freed during it.
+fn initial_category(start: &StepStart, e: &TlEvent) -> Category {
+    if start.param.contains_key(&e.ptr) {
+        Category::Param
+    } else if start.buffer.contains_key(&e.ptr) {
+        Category::Buffer
+    } else if start.grad.contains_key(&e.ptr) {
+        Category::Grad
+    } else if Phase::from_native(e.phase) == Phase::Optimizer {
+        Category::Opt
+    } else {
+        Category::Other
+    }
+}
+
+/// Pass 3: the layer of every op, in the order ops began: a scope's name; a backward
+/// node's forward op's layer; the layer of the first variable the op reads; else the
+/// layer that ran last. Optimizers update each parameter's state, then the parameter:
+/// an optimizer op that reads no variable belongs to the variable updated next.
+fn attribute_layers(ops: &[OpRec], vars: &[VarEntry], names: &mut Names) -> Vec<String> {
+    let mut next_var = vec![-1i32; ops.len()];
+    let mut upcoming = -1;
+    for (i, o) in ops.iter().enumerate().rev() {
+        if o.phase != Some(Phase::Optimizer) {
+            upcoming = -1;
+            continue;
+        }
+        if o.var >= 0 {
+            upcoming = o.var;
+        }
+        next_var[i] = upcoming;
+    }
+    let mut op_layer: Vec<String> = Vec::with_capacity(ops.len());
+    let mut last = MISSING.to_string();
+    for (i, o) in ops.iter().enumerate() {
+        let var = if o.var >= 0 { o.var } else { next_var[i] };
+        let layer = if o.scope >= 0 {
+            names.get(o.scope)
+        } else if o.link >= 0 {
+            op_layer[o.link as usize].clone()
+        } else if var >= 0 && (var as usize) < vars.len() {
+            vars[var as usize].layer.clone()
+        } else {
+            last.clone()
+        };
+        last = layer.clone();
+        op_layer.push(layer);
+    }
+    op_layer
+}
+
+fn layer_at(op_layer: &[String], op: i32) -> String {
+    if op >= 0 && (op as usize) < op_layer.len() {
+        op_layer[op as usize].clone()
+    } else {
+        MISSING.to_string()
+    }
+}
+
+fn phase_at(ops: &[OpRec], op: i32) -> Option<Phase> {
+    if op >= 0 && (op as usize) < ops.len() {
+        ops[op as usize].phase
+    } else {
+        None
+    }
+}
+
+/// Pass 4: live bytes by category after every op; the peak; category maxima.
+#[allow(clippy::too_many_arguments)]
+fn live_by_category(
+    events: &[TlEvent],
+    births: &Births,
+    start: &StepStart,
+    slot: u8,
+    ops: &[OpRec],
+    op_layer: &[String],
+    names: &mut Names,
+    consistent: &mut bool,
+) -> (Vec<TimelineRow>, Peak, CategoryBytes) {
+    let mut cur = [0i64; 7];
+    for (map, c) in [
+        (&start.param, Category::Param),
+        (&start.buffer, Category::Buffer),
+        (&start.grad, Category::Grad),
+    ] {
+        cur[c.index()] = map.values().sum();
+    }
+    cur[Category::Opt.index()] = start.opt;
+    let claimed: i64 = cur.iter().sum();
+    cur[Category::Other.index()] = start.live - claimed;
+    if cur[Category::Other.index()] < 0 {
+        *consistent = false;
+    }
+    let mut total: i64 = start.live;
+    let mut peak = Peak {
+        bytes: total.max(0) as u64,
+        breakdown: CategoryBytes::from_signed(&cur),
+        ..Peak::default()
+    };
+    let mut peak_op: Option<i32> = None;
+    let mut category_max = CategoryBytes::from_signed(&cur);
+    let mut rows = Vec::with_capacity(ops.len());
+    for (i, e) in events.iter().enumerate() {
+        match e.kind {
+            ev::ALLOC | ev::FREE if e.device == slot => {
+                let cat = match births.owner[i] {
+                    Owner::Born(id) => births.born[id as usize].cat.unwrap_or(Category::Other),
+                    Owner::Initial(c) => c,
+                    Owner::None => continue,
+                };
+                cur[cat.index()] += e.value;
+                total += e.value;
+                if e.value > 0 {
+                    let now = CategoryBytes::from_signed(&cur);
+                    category_max.max_with(&now);
+                    if total > peak.bytes as i64 {
+                        peak.bytes = total as u64;
+                        peak.breakdown = now;
+                        peak_op = Some(e.op);
+                    }
+                }
+            }
+            ev::OP_END if e.op >= 0 && (e.op as usize) < ops.len() => {
+                rows.push(TimelineRow {
+                    op_index: e.op as u32,
+                    op: names.get(ops[e.op as usize].name),
+                    phase: Phase::from_native(e.phase),
+                    layer: layer_at(op_layer, e.op),
+                    bytes: CategoryBytes::from_signed(&cur),
+                    allocated_bytes: e.value.max(0) as u64,
+                });
+            }
+            _ => {}
+        }
+    }
+    if let Some(op) = peak_op {
+        if op >= 0 && (op as usize) < ops.len() {
+            peak.op_index = Some(op as u32);
+            peak.op = names.get(ops[op as usize].name);
+            peak.phase = phase_at(ops, op);
+            peak.layer = layer_at(op_layer, op);
+        }
+    }
+    (rows, peak, category_max)
+}
+
+/// Layers in the order they first ran, looked up by name.
+#[derive(Default)]
+struct LayerTable {
+    layers: Vec<LayerProfile>,
+    index: HashMap<String, usize>,
+}
+
+impl LayerTable {
+    fn entry(&mut self, name: &str) -> &mut LayerProfile {
+        let i = match self.index.get(name) {
+            Some(&i) => i,
+            None => {
+                self.layers.push(LayerProfile {
+                    layer: name.to_string(),
+                    ..LayerProfile::default()
+                });
+                self.index.insert(name.to_string(), self.layers.len() - 1);
+                self.layers.len() - 1
+            }
+        };
+        &mut self.layers[i]
+    }
+
+    fn into_layers(self) -> Vec<LayerProfile> {
+        self.layers
+    }
+}
+
+/// Pass 5a: layers with their parameters and activations (the largest over the
+/// iteration's backward passes).
+fn layer_table(
+    ops: &[OpRec],
+    op_layer: &[String],
+    vars: &[VarEntry],
+    act_passes: &[HashMap<i32, i64>],
+) -> LayerTable {
+    let mut t = LayerTable::default();
+    for (op, layer) in op_layer.iter().enumerate() {
+        if ops[op].phase == Some(Phase::Forward) {
+            t.entry(layer);
+        }
+    }
+    for v in vars {
+        t.entry(&v.layer).parameters_bytes += v.bytes;
+    }
+    for pass in act_passes {
+        let mut per_layer: HashMap<String, i64> = HashMap::new();
+        for (&op, &bytes) in pass {
+            *per_layer.entry(layer_at(op_layer, op)).or_insert(0) += bytes;
+        }
+        for (layer, bytes) in per_layer {
+            let l = t.entry(&layer);
+            l.activation_bytes = l.activation_bytes.max(bytes.max(0) as u64);
+        }
+    }
+    t
+}
+
+/// Pass 5b: FLOPs by phase and layer, and the ops without a FLOP formula.
+fn count_flops(
+    events: &[TlEvent],
+    ops: &[OpRec],
+    op_layer: &[String],
+    layers: &mut LayerTable,
+    names: &mut Names,
+) -> (u64, u64, u64, Vec<UncountedOp>) {
+    let (mut fwd, mut bwd, mut opt) = (0u64, 0u64, 0u64);
+    let mut uncounted: HashMap<i32, u64> = HashMap::new();
+    for e in events {
+        match e.kind {
+            ev::FLOPS => {
+                let flops = e.value.max(0) as u64;
+                match phase_at(ops, e.op).unwrap_or(Phase::from_native(e.phase)) {
+                    Phase::Forward => {
+                        fwd += flops;
+                        layers.entry(&layer_at(op_layer, e.op)).forward_flops += flops;
+                    }
+                    Phase::Backward => {
+                        bwd += flops;
+                        layers.entry(&layer_at(op_layer, e.op)).backward_flops += flops;
+                    }
+                    Phase::Optimizer => opt += flops,
+                }
+            }
+            ev::UNCOUNTED => *uncounted.entry(e.aux).or_insert(0) += 1,
+            _ => {}
+        }
+    }
+    let mut uncounted_ops: Vec<UncountedOp> = uncounted
+        .into_iter()
+        .map(|(id, calls)| UncountedOp {
+            op: names.get(id),
+            calls,
+        })
+        .collect();
+    uncounted_ops.sort_by(|a, b| b.calls.cmp(&a.calls).then_with(|| a.op.cmp(&b.op)));
+    (fwd, bwd, opt, uncounted_ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc(ptr: u64, bytes: i64, generation: u32, phase: u8, op: i32) -> TlEvent {
+        TlEvent {
+            kind: ev::ALLOC,
+            phase,
+            generation,
+            op,
+            ptr,
+            value: bytes,
+            ..TlEvent::default()
+        }
+    }
+    fn free(ptr: u64, bytes: i64, generation: u32, phase: u8, op: i32) -> TlEvent {
+        TlEvent {
+            kind: ev::FREE,
+            phase,
+            generation,
+            op,
+            ptr,
+            value: -bytes,
+            ..TlEvent::default()
+        }
+    }
+    fn begin(op: i32, phase: u8, var: i64) -> TlEvent {
+        TlEvent {
+            kind: ev::OP_BEGIN,
+            phase,
+            op,
+            aux: -1,
+            value: var,
+            ..TlEvent::default()
+        }
+    }
+    fn end(op: i32, phase: u8, live: i64) -> TlEvent {
+        TlEvent {
+            kind: ev::OP_END,
+            phase,
+            op,
+            aux: -1,
+            value: live,
+            ..TlEvent::default()
+        }
+    }
+    fn phase(generation: u32, p: u8) -> TlEvent {
+        TlEvent {
+            kind: ev::PHASE,
+            phase: p,
+            generation,
+            op: -1,
+            ..TlEvent::default()
+        }
+    }
+
+    /// A hand-made iteration: weights 100 B at start, grads 10 B from the last
+    /// iteration (freed in forward), forward keeps 40 B and frees a 5 B temporary,
+    /// backward makes a 100 B gradient and a 7 B activation gradient, the optimizer
+    /// makes 200 B of state and a 3 B temporary.
+    #[test]
+    fn replay_classifies_blocks_by_what_became_of_them() {
+        let start = StepStart {
+            generation: 10,
+            live: 100 + 10 + 1,
+            param: HashMap::from([(1, 100)]),
+            grad: HashMap::from([(2, 10)]),
+            ..StepStart::default()
+        };
+        let events = vec![
+            begin(0, 0, 0),
+            alloc(10, 40, 10, 0, 0),
+            alloc(11, 5, 10, 0, 0),
+            free(11, 5, 10, 0, 0),
+            free(2, 10, 5, 1, 0),
+            end(0, 0, 141),
+            phase(11, 1),
+            begin(1, 1, -1),
+            alloc(20, 100, 11, 1, 1),
+            alloc(21, 7, 11, 1, 1),
+            free(21, 7, 11, 1, 1),
+            free(10, 40, 10, 0, 1),
+            end(1, 1, 201),
+            phase(12, 2),
+            begin(2, 2, 0),
+            alloc(30, 200, 12, 2, 2),
+            alloc(31, 3, 12, 2, 2),
+            free(31, 3, 12, 2, 2),
+            end(2, 2, 401),
+        ];
+        let vars = vec![VarEntry {
+            layer: "fc".into(),
+            bytes: 100,
+        }];
+        let p = replay(&events, false, &start, 0, &vars, &mut Names::default());
+        assert!(p.complete);
+        assert_eq!(p.rows.len(), 3);
+        let r0 = &p.rows[0].bytes;
+        assert_eq!(r0.get(Category::Param), 100);
+        assert_eq!(r0.get(Category::Act), 40);
+        assert_eq!(r0.get(Category::Grad), 0);
+        assert_eq!(r0.get(Category::Other), 1);
+        assert_eq!(r0.total(), 141);
+        let r1 = &p.rows[1].bytes;
+        assert_eq!(r1.get(Category::Grad), 100);
+        assert_eq!(r1.get(Category::Act), 0);
+        assert_eq!(r1.total(), 201);
+        let r2 = &p.rows[2].bytes;
+        assert_eq!(r2.get(Category::Opt), 200);
+        assert_eq!(r2.total(), 401);
+        // Peak: 100 + 100 + 1 + 200 + 3 during the optimizer op.
+        assert_eq!(p.peak.bytes, 404);
+        assert_eq!(p.peak.breakdown.get(Category::Temp), 3);
+        assert_eq!(p.peak.op_index, Some(2));
+        assert_eq!(p.peak.phase, Some(Phase::Optimizer));
+        // Category maxima: TEMP saw 7 B in backward.
+        assert_eq!(p.category_max.get(Category::Temp), 7);
+        assert_eq!(p.category_max.get(Category::Act), 40);
+        assert_eq!(p.category_max.get(Category::Grad), 100);
+        // Layers: op 0 read variable 0 ("fc"); op 1 has no link and follows op 0.
+        let fc = p.layers.iter().find(|l| l.layer == "fc").unwrap();
+        assert_eq!(fc.activation_bytes, 40);
+        assert_eq!(fc.parameters_bytes, 100);
+        assert_eq!(p.phase_boundaries(), (Some(1), Some(2)));
+    }
+
+    #[test]
+    fn a_freed_block_of_unknown_birth_marks_the_profile_incomplete() {
+        let start = StepStart {
+            generation: 10,
+            ..StepStart::default()
+        };
+        let events = vec![free(99, 8, 10, 0, -1)];
+        let p = replay(&events, false, &start, 0, &[], &mut Names::default());
+        assert!(!p.complete);
+    }
+}

@@ -1,0 +1,303 @@
+//! Step anatomy: live bytes by category after every op of one iteration, the peak and
+//! who reached it, per-layer memory and FLOPs. Built by replaying the native step log
+//! (every block birth and death, op begin and end, phase change, counted FLOP) once the
+//! iteration is over; nothing here runs while the model does.
+//!
+//! Categories (a byte is in exactly one at any moment):
+//! - `PARAM` / `BUFFER`: storage of the VarStore's trainable variables / other
+//!   variables (batch-norm running statistics).
+//! - `GRAD`: weight gradients: blocks made by the backward pass that outlive it, and
+//!   gradients alive when the iteration began.
+//! - `ACT`: activations: blocks made in the forward pass that are still alive when the
+//!   backward pass starts (the "feature maps" of the iteration report).
+//! - `TEMP`: blocks made and freed within one phase: forward temporaries, activation
+//!   gradients of the backward pass, optimizer scratch.
+//! - `OPT`: optimizer state: blocks made in an optimizer phase that outlive it.
+//! - `OTHER`: everything else: user tensors alive when the iteration began that are not
+//!   variables, gradients or optimizer state; forward outputs of a pass with no
+//!   backward after it.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::names::MISSING;
+use crate::phase::Phase;
+
+/// What a live byte is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Category {
+    /// Trainable VarStore variables.
+    Param,
+    /// Non-trainable VarStore variables (batch-norm running statistics).
+    Buffer,
+    /// Weight gradients.
+    Grad,
+    /// Activations kept for the backward pass.
+    Act,
+    /// Blocks made and freed within one phase.
+    Temp,
+    /// Optimizer state.
+    Opt,
+    /// Everything else.
+    Other,
+}
+
+impl Category {
+    /// All categories, in the order of CSV columns and of the plot's stack (bottom up).
+    pub const ALL: [Category; 7] = [
+        Category::Param,
+        Category::Buffer,
+        Category::Opt,
+        Category::Grad,
+        Category::Other,
+        Category::Act,
+        Category::Temp,
+    ];
+
+    /// Upper-case label, as in the CSV header and the plot legend.
+    pub fn label(self) -> &'static str {
+        match self {
+            Category::Param => "PARAM",
+            Category::Buffer => "BUFFER",
+            Category::Grad => "GRAD",
+            Category::Act => "ACT",
+            Category::Temp => "TEMP",
+            Category::Opt => "OPT",
+            Category::Other => "OTHER",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Bytes per category at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CategoryBytes([u64; 7]);
+
+impl CategoryBytes {
+    /// Bytes of one category.
+    pub fn get(&self, c: Category) -> u64 {
+        self.0[c.index()]
+    }
+
+    /// Sum over all categories.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    pub(crate) fn from_signed(v: &[i64; 7]) -> Self {
+        let mut out = [0u64; 7];
+        for (o, x) in out.iter_mut().zip(v) {
+            *o = (*x).max(0) as u64;
+        }
+        CategoryBytes(out)
+    }
+
+    pub(crate) fn max_with(&mut self, other: &CategoryBytes) {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a = (*a).max(b);
+        }
+    }
+}
+
+/// Live bytes after one op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TimelineRow {
+    /// Position of the op in the iteration (0-based, in the order ops began).
+    pub op_index: u32,
+    /// Op name: `aten::conv2d`, or the autograd node (`ConvolutionBackward0`).
+    pub op: String,
+    /// Phase of the op.
+    pub phase: Phase,
+    /// Layer the op is attributed to (see [`StepProfile`]).
+    pub layer: String,
+    /// Live bytes by category when the op returned.
+    pub bytes: CategoryBytes,
+    /// The allocator's own live-bytes counter when the op returned (equals
+    /// `bytes.total()`: checked by the tests).
+    pub allocated_bytes: u64,
+}
+
+/// The highest live bytes of the iteration, at allocation granularity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Peak {
+    /// Live bytes at the peak.
+    pub bytes: u64,
+    /// Their split by category.
+    pub breakdown: CategoryBytes,
+    /// The op during which the peak was reached (`None`: before the first op).
+    pub op_index: Option<u32>,
+    /// Its name ([`MISSING`](crate::names::MISSING) before the first op).
+    pub op: String,
+    /// Its phase.
+    pub phase: Option<Phase>,
+    /// Its layer ([`MISSING`](crate::names::MISSING) before the first op).
+    pub layer: String,
+}
+
+impl Default for Peak {
+    fn default() -> Self {
+        Peak {
+            bytes: 0,
+            breakdown: CategoryBytes::default(),
+            op_index: None,
+            op: MISSING.into(),
+            phase: None,
+            layer: MISSING.into(),
+        }
+    }
+}
+
+impl Peak {
+    /// Where the peak was reached: `aten::div (optimizer, l1)`; before the first op:
+    /// `the iteration start ((none), (none))`.
+    pub fn location(&self) -> String {
+        let op = if self.op_index.is_none() {
+            "the iteration start"
+        } else {
+            &self.op
+        };
+        format!(
+            "{op} ({}, {})",
+            self.phase.map_or(MISSING, |ph| ph.name()),
+            self.layer
+        )
+    }
+}
+
+/// Memory and FLOPs of one layer in the profiled iteration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct LayerProfile {
+    /// Layer name: a VarStore path without its last component (`layer1.0.conv1`), a
+    /// scope name, or [`MISSING`](crate::names::MISSING) for ops before any layer.
+    pub layer: String,
+    /// Storage of the layer's VarStore variables (parameters and buffers).
+    pub parameters_bytes: u64,
+    /// Activation bytes made by the layer's ops and kept for backward (the largest
+    /// over the iteration's backward passes).
+    pub activation_bytes: u64,
+    /// FLOPs of the layer's ops in the forward phase.
+    pub forward_flops: u64,
+    /// FLOPs of the backward nodes of the layer's ops.
+    pub backward_flops: u64,
+}
+
+/// An op the FLOP counter does not know, with how often it ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UncountedOp {
+    /// Op name (`aten::nll_loss_forward`).
+    pub op: String,
+    /// Calls in the iteration.
+    pub calls: u64,
+}
+
+/// Anatomy of one iteration (from one `record_stats` to the next).
+///
+/// Layers: an op that reads a VarStore variable belongs to the layer named by the
+/// variable's path without its last component (`layer1.0.conv1.weight` ->
+/// `layer1.0.conv1`); a backward node belongs to the layer of the forward op that made
+/// it; any other op belongs to the layer that ran last. Ops inside a [`scope`] belong
+/// to the scope.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct StepProfile {
+    /// Step number (1-based `record_stats` count) of the iteration.
+    pub step: u64,
+    /// Epoch of the iteration.
+    pub epoch: u64,
+    /// Iteration within the epoch.
+    pub iteration: u64,
+    /// Device profiled (`cpu`, `cuda:0`).
+    pub device: String,
+    /// Live bytes when the iteration began.
+    pub start_bytes: u64,
+    /// One row per op, in the order ops returned.
+    pub rows: Vec<TimelineRow>,
+    /// The iteration's peak.
+    pub peak: Peak,
+    /// Each category's own maximum over the iteration.
+    pub category_max: CategoryBytes,
+    /// Layers in the order they first ran.
+    pub layers: Vec<LayerProfile>,
+    /// Total forward FLOPs.
+    pub forward_flops: u64,
+    /// Total backward FLOPs.
+    pub backward_flops: u64,
+    /// FLOPs of the optimizer phase (not attributed to layers).
+    pub optimizer_flops: u64,
+    /// Ops whose FLOPs are not counted, most calls first.
+    pub uncounted_ops: Vec<UncountedOp>,
+    /// False when the step log overflowed and events were dropped: the numbers are then
+    /// incomplete.
+    pub complete: bool,
+}
+
+/// A VarStore variable as the replay needs it.
+#[derive(Debug, Clone)]
+pub(crate) struct VarEntry {
+    pub layer: String,
+    pub bytes: u64,
+}
+
+/// What was live when an iteration began, classified.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StepStart {
+    pub generation: u32,
+    pub live: i64,
+    pub param: HashMap<u64, i64>,
+    pub buffer: HashMap<u64, i64>,
+    pub grad: HashMap<u64, i64>,
+    pub opt: i64,
+}
+
+/// Where the profile of a step goes, beside the run's CSV files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StepFiles {
+    /// `<stem>_timeline.csv`: live bytes by category after every op.
+    pub timeline_csv: std::path::PathBuf,
+    /// `<stem>_layers.csv`: parameters, activations and FLOPs per layer.
+    pub layers_csv: std::path::PathBuf,
+    /// `<stem>_timeline.png`.
+    pub png: std::path::PathBuf,
+    /// `<stem>_timeline.svg`.
+    pub svg: std::path::PathBuf,
+}
+
+impl StepFiles {
+    /// The four files, in the order of the fields.
+    pub fn paths(&self) -> [&std::path::Path; 4] {
+        [&self.timeline_csv, &self.layers_csv, &self.png, &self.svg]
+    }
+
+    pub(crate) fn beside(dir: &std::path::Path, stem: &str) -> Self {
+        StepFiles {
+            timeline_csv: dir.join(format!("{stem}_timeline.csv")),
+            layers_csv: dir.join(format!("{stem}_layers.csv")),
+            png: dir.join(format!("{stem}_timeline.png")),
+            svg: dir.join(format!("{stem}_timeline.svg")),
+        }
+    }
+}
+
+impl StepProfile {
+    /// Forward phase ops' index range boundaries: the index (in `rows`) of the first
+    /// backward row and of the first optimizer row after it, if any.
+    pub fn phase_boundaries(&self) -> (Option<usize>, Option<usize>) {
+        let bwd = self.rows.iter().position(|r| r.phase == Phase::Backward);
+        let opt = bwd.and_then(|b| {
+            self.rows[b..]
+                .iter()
+                .position(|r| r.phase == Phase::Optimizer)
+                .map(|i| i + b)
+        });
+        (bwd, opt)
+    }
+}
