@@ -1,4 +1,4 @@
-//! The DESIGN.md reference model with Adam: every category against hand computation.
+//! The reference MLP of tests/common with Adam: every category against hand computation.
 
 mod common;
 use common::*;

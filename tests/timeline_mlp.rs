@@ -1,4 +1,4 @@
-//! The step timeline of the DESIGN.md MLP with Adam (tests/common), checked against
+//! The step timeline of the reference MLP with Adam (tests/common), checked against
 //! the allocator's own counter and against sizes and FLOPs computed by hand.
 
 mod common;
