@@ -2,8 +2,8 @@
 //! (3x224x224, eval mode, no_grad), measured by the profiler: allocated before the pass
 //! (weights and the input: the baseline), the peak during it, their difference (the
 //! activations and temporaries), and on CUDA the caching allocator's peak reserved.
-//! The reference table (measured with PyTorch's CUDA caching allocator by a Python static
-//! peak-memory analyzer for TorchScript, quoted from its README) is
+//! The reference table (measured with PyTorch's CUDA caching allocator by PyTorch Static
+//! Peak Memory Analyzer (TorchScript IR), a Python and C++ tool, quoted from its README) is
 //! printed beside it.
 //!
 //!     scripts/with-libtorch.sh cargo run --release --example deployment_peak

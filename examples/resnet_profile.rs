@@ -1,5 +1,5 @@
 //! ResNet-152, one forward and backward pass on random input, with the step timeline:
-//! what a Python ResNet-152 memory profiler (`resnet_profile.py`) does with module hooks, measured
+//! what `resnet_profile.py` of the Python ResNet Memory Profiler does with module hooks, measured
 //! here from the allocator.
 //!
 //!     scripts/with-libtorch.sh cargo run --release --example resnet_profile -- --batch_size 2
