@@ -36,11 +36,21 @@ fn main() {
         .parent()
         .map(PathBuf::from)
         .unwrap_or_else(|| lib.clone());
+    let version = libtorch_version(&root.join("include"));
+    println!("cargo:rustc-env=TCH_MEMPROF_LIBTORCH_VERSION={version}");
+    if (version.0, version.1) < TESTED.0 || (version.0, version.1) > TESTED.1 {
+        println!(
+            "cargo:warning=tch-memprof: libtorch {version} is outside the tested {}.{} to {}.{}",
+            TESTED.0 .0, TESTED.0 .1, TESTED.1 .0, TESTED.1 .1
+        );
+    }
     let mut build = cc::Build::new();
     build
         .cpp(true)
         .pic(true)
-        .std("c++17")
+        // The standard libtorch's headers are written for: C++20 from 2.13 on (2.13's
+        // headers use default initialisers on bit-fields, a C++20 feature), C++17 before.
+        .std(if (version.0, version.1) >= (2, 13) { "c++20" } else { "c++17" })
         // Release layout of RecordFunction (it has a debug-only field otherwise).
         .define("NDEBUG", None)
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
@@ -58,8 +68,58 @@ fn main() {
     println!("cargo:rustc-link-lib=dylib=dl");
     // Tests, examples and benches of this package run without LD_LIBRARY_PATH.
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
-    // For dependents: DEP_TCH_MEMPROF_LIBTORCH_LIB.
+    // For dependents: DEP_TCH_MEMPROF_LIBTORCH_LIB and DEP_TCH_MEMPROF_LIBTORCH_VERSION.
     println!("cargo:libtorch_lib={}", lib.display());
+    println!("cargo:libtorch_version={version}");
+}
+
+/// The libtorch versions (major, minor) the whole test suite has run on.
+const TESTED: ((u32, u32), (u32, u32)) = ((2, 11), (2, 13));
+
+#[derive(Clone, Copy)]
+struct Version(u32, u32, u32);
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
+
+/// libtorch's version from its own header: `torch/headeronly/version.h` (2.9 on), else
+/// `torch/csrc/api/include/torch/version.h` (older releases).
+fn libtorch_version(include: &Path) -> Version {
+    let candidates = [
+        include.join("torch/headeronly/version.h"),
+        include.join("torch/csrc/api/include/torch/version.h"),
+    ];
+    for path in &candidates {
+        let Ok(text) = fs::read_to_string(path) else {
+            continue;
+        };
+        println!("cargo:rerun-if-changed={}", path.display());
+        let field = |name: &str| {
+            text.lines().find_map(|l| {
+                let rest = l.trim().strip_prefix("#define ")?.strip_prefix(name)?;
+                rest.trim().parse::<u32>().ok()
+            })
+        };
+        if let (Some(major), Some(minor), Some(patch)) = (
+            field("TORCH_VERSION_MAJOR"),
+            field("TORCH_VERSION_MINOR"),
+            field("TORCH_VERSION_PATCH"),
+        ) {
+            return Version(major, minor, patch);
+        }
+    }
+    panic!(
+        "tch-memprof: no libtorch version header under {} (looked for {})",
+        include.display(),
+        candidates
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// Reads the `MP_SIZE(S, n)`, `MP_FIELD(S, f, o)` and `MP_CONST(C, v)` lines of the

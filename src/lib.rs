@@ -209,6 +209,11 @@ pub fn cuda_status() -> std::result::Result<(), String> {
     cuda::status()
 }
 
+/// The libtorch version (`major.minor.patch`) the native layer was compiled against, read
+/// from libtorch's own version header at build time: 2.11.x under tch 0.24, 2.13.x under
+/// tch 0.26.
+pub const LIBTORCH_VERSION: &str = env!("TCH_MEMPROF_LIBTORCH_VERSION");
+
 /// Raw measurements, for this crate's own tests and benches. Not a stable API.
 #[doc(hidden)]
 pub mod __private {

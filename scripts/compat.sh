@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on another tch version, without touching this tree:
+#
+#   scripts/compat.sh 0.26.0            # tch 0.26.0, libtorch 2.13.0
+#   scripts/compat.sh 0.26.0 --release  # extra arguments go to `cargo test`
+#
+# It copies the tree's files (tracked and untracked-but-not-ignored) to a scratch folder
+# (${TCH_MEMPROF_COMPAT_DIR:-target/compat}/tch-VERSION), moves that copy's Cargo.lock to the
+# given tch (and the torch-sys it requires), provisions the libtorch that torch-sys expects
+# (scripts/with-libtorch.sh reads it from the resolved torch-sys), and runs `cargo test` there.
+# The copy builds in a folder of its own (target/compat/build-tch-VERSION, kept between runs):
+# sharing this tree's target/ is unsafe, as Cargo hashes a path package by its path relative
+# to the workspace, so the copy's build script would share a build with this tree's and one
+# would run the other's stale build script.
+set -euo pipefail
+
+[ $# -ge 1 ] || { echo "usage: scripts/compat.sh TCH_VERSION [cargo test args...]" >&2; exit 2; }
+version="$1"
+shift
+[[ "$version" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || {
+  echo "compat: '$version' is not a version x.y.z (e.g. 0.26.0)" >&2
+  exit 2
+}
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+compat="${TCH_MEMPROF_COMPAT_DIR:-$root/target/compat}"
+scratch="$compat/tch-$version"
+export CARGO_TARGET_DIR="$compat/build-tch-$version"
+
+rm -rf "$scratch"
+mkdir -p "$scratch"
+# The tree as git sees it (a clone's files, plus work not yet committed), never target/.
+git ls-files -z --cached --others --exclude-standard |
+  while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+  (cd "$root" && xargs -0 cp --parents -t "$scratch")
+
+cd "$scratch"
+# tch pins its torch-sys exactly, so moving tch moves torch-sys with it.
+cargo update --quiet -p tch --precise "$version"
+resolved=$(cargo metadata --format-version 1 --locked | python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+print(", ".join(p["name"] + " " + p["version"] for p in m["packages"] if p["name"] in ("tch", "torch-sys")))
+')
+echo "compat: $scratch resolves $resolved" >&2
+scripts/with-libtorch.sh sh -c 'echo "compat: libtorch $TCH_MEMPROF_TORCH_VERSION at $LIBTORCH" >&2'
+exec scripts/with-libtorch.sh cargo test --locked "$@"
