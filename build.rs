@@ -50,7 +50,11 @@ fn main() {
         .pic(true)
         // The standard libtorch's headers are written for: C++20 from 2.13 on (2.13's
         // headers use default initialisers on bit-fields, a C++20 feature), C++17 before.
-        .std(if (version.0, version.1) >= (2, 13) { "c++20" } else { "c++17" })
+        .std(if (version.0, version.1) >= (2, 13) {
+            "c++20"
+        } else {
+            "c++17"
+        })
         // Release layout of RecordFunction (it has a debug-only field otherwise).
         .define("NDEBUG", None)
         .define("_GLIBCXX_USE_CXX11_ABI", "1")

@@ -69,10 +69,13 @@ pub fn distinct_bytes<'a>(blocks: impl IntoIterator<Item = &'a BlockInfo>) -> u6
 /// Optimizer state: live bytes born in optimizer phases, less the weights and gradients
 /// among them (a gradient re-created by a `zero_grad` after `step`, say), which have
 /// their own category.
-pub fn optimizer_state(optimizer_born_live: i64, weights_and_grads: &[BlockInfo]) -> u64 {
+pub fn optimizer_state<'a>(
+    optimizer_born_live: i64,
+    weights_and_grads: impl IntoIterator<Item = &'a BlockInfo>,
+) -> u64 {
     let mut seen = HashSet::new();
     let claimed: u64 = weights_and_grads
-        .iter()
+        .into_iter()
         .filter(|b| b.born_in_optimizer && seen.insert(b.base))
         .map(|b| b.bytes)
         .sum();

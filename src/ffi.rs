@@ -251,6 +251,12 @@ extern "C" {
     fn memprof_read_history(out: *mut HistEvent, cap: u64, total: *mut u64, ring: *mut u64) -> i32;
     fn memprof_live_blocks(slot: i32, out: *mut LiveBlock, cap: u64, n: *mut u64) -> i32;
     fn memprof_tensor_block(tensor: *const c_void, grad: i32, out: *mut Block) -> i32;
+    fn memprof_tensor_blocks(
+        tensors: *const *const c_void,
+        n: usize,
+        blocks: *mut Block,
+        grads: *mut Block,
+    ) -> i32;
     fn memprof_name(id: i32, buf: *mut c_char, len: usize, name_len: *mut i64) -> i32;
     fn memprof_intern(name: *const c_char, id: *mut i32) -> i32;
     fn memprof_set_params(ptrs: *const u64, ids: *const i32, layers: *const i32, n: usize) -> i32;
@@ -259,6 +265,7 @@ extern "C" {
     fn memprof_history(on: i32, max_entries: u64) -> i32;
     fn memprof_set_oom_callback(cb: Option<OomCallback>, ctx: *mut c_void) -> i32;
     fn memprof_write_stdout(buf: *const c_char, len: usize) -> i32;
+    fn memprof_process_memory(resident: *mut i64, peak_resident: *mut i64) -> i32;
     fn memprof_cuda_stats(index: i32, out: *mut CudaStats) -> i32;
     fn memprof_cuda_history(on: i32, max_entries: i64) -> i32;
     fn memprof_cuda_snapshot(path: *const c_char) -> i32;
@@ -429,6 +436,40 @@ pub(crate) fn tensor_block(t: &Tensor, grad: bool) -> Result<Block> {
     Ok(b)
 }
 
+/// The blocks behind each of `tensors` and behind their `.grad`, into `blocks` and
+/// `grads` (replacing their contents), in one native call.
+pub(crate) fn tensor_blocks(
+    tensors: &[&Tensor],
+    blocks: &mut Vec<Block>,
+    grads: &mut Vec<Block>,
+) -> Result<()> {
+    let handles: Vec<*const c_void> = tensors
+        .iter()
+        .map(|t| t.as_ptr() as *const c_void)
+        .collect();
+    blocks.clear();
+    blocks.resize(handles.len(), Block::default());
+    grads.clear();
+    grads.resize(handles.len(), Block::default());
+    // SAFETY: every handle points to an at::Tensor that outlives this call (we hold the
+    // `&Tensor`s); `blocks` and `grads` hold `handles.len()` initialised Blocks each, and
+    // the callee writes exactly that many.
+    check(unsafe {
+        memprof_tensor_blocks(
+            handles.as_ptr(),
+            handles.len(),
+            blocks.as_mut_ptr(),
+            grads.as_mut_ptr(),
+        )
+    })
+}
+
+/// A tensor's handle as a number: the same tensor object gives the same number for as
+/// long as it lives. Only compared, never turned back into a pointer.
+pub(crate) fn tensor_handle(t: &Tensor) -> usize {
+    t.as_ptr() as usize
+}
+
 /// The interned name `id` (op, layer or scope), if known.
 pub(crate) fn name(id: i32) -> Result<Option<String>> {
     let mut buf = [0u8; 128];
@@ -489,6 +530,15 @@ pub(crate) fn history(on: bool, max_entries: u64) -> Result<()> {
 pub(crate) fn write_stdout_unlocked(text: &str) -> Result<()> {
     // SAFETY: the pointer and length describe `text`'s bytes for the call's duration.
     check(unsafe { memprof_write_stdout(text.as_ptr().cast(), text.len()) })
+}
+
+/// The process's resident memory and its peak since start, in bytes (zeros where the
+/// system does not tell).
+pub(crate) fn process_memory() -> Result<(u64, u64)> {
+    let (mut rss, mut peak) = (0i64, 0i64);
+    // SAFETY: both pointers are valid, writable i64s for the call's duration.
+    check(unsafe { memprof_process_memory(&mut rss, &mut peak) })?;
+    Ok((rss.max(0) as u64, peak.max(0) as u64))
 }
 
 /// CUDA allocator statistics of `cuda:index`; an error (never a crash) without CUDA.
@@ -666,6 +716,44 @@ pub(crate) fn selftest_reenter() -> Result<()> {
 mod tests {
     use super::*;
     use std::mem::offset_of;
+
+    /// `VmRSS:` or `VmHWM:` of /proc/self/status, in bytes.
+    fn status_field(key: &str) -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        kb * 1024
+    }
+
+    #[test]
+    fn process_memory_agrees_with_proc_status_and_sees_touched_pages() {
+        let (rss0, _) = process_memory().unwrap();
+        let status_rss = status_field("VmRSS:");
+        // Read a moment apart; the test harness's other threads may move a few pages.
+        assert!(
+            rss0.abs_diff(status_rss) < 4 << 20,
+            "statm {rss0} vs VmRSS {status_rss}"
+        );
+        // 64 MiB written page by page become resident.
+        let touched = vec![1u8; 64 << 20];
+        let (rss1, peak1) = process_memory().unwrap();
+        assert!(rss1 >= rss0 + (60 << 20), "{rss0} -> {rss1} after 64 MiB");
+        let status_hwm = status_field("VmHWM:");
+        assert!(
+            peak1.abs_diff(status_hwm) < 4 << 20,
+            "ru_maxrss {peak1} vs VmHWM {status_hwm}"
+        );
+        drop(touched);
+        // SAFETY: both pointers null: the callee checks and writes nothing.
+        assert_eq!(
+            unsafe { memprof_process_memory(std::ptr::null_mut(), std::ptr::null_mut()) },
+            -1
+        );
+    }
 
     #[test]
     fn a_null_out_pointer_is_an_error_with_a_message() {

@@ -198,7 +198,7 @@ pub use oom::{OomBlock, OomCategory, OomReport};
 pub use optim::{autocast, Checkpointed};
 pub use phase::Phase;
 pub use profiler::{MemoryProfiler, MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
-pub use stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableStats};
+pub use stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableList, VariableStats};
 pub use timeline::{
     scope, Category, CategoryBytes, LayerProfile, Peak, Scope, StepFiles, StepProfile, TimelineRow,
     UncountedOp,

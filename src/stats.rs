@@ -1,5 +1,7 @@
 //! The numbers of a report, as plain values users can inspect in their own code.
 
+use std::sync::Arc;
+
 use crate::ffi::CudaStats;
 
 /// Whether a VarStore variable is a trainable parameter or a buffer.
@@ -39,6 +41,39 @@ pub struct VariableStats {
     pub grad_bytes: Option<u64>,
 }
 
+/// The variables of a report, by name: a slice (`len`, `iter`, indexing, `for v in
+/// &stats.variables`) shared between the reports it stays the same for, so keeping or
+/// cloning [`IterationStats`] copies no variable.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VariableList(Arc<[VariableStats]>);
+
+impl std::ops::Deref for VariableList {
+    type Target = [VariableStats];
+    fn deref(&self) -> &[VariableStats] {
+        &self.0
+    }
+}
+
+impl<'a> IntoIterator for &'a VariableList {
+    type Item = &'a VariableStats;
+    type IntoIter = std::slice::Iter<'a, VariableStats>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl FromIterator<VariableStats> for VariableList {
+    fn from_iter<I: IntoIterator<Item = VariableStats>>(iter: I) -> Self {
+        VariableList(iter.into_iter().collect())
+    }
+}
+
+impl From<Vec<VariableStats>> for VariableList {
+    fn from(v: Vec<VariableStats>) -> Self {
+        VariableList(v.into())
+    }
+}
+
 /// Memory of one iteration: the span between two `record_stats` calls.
 ///
 /// Current figures (allocated, weights, gradients, optimizer state, other) are taken
@@ -67,7 +102,9 @@ pub struct IterationStats {
     /// CUDA: peak reserved during the iteration. CPU: the process's peak resident
     /// memory since it started (VmHWM).
     pub peak_reserved_bytes: u64,
-    /// Every VarStore variable: trainable parameters and buffers.
+    /// Every VarStore variable: trainable parameters and buffers, by name. Shared
+    /// between the iterations it stays the same for (built again only when a variable
+    /// or a gradient block changed), so keeping or cloning stats costs no copy.
     pub weights_bytes: u64,
     /// The buffers among `weights_bytes`.
     pub buffers_bytes: u64,
@@ -91,7 +128,7 @@ pub struct IterationStats {
     /// Backward passes seen in this iteration.
     pub backward_passes: u64,
     /// Every variable, in VarStore order of names.
-    pub variables: Vec<VariableStats>,
+    pub variables: VariableList,
     /// CUDA caching-allocator statistics of the profiled device, on CUDA runs.
     pub cuda: Option<CudaStats>,
     /// CUDA runs: the statistics of every CUDA device whose allocator holds memory

@@ -1,6 +1,6 @@
-//! The one walk over the VarStore: every defined variable with the blocks behind it
-//! and its gradient, in a stable order. The profiler's report, the step timeline, the
-//! leak hunt, the OOM writer and the native variable table all read it.
+//! The VarStore's variables with the blocks behind them and their gradients, in name
+//! order: [`VarTable`], kept between `record_stats` calls (what only changes with the
+//! variable set is computed once), and [`walk`], a one-off walk for the step timeline.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,7 +16,6 @@ use crate::names::layer_of;
 pub(crate) struct Var<'a> {
     /// Its path (`layer1.0.conv1.weight`).
     pub name: &'a String,
-    pub tensor: &'a Tensor,
     /// The block behind its storage.
     pub block: Block,
     /// The block behind its `.grad` (undefined without one).
@@ -56,13 +55,152 @@ pub(crate) fn walk(vars: &Variables) -> Result<Vec<Var<'_>>> {
         }
         out.push(Var {
             name,
-            tensor,
             block,
             grad: ffi::tensor_block(tensor, true)?,
             trainable: trainable.contains(&block.base),
         });
     }
     Ok(out)
+}
+
+/// What is known of one variable while the variable set stays the same.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    /// Its path (`layer1.0.conv1.weight`).
+    pub name: String,
+    /// Its layer (the path less the last part).
+    pub layer: String,
+    /// Element type, as `Debug` of tch's `Kind` (`Float`).
+    pub dtype: String,
+    pub shape: Vec<i64>,
+    /// A trainable parameter (else a buffer).
+    pub trainable: bool,
+    /// Its position in the store's map iteration order (where its blocks are read).
+    pos: usize,
+    /// The block behind it when the table was built; a change rebuilds the table.
+    block: Block,
+}
+
+/// The variables of a VarStore, kept between calls. [`refresh`](Self::refresh) reads
+/// every variable's block and gradient block in one native call, and rebuilds the
+/// per-variable facts (names sorted, layer, dtype, shape, trainable or buffer) only when
+/// the set changed: another tensor under a name, a variable added or removed, a
+/// trainable flag changed, or a storage replaced or resized (`set_data`, loading into a
+/// new storage).
+#[derive(Debug, Default)]
+pub(crate) struct VarTable {
+    /// Tensor handles in the map's iteration order, and of the trainable list: the key
+    /// the facts are valid for.
+    handles: Vec<usize>,
+    trainable_handles: Vec<usize>,
+    /// Defined variables, by name.
+    entries: Vec<Entry>,
+    /// Bumped at each rebuild.
+    generation: u64,
+    /// This call's blocks and gradient blocks, in map order.
+    blocks: Vec<Block>,
+    grads: Vec<Block>,
+}
+
+impl VarTable {
+    /// Reads the blocks of every variable now; returns whether the facts were rebuilt.
+    pub(crate) fn refresh(&mut self, vars: &Variables) -> Result<bool> {
+        let tensors: Vec<&Tensor> = vars.named_variables.values().collect();
+        ffi::tensor_blocks(&tensors, &mut self.blocks, &mut self.grads)?;
+        let same_set = tensors.len() == self.handles.len()
+            && tensors
+                .iter()
+                .zip(&self.handles)
+                .all(|(t, h)| ffi::tensor_handle(t) == *h)
+            && vars.trainable_variables.len() == self.trainable_handles.len()
+            && vars
+                .trainable_variables
+                .iter()
+                .zip(&self.trainable_handles)
+                .all(|(v, h)| ffi::tensor_handle(&v.tensor) == *h);
+        let same_blocks = same_set
+            && self.defined_count() == self.blocks.iter().filter(|b| b.is_defined()).count()
+            && self.entries.iter().all(|e| {
+                let b = &self.blocks[e.pos];
+                b.base == e.block.base && b.bytes == e.block.bytes
+            });
+        if same_blocks {
+            return Ok(false);
+        }
+        self.rebuild(vars, &tensors)?;
+        Ok(true)
+    }
+
+    fn defined_count(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn rebuild(&mut self, vars: &Variables, tensors: &[&Tensor]) -> Result<()> {
+        self.handles = tensors.iter().map(|t| ffi::tensor_handle(t)).collect();
+        self.trainable_handles = vars
+            .trainable_variables
+            .iter()
+            .map(|v| ffi::tensor_handle(&v.tensor))
+            .collect();
+        // The store lists trainable variables without names: a named variable is
+        // trainable when its storage is among theirs.
+        let trainable_tensors: Vec<&Tensor> =
+            vars.trainable_variables.iter().map(|v| &v.tensor).collect();
+        let (mut tb, mut tg) = (Vec::new(), Vec::new());
+        ffi::tensor_blocks(&trainable_tensors, &mut tb, &mut tg)?;
+        let trainable: HashSet<u64> = tb
+            .iter()
+            .filter(|b| b.is_defined())
+            .map(|b| b.base)
+            .collect();
+        // The map's iteration order, as `values()` gave the tensors.
+        let mut named: Vec<(&String, usize)> = vars
+            .named_variables
+            .keys()
+            .enumerate()
+            .map(|(pos, name)| (name, pos))
+            .collect();
+        named.sort();
+        self.entries.clear();
+        for (name, pos) in named {
+            let block = self.blocks[pos];
+            if !block.is_defined() {
+                continue;
+            }
+            let tensor = tensors[pos];
+            self.entries.push(Entry {
+                name: name.clone(),
+                layer: layer_of(name),
+                dtype: tensor
+                    .f_kind()
+                    .map(|k| format!("{k:?}"))
+                    .unwrap_or_else(|_| crate::names::MISSING.into()),
+                shape: tensor.size(),
+                trainable: trainable.contains(&block.base),
+                pos,
+                block,
+            });
+        }
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// Bumped each time the facts are rebuilt.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The defined variables by name, with their block and gradient block as read by
+    /// the last [`refresh`](Self::refresh).
+    pub(crate) fn rows(&self) -> impl Iterator<Item = (&Entry, Block, Block)> + '_ {
+        self.entries
+            .iter()
+            .map(|e| (e, self.blocks[e.pos], self.grads[e.pos]))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
 }
 
 /// The native table of model variables (storage -> variable index in walk order and
@@ -73,6 +211,27 @@ pub(crate) struct ParamSync {
 }
 
 impl ParamSync {
+    /// [`update`](Self::update) from a table.
+    pub(crate) fn sync(&mut self, table: &VarTable) -> Result<()> {
+        if table.len() == self.ptrs.len()
+            && table
+                .rows()
+                .zip(&self.ptrs)
+                .all(|((_, b, _), p)| b.base == *p)
+        {
+            return Ok(());
+        }
+        let ptrs: Vec<u64> = table.rows().map(|(_, b, _)| b.base).collect();
+        let ids: Vec<i32> = (0..ptrs.len() as i32).collect();
+        let layers: Vec<i32> = table
+            .rows()
+            .map(|(e, _, _)| ffi::intern(&e.layer).unwrap_or(-1))
+            .collect();
+        ffi::set_params(&ptrs, &ids, &layers)?;
+        self.ptrs = ptrs;
+        Ok(())
+    }
+
     pub(crate) fn update(&mut self, vars: &[Var<'_>]) -> Result<()> {
         if vars.len() == self.ptrs.len()
             && vars.iter().zip(&self.ptrs).all(|(v, p)| v.block.base == *p)

@@ -7,8 +7,11 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -474,46 +477,78 @@ int memprof_live_blocks(int32_t slot, MpLiveBlock* out, uint64_t cap, uint64_t* 
   });
 }
 
+namespace {
+// The block behind `t0` (or behind its .grad): what memprof_tensor_block(s) report.
+void fill_block(const at::Tensor& t0, bool grad, MpBlock* out) {
+  std::memset(out, 0, sizeof(MpBlock));
+  out->device = -1;
+  if (!t0.defined()) {
+    return;
+  }
+  // References, not copies: no reference-count traffic on every variable's tensor.
+  const at::Tensor& t = grad ? t0.grad() : t0;
+  if (!t.defined() || !t.has_storage()) {
+    return;
+  }
+  const c10::Storage& st = t.storage();
+  const c10::DataPtr& dp = st.data_ptr();
+  out->defined = 1;
+  out->device = device_slot(dp.device());
+  out->base = uint64_t(dp.get());
+  out->bytes = int64_t(st.nbytes());
+  if (dp.device().is_cpu()) {
+    int64_t size = 0;
+    uint32_t gen = 0;
+    uint32_t phase = 0;
+    if (cpu_block_tag(dp, &size, &gen, &phase)) {
+      out->tracked = 1;
+      out->bytes = size;
+      out->generation = gen;
+      out->phase = phase;
+    }
+  } else if (dp.device().is_cuda()) {
+    out->bytes = cuda_round(int64_t(st.nbytes()));
+    uint64_t tag = 0;
+    if (table_find(g_cuda_blocks, out->base, &tag)) {
+      out->tracked = 1;
+      out->bytes = slot_bytes(tag);
+      out->generation = slot_gen(tag);
+      out->phase = slot_phase(tag);
+    }
+  }
+}
+}  // namespace
+
 int memprof_tensor_block(const void* tensor, int32_t grad, MpBlock* out) noexcept {
   return guarded("memprof_tensor_block", [&]() -> int {
     if (!given(out, "memprof_tensor_block") || !given(tensor, "memprof_tensor_block")) {
       return -1;
     }
-    std::memset(out, 0, sizeof(MpBlock));
-    out->device = -1;
-    const at::Tensor& t0 = *static_cast<const at::Tensor*>(tensor);
-    if (!t0.defined()) {
+    fill_block(*static_cast<const at::Tensor*>(tensor), grad != 0, out);
+    return 0;
+  });
+}
+
+int memprof_tensor_blocks(const void* const* tensors, size_t n, MpBlock* blocks,
+                          MpBlock* grads) noexcept {
+  return guarded("memprof_tensor_blocks", [&]() -> int {
+    if (n == 0) {
       return 0;
     }
-    const at::Tensor t = grad ? t0.grad() : t0;
-    if (!t.defined() || !t.has_storage()) {
-      return 0;
+    if (!given(tensors, "memprof_tensor_blocks") || !given(blocks, "memprof_tensor_blocks") ||
+        !given(grads, "memprof_tensor_blocks")) {
+      return -1;
     }
-    const c10::Storage& st = t.storage();
-    const c10::DataPtr& dp = st.data_ptr();
-    out->defined = 1;
-    out->device = device_slot(dp.device());
-    out->base = uint64_t(dp.get());
-    out->bytes = int64_t(st.nbytes());
-    if (dp.device().is_cpu()) {
-      int64_t size = 0;
-      uint32_t gen = 0;
-      uint32_t phase = 0;
-      if (cpu_block_tag(dp, &size, &gen, &phase)) {
-        out->tracked = 1;
-        out->bytes = size;
-        out->generation = gen;
-        out->phase = phase;
+    for (size_t i = 0; i < n; ++i) {
+      if (!tensors[i]) {
+        set_error("memprof_tensor_blocks: a null tensor handle");
+        return -1;
       }
-    } else if (dp.device().is_cuda()) {
-      out->bytes = cuda_round(int64_t(st.nbytes()));
-      uint64_t tag = 0;
-      if (table_find(g_cuda_blocks, out->base, &tag)) {
-        out->tracked = 1;
-        out->bytes = slot_bytes(tag);
-        out->generation = slot_gen(tag);
-        out->phase = slot_phase(tag);
-      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const at::Tensor& t = *static_cast<const at::Tensor*>(tensors[i]);
+      fill_block(t, false, &blocks[i]);
+      fill_block(t, true, &grads[i]);
     }
     return 0;
   });
@@ -620,6 +655,41 @@ int memprof_set_oom_callback(MpOomCallback cb, void* ctx) noexcept {
     }
     g_oom_ctx.store(ctx);
     g_oom_callback.store(cb);
+    return 0;
+  });
+}
+
+int memprof_process_memory(int64_t* resident, int64_t* peak_resident) noexcept {
+  return guarded("memprof_process_memory", [&]() -> int {
+    if (!given(resident, "memprof_process_memory") ||
+        !given(peak_resident, "memprof_process_memory")) {
+      return -1;
+    }
+    *resident = 0;
+    *peak_resident = 0;
+    // Opened once (a thread-safe local static) and read from offset 0 each time: the
+    // kernel regenerates the text on every read.
+    static const int statm = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    static const long page = sysconf(_SC_PAGESIZE);
+    if (statm >= 0 && page > 0) {
+      char buf[128];
+      const ssize_t n = pread(statm, buf, sizeof(buf) - 1, 0);
+      if (n > 0) {
+        buf[n] = 0;
+        // "size resident shared text lib data dt", in pages.
+        char* end = nullptr;
+        std::strtoll(buf, &end, 10);
+        const long long pages = std::strtoll(end, nullptr, 10);
+        *resident = int64_t(pages) * int64_t(page);
+      }
+    }
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+      *peak_resident = int64_t(ru.ru_maxrss) * 1024;  // kilobytes on Linux
+    }
+    // The kernel sums resident pages from per-CPU counters: two reads a moment apart can
+    // disagree by a few pages. A peak is never below the current figure it reports with.
+    *peak_resident = std::max(*peak_resident, *resident);
     return 0;
   });
 }

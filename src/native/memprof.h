@@ -244,6 +244,10 @@ int memprof_live_blocks(int32_t slot, MpLiveBlock* out, uint64_t cap, uint64_t* 
 
 // The block behind a tensor (an at::Tensor*), or behind its .grad with grad = 1.
 int memprof_tensor_block(const void* tensor, int32_t grad, MpBlock* out) MP_NOEXCEPT;
+// The blocks behind n tensors and behind their .grad in one call, as memprof_tensor_block
+// fills them (blocks[i], grads[i]): record_stats reads every variable each iteration.
+int memprof_tensor_blocks(const void* const* tensors, size_t n, MpBlock* blocks,
+                          MpBlock* grads) MP_NOEXCEPT;
 
 // Names of ops, layers and scopes.
 int memprof_name(int32_t id, char* buf, size_t len, int64_t* name_len) MP_NOEXCEPT;  // -1: unknown id
@@ -258,6 +262,10 @@ int memprof_history(int32_t on, uint64_t max_entries) MP_NOEXCEPT;
 int memprof_set_oom_callback(MpOomCallback cb, void* ctx) MP_NOEXCEPT;
 // Writes to standard output with write(2): no lock, no allocation (the OOM path).
 int memprof_write_stdout(const char* buf, size_t len) MP_NOEXCEPT;
+// The process's resident memory now and its peak, in bytes: /proc/self/statm's resident
+// pages (read with one pread on a descriptor kept open) and getrusage's ru_maxrss. Two
+// system calls, cheap enough for every record_stats.
+int memprof_process_memory(int64_t* resident, int64_t* peak_resident) MP_NOEXCEPT;
 
 // CUDA: allocator statistics, history, snapshot, peak reset and cache emptying. Each
 // fails softly (an error, never a crash) without CUDA.

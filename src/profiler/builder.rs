@@ -248,6 +248,8 @@ impl MemoryProfilerBuilder {
             log: Vec::new(),
             recorder,
             params,
+            table: Default::default(),
+            sums: Default::default(),
             hunter: self
                 .leak_check
                 .then(|| LeakHunter::new(slot, self.leak_threshold, self.leak_warmup_epochs)),

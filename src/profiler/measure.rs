@@ -8,9 +8,8 @@ use tch::Device;
 use crate::accounting::{self, BlockInfo};
 use crate::error::Result;
 use crate::ffi::{self, Block};
-use crate::names::layer_of;
-use crate::stats::{IterationStats, VariableKind, VariableStats};
-use crate::vars::{self, Var};
+use crate::stats::{IterationStats, VariableKind, VariableList, VariableStats};
+use crate::vars::{self, VarTable};
 
 use super::MemoryProfiler;
 
@@ -33,43 +32,52 @@ impl MemoryProfiler {
         Ok(allocated_bytes(self.device, &ds, cuda.as_ref()))
     }
 
-    /// The numbers of the iteration that ends now.
+    /// The numbers of the iteration that ends now. Costs what changed: the variables'
+    /// facts and the sums over their blocks are redone only when the variable set or a
+    /// gradient changed (see [`VarTable`](crate::vars::VarTable)).
     pub(super) fn measure(&mut self) -> Result<IterationStats> {
         let ds = ffi::device_stats(self.slot)?;
         let state = ffi::state()?;
         let overflow = ffi::read_log(&mut self.log)?;
 
-        let store = vars::lock(&self.variables);
-        let walk = vars::walk(&store)?;
+        self.table.refresh(&vars::lock(&self.variables))?;
         if self.hunter.is_some() && self.recorder.is_none() {
             // Keeps the layers of leak origins right when variables change (the step
             // recorder does it at each iteration start).
-            self.params.update(&walk)?;
+            self.params.sync(&self.table)?;
         }
-        let m = Measured::of(&walk);
-        drop(walk);
-        drop(store);
+        let weights_changed = self.sums.update_weights(&self.table);
+        let grads_changed = self.sums.update_grads(&self.table);
 
         let next_step = self.step + 1;
+        let (sums, table) = (&self.sums, &self.table);
         self.with_shared(|sh| {
             let o = &mut sh.oom;
             o.step = next_step;
-            o.weights = m.weights.iter().map(|b| b.base).collect();
-            o.grads = m.grads.iter().map(|b| b.base).collect();
-            o.weight_bytes = accounting::distinct_bytes(&m.weights);
-            o.weights_by_layer.clear();
-            for v in &m.variables {
-                *o.weights_by_layer.entry(layer_of(&v.name)).or_default() += v.bytes;
+            if weights_changed {
+                o.weights = sums.weights.iter().map(|b| b.base).collect();
+                o.weight_bytes = sums.weight_bytes;
+                o.weights_by_layer.clear();
+                for (e, b, _) in table.rows() {
+                    *o.weights_by_layer.entry(e.layer.clone()).or_default() += b.size();
+                }
+            }
+            if grads_changed {
+                o.grads = sums.grad_set.clone();
             }
         });
 
-        let weights = accounting::distinct_bytes(&m.weights);
-        let buffers = accounting::distinct_bytes(&m.buffers);
-        let gradients = accounting::distinct_bytes(&m.grads);
-        let claimed: Vec<BlockInfo> = m.weights.iter().chain(&m.grads).copied().collect();
-        let optimizer_state = accounting::optimizer_state(ds.optimizer_born_live, &claimed);
-        let grad_bases: HashSet<u64> = m.grads.iter().map(|b| b.base).collect();
-        let intermediate = accounting::intermediate_peak(&self.log, self.slot as u32, &grad_bases);
+        let optimizer_state = accounting::optimizer_state(
+            ds.optimizer_born_live,
+            self.sums.weights.iter().chain(&self.sums.grads),
+        );
+        let intermediate =
+            accounting::intermediate_peak(&self.log, self.slot as u32, &self.sums.grad_set);
+        let (weights, buffers, gradients) = (
+            self.sums.weight_bytes,
+            self.sums.buffer_bytes,
+            self.sums.grad_bytes,
+        );
 
         let (allocated, peak_allocated, reserved, peak_reserved, cuda) = match self.device {
             Device::Cuda(i) => {
@@ -103,6 +111,29 @@ impl MemoryProfiler {
             .saturating_sub(gradients)
             .saturating_sub(optimizer_state);
 
+        if weights_changed || grads_changed || self.sums.variables.is_none() {
+            // A variable's bytes change only with its block (a table rebuild), its
+            // gradient's with the gradient blocks.
+            self.sums.variables = Some(
+                self.table
+                    .rows()
+                    .map(|(e, b, g)| VariableStats {
+                        name: e.name.clone(),
+                        kind: if e.trainable {
+                            VariableKind::Weight
+                        } else {
+                            VariableKind::Buffer
+                        },
+                        dtype: e.dtype.clone(),
+                        shape: e.shape.clone(),
+                        bytes: b.size(),
+                        grad_bytes: g.is_defined().then(|| g.size()),
+                    })
+                    .collect(),
+            );
+        }
+        let variables = self.sums.variables.clone().unwrap_or_default();
+
         Ok(IterationStats {
             epoch: self.epoch,
             iteration: self.iteration,
@@ -121,7 +152,7 @@ impl MemoryProfiler {
             optimizer_state_bytes: optimizer_state,
             other_bytes: other,
             backward_passes: state.backward_passes.max(0) as u64,
-            variables: m.variables,
+            variables,
             cuda,
             cuda_devices: match self.device {
                 Device::Cuda(_) => crate::cuda::devices_in_use(),
@@ -131,49 +162,66 @@ impl MemoryProfiler {
     }
 }
 
-/// The variables of one report and the blocks behind them.
-struct Measured {
-    variables: Vec<VariableStats>,
+/// Sums over the variables' blocks, redone only when what they sum changed.
+#[derive(Debug, Default)]
+pub(super) struct Sums {
+    /// The table generation the weight sums are of.
+    generation: Option<u64>,
+    /// Every variable's block, and the buffers' (by name).
     weights: Vec<BlockInfo>,
-    buffers: Vec<BlockInfo>,
+    weight_bytes: u64,
+    buffer_bytes: u64,
+    /// Every defined gradient's block (by name), their addresses and distinct bytes.
     grads: Vec<BlockInfo>,
+    grad_set: HashSet<u64>,
+    grad_bytes: u64,
+    /// The report's variables, as of the last change.
+    variables: Option<VariableList>,
 }
 
-impl Measured {
-    fn of(walk: &[Var<'_>]) -> Self {
-        let mut m = Measured {
-            variables: Vec::with_capacity(walk.len()),
-            weights: Vec::with_capacity(walk.len()),
-            buffers: Vec::new(),
-            grads: Vec::with_capacity(walk.len()),
-        };
-        for v in walk {
-            let kind = if v.trainable {
-                VariableKind::Weight
-            } else {
-                VariableKind::Buffer
-            };
-            m.weights.push(info(&v.block));
-            if kind == VariableKind::Buffer {
-                m.buffers.push(info(&v.block));
-            }
-            if v.grad.is_defined() {
-                m.grads.push(info(&v.grad));
-            }
-            m.variables.push(VariableStats {
-                name: v.name.clone(),
-                kind,
-                dtype: v
-                    .tensor
-                    .f_kind()
-                    .map(|k| format!("{k:?}"))
-                    .unwrap_or_else(|_| crate::names::MISSING.into()),
-                shape: v.tensor.size(),
-                bytes: v.block.size(),
-                grad_bytes: v.grad.is_defined().then(|| v.grad.size()),
-            });
+impl Sums {
+    /// Redoes the weight sums if the table was rebuilt; returns whether it did.
+    fn update_weights(&mut self, table: &VarTable) -> bool {
+        if self.generation == Some(table.generation()) {
+            return false;
         }
-        m
+        self.generation = Some(table.generation());
+        self.weights = table.rows().map(|(_, b, _)| info(&b)).collect();
+        self.weight_bytes = accounting::distinct_bytes(&self.weights);
+        let buffers: Vec<BlockInfo> = table
+            .rows()
+            .filter(|(e, _, _)| !e.trainable)
+            .map(|(_, b, _)| info(&b))
+            .collect();
+        self.buffer_bytes = accounting::distinct_bytes(&buffers);
+        true
+    }
+
+    /// Redoes the gradient sums if any gradient block changed (appeared, went, was
+    /// reallocated); returns whether it did. Gradients usually keep their blocks from one
+    /// iteration to the next (`zero_grad` zeroes them in place).
+    fn update_grads(&mut self, table: &VarTable) -> bool {
+        let mut now = table
+            .rows()
+            .filter(|(_, _, g)| g.is_defined())
+            .map(|(_, _, g)| info(&g));
+        let mut n = 0;
+        let same = now.by_ref().zip(&self.grads).all(|(a, b)| {
+            n += 1;
+            a == *b
+        }) && n == self.grads.len()
+            && now.next().is_none();
+        if same {
+            return false;
+        }
+        self.grads = table
+            .rows()
+            .filter(|(_, _, g)| g.is_defined())
+            .map(|(_, _, g)| info(&g))
+            .collect();
+        self.grad_set = self.grads.iter().map(|b| b.base).collect();
+        self.grad_bytes = accounting::distinct_bytes(&self.grads);
+        true
     }
 }
 
@@ -197,20 +245,10 @@ pub(crate) fn device_name(d: Device) -> String {
     }
 }
 
-/// The process's resident memory and its peak (VmRSS, VmHWM), in bytes; zeros where
-/// /proc is unavailable.
+/// The process's resident memory and its peak since start, in bytes: /proc/self/statm's
+/// resident pages (the figure /proc/self/status calls VmRSS) and getrusage's ru_maxrss
+/// (the high-water mark /proc/self/status calls VmHWM); zeros where the system does not
+/// tell. Two system calls: cheap enough for every `record_stats`.
 pub(crate) fn process_memory() -> (u64, u64) {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return (0, 0);
-    };
-    let field = |key: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    crate::ffi::process_memory().unwrap_or((0, 0))
 }

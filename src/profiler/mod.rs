@@ -31,7 +31,7 @@ use crate::report::Reports;
 use crate::session::Session;
 use crate::stats::{EpochStats, IterationStats, RunStats};
 use crate::timeline::{Recorder, StepFiles, StepKind, StepProfile};
-use crate::vars::{self, ParamSync};
+use crate::vars::{self, ParamSync, VarTable};
 
 pub use builder::{MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
 use peaks::Peaks;
@@ -123,6 +123,9 @@ pub struct MemoryProfiler {
     log: Vec<LogEvent>,
     recorder: Option<Recorder>,
     params: ParamSync,
+    /// The variables, kept between calls, and the sums over their blocks.
+    table: VarTable,
+    sums: measure::Sums,
     hunter: Option<LeakHunter>,
     last_leaks: Option<LeakReport>,
     history_entries: usize,
@@ -334,15 +337,14 @@ impl MemoryProfiler {
         if self.hunter.is_none() {
             return Ok(());
         }
-        let exclude = {
-            let store = vars::lock(&self.variables);
-            let walk = vars::walk(&store)?;
-            walk.iter()
-                .flat_map(|v| [v.block, v.grad])
-                .filter(|b| b.is_defined())
-                .map(|b| b.base)
-                .collect()
-        };
+        self.table.refresh(&vars::lock(&self.variables))?;
+        let exclude = self
+            .table
+            .rows()
+            .flat_map(|(_, b, g)| [b, g])
+            .filter(|b| b.is_defined())
+            .map(|b| b.base)
+            .collect();
         let cuda = match self.device {
             Device::Cuda(i) => ffi::cuda_stats(i)
                 .ok()

@@ -1,0 +1,135 @@
+//! How the profiler's own calls grow with the work they see: `record_stats` and
+//! `epoch_end` against 100, 1,000 and 10,000 variables, and `epoch_end` (the leak hunt)
+//! against 10,000 and 1,000,000 live blocks in the leak registry.
+//!
+//!     scripts/with-libtorch.sh cargo bench --bench scaling
+//!
+//! Each variable is a 16-float parameter with a gradient. `record_stats` is timed in the
+//! state a training loop calls it in (nothing printed, no CSV: a non-reporting call), and
+//! once more reporting (a CSV row every call, the terminal off). Every figure is the
+//! median of the timed calls. Options (after `--`): `--calls N` (default 200).
+
+use std::time::{Duration, Instant};
+
+use tch::{nn, Device, Kind, Tensor};
+use tch_memprof::MemoryProfiler;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// A store of `n` parameters of 16 floats, each with a gradient.
+fn store(n: usize) -> nn::VarStore {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let root = vs.root();
+    let params: Vec<Tensor> = (0..n)
+        .map(|i| {
+            (&root / format!("layer{}", i / 4)).var(
+                &format!("p{}", i % 4),
+                &[16],
+                nn::Init::Const(1.0),
+            )
+        })
+        .collect();
+    let loss = params
+        .iter()
+        .fold(Tensor::zeros([], (Kind::Float, Device::Cpu)), |acc, p| {
+            acc + p.sum(Kind::Float)
+        });
+    loss.backward();
+    vs
+}
+
+fn time_calls(calls: usize, mut f: impl FnMut()) -> Duration {
+    for _ in 0..calls.min(10) {
+        f();
+    }
+    median(
+        (0..calls)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed()
+            })
+            .collect(),
+    )
+}
+
+fn main() {
+    let calls = arg("--calls", 200);
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    println!("tch-memprof scaling bench: median of {calls} calls each (CPU)");
+    println!();
+    println!("| variables | record_stats | per variable | record_stats, CSV row | epoch_end |");
+    println!("|---:|---:|---:|---:|---:|");
+    for n in [100usize, 1_000, 10_000] {
+        let vs = store(n);
+        let quiet = {
+            let mut p = MemoryProfiler::builder(&vs)
+                .print(false)
+                .csv(false)
+                .build()
+                .expect("profiler");
+            let t = time_calls(calls, || p.record_stats());
+            assert_eq!(p.failures(), 0);
+            assert_eq!(p.last_stats().map(|s| s.variables.len()), Some(n));
+            t
+        };
+        let (csv, epoch) = {
+            let mut p = MemoryProfiler::builder(&vs)
+                .print(false)
+                .csv(true)
+                .csv_dir(dir.path())
+                .build()
+                .expect("profiler");
+            let t = time_calls(calls, || p.record_stats());
+            let e = time_calls(calls.min(50), || p.epoch_end());
+            assert_eq!(p.failures(), 0);
+            (t, e)
+        };
+        println!(
+            "| {n} | {:.1} us | {:.3} us | {:.1} us | {:.1} us |",
+            us(quiet),
+            us(quiet) / n as f64,
+            us(csv),
+            us(epoch)
+        );
+    }
+    println!();
+    println!("| live blocks in the leak registry | epoch_end (leak hunt) | record_stats |");
+    println!("|---:|---:|---:|");
+    for blocks in [10_000usize, 1_000_000] {
+        let vs = store(100);
+        let mut p = MemoryProfiler::builder(&vs)
+            .print(false)
+            .csv(false)
+            .leak_check(true)
+            .leak_warmup_epochs(1)
+            .build()
+            .expect("profiler");
+        // Blocks born while the profiler runs, held across epochs like a leak would be.
+        let held: Vec<Tensor> = (0..blocks)
+            .map(|_| Tensor::zeros([1], (Kind::Float, Device::Cpu)))
+            .collect();
+        let rounds = if blocks > 100_000 { 5 } else { 20 };
+        let record = time_calls(calls, || p.record_stats());
+        let epoch = time_calls(rounds, || p.epoch_end());
+        assert_eq!(p.failures(), 0);
+        drop(held);
+        println!("| {blocks} | {:.1} us | {:.1} us |", us(epoch), us(record));
+    }
+}
