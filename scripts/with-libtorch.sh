@@ -19,16 +19,15 @@ set -euo pipefail
 die() { echo "with-libtorch: $*" >&2; exit 2; }
 
 resolve_torch_version() {
-  local manifest
-  # --locked: never move a lock behind the user's back; a missing lock is created as cargo
-  # build would create it.
-  local lock_flag=--locked
-  [ -f Cargo.lock ] || lock_flag=
-  manifest=$(cargo metadata --format-version 1 $lock_flag 2>/dev/null | python3 -c '
+  local manifest meta
+  # What `cargo build` would resolve: the lock as it is, updated as cargo would update it
+  # for a dependency added to Cargo.toml, created if missing.
+  meta=$(cargo metadata --format-version 1) || die "\`cargo metadata\` failed in $(pwd) (see above)"
+  manifest=$(printf '%s' "$meta" | python3 -c '
 import json, sys
 m = json.load(sys.stdin)
 print(next((p["manifest_path"] for p in m["packages"] if p["name"] == "torch-sys"), ""))
-') || true
+')
   [ -n "$manifest" ] || die "cannot find torch-sys in \`cargo metadata\` of $(pwd) (run it from the package's folder, or set TORCH_VERSION)"
   local build_rs
   build_rs="$(dirname "$manifest")/build.rs"

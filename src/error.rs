@@ -55,6 +55,9 @@ pub enum Error {
     /// The native layer (libtorch) reported an error.
     #[error("native layer: {0}")]
     Native(String),
+    /// A run's files could not be found or read back (see [`runs`](crate::runs)).
+    #[error("{0}")]
+    Run(String),
 }
 
 /// Result with this crate's [`Error`].

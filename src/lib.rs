@@ -171,6 +171,7 @@
 mod accounting;
 mod budget;
 pub mod cuda;
+pub mod diff;
 mod error;
 mod ffi; // the one `#![allow(unsafe_code)]`
 mod format;
@@ -182,6 +183,7 @@ pub mod optim;
 mod phase;
 mod profiler;
 mod report;
+pub mod runs;
 mod session;
 mod stats;
 pub mod timeline;

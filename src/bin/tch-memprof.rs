@@ -1,0 +1,105 @@
+//! The `tch-memprof` command: work with the files a profiled run left.
+//!
+//!     tch-memprof diff BASE NEW [--max-increase 5%]
+//!
+//! Exit status: 0 when no peak grew beyond the threshold, 1 when one did (the message
+//! names what grew and by how much), 2 for bad input (a missing run, an unreadable file,
+//! a bad argument): one line on standard error, never a panic trace.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tch_memprof::diff;
+use tch_memprof::runs::Run;
+
+#[derive(Parser)]
+#[command(
+    name = "tch-memprof",
+    version,
+    about = "Work with the files of tch-memprof runs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compare the peaks of two runs (per category, per layer of the profiled step, per
+    /// parameter); exit 1 when one grew beyond --max-increase.
+    Diff {
+        /// The base run: its stem (memory_csv_data/20261122-171500), one of its CSV files,
+        /// or a folder holding one run.
+        base: PathBuf,
+        /// The new run, named the same ways.
+        new: PathBuf,
+        /// Largest growth tolerated, in percent of the base (5%, 0.5, 0%).
+        #[arg(long, default_value = "5%", value_parser = diff::parse_percent)]
+        max_increase: f64,
+        /// Layers and parameters shown, those that changed most.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Diff {
+            base,
+            new,
+            max_increase,
+            top,
+        } => run_diff(&base, &new, max_increase, top),
+    }
+}
+
+fn open(path: &std::path::Path) -> Result<Run, ExitCode> {
+    match Run::open(path) {
+        Ok(run) => {
+            for w in &run.warnings {
+                eprintln!("tch-memprof: warning: {w}");
+            }
+            Ok(run)
+        }
+        Err(e) => {
+            eprintln!("tch-memprof: {e}");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+fn run_diff(base: &std::path::Path, new: &std::path::Path, max: f64, top: usize) -> ExitCode {
+    let base = match open(base) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let new = match open(new) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let d = diff::compare(&base, &new);
+    println!("tch-memprof diff: {} -> {}", d.base, d.new);
+    for n in &d.notes {
+        println!("note: {n}");
+    }
+    println!("{}", d.table(top));
+    let grew = d.regressions(max);
+    if grew.is_empty() {
+        println!("no peak grew by more than {max}%");
+        return ExitCode::SUCCESS;
+    }
+    let what: Vec<String> = grew.iter().take(5).map(|c| c.describe()).collect();
+    let more = if grew.len() > 5 {
+        format!(" and {} more", grew.len() - 5)
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "tch-memprof: {} peak(s) grew by more than {max}%: {}{more}",
+        grew.len(),
+        what.join("; ")
+    );
+    ExitCode::from(1)
+}

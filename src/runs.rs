@@ -1,0 +1,397 @@
+//! Reading a run's CSV files back: what `tch-memprof diff` compares.
+//!
+//! A run is named by its stem (`memory_csv_data/20261122-171500`), by one of its files
+//! (`..._summary.csv`), or by a folder that holds exactly one run. Files written by a
+//! process that was killed may end in a row cut short: such a row is left out with a
+//! warning. A file that lacks a column this version writes is an error that names the
+//! file and the column.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// The suffixes of a run's files; `_summary.csv` must exist.
+const SUMMARY: &str = "_summary.csv";
+const EPOCHS: &str = "_epochs.csv";
+const PARAMETERS: &str = "_parameters.csv";
+const LAYERS: &str = "_layers.csv";
+
+/// A row of `<run>_summary.csv` (the columns every device writes).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[non_exhaustive]
+pub struct SummaryRow {
+    /// The `epoch` column.
+    pub epoch: u64,
+    /// The `iteration` column.
+    pub iteration: u64,
+    /// The `step` column.
+    pub step: u64,
+    /// The `device` column.
+    pub device: String,
+    /// The `allocated_bytes` column.
+    pub allocated_bytes: u64,
+    /// The `peak_allocated_bytes` column.
+    pub peak_allocated_bytes: u64,
+    /// The `reserved_bytes` column.
+    pub reserved_bytes: u64,
+    /// The `peak_reserved_bytes` column.
+    pub peak_reserved_bytes: u64,
+    /// The `weights_bytes` column.
+    pub weights_bytes: u64,
+    /// The `buffers_bytes` column.
+    pub buffers_bytes: u64,
+    /// The `gradients_bytes` column.
+    pub gradients_bytes: u64,
+    /// The `feature_maps_bytes` column.
+    pub feature_maps_bytes: u64,
+    /// The `intermediate_gradients_bytes` column.
+    pub intermediate_gradients_bytes: u64,
+    /// The `optimizer_state_bytes` column.
+    pub optimizer_state_bytes: u64,
+    /// The `other_bytes` column.
+    pub other_bytes: u64,
+}
+
+/// A row of `<run>_parameters.csv`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[non_exhaustive]
+pub struct ParameterRow {
+    /// The `epoch` column.
+    pub epoch: u64,
+    /// The `iteration` column.
+    pub iteration: u64,
+    /// The `parameter` column.
+    pub parameter: String,
+    /// `weight`, `buffer` or `gradient`.
+    pub kind: String,
+    /// The `dtype` column.
+    pub dtype: String,
+    /// The `shape` column.
+    pub shape: String,
+    /// The `bytes` column.
+    pub bytes: u64,
+}
+
+/// A row of `<run>_layers.csv` (the peak step's layers, with the timeline on).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[non_exhaustive]
+pub struct LayerRow {
+    /// The `layer` column.
+    pub layer: String,
+    /// The `parameters_bytes` column.
+    pub parameters_bytes: u64,
+    /// The `activation_bytes` column.
+    pub activation_bytes: u64,
+    /// The `forward_flops` column.
+    pub forward_flops: u64,
+    /// The `backward_flops` column.
+    pub backward_flops: u64,
+}
+
+/// A row of `<run>_epochs.csv`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[non_exhaustive]
+pub struct EpochRow {
+    /// The `epoch` column.
+    pub epoch: u64,
+    /// The `iterations` column.
+    pub iterations: u64,
+    /// The `peak_allocated_bytes` column.
+    pub peak_allocated_bytes: u64,
+    /// The `peak_reserved_bytes` column.
+    pub peak_reserved_bytes: u64,
+    /// The `peak_feature_maps_bytes` column.
+    pub peak_feature_maps_bytes: u64,
+    /// The `peak_intermediate_gradients_bytes` column.
+    pub peak_intermediate_gradients_bytes: u64,
+    /// The `allocated_bytes` column.
+    pub allocated_bytes: u64,
+    /// The `allocated_change_bytes` column.
+    pub allocated_change_bytes: i64,
+}
+
+/// One run's files, as read.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Run {
+    /// The stem its files share (`memory_csv_data/20261122-171500`).
+    pub stem: PathBuf,
+    /// The summary rows (one per reported iteration).
+    pub summary: Vec<SummaryRow>,
+    /// The epoch rows.
+    pub epochs: Vec<EpochRow>,
+    /// The parameter rows (every variable and gradient per reported iteration).
+    pub parameters: Vec<ParameterRow>,
+    /// Empty without the timeline.
+    pub layers: Vec<LayerRow>,
+    /// What was left out while reading (rows cut short by a killed process).
+    pub warnings: Vec<String>,
+}
+
+impl Run {
+    /// Reads the run named by `arg`: its stem, one of its files, or a folder holding
+    /// exactly one run.
+    pub fn open(arg: impl AsRef<Path>) -> Result<Run> {
+        let stem = resolve(arg.as_ref())?;
+        let mut warnings = Vec::new();
+        let summary = read_rows(&with_suffix(&stem, SUMMARY), true, &mut warnings)?;
+        if summary.is_empty() {
+            return Err(Error::Run(format!(
+                "{} has no complete row",
+                with_suffix(&stem, SUMMARY).display()
+            )));
+        }
+        Ok(Run {
+            epochs: read_rows(&with_suffix(&stem, EPOCHS), false, &mut warnings)?,
+            parameters: read_rows(&with_suffix(&stem, PARAMETERS), false, &mut warnings)?,
+            layers: read_rows(&with_suffix(&stem, LAYERS), false, &mut warnings)?,
+            summary,
+            stem,
+            warnings,
+        })
+    }
+
+    /// The run's name for messages: its stem's file name.
+    pub fn name(&self) -> String {
+        self.stem
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| self.stem.display().to_string())
+    }
+
+    /// The devices its rows name (`cpu`, `cuda:0`), in order of appearance.
+    pub fn devices(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for r in &self.summary {
+            if !out.contains(&r.device.as_str()) {
+                out.push(&r.device);
+            }
+        }
+        out
+    }
+
+    /// The largest value of each category over the reported iterations: the peaks a
+    /// diff compares, by the summary's column names.
+    pub fn peaks(&self) -> BTreeMap<&'static str, u64> {
+        type Column = (&'static str, fn(&SummaryRow) -> u64);
+        let cols: [Column; 10] = [
+            ("peak_allocated_bytes", |r| r.peak_allocated_bytes),
+            ("peak_reserved_bytes", |r| r.peak_reserved_bytes),
+            ("weights_bytes", |r| r.weights_bytes),
+            ("buffers_bytes", |r| r.buffers_bytes),
+            ("gradients_bytes", |r| r.gradients_bytes),
+            ("optimizer_state_bytes", |r| r.optimizer_state_bytes),
+            ("feature_maps_bytes", |r| r.feature_maps_bytes),
+            ("intermediate_gradients_bytes", |r| {
+                r.intermediate_gradients_bytes
+            }),
+            ("other_bytes", |r| r.other_bytes),
+            ("allocated_bytes", |r| r.allocated_bytes),
+        ];
+        cols.iter()
+            .map(|(name, f)| (*name, self.summary.iter().map(f).max().unwrap_or(0)))
+            .collect()
+    }
+
+    /// Bytes of each variable and gradient at the last reported iteration, by
+    /// `name` (weights and buffers) and `name grad`.
+    pub fn last_parameters(&self) -> BTreeMap<String, u64> {
+        let Some(last) = self.parameters.last() else {
+            return BTreeMap::new();
+        };
+        let (e, i) = (last.epoch, last.iteration);
+        self.parameters
+            .iter()
+            .filter(|p| p.epoch == e && p.iteration == i)
+            .map(|p| {
+                let key = if p.kind == "gradient" {
+                    format!("{} grad", p.parameter)
+                } else {
+                    p.parameter.clone()
+                };
+                (key, p.bytes)
+            })
+            .collect()
+    }
+}
+
+fn with_suffix(stem: &Path, suffix: &str) -> PathBuf {
+    let mut s = stem.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// The stem of the run `arg` names.
+fn resolve(arg: &Path) -> Result<PathBuf> {
+    if arg.is_dir() {
+        let mut stems = Vec::new();
+        let entries = std::fs::read_dir(arg)
+            .map_err(|e| Error::Run(format!("cannot read the folder {}: {e}", arg.display())))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(stem) = name.strip_suffix(SUMMARY) {
+                stems.push(arg.join(stem));
+            }
+        }
+        stems.sort();
+        return match stems.len() {
+            1 => Ok(stems.remove(0)),
+            0 => Err(Error::Run(format!(
+                "{} holds no run (no *{SUMMARY} file)",
+                arg.display()
+            ))),
+            n => Err(Error::Run(format!(
+                "{} holds {n} runs; name one by its stem: {}",
+                arg.display(),
+                stems
+                    .iter()
+                    .map(|s| s.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        };
+    }
+    let text = arg.to_string_lossy();
+    for suffix in [
+        SUMMARY,
+        EPOCHS,
+        PARAMETERS,
+        LAYERS,
+        "_timeline.csv",
+        "_leaks.csv",
+    ] {
+        if let Some(stem) = text.strip_suffix(suffix) {
+            return Ok(PathBuf::from(stem));
+        }
+    }
+    if with_suffix(arg, SUMMARY).is_file() {
+        return Ok(arg.to_path_buf());
+    }
+    Err(Error::Run(format!(
+        "no run at {}: expected a folder holding one run, a run's stem (with {} next to it) or one of its CSV files",
+        arg.display(),
+        with_suffix(arg, SUMMARY).display()
+    )))
+}
+
+/// The rows of one CSV file. A missing optional file is no rows; a last row without its
+/// line end (a killed writer) is left out with a warning.
+fn read_rows<T: for<'de> Deserialize<'de>>(
+    path: &Path,
+    required: bool,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<T>> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => return Ok(Vec::new()),
+        Err(e) => return Err(Error::Run(format!("cannot read {}: {e}", path.display()))),
+    };
+    let mut text = &bytes[..];
+    if !text.is_empty() && !text.ends_with(b"\n") {
+        let cut = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        warnings.push(format!(
+            "{}: its last row is cut short (the process was killed while writing it?); read up to the row before",
+            path.display()
+        ));
+        text = &text[..cut];
+    }
+    let mut reader = csv::Reader::from_reader(text);
+    let headers = reader
+        .headers()
+        .map_err(|e| Error::Run(format!("{}: unreadable header: {e}", path.display())))?
+        .clone();
+    let mut out = Vec::new();
+    for (i, record) in reader.records().enumerate() {
+        let record =
+            record.map_err(|e| Error::Run(format!("{}: row {}: {e}", path.display(), i + 2)))?;
+        let row: T = record.deserialize(Some(&headers)).map_err(|e| {
+            let what = match e.kind() {
+                csv::ErrorKind::Deserialize { err, .. } => err.to_string(),
+                _ => e.to_string(),
+            };
+            Error::Run(format!("{}: row {}: {what}", path.display(), i + 2))
+        })?;
+        out.push(row);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+
+    const HEADER: &str = "timestamp,epoch,iteration,device,allocated_bytes,peak_allocated_bytes,reserved_bytes,peak_reserved_bytes,weights_bytes,buffers_bytes,gradients_bytes,feature_maps_bytes,intermediate_gradients_bytes,optimizer_state_bytes,other_bytes,step,backward_passes\n";
+
+    fn row(step: u64, allocated: u64) -> String {
+        format!(
+            "t,1,{step},cpu,{allocated},{},0,0,10,0,10,5,3,20,{},{step},1\n",
+            allocated + 7,
+            allocated - 40
+        )
+    }
+
+    #[test]
+    fn a_row_cut_short_is_left_out_with_a_warning_and_peaks_are_maxima() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!("{HEADER}{}{}t,1,3,cpu,99", row(1, 100), row(2, 300));
+        write(dir.path(), "r_summary.csv", &text);
+        let run = Run::open(dir.path()).unwrap();
+        assert_eq!(run.summary.len(), 2);
+        assert_eq!(run.warnings.len(), 1, "{:?}", run.warnings);
+        assert!(run.warnings[0].contains("cut short"));
+        let p = run.peaks();
+        assert_eq!(p["peak_allocated_bytes"], 307);
+        assert_eq!(p["other_bytes"], 260);
+        assert_eq!(run.name(), "r");
+        assert_eq!(run.devices(), ["cpu"]);
+    }
+
+    #[test]
+    fn a_missing_column_names_the_file_and_the_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let header = HEADER.replace("feature_maps_bytes,", "");
+        let r = row(1, 100).replacen(",5,", ",", 1);
+        write(dir.path(), "r_summary.csv", &format!("{header}{r}"));
+        let e = Run::open(dir.path().join("r")).unwrap_err().to_string();
+        assert!(
+            e.contains("r_summary.csv") && e.contains("feature_maps_bytes"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_folder_with_two_runs_or_none_is_an_error_that_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Run::open(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("holds no run"), "{e}");
+        write(
+            dir.path(),
+            "a_summary.csv",
+            &format!("{HEADER}{}", row(1, 100)),
+        );
+        write(
+            dir.path(),
+            "b_summary.csv",
+            &format!("{HEADER}{}", row(1, 100)),
+        );
+        let e = Run::open(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("holds 2 runs") && e.contains("a") && e.contains("b"),
+            "{e}"
+        );
+        // Named by one of its files.
+        let run = Run::open(dir.path().join("b_summary.csv")).unwrap();
+        assert_eq!(run.name(), "b");
+        let e = Run::open(dir.path().join("nothing"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no run at"), "{e}");
+    }
+}
