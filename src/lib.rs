@@ -176,6 +176,7 @@ mod error;
 mod ffi; // the one `#![allow(unsafe_code)]`
 mod format;
 mod fs;
+pub mod html;
 pub mod leaks;
 mod names;
 mod oom;

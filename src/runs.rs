@@ -18,9 +18,11 @@ const SUMMARY: &str = "_summary.csv";
 const EPOCHS: &str = "_epochs.csv";
 const PARAMETERS: &str = "_parameters.csv";
 const LAYERS: &str = "_layers.csv";
+const TIMELINE: &str = "_timeline.csv";
+const LEAKS: &str = "_leaks.csv";
 
 /// A row of `<run>_summary.csv` (the columns every device writes).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[non_exhaustive]
 pub struct SummaryRow {
     /// The `epoch` column.
@@ -56,7 +58,7 @@ pub struct SummaryRow {
 }
 
 /// A row of `<run>_parameters.csv`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[non_exhaustive]
 pub struct ParameterRow {
     /// The `epoch` column.
@@ -76,7 +78,7 @@ pub struct ParameterRow {
 }
 
 /// A row of `<run>_layers.csv` (the peak step's layers, with the timeline on).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[non_exhaustive]
 pub struct LayerRow {
     /// The `layer` column.
@@ -91,8 +93,60 @@ pub struct LayerRow {
     pub backward_flops: u64,
 }
 
+/// A row of `<run>_timeline.csv` (the peak step, op by op, with the timeline on).
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[non_exhaustive]
+pub struct TimelineRow {
+    /// The `op_index` column.
+    pub op_index: u32,
+    /// The `op` column.
+    pub op: String,
+    /// The `phase` column: `forward`, `backward` or `optimizer`.
+    pub phase: String,
+    /// The `layer` column.
+    pub layer: String,
+    /// The `param_bytes` column.
+    pub param_bytes: u64,
+    /// The `buffer_bytes` column.
+    pub buffer_bytes: u64,
+    /// The `grad_bytes` column.
+    pub grad_bytes: u64,
+    /// The `act_bytes` column.
+    pub act_bytes: u64,
+    /// The `temp_bytes` column.
+    pub temp_bytes: u64,
+    /// The `opt_bytes` column.
+    pub opt_bytes: u64,
+    /// The `other_bytes` column.
+    pub other_bytes: u64,
+    /// The `total_bytes` column.
+    pub total_bytes: u64,
+}
+
+/// A row of `<run>_leaks.csv`.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[non_exhaustive]
+pub struct LeakRow {
+    /// The `epoch` column.
+    pub epoch: u64,
+    /// The `op` column.
+    pub op: String,
+    /// The `phase` column.
+    pub phase: String,
+    /// The `layer` column.
+    pub layer: String,
+    /// The `first_iteration` column.
+    pub first_iteration: u64,
+    /// The `last_iteration` column.
+    pub last_iteration: u64,
+    /// The `count` column.
+    pub count: u64,
+    /// The `bytes` column.
+    pub bytes: u64,
+}
+
 /// A row of `<run>_epochs.csv`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[non_exhaustive]
 pub struct EpochRow {
     /// The `epoch` column.
@@ -127,6 +181,12 @@ pub struct Run {
     pub parameters: Vec<ParameterRow>,
     /// Empty without the timeline.
     pub layers: Vec<LayerRow>,
+    /// The peak step's ops (empty without the timeline).
+    pub timeline: Vec<TimelineRow>,
+    /// Leak suspects (empty when none was found).
+    pub leaks: Vec<LeakRow>,
+    /// Out-of-memory reports: each `<run>_oom<N>.txt`'s file name and text.
+    pub ooms: Vec<(String, String)>,
     /// What was left out while reading (rows cut short by a killed process).
     pub warnings: Vec<String>,
 }
@@ -148,6 +208,9 @@ impl Run {
             epochs: read_rows(&with_suffix(&stem, EPOCHS), false, &mut warnings)?,
             parameters: read_rows(&with_suffix(&stem, PARAMETERS), false, &mut warnings)?,
             layers: read_rows(&with_suffix(&stem, LAYERS), false, &mut warnings)?,
+            timeline: read_rows(&with_suffix(&stem, TIMELINE), false, &mut warnings)?,
+            leaks: read_rows(&with_suffix(&stem, LEAKS), false, &mut warnings)?,
+            ooms: read_ooms(&stem)?,
             summary,
             stem,
             warnings,
@@ -216,6 +279,42 @@ impl Run {
             })
             .collect()
     }
+}
+
+/// `<stem>_oom<N>.txt` files, in N order.
+fn read_ooms(stem: &Path) -> Result<Vec<(String, String)>> {
+    let dir = match stem.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let prefix = format!(
+        "{}_oom",
+        stem.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
+    );
+    let mut found: Vec<(u64, String, PathBuf)> = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let n = name
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.strip_suffix(".txt"))
+                .and_then(|n| n.parse::<u64>().ok());
+            if let Some(n) = n {
+                found.push((n, name, entry.path()));
+            }
+        }
+    }
+    found.sort();
+    found
+        .into_iter()
+        .map(|(_, name, path)| {
+            std::fs::read_to_string(&path)
+                .map(|text| (name, text))
+                .map_err(|e| Error::Run(format!("cannot read {}: {e}", path.display())))
+        })
+        .collect()
 }
 
 fn with_suffix(stem: &Path, suffix: &str) -> PathBuf {

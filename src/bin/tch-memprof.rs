@@ -1,5 +1,6 @@
 //! The `tch-memprof` command: work with the files a profiled run left.
 //!
+//!     tch-memprof report RUN... [-o report.html]
 //!     tch-memprof diff BASE NEW [--max-increase 5%]
 //!
 //! Exit status: 0 when no peak grew beyond the threshold, 1 when one did (the message
@@ -26,6 +27,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Write one self-contained HTML report (works offline) of one run, or of several
+    /// side by side (ranks, experiments).
+    Report {
+        /// Each run: its stem (memory_csv_data/20261122-171500), one of its CSV files, or
+        /// a folder holding one run.
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// Where to write it.
+        #[arg(short, long, default_value = "report.html")]
+        output: PathBuf,
+    },
     /// Compare the peaks of two runs (per category, per layer of the profiled step, per
     /// parameter); exit 1 when one grew beyond --max-increase.
     Diff {
@@ -46,6 +58,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Report { runs, output } => run_report(&runs, &output),
         Command::Diff {
             base,
             new,
@@ -68,6 +81,29 @@ fn open(path: &std::path::Path) -> Result<Run, ExitCode> {
             Err(ExitCode::from(2))
         }
     }
+}
+
+fn run_report(paths: &[PathBuf], output: &std::path::Path) -> ExitCode {
+    let mut runs = Vec::with_capacity(paths.len());
+    for p in paths {
+        match open(p) {
+            Ok(r) => runs.push(r),
+            Err(code) => return code,
+        }
+    }
+    let page = tch_memprof::html::render(&runs);
+    if let Err(e) = std::fs::write(output, page.as_bytes()) {
+        eprintln!("tch-memprof: cannot write {}: {e}", output.display());
+        return ExitCode::from(2);
+    }
+    println!(
+        "tch-memprof: wrote {} ({} run{}, {} bytes)",
+        output.display(),
+        runs.len(),
+        if runs.len() == 1 { "" } else { "s" },
+        page.len()
+    );
+    ExitCode::SUCCESS
 }
 
 fn run_diff(base: &std::path::Path, new: &std::path::Path, max: f64, top: usize) -> ExitCode {

@@ -12,6 +12,7 @@ use crate::ffi::MAX_DEVICES;
 use crate::leaks::LeakHunter;
 use crate::oom::OomState;
 use crate::report::csv::{run_stem, CsvReport};
+use crate::report::html::HtmlReport;
 use crate::report::terminal::TerminalReport;
 use crate::report::Reports;
 use crate::session::Session;
@@ -35,6 +36,7 @@ pub struct MemoryProfilerBuilder {
     csv: bool,
     csv_dir: PathBuf,
     wide_csv: bool,
+    html: bool,
     top_variables: usize,
     timeline: bool,
     timeline_step: Option<u64>,
@@ -66,6 +68,18 @@ impl MemoryProfilerBuilder {
     /// Folder of the CSV files (default `memory_csv_data`), created if missing.
     pub fn csv_dir(mut self, dir: impl AsRef<Path>) -> Self {
         self.csv_dir = dir.as_ref().to_path_buf();
+        self
+    }
+
+    /// Also write `<run>_report.html` (default off): the run's self-contained HTML report
+    /// (memory over steps by category, epochs, parameters, the profiled step, leaks,
+    /// out-of-memory reports), rebuilt from the run's CSV files at each `epoch_end` and
+    /// when the profiler drops. Turns `csv` on: the report is made from those files.
+    pub fn html(mut self, on: bool) -> Self {
+        self.html = on;
+        if on {
+            self.csv = true;
+        }
         self
     }
 
@@ -214,10 +228,17 @@ impl MemoryProfilerBuilder {
             }));
         }
         let mut csv_paths = Vec::new();
+        let mut html_path = None;
         if let Some(stem) = &csv {
             let sink = CsvReport::new(&self.csv_dir, stem, self.wide_csv);
             csv_paths = sink.paths();
             reports.push(Box::new(sink));
+            if self.html {
+                // After the CSV sink: it reads what that one just wrote.
+                let sink = HtmlReport::new(self.csv_dir.join(stem));
+                html_path = Some(sink.path());
+                reports.push(Box::new(sink));
+            }
         }
         let shared = Arc::new(Mutex::new(Shared {
             reports,
@@ -235,6 +256,7 @@ impl MemoryProfilerBuilder {
             print_period: self.print_period as u64,
             shared,
             csv_paths,
+            html_path,
             step_files_stem: csv.map(|stem| (self.csv_dir, stem)),
             epoch: 1,
             iteration: 0,
@@ -283,6 +305,7 @@ impl MemoryProfiler {
             csv: false,
             csv_dir: PathBuf::from("memory_csv_data"),
             wide_csv: false,
+            html: false,
             top_variables: DEFAULT_TOP_VARIABLES,
             timeline: false,
             timeline_step: None,

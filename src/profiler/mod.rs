@@ -109,6 +109,7 @@ pub struct MemoryProfiler {
     print_period: u64,
     shared: Arc<Mutex<Shared>>,
     csv_paths: Vec<PathBuf>,
+    html_path: Option<PathBuf>,
     /// `(dir, stem)` of the run's CSV files: where the peak step's files go.
     step_files_stem: Option<(PathBuf, String)>,
     epoch: u64,
@@ -243,6 +244,12 @@ impl MemoryProfiler {
     /// Failures absorbed so far (each was logged with `log::warn!`).
     pub fn failures(&self) -> u64 {
         self.failures
+    }
+
+    /// `<run>_report.html`, with [`html`](MemoryProfilerBuilder::html) on (written at the
+    /// first `epoch_end` or when the profiler drops).
+    pub fn html_path(&self) -> Option<&Path> {
+        self.html_path.as_deref()
     }
 
     /// The CSV files of this run (created at their first row), empty without `csv`.
@@ -527,6 +534,10 @@ impl Drop for MemoryProfiler {
         }));
         if outcome.is_err() {
             log::warn!("tch-memprof: writing the peak step timeline panicked");
+        }
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.report("drop", |r| r.finish())));
+        if outcome.is_err() {
+            log::warn!("tch-memprof: finishing the reports panicked");
         }
         // The session (a field) stops the native layer after this.
     }

@@ -5,11 +5,13 @@
 //!
 //! - `terminal`: tables on standard output, and the text of leak and OOM reports;
 //! - `csv`: the run's CSV files, and a profiled step's timeline and layers CSV;
+//! - `html`: the run's HTML report, rebuilt from its CSV files;
 //! - `plot`: a profiled step's plot (PNG or SVG);
 //! - `snapshot`: memory snapshots in the pickle format of PyTorch's memory viewer;
 //! - `oom_files`: the report and snapshot files of an out-of-memory error.
 
 pub(crate) mod csv;
+pub(crate) mod html;
 pub(crate) mod oom_files;
 pub(crate) mod plot;
 pub(crate) mod snapshot;
@@ -44,6 +46,10 @@ pub(crate) trait Report: Send {
     fn oom(&mut self, _report: &OomReport) -> Result<()> {
         Ok(())
     }
+    /// When the profiler drops (after the last step profile).
+    fn finish(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Short name for log messages.
     fn name(&self) -> &'static str;
 }
@@ -75,6 +81,9 @@ impl Reports {
 
     pub(crate) fn iteration(&mut self, s: &IterationStats) -> Vec<(&'static str, Error)> {
         self.each(|r| r.iteration(s))
+    }
+    pub(crate) fn finish(&mut self) -> Vec<(&'static str, Error)> {
+        self.each(|r| r.finish())
     }
     pub(crate) fn epoch(&mut self, s: &EpochStats) -> Vec<(&'static str, Error)> {
         self.each(|r| r.epoch(s))

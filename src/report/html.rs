@@ -1,0 +1,62 @@
+//! `<run>_report.html`: the run's HTML report (see [`crate::html`]), rebuilt from the
+//! run's CSV files at each `epoch_end`, when a new peak step's files are written, and when
+//! the profiler drops.
+
+use std::path::PathBuf;
+
+use crate::error::Result;
+use crate::leaks::LeakReport;
+use crate::runs::Run;
+use crate::stats::EpochStats;
+use crate::timeline::{StepKind, StepProfile};
+
+use super::Report;
+
+pub(crate) struct HtmlReport {
+    /// The run's stem (`<dir>/<run>`).
+    stem: PathBuf,
+    path: PathBuf,
+}
+
+impl HtmlReport {
+    pub(crate) fn new(stem: PathBuf) -> Self {
+        let mut path = stem.as_os_str().to_owned();
+        path.push("_report.html");
+        HtmlReport {
+            stem,
+            path: PathBuf::from(path),
+        }
+    }
+
+    pub(crate) fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    fn rebuild(&self) -> Result<()> {
+        let mut summary = self.stem.as_os_str().to_owned();
+        summary.push("_summary.csv");
+        if !PathBuf::from(summary).exists() {
+            return Ok(()); // nothing reported yet
+        }
+        let run = Run::open(&self.stem)?;
+        crate::fs::write_atomic(&self.path, crate::html::render(&[run]).as_bytes())
+    }
+}
+
+impl Report for HtmlReport {
+    fn epoch(&mut self, _stats: &EpochStats) -> Result<()> {
+        self.rebuild()
+    }
+    fn step_profile(&mut self, _profile: &StepProfile, _kind: StepKind) -> Result<()> {
+        self.rebuild()
+    }
+    fn leaks(&mut self, _report: &LeakReport) -> Result<()> {
+        self.rebuild()
+    }
+    fn finish(&mut self) -> Result<()> {
+        self.rebuild()
+    }
+    fn name(&self) -> &'static str {
+        "html"
+    }
+}
