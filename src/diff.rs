@@ -117,6 +117,15 @@ pub fn compare(base: &Run, new: &Run) -> Diff {
             nd.join(", ")
         ));
     }
+    for (key, what) in [("libtorch", "libtorch"), ("tch_memprof", "tch-memprof")] {
+        if let (Some(b), Some(n)) = (base.meta.get(key), new.meta.get(key)) {
+            if b != n {
+                notes.push(format!(
+                    "the runs were made with different {what} versions ({b} vs {n}): kernels and their temporaries may differ"
+                ));
+            }
+        }
+    }
     let mut not_gated = Vec::new();
     if bd.contains(&"cpu") || nd.contains(&"cpu") {
         not_gated.push("peak_reserved_bytes".to_string());

@@ -350,6 +350,35 @@ mod tests {
     }
 
     #[test]
+    fn a_run_of_100k_iterations_makes_a_page_of_a_few_mb_that_keeps_its_peak() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut csv = String::from(
+            "timestamp,epoch,iteration,device,allocated_bytes,peak_allocated_bytes,reserved_bytes,\
+             peak_reserved_bytes,weights_bytes,buffers_bytes,gradients_bytes,feature_maps_bytes,\
+             intermediate_gradients_bytes,optimizer_state_bytes,other_bytes,step,backward_passes\n",
+        );
+        let spike_step = 61_803u64;
+        for step in 1..=100_000u64 {
+            let peak = if step == spike_step {
+                987_654_321
+            } else {
+                500_000 + step % 977
+            };
+            csv.push_str(&format!(
+                "2026-11-22T00:00:00,1,{step},cuda:0,400000,{peak},600000,700000,100000,0,100000,\
+                 50000,30000,200000,0,{step},1\n"
+            ));
+        }
+        std::fs::write(dir.path().join("big_summary.csv"), csv).unwrap();
+        let run = Run::open(dir.path()).unwrap();
+        assert_eq!(run.summary.len(), 100_000);
+        let page = render(&[run]);
+        assert!(page.len() < 3 << 20, "{} bytes", page.len());
+        assert!(page.contains("987654321"), "the spike was lost");
+        assert!(page.contains(&format!("\"peak_allocated_step\":{spike_step}")));
+    }
+
+    #[test]
     fn embedded_data_cannot_close_the_script_element() {
         let json = script_safe_json(&vec!["</script><img src=x onerror=alert(1)>&"]);
         assert!(

@@ -20,6 +20,7 @@ const PARAMETERS: &str = "_parameters.csv";
 const LAYERS: &str = "_layers.csv";
 const TIMELINE: &str = "_timeline.csv";
 const LEAKS: &str = "_leaks.csv";
+const META: &str = "_run.csv";
 
 /// A row of `<run>_summary.csv` (the columns every device writes).
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
@@ -167,6 +168,12 @@ pub struct EpochRow {
     pub allocated_change_bytes: i64,
 }
 
+#[derive(Deserialize)]
+struct MetaRow {
+    key: String,
+    value: String,
+}
+
 /// One run's files, as read.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -187,6 +194,9 @@ pub struct Run {
     pub leaks: Vec<LeakRow>,
     /// Out-of-memory reports: each `<run>_oom<N>.txt`'s file name and text.
     pub ooms: Vec<(String, String)>,
+    /// `<run>_run.csv`: what made the run (`tch_memprof` and `libtorch` versions,
+    /// `device`, `started`); empty for runs written before it existed.
+    pub meta: BTreeMap<String, String>,
     /// What was left out while reading (rows cut short by a killed process).
     pub warnings: Vec<String>,
 }
@@ -211,6 +221,10 @@ impl Run {
             timeline: read_rows(&with_suffix(&stem, TIMELINE), false, &mut warnings)?,
             leaks: read_rows(&with_suffix(&stem, LEAKS), false, &mut warnings)?,
             ooms: read_ooms(&stem)?,
+            meta: read_rows::<MetaRow>(&with_suffix(&stem, META), false, &mut warnings)?
+                .into_iter()
+                .map(|r| (r.key, r.value))
+                .collect(),
             summary,
             stem,
             warnings,

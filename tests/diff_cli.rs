@@ -133,6 +133,25 @@ fn diff_gates_on_growth_and_says_what_grew() {
         "{}",
         text(&out.stderr)
     );
+
+    // Runs made with another libtorch: said, from <run>_run.csv.
+    let meta = std::fs::read_dir(cut.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with("_run.csv"))
+        .expect("<run>_run.csv written at build");
+    let m = std::fs::read_to_string(&meta).unwrap();
+    assert!(
+        m.contains(&format!("libtorch,{}", tch_memprof::LIBTORCH_VERSION)),
+        "{m}"
+    );
+    std::fs::write(&meta, m.replace(tch_memprof::LIBTORCH_VERSION, "9.9.9")).unwrap();
+    let out = diff(&[cut.path().to_str().unwrap(), a]);
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("different libtorch versions (9.9.9 vs"),
+        "{said}"
+    );
 }
 
 #[test]

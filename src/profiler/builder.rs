@@ -232,6 +232,18 @@ impl MemoryProfilerBuilder {
         if let Some(stem) = &csv {
             let sink = CsvReport::new(&self.csv_dir, stem, self.wide_csv);
             csv_paths = sink.paths();
+            // What made the run, for comparing runs later (tch-memprof diff): written
+            // once, now.
+            let meta = self.csv_dir.join(format!("{stem}_run.csv"));
+            let text = format!(
+                "key,value\ntch_memprof,{}\nlibtorch,{}\ndevice,{}\nstarted,{}\n",
+                env!("CARGO_PKG_VERSION"),
+                crate::LIBTORCH_VERSION,
+                device_name(self.device),
+                start.format("%Y-%m-%dT%H:%M:%S%:z")
+            );
+            crate::fs::write_atomic(&meta, text.as_bytes())?;
+            csv_paths.push(meta);
             reports.push(Box::new(sink));
             if self.html {
                 // After the CSV sink: it reads what that one just wrote.
