@@ -73,8 +73,9 @@ fn killed_mid_run_leaves_complete_rows() {
     child.wait().unwrap();
 
     let files = csv_files(dir.path());
-    // Summary, parameters and wide (no epoch ended, so no epochs file), nothing else.
-    assert_eq!(files.len(), 3, "{files:?}");
+    // Summary, parameters and wide (no epoch ended, so no epochs file), and the run's
+    // description written at build; nothing else.
+    assert_eq!(files.len(), 4, "{files:?}");
     let mut counts = Vec::new();
     for path in &files {
         let text = std::fs::read_to_string(path).unwrap();
@@ -103,6 +104,11 @@ fn killed_mid_run_leaves_complete_rows() {
     };
     let summary = rows_of("_summary.csv");
     assert!(summary >= 20);
+    assert_eq!(
+        rows_of("_run.csv"),
+        4,
+        "tch_memprof, libtorch, device, started"
+    );
     let wide = rows_of("_wide.csv");
     let params = rows_of("_parameters.csv");
     // The kill can land between files of one record_stats: at most one row apart.
