@@ -9,12 +9,13 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 const NATIVE: &str = "src/native";
-const SOURCES: [&str; 8] = [
+const SOURCES: [&str; 9] = [
     "api.cpp",
     "counters.cpp",
     "cpu_allocator.cpp",
     "cuda.cpp",
     "logs.cpp",
+    "meta.cpp",
     "names.cpp",
     "ops.cpp",
     "registry.cpp",

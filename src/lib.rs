@@ -173,11 +173,13 @@ mod budget;
 pub mod cuda;
 pub mod diff;
 mod error;
+pub mod estimate;
 mod ffi; // the one `#![allow(unsafe_code)]`
 mod format;
 mod fs;
 pub mod html;
 pub mod leaks;
+pub mod models;
 mod names;
 mod oom;
 pub mod optim;

@@ -2,10 +2,15 @@
 //!
 //!     tch-memprof report RUN... [-o report.html]
 //!     tch-memprof diff BASE NEW [--max-increase 5%]
+//!     tch-memprof estimate MODEL.pt --input 1x3x224x224 [--train --optimizer adam]
+//!                 [--batch-sizes 1,8,32] [--memory 80GiB|h100] [--gpu h100] [--csv]
+//!     tch-memprof estimate --model resnet50 ...
+//!     tch-memprof profile MODEL.pt --input 1x3x224x224 [--train] [--device cpu|cuda]
 //!
-//! Exit status: 0 when no peak grew beyond the threshold, 1 when one did (the message
-//! names what grew and by how much), 2 for bad input (a missing run, an unreadable file,
-//! a bad argument): one line on standard error, never a panic trace.
+//! Exit status: 0 on success; `diff`: 1 when a peak grew beyond the threshold (the
+//! message names what grew and by how much); 2 for bad input (a missing run or model
+//! file, an unreadable file, a shape the model rejects, a bad argument): one line on
+//! standard error, never a panic trace.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,6 +18,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tch_memprof::diff;
 use tch_memprof::runs::Run;
+
+#[path = "tch-memprof/estimate.rs"]
+mod estimate_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -53,6 +61,13 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         top: usize,
     },
+    /// Predict the CUDA peak allocated and reserved memory of a model without a GPU
+    /// (a dry run on libtorch's meta device replayed through a model of PyTorch's CUDA
+    /// caching allocator), and the largest batch that fits.
+    Estimate(estimate_cmd::EstimateArgs),
+    /// Profile one step of a TorchScript model for real (timeline by category, layers,
+    /// FLOPs, plot, summary).
+    Profile(estimate_cmd::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +80,8 @@ fn main() -> ExitCode {
             max_increase,
             top,
         } => run_diff(&base, &new, max_increase, top),
+        Command::Estimate(args) => estimate_cmd::run_estimate(&args),
+        Command::Profile(args) => estimate_cmd::run_profile(&args),
     }
 }
 

@@ -886,4 +886,125 @@ int memprof_selftest_reenter(void) noexcept {
   });
 }
 
+// ---------------------------------------------------------------------------------
+// The estimator's dry run on the meta device (meta.cpp).
+
+int memprof_meta_begin(void) noexcept {
+  return guarded("memprof_meta_begin", [&]() -> int { return meta_begin() ? 0 : -1; });
+}
+
+int memprof_meta_end(void) noexcept {
+  return guarded("memprof_meta_end", [&]() -> int {
+    meta_end();
+    return 0;
+  });
+}
+
+int memprof_meta_mark(int32_t value) noexcept {
+  return guarded("memprof_meta_mark", [&]() -> int {
+    meta_mark(value);
+    return 0;
+  });
+}
+
+int memprof_meta_read(MpMetaEvent* out, uint64_t cap, uint64_t* total) noexcept {
+  return guarded("memprof_meta_read", [&]() -> int {
+    if (!given(total, "memprof_meta_read") || (cap > 0 && !given(out, "memprof_meta_read"))) {
+      return -1;
+    }
+    meta_read(out, cap, total);
+    return 0;
+  });
+}
+
+int memprof_meta_empty(const int64_t* sizes, size_t n, const void* like, void** out) noexcept {
+  return guarded("memprof_meta_empty", [&]() -> int {
+    if (!given(out, "memprof_meta_empty") || !given(like, "memprof_meta_empty") ||
+        (n > 0 && !given(sizes, "memprof_meta_empty"))) {
+      return -1;
+    }
+    if (!meta_ensure_ready()) {
+      return -1;
+    }
+    *out = meta_empty(sizes, n, *static_cast<const at::Tensor*>(like));
+    return 0;
+  });
+}
+
+int memprof_meta_convert(void* tensor) noexcept {
+  return guarded("memprof_meta_convert", [&]() -> int {
+    if (!given(tensor, "memprof_meta_convert") || !meta_ensure_ready()) {
+      return -1;
+    }
+    meta_convert(static_cast<at::Tensor*>(tensor));
+    return 0;
+  });
+}
+
+int memprof_script_load(const char* path, void** out) noexcept {
+  return guarded("memprof_script_load", [&]() -> int {
+    if (!given(path, "memprof_script_load") || !given(out, "memprof_script_load") ||
+        !meta_ensure_ready()) {
+      return -1;
+    }
+    *out = script_load(path);
+    return 0;
+  });
+}
+
+int memprof_script_free(void* module) noexcept {
+  return guarded("memprof_script_free", [&]() -> int {
+    script_free(module);
+    return 0;
+  });
+}
+
+int memprof_script_train(void* module, int32_t on) noexcept {
+  return guarded("memprof_script_train", [&]() -> int {
+    if (!given(module, "memprof_script_train")) {
+      return -1;
+    }
+    script_train(module, on != 0);
+    return 0;
+  });
+}
+
+int memprof_script_forward(void* module, const void* const* inputs, size_t n, void** out) noexcept {
+  return guarded("memprof_script_forward", [&]() -> int {
+    if (!given(module, "memprof_script_forward") || !given(out, "memprof_script_forward") ||
+        (n > 0 && !given(inputs, "memprof_script_forward"))) {
+      return -1;
+    }
+    *out = script_forward(module, reinterpret_cast<const at::Tensor* const*>(inputs), n);
+    return 0;
+  });
+}
+
+int memprof_script_tensor(void* module, int32_t which, uint64_t index, uint64_t* n,
+                          void** tensor, char* name_buf, size_t len, uint64_t* name_len) noexcept {
+  return guarded("memprof_script_tensor", [&]() -> int {
+    if (!given(module, "memprof_script_tensor") || !given(n, "memprof_script_tensor")) {
+      return -1;
+    }
+    auto all = script_tensors(module, which);
+    *n = all.size();
+    if (index >= all.size()) {
+      return 0;
+    }
+    if (!given(tensor, "memprof_script_tensor") || !given(name_len, "memprof_script_tensor")) {
+      return -1;
+    }
+    const std::string& name = all[index].first;
+    *name_len = name.size();
+    if (name_buf && len > 0) {
+      const size_t k = std::min(len - 1, name.size());
+      std::memcpy(name_buf, name.data(), k);
+      name_buf[k] = 0;
+    }
+    *tensor = new at::Tensor(all[index].second);
+    return 0;
+  });
+}
+
 }  // extern "C"
+

@@ -23,11 +23,15 @@
 
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 
 #include <atomic>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "flops.h"
 #include "memprof.h"
@@ -423,5 +427,21 @@ inline int64_t cuda_round(int64_t n) {
 // Out-of-memory hook (api.cpp): calls the Rust report writer.
 
 void fire_oom(int slot, int64_t requested, int64_t allocated, int64_t reserved);
+
+// ---------------------------------------------------------------------------------
+// The estimator's dry run on the meta device (meta.cpp).
+
+bool meta_begin();
+void meta_end();
+void meta_mark(int32_t what);
+uint64_t meta_read(MpMetaEvent* out, uint64_t cap, uint64_t* total);
+bool meta_ensure_ready();
+at::Tensor* meta_empty(const int64_t* sizes, size_t n, const at::Tensor& like);
+void meta_convert(at::Tensor* t);
+void* script_load(const char* path);
+void script_free(void* m);
+void script_train(void* m, bool on);
+at::Tensor* script_forward(void* m, const at::Tensor* const* inputs, size_t n);
+std::vector<std::pair<std::string, at::Tensor>> script_tensors(void* m, int32_t which);
 
 }  // namespace memprof

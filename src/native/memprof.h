@@ -33,6 +33,7 @@ extern "C" {
 
 #define MP_MAX_CUDA 16
 #define MP_MAX_DEVICES 17
+#define MP_META_CAPACITY 33554432
 
 // Phases of an iteration (a block's birth phase, an op's phase).
 enum MpPhase {
@@ -52,6 +53,15 @@ enum MpEventKind {
   MP_EV_FLOPS = 6,
   MP_EV_UNCOUNTED = 7,
   MP_EV_PHASE = 8,
+};
+
+// Kinds of meta-trace events (MpMetaEvent.kind): the estimator's dry run.
+enum MpMetaKind {
+  MP_META_ALLOC = 1,  // a meta block born: id, bytes
+  MP_META_FREE = 2,   // a meta block freed: id, bytes
+  MP_META_OP = 3,     // the outermost op of a thread begins: name
+  MP_META_BLAS = 4,   // an op that runs on cuBLAS on CUDA ends: name; bytes 1 on cuBLASLt
+  MP_META_MARK = 5,   // a mark set by the caller: bytes = its value
 };
 
 // Device types of the autocast and RNG calls.
@@ -202,6 +212,14 @@ typedef struct MpHistEvent {
   uint64_t time_dev;  // microseconds (CLOCK_MONOTONIC) << 8 | device slot
 } MpHistEvent;
 
+// One event of the meta trace, in the order the dry run made them.
+typedef struct MpMetaEvent {
+  uint64_t id;    // block id (ALLOC, FREE), 0 otherwise
+  int64_t bytes;  // block size (ALLOC, FREE), the mark's value (MARK)
+  int32_t kind;   // MpMetaKind
+  int32_t name;   // interned op name (OP, BLAS), -1 otherwise
+} MpMetaEvent;
+
 // Autocast state of one device type, to restore on exit.
 typedef struct MpAutocast {
   int32_t enabled;
@@ -280,6 +298,36 @@ int memprof_autocast_enter(int32_t device_type, int32_t enabled, int32_t dtype,
 int memprof_autocast_exit(int32_t device_type, const MpAutocast* prev) MP_NOEXCEPT;
 int memprof_rng_get(int32_t device_type, int32_t index, void** out) MP_NOEXCEPT;
 int memprof_rng_set(int32_t device_type, int32_t index, const void* state) MP_NOEXCEPT;
+
+// The estimator's dry run on the meta device. memprof_meta_begin installs the meta trace
+// allocator and the missing meta kernels (once per process) and starts a trace (one at a
+// time per process); memprof_meta_end stops it. memprof_meta_read copies the first
+// min(total, cap) events; *total may exceed the trace's capacity (MP_META_CAPACITY), in
+// which case the trace is incomplete.
+int memprof_meta_begin(void) MP_NOEXCEPT;
+int memprof_meta_end(void) MP_NOEXCEPT;
+int memprof_meta_mark(int32_t value) MP_NOEXCEPT;
+int memprof_meta_read(MpMetaEvent* out, uint64_t cap, uint64_t* total) MP_NOEXCEPT;
+// A new meta tensor (an at::Tensor* the caller owns) of the given sizes, with the dtype
+// of the tensor `like` (an at::Tensor*).
+int memprof_meta_empty(const int64_t* sizes, size_t n, const void* like, void** out) MP_NOEXCEPT;
+// Moves a tensor (at::Tensor*) onto the meta device in place: every handle that shares
+// its TensorImpl sees it; the old storage is released.
+int memprof_meta_convert(void* tensor) MP_NOEXCEPT;
+// TorchScript modules loaded onto the meta device (a torch::jit::Module* the caller
+// frees with memprof_script_free).
+int memprof_script_load(const char* path, void** out) MP_NOEXCEPT;
+int memprof_script_free(void* module) MP_NOEXCEPT;
+int memprof_script_train(void* module, int32_t on) MP_NOEXCEPT;
+// forward(inputs...) and the first tensor it returns (an at::Tensor* the caller owns).
+int memprof_script_forward(void* module, const void* const* inputs, size_t n, void** out)
+    MP_NOEXCEPT;
+// Parameters (which = 0) or buffers (1), recursively: *n is their count; with
+// index < *n, *tensor receives a new at::Tensor* sharing the i-th one and name_buf its
+// dotted name (NUL-terminated, cut to len; *name_len: the name's full length).
+int memprof_script_tensor(void* module, int32_t which, uint64_t index, uint64_t* n,
+                          void** tensor, char* name_buf, size_t len, uint64_t* name_len)
+    MP_NOEXCEPT;
 
 // Self-checks for the tests: the CUDA block table (insert, find, remove of n fake
 // blocks in a small table, with collisions and reuse; *errors counts mismatches), and a
@@ -409,6 +457,17 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_FIELD(MpHistEvent, op, 16)                        \
   MP_FIELD(MpHistEvent, layer, 20)                     \
   MP_FIELD(MpHistEvent, time_dev, 24)                  \
+  MP_CONST(MP_META_CAPACITY, 33554432)                 \
+  MP_CONST(MP_META_ALLOC, 1)                           \
+  MP_CONST(MP_META_FREE, 2)                            \
+  MP_CONST(MP_META_OP, 3)                              \
+  MP_CONST(MP_META_BLAS, 4)                            \
+  MP_CONST(MP_META_MARK, 5)                            \
+  MP_SIZE(MpMetaEvent, 24)                             \
+  MP_FIELD(MpMetaEvent, id, 0)                         \
+  MP_FIELD(MpMetaEvent, bytes, 8)                      \
+  MP_FIELD(MpMetaEvent, kind, 16)                      \
+  MP_FIELD(MpMetaEvent, name, 20)                      \
   MP_SIZE(MpAutocast, 8)                               \
   MP_FIELD(MpAutocast, enabled, 0)                     \
   MP_FIELD(MpAutocast, dtype, 4)

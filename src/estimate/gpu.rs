@@ -1,0 +1,189 @@
+//! GPUs the estimator knows by name: their memory and the size of the cuBLAS workspace
+//! PyTorch takes on them.
+
+use crate::error::{Error, Result};
+
+/// Bytes in a MiB.
+const MIB: u64 = 1 << 20;
+
+/// The cuBLAS workspace PyTorch 2.11 takes by default (`CUBLAS_WORKSPACE_CONFIG`
+/// unset; CublasHandlePool.cpp): `:4096:2:16:8` (2 chunks of 4096 KiB and 8 of 16 KiB)
+/// before Hopper.
+pub const CUBLAS_WORKSPACE_DEFAULT: u64 = 4096 * 1024 * 2 + 16 * 1024 * 8;
+/// ... and `:4096:8` (8 chunks of 4096 KiB) on compute capability 9.0 (Hopper) and 10.0.
+pub const CUBLAS_WORKSPACE_SM90: u64 = 4096 * 1024 * 8;
+
+/// The cuBLASLt workspace PyTorch 2.11 takes by default (`CUBLASLT_WORKSPACE_SIZE`
+/// unset): 1 MiB, kept apart from the cuBLAS one unless
+/// `TORCH_CUBLASLT_UNIFIED_WORKSPACE=1`.
+pub const CUBLASLT_WORKSPACE: u64 = 1024 * 1024;
+
+/// The memory set aside for the CUDA context when a GPU's usable memory is derived from
+/// its total ([`Gpu::usable`]): the driver's and the CUDA libraries' own memory, which
+/// PyTorch's allocator cannot use. An allowance, not a measurement: it varies with the
+/// GPU, the driver and the libraries loaded.
+pub const CONTEXT_ALLOWANCE: u64 = 1024 * MIB;
+
+/// A GPU: what the estimate needs to know of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gpu {
+    /// Its name.
+    pub name: String,
+    /// Total memory in bytes (as `nvidia-smi` lists it); 0 when unknown.
+    pub memory: u64,
+    /// cuBLAS workspace PyTorch takes per thread that runs cuBLAS.
+    pub cublas_workspace: u64,
+}
+
+/// (name, total MiB as nvidia-smi lists it, Hopper or later).
+const KNOWN: [(&str, u64, bool); 12] = [
+    ("t4", 15_360, false),
+    ("v100-16gb", 16_384, false),
+    ("v100-32gb", 32_768, false),
+    ("a10", 23_028, false),
+    ("l4", 23_034, false),
+    ("rtx3090", 24_576, false),
+    ("rtx4090", 24_564, false),
+    ("a100-40gb", 40_960, false),
+    ("a100-80gb", 81_920, false),
+    ("l40s", 46_068, false),
+    ("h100", 81_559, true),
+    ("h200", 143_771, true),
+];
+
+impl Gpu {
+    /// A GPU of unknown memory before Hopper (the default cuBLAS workspace).
+    pub fn generic() -> Gpu {
+        Gpu {
+            name: "generic (pre-Hopper)".to_string(),
+            memory: 0,
+            cublas_workspace: CUBLAS_WORKSPACE_DEFAULT,
+        }
+    }
+
+    /// The names [`Gpu::named`] knows.
+    pub fn known() -> Vec<&'static str> {
+        KNOWN.iter().map(|(n, _, _)| *n).collect()
+    }
+
+    /// A GPU by name: `h100`, `a100-80gb` (`a100` alone is the 80 GB one), `rtx4090`, ...
+    /// (case, spaces, `-` and `_` do not matter: `A100 80GB` works).
+    pub fn named(name: &str) -> Result<Gpu> {
+        let key: String = name
+            .to_ascii_lowercase()
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .collect();
+        let key = match key.as_str() {
+            "a100" => "a10080gb".to_string(),
+            "v100" => "v10032gb".to_string(),
+            "h100sxm" | "h10080gb" => "h100".to_string(),
+            "geforcertx4090" => "rtx4090".to_string(),
+            "geforcertx3090" => "rtx3090".to_string(),
+            _ => key,
+        };
+        KNOWN
+            .iter()
+            .find(|(n, _, _)| n.replace('-', "") == key)
+            .map(|(n, mib, hopper)| Gpu {
+                name: (*n).to_string(),
+                memory: mib * MIB,
+                cublas_workspace: if *hopper {
+                    CUBLAS_WORKSPACE_SM90
+                } else {
+                    CUBLAS_WORKSPACE_DEFAULT
+                },
+            })
+            .ok_or_else(|| Error::InvalidConfig {
+                name: "gpu",
+                value: name.to_string(),
+                reason: format!("unknown GPU; known: {}", Gpu::known().join(", ")),
+            })
+    }
+
+    /// Memory PyTorch's allocator can use: the total less [`CONTEXT_ALLOWANCE`]; `None`
+    /// when the total is unknown.
+    pub fn usable(&self) -> Option<u64> {
+        (self.memory > 0).then(|| self.memory.saturating_sub(CONTEXT_ALLOWANCE))
+    }
+}
+
+/// Parses a memory size: `80GiB`, `24 GB` (10^9 bytes), `512MiB`, `1.5TiB`, or a plain
+/// number of bytes.
+pub fn parse_size(text: &str) -> Result<u64> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let bad = |reason: &str| Error::InvalidConfig {
+        name: "memory",
+        value: text.to_string(),
+        reason: reason.to_string(),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| bad("not a size (write 80GiB, 24GB, 512MiB or a GPU name such as h100)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024.0f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return Err(bad("unknown unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")),
+    };
+    let bytes = n * mult;
+    if !(bytes >= 1.0 && bytes < 1e18) {
+        return Err(bad("out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+/// A memory given as a size (`80GiB`) or a GPU name (`h100`: its usable memory,
+/// [`Gpu::usable`]); the GPU too when a name was given.
+pub fn gpu_memory(text: &str) -> Result<(u64, Option<Gpu>)> {
+    if text.trim().starts_with(|c: char| c.is_ascii_digit()) {
+        return Ok((parse_size(text)?, None));
+    }
+    let gpu = Gpu::named(text)?;
+    let usable = gpu.usable().unwrap_or(0);
+    Ok((usable, Some(gpu)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_sizes_follow_the_cublas_workspace_config_strings() {
+        // ":4096:2:16:8" = 2 x 4096 KiB + 8 x 16 KiB; ":4096:8" = 8 x 4096 KiB.
+        assert_eq!(CUBLAS_WORKSPACE_DEFAULT, 8 * MIB + 128 * 1024);
+        assert_eq!(CUBLAS_WORKSPACE_SM90, 32 * MIB);
+        assert_eq!(Gpu::named("H100").unwrap().cublas_workspace, 32 * MIB);
+        assert_eq!(Gpu::named("rtx 4090").unwrap().cublas_workspace, 8_519_680);
+    }
+
+    #[test]
+    fn names_and_sizes() {
+        assert_eq!(Gpu::named("A100").unwrap().memory, 80 * 1024 * MIB);
+        assert_eq!(Gpu::named("a100_40gb").unwrap().memory, 40 * 1024 * MIB);
+        let err = Gpu::named("tpu").unwrap_err().to_string();
+        assert!(err.contains("tpu") && err.contains("h100"), "{err}");
+        assert_eq!(parse_size("80GiB").unwrap(), 80 << 30);
+        assert_eq!(parse_size("24 GB").unwrap(), 24_000_000_000);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        for bad in ["", "GiB", "12 parsecs", "-3GiB", "0"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            Gpu::named("h100").unwrap().usable(),
+            Some(81_559 * MIB - CONTEXT_ALLOWANCE)
+        );
+        assert_eq!(Gpu::generic().usable(), None);
+    }
+}
