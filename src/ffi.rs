@@ -786,6 +786,7 @@ impl ScriptModule {
         let mut out = Vec::with_capacity(n as usize);
         let mut buf = vec![0u8; 512];
         for i in 0..n {
+            let mut count = 0u64;
             let mut t: *mut c_void = std::ptr::null_mut();
             // SAFETY: `buf` is valid for its length; `t`, `n`, `name_len` valid slots.
             check(unsafe {
@@ -793,7 +794,7 @@ impl ScriptModule {
                     self.ptr,
                     which,
                     i,
-                    &mut n,
+                    &mut count,
                     &mut t,
                     buf.as_mut_ptr().cast(),
                     buf.len(),

@@ -137,7 +137,7 @@ pub fn parse_size(text: &str) -> Result<u64> {
         _ => return Err(bad("unknown unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")),
     };
     let bytes = n * mult;
-    if !(bytes >= 1.0 && bytes < 1e18) {
+    if !(1.0..1e18).contains(&bytes) {
         return Err(bad("out of range"));
     }
     Ok(bytes as u64)
