@@ -1,0 +1,71 @@
+//! The CUDA estimate beside the reference: five models at batch 1, 3x224x224,
+//! inference, predicted without a GPU, next to the peaks PyTorch's CUDA allocator
+//! measured and to the static analyzer's estimate (both quoted from the README of
+//! PyTorch Static Peak Memory Analyzer (TorchScript IR), a Python and C++ tool; MB =
+//! 2^20 bytes), with the time each of our estimates took (building the model on the
+//! CPU, moving it to the meta device, the dry run and the replay).
+//!
+//!     scripts/with-libtorch.sh cargo run --release --example estimate_reference
+//!
+//! `--gpu NAME` changes the GPU (the cuBLAS workspace); the reference's deltas fit a
+//! GPU before Hopper (8 MiB + 128 KiB), the default. Last, tch's own ResNet-50
+//! (`tch::vision`), to show what its chained expressions keep alive.
+
+#[path = "common/args.rs"]
+mod args;
+
+use std::time::Instant;
+
+use tch::Kind;
+use tch_memprof::estimate::{Gpu, Input, Mode, Model, Options};
+
+/// (model, measured baseline, measured peak, measured peak reserved, the static
+/// analyzer's total peak).
+const REFERENCE: [(&str, f64, f64, f64, f64); 5] = [
+    ("alexnet", 234.03, 242.22, 246.00, 466.162415),
+    ("mobilenet_v3_small", 10.38, 18.51, 28.00, 19.493118),
+    ("resnet50", 98.30, 109.37, 142.00, 195.387428),
+    ("resnet101", 171.23, 181.98, 196.00, 340.687622),
+    ("vgg16", 529.62, 566.51, 578.00, 1055.584290),
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let gpu = match args::arg("--gpu") {
+        Some(name) => Gpu::named(&name)?,
+        None => Gpu::generic(),
+    };
+    let options = Options::for_gpu(gpu);
+    let input = [Input::new(&[1, 3, 224, 224], Kind::Float)];
+    let mb = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let pct = |ours: f64, theirs: f64| 100.0 * (ours - theirs) / theirs;
+    println!(
+        "| model | measured peak allocated | static analyzer | ours | off | measured peak reserved | ours | off | time |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, _baseline, peak, reserved, analyzer) in REFERENCE {
+        let start = Instant::now();
+        let model = Model::builtin(name)?;
+        let e = model.estimate(&input, Mode::Inference, &options)?;
+        let took = start.elapsed();
+        println!(
+            "| {name} | {peak:.2} | {analyzer:.2} | {:.2} | {:+.1}% | {reserved:.2} | {:.2} | {:+.1}% | {:.2} s |",
+            mb(e.peak_allocated),
+            pct(mb(e.peak_allocated), peak),
+            mb(e.peak_reserved),
+            pct(mb(e.peak_reserved), reserved),
+            took.as_secs_f64()
+        );
+    }
+    // tch's own ResNet-50 (tch::vision): the same architecture, written as chained
+    // expressions whose intermediates live until the end of their statement.
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let net = tch::vision::resnet::resnet50(&vs.root(), 1000);
+    let model = Model::from_module(vs, net)?;
+    let e = model.estimate(&input, Mode::Inference, &options)?;
+    println!(
+        "\ntch::vision::resnet::resnet50 (tch's own code): peak allocated {:.2} MB, peak reserved {:.2} MB",
+        mb(e.peak_allocated),
+        mb(e.peak_reserved)
+    );
+    Ok(())
+}
