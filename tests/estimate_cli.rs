@@ -107,14 +107,6 @@ fn bad_input_is_one_line_and_exit_2() {
     assert!(err.contains("forward pass failed"), "{err}");
 }
 
-/// `<venv>/bin/python3` of the torch wheel that LIBTORCH points into.
-fn torch_python() -> Option<PathBuf> {
-    let lib = PathBuf::from(std::env::var_os("LIBTORCH")?);
-    let venv = lib.parent()?.parent()?.parent()?.parent()?;
-    let py = venv.join("bin").join("python3");
-    py.exists().then_some(py)
-}
-
 /// A small CNN exported by PyTorch with torch.jit.trace; prints its parameter and
 /// buffer bytes (as PyTorch counts them).
 const EXPORT: &str = r#"
@@ -129,7 +121,7 @@ print(sum(p.numel() * p.element_size() for p in list(m.parameters()) + list(m.bu
 "#;
 
 fn export(dir: &Path) -> Option<(PathBuf, u64)> {
-    let Some(python) = torch_python() else {
+    let Some(python) = common::torch_python() else {
         eprintln!(
             "skipped: no Python with torch beside LIBTORCH (run through scripts/with-libtorch.sh)"
         );

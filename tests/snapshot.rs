@@ -7,21 +7,11 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use common::*;
 use tch::{nn, nn::OptimizerConfig, Device};
 use tch_memprof::MemoryProfiler;
-
-/// `<venv>/bin/python3` of the torch wheel that LIBTORCH points into.
-fn torch_python() -> Option<PathBuf> {
-    let lib = PathBuf::from(std::env::var_os("LIBTORCH")?);
-    // <venv>/lib/python3.X/site-packages/torch
-    let venv = lib.parent()?.parent()?.parent()?.parent()?;
-    let py = venv.join("bin").join("python3");
-    py.exists().then_some(py)
-}
 
 const VIEWER_CHECK: &str = r#"
 import pickle, sys

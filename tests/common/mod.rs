@@ -99,3 +99,12 @@ pub static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// `<venv>/bin/python3` of the torch wheel that LIBTORCH points into.
+pub fn torch_python() -> Option<std::path::PathBuf> {
+    let lib = std::path::PathBuf::from(std::env::var_os("LIBTORCH")?);
+    // <venv>/lib/python3.X/site-packages/torch
+    let venv = lib.parent()?.parent()?.parent()?.parent()?;
+    let py = venv.join("bin").join("python3");
+    py.exists().then_some(py)
+}
