@@ -168,18 +168,13 @@
 // Every `unsafe` block of the crate is in `ffi`, the one seam to the native layer.
 #![deny(unsafe_code)]
 
-mod accounting;
-mod budget;
 pub mod cuda;
-pub mod diff;
 mod error;
 pub mod estimate;
 mod ffi; // the one `#![allow(unsafe_code)]`
 mod format;
 mod fs;
-pub mod html;
 pub mod leaks;
-pub mod models;
 mod names;
 mod oom;
 pub mod optim;
@@ -187,12 +182,11 @@ mod phase;
 mod profiler;
 mod report;
 pub mod runs;
-mod session;
 mod stats;
 pub mod timeline;
 mod vars;
 
-pub use budget::{Budget, BudgetExceeded, LayerUse, Overrun};
+pub use profiler::{Budget, BudgetExceeded, LayerUse, Overrun};
 pub use cuda::CudaStats;
 pub use error::{Error, Result};
 pub use leaks::{
@@ -205,7 +199,7 @@ pub use phase::Phase;
 pub use profiler::{MemoryProfiler, MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
 pub use stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableList, VariableStats};
 pub use timeline::{
-    scope, Category, CategoryBytes, LayerProfile, Peak, Scope, StepFiles, StepProfile, TimelineRow,
+    scope, Category, CategoryBytes, LayerProfile, Peak, Scope, StepFiles, StepProfile, StepRow,
     UncountedOp,
 };
 

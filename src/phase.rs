@@ -1,11 +1,11 @@
 //! The phases of an iteration, found without user calls (see the crate docs).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ffi::native;
 
 /// Phase of an op or of a block's birth.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Phase {
     /// From the iteration's first op to the first autograd node.
     #[serde(rename = "forward")]

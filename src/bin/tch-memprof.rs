@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tch_memprof::diff;
+use tch_memprof::runs::diff;
 use tch_memprof::runs::Run;
 
 #[path = "tch-memprof/estimate.rs"]
@@ -108,7 +108,7 @@ fn run_report(paths: &[PathBuf], output: &std::path::Path) -> ExitCode {
             Err(code) => return code,
         }
     }
-    let page = tch_memprof::html::render(&runs);
+    let page = tch_memprof::runs::html::render(&runs);
     if let Err(e) = std::fs::write(output, page.as_bytes()) {
         eprintln!("tch-memprof: cannot write {}: {e}", output.display());
         return ExitCode::from(2);

@@ -35,7 +35,7 @@
 //! ```
 
 pub mod allocator;
-mod builtin;
+pub mod models;
 mod gpu;
 
 use std::collections::HashMap;
@@ -49,7 +49,6 @@ use crate::error::{Error, Result};
 use crate::ffi::{self, native, MetaEvent};
 
 pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator};
-pub use builtin::{build as build_builtin, BUILTIN};
 pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE};
 
 /// Bytes in human units, as every report of the crate shows them (`1.50 MiB`).
@@ -587,10 +586,10 @@ impl Model {
         })
     }
 
-    /// A built-in model by name ([`BUILTIN`]), 1000 classes.
+    /// A built-in model by name ([`models::BUILTIN`]), 1000 classes.
     pub fn builtin(name: &str) -> Result<Model> {
         let vs = nn::VarStore::new(Device::Cpu);
-        let module = builtin::build(name, &vs.root(), 1000)?;
+        let module = models::build(name, &vs.root(), 1000)?;
         Model::from_var_store(vs, move |xs, train| module.forward_t(&xs[0], train))
     }
 

@@ -12,10 +12,10 @@ use crate::ffi::MAX_DEVICES;
 use crate::leaks::LeakHunter;
 use crate::oom::OomState;
 use crate::report::csv::{run_stem, CsvReport};
-use crate::report::html::HtmlReport;
+use crate::report::html_page::HtmlReport;
 use crate::report::terminal::TerminalReport;
 use crate::report::Reports;
-use crate::session::Session;
+use super::session::Session;
 use crate::timeline::Recorder;
 use crate::vars::{self, ParamSync};
 
@@ -235,14 +235,11 @@ impl MemoryProfilerBuilder {
             // What made the run, for comparing runs later (tch-memprof diff): written
             // once, now.
             let meta = self.csv_dir.join(format!("{stem}_run.csv"));
-            let text = format!(
-                "key,value\ntch_memprof,{}\nlibtorch,{}\ndevice,{}\nstarted,{}\n",
-                env!("CARGO_PKG_VERSION"),
-                crate::LIBTORCH_VERSION,
-                device_name(self.device),
-                start.format("%Y-%m-%dT%H:%M:%S%:z")
-            );
-            crate::fs::write_atomic(&meta, text.as_bytes())?;
+            crate::report::csv::write_meta(
+                &meta,
+                &device_name(self.device),
+                &start.format("%Y-%m-%dT%H:%M:%S%:z").to_string(),
+            )?;
             csv_paths.push(meta);
             reports.push(Box::new(sink));
             if self.html {

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use tch::Device;
 
-use crate::accounting::{self, BlockInfo};
+use super::accounting::{self, BlockInfo};
 use crate::error::Result;
 use crate::ffi::{self, Block};
 use crate::stats::{IterationStats, VariableKind, VariableList, VariableStats};

@@ -8,9 +8,12 @@
 //! The profiler computes; its [`Reports`] print and write. The process-wide native
 //! state belongs to its [`Session`].
 
+mod accounting;
+mod budget;
 mod builder;
 mod measure;
 mod peaks;
+mod session;
 
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -20,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use tch::nn::Variables;
 use tch::Device;
 
-use crate::budget::{Budget, BudgetExceeded};
+
 use crate::error::{Error, Result};
 use crate::ffi::{self, LogEvent, OomEvent};
 use crate::format;
@@ -28,11 +31,12 @@ use crate::leaks::{LeakHunter, LeakReport};
 use crate::names::Names;
 use crate::oom::{OomReport, OomState};
 use crate::report::Reports;
-use crate::session::Session;
+use session::Session;
 use crate::stats::{EpochStats, IterationStats, RunStats};
 use crate::timeline::{Recorder, StepFiles, StepKind, StepProfile};
 use crate::vars::{self, ParamSync, VarTable};
 
+pub use budget::{Budget, BudgetExceeded, LayerUse, Overrun};
 pub use builder::{MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
 use peaks::Peaks;
 

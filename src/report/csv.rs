@@ -13,104 +13,17 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
 use crate::error::{Error, Result};
 use crate::format;
 use crate::fs;
 use crate::leaks::LeakReport;
+use crate::runs::schema::{
+    EpochRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow,
+};
 use crate::stats::{EpochStats, IterationStats};
 use crate::timeline::{Category, StepFiles, StepKind, StepProfile};
 
 use super::Report;
-
-/// A row of `<run>_summary.csv`.
-#[derive(Debug, Serialize)]
-struct SummaryRow<'a> {
-    timestamp: &'a str,
-    epoch: u64,
-    iteration: u64,
-    device: &'a str,
-    allocated_bytes: u64,
-    peak_allocated_bytes: u64,
-    reserved_bytes: u64,
-    peak_reserved_bytes: u64,
-    weights_bytes: u64,
-    buffers_bytes: u64,
-    gradients_bytes: u64,
-    feature_maps_bytes: u64,
-    intermediate_gradients_bytes: u64,
-    optimizer_state_bytes: u64,
-    other_bytes: u64,
-    step: u64,
-    backward_passes: u64,
-    // CUDA runs only (the columns are absent on the CPU): the caching allocator's own
-    // statistics of the profiled device.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_allocated_bytes: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_peak_allocated_bytes: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_reserved_bytes: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_peak_reserved_bytes: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_active_bytes: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_peak_active_bytes: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_requested_bytes: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_peak_requested_bytes: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_alloc_retries: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_ooms: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_device_free_bytes: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cuda_device_total_bytes: Option<Option<i64>>,
-}
-
-/// A row of `<run>_parameters.csv`.
-#[derive(Debug, Serialize)]
-struct ParameterRow<'a> {
-    timestamp: &'a str,
-    epoch: u64,
-    iteration: u64,
-    parameter: &'a str,
-    kind: &'a str,
-    dtype: &'a str,
-    shape: &'a str,
-    bytes: u64,
-}
-
-/// A row of `<run>_epochs.csv`.
-#[derive(Debug, Serialize)]
-struct EpochRow<'a> {
-    timestamp: &'a str,
-    epoch: u64,
-    iterations: u64,
-    peak_allocated_bytes: u64,
-    peak_reserved_bytes: u64,
-    peak_feature_maps_bytes: u64,
-    peak_intermediate_gradients_bytes: u64,
-    allocated_bytes: u64,
-    allocated_change_bytes: i64,
-}
-
-/// A row of `<run>_leaks.csv`.
-#[derive(Debug, Serialize)]
-struct LeakRow<'a> {
-    epoch: u64,
-    op: &'a str,
-    phase: &'a str,
-    layer: &'a str,
-    first_iteration: u64,
-    last_iteration: u64,
-    count: u64,
-    bytes: u64,
-}
 
 /// One CSV file, opened at its first row and reopened if it vanishes.
 struct CsvFile {
@@ -239,6 +152,17 @@ impl CsvReport {
     }
 }
 
+/// Writes `<run>_run.csv` (what made the run: versions, device, start), once, at build.
+pub(crate) fn write_meta(path: &Path, device: &str, started: &str) -> Result<()> {
+    let rows = [
+        MetaRow::new("tch_memprof", env!("CARGO_PKG_VERSION")),
+        MetaRow::new("libtorch", crate::LIBTORCH_VERSION),
+        MetaRow::new("device", device),
+        MetaRow::new("started", started),
+    ];
+    write_atomically(path, |w| rows.iter().try_for_each(|r| w.serialize(r)))
+}
+
 fn now() -> String {
     chrono::Local::now()
         .format("%Y-%m-%dT%H:%M:%S%.3f%:z")
@@ -253,10 +177,10 @@ impl Report for CsvReport {
         let on_cuda = s.device.starts_with("cuda");
         let cuda = |f: fn(&crate::CudaStats) -> i64| on_cuda.then(|| s.cuda.as_ref().map(f));
         let row = SummaryRow {
-            timestamp: &ts,
+            timestamp: ts.clone(),
             epoch: s.epoch,
             iteration: s.iteration,
-            device: &s.device,
+            device: s.device.clone(),
             allocated_bytes: s.allocated_bytes,
             peak_allocated_bytes: s.peak_allocated_bytes,
             reserved_bytes: s.reserved_bytes,
@@ -289,27 +213,21 @@ impl Report for CsvReport {
             for v in &s.variables {
                 let dtype = v.dtype.as_str();
                 let shape = format::shape(&v.shape);
-                w.serialize(ParameterRow {
-                    timestamp: &ts,
+                let mut row = ParameterRow {
+                    timestamp: ts.clone(),
                     epoch: s.epoch,
                     iteration: s.iteration,
-                    parameter: &v.name,
-                    kind: v.kind.as_str(),
-                    dtype,
-                    shape: &shape,
+                    parameter: v.name.clone(),
+                    kind: v.kind.as_str().to_string(),
+                    dtype: dtype.to_string(),
+                    shape,
                     bytes: v.bytes,
-                })?;
+                };
+                w.serialize(&row)?;
                 if let Some(g) = v.grad_bytes {
-                    w.serialize(ParameterRow {
-                        timestamp: &ts,
-                        epoch: s.epoch,
-                        iteration: s.iteration,
-                        parameter: &v.name,
-                        kind: "gradient",
-                        dtype,
-                        shape: &shape,
-                        bytes: g,
-                    })?;
+                    row.kind = "gradient".to_string();
+                    row.bytes = g;
+                    w.serialize(&row)?;
                 }
             }
             Ok(())
@@ -354,7 +272,7 @@ impl Report for CsvReport {
         let ts = now();
         self.epochs.append(|w| {
             w.serialize(EpochRow {
-                timestamp: &ts,
+                timestamp: ts,
                 epoch: e.epoch,
                 iterations: e.iterations,
                 peak_allocated_bytes: e.peak_allocated_bytes,
@@ -375,9 +293,9 @@ impl Report for CsvReport {
             for g in &r.suspects {
                 w.serialize(LeakRow {
                     epoch: r.epoch,
-                    op: &g.op,
-                    phase: g.phase.name(),
-                    layer: &g.layer,
+                    op: g.op.clone(),
+                    phase: g.phase,
+                    layer: g.layer.clone(),
                     first_iteration: g.first_iteration,
                     last_iteration: g.last_iteration,
                     count: g.count,
@@ -412,22 +330,6 @@ impl Report for CsvReport {
     }
 }
 
-#[derive(Serialize)]
-struct TimelineCsvRow<'a> {
-    op_index: u32,
-    op: &'a str,
-    phase: &'static str,
-    layer: &'a str,
-    param_bytes: u64,
-    buffer_bytes: u64,
-    grad_bytes: u64,
-    act_bytes: u64,
-    temp_bytes: u64,
-    opt_bytes: u64,
-    other_bytes: u64,
-    total_bytes: u64,
-}
-
 impl StepProfile {
     /// Writes the timeline as CSV: `op_index, op, phase, layer`, one `<category>_bytes`
     /// column per category and `total_bytes`. Replaces the file atomically.
@@ -435,11 +337,11 @@ impl StepProfile {
         write_atomically(path, |w| {
             for r in &self.rows {
                 let b = &r.bytes;
-                w.serialize(TimelineCsvRow {
+                w.serialize(TimelineRow {
                     op_index: r.op_index,
-                    op: &r.op,
-                    phase: r.phase.name(),
-                    layer: &r.layer,
+                    op: r.op.clone(),
+                    phase: r.phase,
+                    layer: r.layer.clone(),
                     param_bytes: b.get(Category::Param),
                     buffer_bytes: b.get(Category::Buffer),
                     grad_bytes: b.get(Category::Grad),
@@ -459,7 +361,13 @@ impl StepProfile {
     pub fn write_layers_csv(&self, path: &Path) -> Result<()> {
         write_atomically(path, |w| {
             for l in &self.layers {
-                w.serialize(l)?;
+                w.serialize(LayerRow {
+                    layer: l.layer.clone(),
+                    parameters_bytes: l.parameters_bytes,
+                    activation_bytes: l.activation_bytes,
+                    forward_flops: l.forward_flops,
+                    backward_flops: l.backward_flops,
+                })?;
             }
             Ok(())
         })

@@ -1,4 +1,4 @@
-//! `<run>_report.html`: the run's HTML report (see [`crate::html`]), rebuilt from the
+//! `<run>_report.html`: the run's HTML report (see [`crate::runs::html`]), rebuilt from the
 //! run's CSV files at each `epoch_end`, when a new peak step's files are written, and when
 //! the profiler drops.
 
@@ -39,7 +39,7 @@ impl HtmlReport {
             return Ok(()); // nothing reported yet
         }
         let run = Run::open(&self.stem)?;
-        crate::fs::write_atomic(&self.path, crate::html::render(&[run]).as_bytes())
+        crate::fs::write_atomic(&self.path, crate::runs::html::render(&[run]).as_bytes())
     }
 }
 

@@ -11,7 +11,7 @@
 //! - `oom_files`: the report and snapshot files of an out-of-memory error.
 
 pub(crate) mod csv;
-pub(crate) mod html;
+pub(crate) mod html_page;
 pub(crate) mod oom_files;
 pub(crate) mod plot;
 pub(crate) mod snapshot;

@@ -1,4 +1,6 @@
-//! Reading a run's CSV files back: what `tch-memprof diff` compares.
+//! A run's files, read back: what `tch-memprof diff` compares and `tch-memprof report`
+//! draws. The columns of every file are defined once, in [`schema`], and used both by the
+//! profiler that writes them and by [`Run::open`] that reads them.
 //!
 //! A run is named by its stem (`memory_csv_data/20261122-171500`), by one of its files
 //! (`..._summary.csv`), or by a folder that holds exactly one run. Files written by a
@@ -13,166 +15,14 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 
-/// The suffixes of a run's files; `_summary.csv` must exist.
-const SUMMARY: &str = "_summary.csv";
-const EPOCHS: &str = "_epochs.csv";
-const PARAMETERS: &str = "_parameters.csv";
-const LAYERS: &str = "_layers.csv";
-const TIMELINE: &str = "_timeline.csv";
-const LEAKS: &str = "_leaks.csv";
-const META: &str = "_run.csv";
+pub mod diff;
+pub mod html;
+pub mod schema;
 
-/// A row of `<run>_summary.csv` (the columns every device writes).
-#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
-#[non_exhaustive]
-pub struct SummaryRow {
-    /// The `epoch` column.
-    pub epoch: u64,
-    /// The `iteration` column.
-    pub iteration: u64,
-    /// The `step` column.
-    pub step: u64,
-    /// The `device` column.
-    pub device: String,
-    /// The `allocated_bytes` column.
-    pub allocated_bytes: u64,
-    /// The `peak_allocated_bytes` column.
-    pub peak_allocated_bytes: u64,
-    /// The `reserved_bytes` column.
-    pub reserved_bytes: u64,
-    /// The `peak_reserved_bytes` column.
-    pub peak_reserved_bytes: u64,
-    /// The `weights_bytes` column.
-    pub weights_bytes: u64,
-    /// The `buffers_bytes` column.
-    pub buffers_bytes: u64,
-    /// The `gradients_bytes` column.
-    pub gradients_bytes: u64,
-    /// The `feature_maps_bytes` column.
-    pub feature_maps_bytes: u64,
-    /// The `intermediate_gradients_bytes` column.
-    pub intermediate_gradients_bytes: u64,
-    /// The `optimizer_state_bytes` column.
-    pub optimizer_state_bytes: u64,
-    /// The `other_bytes` column.
-    pub other_bytes: u64,
-}
-
-/// A row of `<run>_parameters.csv`.
-#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
-#[non_exhaustive]
-pub struct ParameterRow {
-    /// The `epoch` column.
-    pub epoch: u64,
-    /// The `iteration` column.
-    pub iteration: u64,
-    /// The `parameter` column.
-    pub parameter: String,
-    /// `weight`, `buffer` or `gradient`.
-    pub kind: String,
-    /// The `dtype` column.
-    pub dtype: String,
-    /// The `shape` column.
-    pub shape: String,
-    /// The `bytes` column.
-    pub bytes: u64,
-}
-
-/// A row of `<run>_layers.csv` (the peak step's layers, with the timeline on).
-#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
-#[non_exhaustive]
-pub struct LayerRow {
-    /// The `layer` column.
-    pub layer: String,
-    /// The `parameters_bytes` column.
-    pub parameters_bytes: u64,
-    /// The `activation_bytes` column.
-    pub activation_bytes: u64,
-    /// The `forward_flops` column.
-    pub forward_flops: u64,
-    /// The `backward_flops` column.
-    pub backward_flops: u64,
-}
-
-/// A row of `<run>_timeline.csv` (the peak step, op by op, with the timeline on).
-#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
-#[non_exhaustive]
-pub struct TimelineRow {
-    /// The `op_index` column.
-    pub op_index: u32,
-    /// The `op` column.
-    pub op: String,
-    /// The `phase` column: `forward`, `backward` or `optimizer`.
-    pub phase: String,
-    /// The `layer` column.
-    pub layer: String,
-    /// The `param_bytes` column.
-    pub param_bytes: u64,
-    /// The `buffer_bytes` column.
-    pub buffer_bytes: u64,
-    /// The `grad_bytes` column.
-    pub grad_bytes: u64,
-    /// The `act_bytes` column.
-    pub act_bytes: u64,
-    /// The `temp_bytes` column.
-    pub temp_bytes: u64,
-    /// The `opt_bytes` column.
-    pub opt_bytes: u64,
-    /// The `other_bytes` column.
-    pub other_bytes: u64,
-    /// The `total_bytes` column.
-    pub total_bytes: u64,
-}
-
-/// A row of `<run>_leaks.csv`.
-#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
-#[non_exhaustive]
-pub struct LeakRow {
-    /// The `epoch` column.
-    pub epoch: u64,
-    /// The `op` column.
-    pub op: String,
-    /// The `phase` column.
-    pub phase: String,
-    /// The `layer` column.
-    pub layer: String,
-    /// The `first_iteration` column.
-    pub first_iteration: u64,
-    /// The `last_iteration` column.
-    pub last_iteration: u64,
-    /// The `count` column.
-    pub count: u64,
-    /// The `bytes` column.
-    pub bytes: u64,
-}
-
-/// A row of `<run>_epochs.csv`.
-#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
-#[non_exhaustive]
-pub struct EpochRow {
-    /// The `epoch` column.
-    pub epoch: u64,
-    /// The `iterations` column.
-    pub iterations: u64,
-    /// The `peak_allocated_bytes` column.
-    pub peak_allocated_bytes: u64,
-    /// The `peak_reserved_bytes` column.
-    pub peak_reserved_bytes: u64,
-    /// The `peak_feature_maps_bytes` column.
-    pub peak_feature_maps_bytes: u64,
-    /// The `peak_intermediate_gradients_bytes` column.
-    pub peak_intermediate_gradients_bytes: u64,
-    /// The `allocated_bytes` column.
-    pub allocated_bytes: u64,
-    /// The `allocated_change_bytes` column.
-    pub allocated_change_bytes: i64,
-}
-
-#[derive(Deserialize)]
-struct MetaRow {
-    key: String,
-    value: String,
-}
+pub use schema::{
+    EpochRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow,
+};
+use schema::{EPOCHS, LAYERS, LEAKS, META, PARAMETERS, SUMMARY, TIMELINE};
 
 /// One run's files, as read.
 #[derive(Debug, Clone)]
@@ -368,14 +218,7 @@ fn resolve(arg: &Path) -> Result<PathBuf> {
         };
     }
     let text = arg.to_string_lossy();
-    for suffix in [
-        SUMMARY,
-        EPOCHS,
-        PARAMETERS,
-        LAYERS,
-        "_timeline.csv",
-        "_leaks.csv",
-    ] {
+    for suffix in [SUMMARY, EPOCHS, PARAMETERS, LAYERS, TIMELINE, LEAKS, META] {
         if let Some(stem) = text.strip_suffix(suffix) {
             return Ok(PathBuf::from(stem));
         }

@@ -16,5 +16,5 @@ pub use crate::phase::Phase;
 pub(crate) use recorder::{Recorder, StepKind};
 pub use scope::{scope, Scope};
 pub use types::{
-    Category, CategoryBytes, LayerProfile, Peak, StepFiles, StepProfile, TimelineRow, UncountedOp,
+    Category, CategoryBytes, LayerProfile, Peak, StepFiles, StepProfile, StepRow, UncountedOp,
 };

@@ -19,7 +19,7 @@ use crate::names::{Names, MISSING};
 use crate::phase::Phase;
 
 use super::types::{
-    Category, CategoryBytes, LayerProfile, Peak, StepProfile, StepStart, TimelineRow, UncountedOp,
+    Category, CategoryBytes, LayerProfile, Peak, StepProfile, StepStart, StepRow, UncountedOp,
     VarEntry,
 };
 
@@ -307,7 +307,7 @@ fn live_by_category(
     op_layer: &[String],
     names: &mut Names,
     consistent: &mut bool,
-) -> (Vec<TimelineRow>, Peak, CategoryBytes) {
+) -> (Vec<StepRow>, Peak, CategoryBytes) {
     let mut cur = [0i64; 7];
     for (map, c) in [
         (&start.param, Category::Param),
@@ -352,7 +352,7 @@ fn live_by_category(
                 }
             }
             ev::OP_END if e.op >= 0 && (e.op as usize) < ops.len() => {
-                rows.push(TimelineRow {
+                rows.push(StepRow {
                     op_index: e.op as u32,
                     op: names.get(ops[e.op as usize].name),
                     phase: Phase::from_native(e.phase),

@@ -106,7 +106,7 @@ impl CategoryBytes {
 /// Live bytes after one op.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct TimelineRow {
+pub struct StepRow {
     /// Position of the op in the iteration (0-based, in the order ops began).
     pub op_index: u32,
     /// Op name: `aten::conv2d`, or the autograd node (`ConvolutionBackward0`).
@@ -219,7 +219,7 @@ pub struct StepProfile {
     /// Live bytes when the iteration began.
     pub start_bytes: u64,
     /// One row per op, in the order ops returned.
-    pub rows: Vec<TimelineRow>,
+    pub rows: Vec<StepRow>,
     /// The iteration's peak.
     pub peak: Peak,
     /// Each category's own maximum over the iteration.

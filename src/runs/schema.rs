@@ -1,0 +1,235 @@
+//! The columns of every CSV file of a run, defined once: the profiler writes these rows
+//! (`csv::Writer::serialize`) and [`Run::open`](super::Run::open) reads them back
+//! (`csv::StringRecord::deserialize`), so a column cannot be renamed on one side only.
+//! The meaning of each column is in `docs/csv.md`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::phase::Phase;
+
+/// `<run>_summary.csv`: one row per reported iteration (required).
+pub const SUMMARY: &str = "_summary.csv";
+/// `<run>_epochs.csv`: one row per `epoch_end`.
+pub const EPOCHS: &str = "_epochs.csv";
+/// `<run>_parameters.csv`: every variable and gradient per reported iteration.
+pub const PARAMETERS: &str = "_parameters.csv";
+/// `<run>_layers.csv`: the profiled step's layers (with the step timeline on).
+pub const LAYERS: &str = "_layers.csv";
+/// `<run>_timeline.csv`: the profiled step op by op (with the step timeline on).
+pub const TIMELINE: &str = "_timeline.csv";
+/// `<run>_leaks.csv`: leak suspects, once there is one.
+pub const LEAKS: &str = "_leaks.csv";
+/// `<run>_run.csv`: what made the run, as `key,value` rows.
+pub const META: &str = "_run.csv";
+
+/// A row of `<run>_summary.csv`. The `cuda_*` columns are written by CUDA runs only
+/// (empty where the caching allocator's statistics could not be read) and are absent
+/// from CPU runs; read back, they are `None` when absent or empty.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SummaryRow {
+    /// When the row was written (local time, RFC 3339 with milliseconds).
+    pub timestamp: String,
+    /// The epoch, from 1.
+    pub epoch: u64,
+    /// The iteration within its epoch, from 1.
+    pub iteration: u64,
+    /// `cpu`, `cuda:0`, ...
+    pub device: String,
+    /// Live bytes when `record_stats` ran.
+    pub allocated_bytes: u64,
+    /// The highest live bytes during the iteration.
+    pub peak_allocated_bytes: u64,
+    /// CUDA: the caching allocator's reserved bytes; CPU: the process's resident memory.
+    pub reserved_bytes: u64,
+    /// The peak of `reserved_bytes`.
+    pub peak_reserved_bytes: u64,
+    /// Trainable variables' storage.
+    pub weights_bytes: u64,
+    /// Other variables' storage (batch-norm running statistics).
+    pub buffers_bytes: u64,
+    /// Weight gradients' storage.
+    pub gradients_bytes: u64,
+    /// Forward bytes still live when backward started (the largest over backward passes).
+    pub feature_maps_bytes: u64,
+    /// The peak, during backward, of live backward bytes that are not weight gradients.
+    pub intermediate_gradients_bytes: u64,
+    /// Bytes born in optimizer steps that are still live.
+    pub optimizer_state_bytes: u64,
+    /// Allocated less weights, buffers, gradients and optimizer state.
+    pub other_bytes: u64,
+    /// The number of `record_stats` calls so far (the iteration over the whole run).
+    pub step: u64,
+    /// Backward passes in the iteration.
+    pub backward_passes: u64,
+    /// The caching allocator's allocated bytes (`allocated_bytes.all.current`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_allocated_bytes: Option<Option<i64>>,
+    /// Its peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_peak_allocated_bytes: Option<Option<i64>>,
+    /// The caching allocator's reserved bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_reserved_bytes: Option<Option<i64>>,
+    /// Its peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_peak_reserved_bytes: Option<Option<i64>>,
+    /// Active bytes (allocated, or freed but awaiting a stream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_active_bytes: Option<Option<i64>>,
+    /// Its peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_peak_active_bytes: Option<Option<i64>>,
+    /// Bytes requested before rounding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_requested_bytes: Option<Option<i64>>,
+    /// Its peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_peak_requested_bytes: Option<Option<i64>>,
+    /// Allocations retried after freeing the cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_alloc_retries: Option<Option<i64>>,
+    /// Out-of-memory errors the allocator raised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_ooms: Option<Option<i64>>,
+    /// The device's free memory (`cudaMemGetInfo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_device_free_bytes: Option<Option<i64>>,
+    /// The device's total memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_device_total_bytes: Option<Option<i64>>,
+}
+
+/// A row of `<run>_parameters.csv`: one variable, or its gradient, at one report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ParameterRow {
+    /// When the row was written.
+    pub timestamp: String,
+    /// The epoch.
+    pub epoch: u64,
+    /// The iteration within its epoch.
+    pub iteration: u64,
+    /// The VarStore name (`fc1.weight`).
+    pub parameter: String,
+    /// `weight`, `buffer` or `gradient`.
+    pub kind: String,
+    /// `f32`, `bf16`, ...
+    pub dtype: String,
+    /// `[256, 4096]`.
+    pub shape: String,
+    /// Storage bytes.
+    pub bytes: u64,
+}
+
+/// A row of `<run>_epochs.csv`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct EpochRow {
+    /// When the row was written.
+    pub timestamp: String,
+    /// The epoch.
+    pub epoch: u64,
+    /// Iterations it recorded.
+    pub iterations: u64,
+    /// Its highest peak allocated.
+    pub peak_allocated_bytes: u64,
+    /// Its highest peak reserved (CPU: resident).
+    pub peak_reserved_bytes: u64,
+    /// Its largest feature maps.
+    pub peak_feature_maps_bytes: u64,
+    /// Its largest intermediate gradients.
+    pub peak_intermediate_gradients_bytes: u64,
+    /// Allocated at its end.
+    pub allocated_bytes: u64,
+    /// Change of allocated since the previous epoch's end.
+    pub allocated_change_bytes: i64,
+}
+
+/// A row of `<run>_leaks.csv`: one group of blocks that grows across epochs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct LeakRow {
+    /// The epoch whose end found it.
+    pub epoch: u64,
+    /// The op that made the blocks.
+    pub op: String,
+    /// The phase they were born in.
+    pub phase: Phase,
+    /// The layer the op ran in.
+    pub layer: String,
+    /// The first iteration that left such a block.
+    pub first_iteration: u64,
+    /// The last one.
+    pub last_iteration: u64,
+    /// Blocks in the group.
+    pub count: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// A row of `<run>_layers.csv` (the profiled step's layers).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct LayerRow {
+    /// The layer (`layer1.0.conv1`, or a scope's name).
+    pub layer: String,
+    /// Bytes of the variables it owns.
+    pub parameters_bytes: u64,
+    /// Activation bytes born in it that were alive when backward started.
+    pub activation_bytes: u64,
+    /// FLOPs of its forward ops.
+    pub forward_flops: u64,
+    /// FLOPs of its backward ops.
+    pub backward_flops: u64,
+}
+
+/// A row of `<run>_timeline.csv`: live bytes by category after one op of the profiled
+/// step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct TimelineRow {
+    /// The op's index in the step, from 0.
+    pub op_index: u32,
+    /// The op (`aten::addmm`, `autograd::engine::evaluate_function: AddmmBackward0`).
+    pub op: String,
+    /// The phase it ran in.
+    pub phase: Phase,
+    /// The layer it ran in.
+    pub layer: String,
+    /// Trainable variables.
+    pub param_bytes: u64,
+    /// Other variables.
+    pub buffer_bytes: u64,
+    /// Weight gradients.
+    pub grad_bytes: u64,
+    /// Activations kept for backward.
+    pub act_bytes: u64,
+    /// Blocks made and freed within one phase.
+    pub temp_bytes: u64,
+    /// Optimizer state.
+    pub opt_bytes: u64,
+    /// Everything else.
+    pub other_bytes: u64,
+    /// The sum: the allocator's live bytes after the op.
+    pub total_bytes: u64,
+}
+
+/// A row of `<run>_run.csv`: `tch_memprof`, `libtorch`, `device`, `started`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct MetaRow {
+    /// The key.
+    pub key: String,
+    /// Its value.
+    pub value: String,
+}
+
+impl MetaRow {
+    pub(crate) fn new(key: &str, value: impl Into<String>) -> MetaRow {
+        MetaRow {
+            key: key.to_string(),
+            value: value.into(),
+        }
+    }
+}
