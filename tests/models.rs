@@ -1,4 +1,4 @@
-//! `tch_memprof::models::mobilenet_v3_small` against torchvision's definition: the
+//! `tch_memprof::estimate::models::mobilenet_v3_small` against torchvision's definition: the
 //! variables (names, shapes, trainable or buffer, order of creation) and the parameter
 //! count are derived here, independently, from torchvision's inverted-residual table and
 //! compared with the store, and the count with torchvision's published 2,542,856; a
@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use tch::nn::ModuleT;
 use tch::{nn, Device, Kind, Tensor};
-use tch_memprof::models::mobilenet_v3_small;
+use tch_memprof::estimate::models::mobilenet_v3_small;
 
 /// torchvision's published `num_params` of `mobilenet_v3_small` (1000 classes).
 const TORCHVISION_NUM_PARAMS: i64 = 2_542_856;

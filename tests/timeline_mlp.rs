@@ -34,7 +34,7 @@ fn profiled() -> &'static (StepProfile, IterationStats) {
     })
 }
 
-fn rows_in(p: &StepProfile, phase: Phase) -> impl Iterator<Item = &tch_memprof::TimelineRow> {
+fn rows_in(p: &StepProfile, phase: Phase) -> impl Iterator<Item = &tch_memprof::StepRow> {
     p.rows.iter().filter(move |r| r.phase == phase)
 }
 
