@@ -6,7 +6,36 @@
 
 use crate::error::Result;
 use crate::ffi;
-pub use crate::ffi::CudaStats;
+
+/// CUDA caching-allocator statistics of one device (aggregate pool).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CudaStats {
+    /// Bytes in blocks handed to tensors now.
+    pub allocated_current: i64,
+    /// Peak of `allocated_current` since the allocator's last peak reset.
+    pub allocated_peak: i64,
+    /// Bytes the allocator holds from the driver (allocated plus cached).
+    pub reserved_current: i64,
+    /// Peak of `reserved_current`.
+    pub reserved_peak: i64,
+    /// Bytes in active blocks (allocated, or freed but still used by a stream).
+    pub active_current: i64,
+    /// Peak of `active_current`.
+    pub active_peak: i64,
+    /// Bytes tensors asked for (before rounding to blocks).
+    pub requested_current: i64,
+    /// Peak of `requested_current`.
+    pub requested_peak: i64,
+    /// Allocations that failed once and succeeded after freeing cached blocks.
+    pub alloc_retries: i64,
+    /// Out-of-memory errors raised by the allocator.
+    pub ooms: i64,
+    /// Free device memory as the driver reports it.
+    pub free_bytes: i64,
+    /// Total device memory.
+    pub total_bytes: i64,
+}
 
 /// Whether CUDA is usable by the profiler, and if not, why (no driver, a CPU-only
 /// libtorch, no CUDA tensor allocated yet, ...).

@@ -58,7 +58,115 @@ pub enum Error {
     /// A run's files could not be found or read back (see [`runs`](crate::runs)).
     #[error("{0}")]
     Run(String),
+    /// A value given to the estimate (a shape, a dtype, a batch size, a GPU, a memory
+    /// size, an optimizer, a model name) is out of range or unknown.
+    #[error("invalid {name} {value:?}: {reason}")]
+    InvalidInput {
+        /// What the value is (`input shape`, `gpu`, ...).
+        name: &'static str,
+        /// The value given, as text.
+        value: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// `PYTORCH_CUDA_ALLOC_CONF` (or `PYTORCH_ALLOC_CONF`) cannot be read: the message
+    /// names the key and the value.
+    #[error("{0}")]
+    AllocatorConf(String),
+    /// A model file could not be loaded (not TorchScript, unreadable).
+    #[error("{path}: {reason}")]
+    ModelLoad {
+        /// The file.
+        path: PathBuf,
+        /// libtorch's reason, first line only.
+        reason: String,
+    },
+    /// The model failed its dry run on the meta device, or its real step: the op or
+    /// step that failed and libtorch's reason, in one line.
+    #[error("{model}: {reason}")]
+    DryRun {
+        /// The model (its file name or built-in name).
+        model: String,
+        /// What failed and why, in one line.
+        reason: String,
+    },
 }
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+thread_local! {
+    /// Depth of [`catching`] calls on this thread: panics inside are expected and turned
+    /// into errors, so the panic hook stays quiet for them.
+    static CATCHING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+static QUIET_HOOK: std::sync::Once = std::sync::Once::new();
+
+/// Runs `f`, turning a panic of the model's code (tch's panicking wrappers panic on
+/// libtorch errors, such as a shape a layer rejects) into libtorch's message in one line.
+/// The panic prints nothing: a panic hook, installed once and chained to the one before
+/// it, stays quiet inside `catching` and reports every other panic as before.
+pub(crate) fn catching<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    QUIET_HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if CATCHING.with(|c| c.get()) == 0 {
+                previous(info);
+            }
+        }));
+    });
+    CATCHING.with(|c| c.set(c.get() + 1));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    CATCHING.with(|c| c.set(c.get() - 1));
+    result.map_err(|p| torch_message(&panic_message(p.as_ref())))
+}
+
+/// The text of a panic's payload (`panic!` with a string or a format).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panicked".to_string())
+}
+
+/// The first line of libtorch's message inside a tch panic or error text, without
+/// `called Result::unwrap()...Torch("` and without the C++ stack frames.
+pub(crate) fn torch_message(text: &str) -> String {
+    let start = text.find("Torch(\"").map_or(0, |i| i + 7);
+    let rest = &text[start..];
+    let end = ["\\n", "\n", "Exception raised from", "\")"]
+        .iter()
+        .filter_map(|pat| rest.find(pat))
+        .min()
+        .unwrap_or(rest.len());
+    let line = rest[..end].trim();
+    if line.is_empty() {
+        "failed".to_string()
+    } else {
+        line.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torch_messages_lose_their_wrapping_and_stack_frames() {
+        let text = "called `Result::unwrap()` on an `Err` value: Torch(\"shape '[2, 3]' is invalid for input of size 5\\nException raised from infer_size_impl at ../aten/src/ATen/InferSize.h:92 (most recent call first):\\nframe #0: c10::Error::Error\")";
+        assert_eq!(
+            torch_message(text),
+            "shape '[2, 3]' is invalid for input of size 5"
+        );
+    }
+
+    #[test]
+    fn a_caught_panic_becomes_its_message_and_the_thread_goes_on() {
+        let r: std::result::Result<(), String> = catching(|| panic!("boom {}", 7));
+        assert_eq!(r.unwrap_err(), "boom 7");
+        assert_eq!(catching(|| 5).unwrap(), 5);
+        assert_eq!(CATCHING.with(|c| c.get()), 0);
+    }
+}

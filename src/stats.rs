@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::ffi::CudaStats;
+use crate::cuda::CudaStats;
 
 /// Whether a VarStore variable is a trainable parameter or a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

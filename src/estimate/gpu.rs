@@ -94,7 +94,7 @@ impl Gpu {
                     CUBLAS_WORKSPACE_DEFAULT
                 },
             })
-            .ok_or_else(|| Error::InvalidConfig {
+            .ok_or_else(|| Error::InvalidInput {
                 name: "gpu",
                 value: name.to_string(),
                 reason: format!("unknown GPU; known: {}", Gpu::known().join(", ")),
@@ -116,7 +116,7 @@ pub fn parse_size(text: &str) -> Result<u64> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let bad = |reason: &str| Error::InvalidConfig {
+    let bad = |reason: &str| Error::InvalidInput {
         name: "memory",
         value: text.to_string(),
         reason: reason.to_string(),

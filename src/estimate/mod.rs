@@ -35,41 +35,22 @@
 //! ```
 
 pub mod allocator;
-pub mod models;
 mod gpu;
+mod model;
+pub mod models;
+mod replay;
 
-use std::collections::HashMap;
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tch::nn::{self, OptimizerConfig};
-use tch::{Device, Kind, Tensor};
+use tch::Kind;
 
 use crate::error::{Error, Result};
-use crate::ffi::{self, native, MetaEvent};
+use crate::phase::Phase;
 
 pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator};
 pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE};
-
-/// Bytes in human units, as every report of the crate shows them (`1.50 MiB`).
-pub fn format_bytes(n: u64) -> String {
-    crate::format::bytes(n)
-}
-
-/// The peak resident memory of this process so far (its host memory), when it can be
-/// read.
-pub fn host_peak_rss() -> Option<u64> {
-    ffi::process_memory().ok().map(|(_, peak)| peak)
-}
-
-/// Marks the dry run puts into the meta trace (their values).
-mod mark {
-    pub const FORWARD: i32 = 0;
-    pub const BACKWARD: i32 = 1;
-    pub const OPTIMIZER: i32 = 2;
-    /// The inputs of the first step are on the device: the baseline.
-    pub const BASELINE: i32 = 10;
-}
+pub use model::Model;
 
 /// An optimizer whose step (and state) the estimate of a training step includes: tch's
 /// optimizers, which are libtorch's C++ ones.
@@ -101,7 +82,7 @@ impl Optimizer {
             .iter()
             .find(|(n, _)| *n == lower)
             .map(|(_, o)| *o)
-            .ok_or_else(|| Error::InvalidConfig {
+            .ok_or_else(|| Error::InvalidInput {
                 name: "optimizer",
                 value: name.to_string(),
                 reason: format!("unknown; known: {}", Self::ALL.map(|(n, _)| n).join(", ")),
@@ -117,7 +98,7 @@ impl Optimizer {
             .unwrap_or("?")
     }
 
-    fn build(self, vs: &nn::VarStore) -> std::result::Result<nn::Optimizer, tch::TchError> {
+    pub(crate) fn build(self, vs: &nn::VarStore) -> std::result::Result<nn::Optimizer, tch::TchError> {
         match self {
             Optimizer::Sgd => nn::Sgd::default().build(vs, 1e-2),
             Optimizer::SgdMomentum => nn::Sgd {
@@ -189,7 +170,7 @@ impl Input {
     /// Parses `1x3x224x224` (sizes separated by `x`, batch first) and an optional dtype
     /// (`f32` by default; `f16`, `bf16`, `f64`, `i64`, `i32` and their long names).
     pub fn parse(shape: &str, dtype: Option<&str>) -> Result<Input> {
-        let bad = |reason: String| Error::InvalidConfig {
+        let bad = |reason: String| Error::InvalidInput {
             name: "input",
             value: shape.to_string(),
             reason,
@@ -214,7 +195,7 @@ impl Input {
                     .iter()
                     .find(|(n, _)| *n == lower)
                     .map(|(_, k)| *k)
-                    .ok_or_else(|| Error::InvalidConfig {
+                    .ok_or_else(|| Error::InvalidInput {
                         name: "dtype",
                         value: d.to_string(),
                         reason: format!("unknown; known: {}", DTYPES.map(|(n, _)| n).join(", ")),
@@ -325,8 +306,8 @@ pub struct Estimate {
     pub peak_requested: u64,
     /// The op that was running when allocated peaked.
     pub peak_op: String,
-    /// Its phase: forward, backward or optimizer.
-    pub peak_phase: &'static str,
+    /// Its phase.
+    pub peak_phase: Phase,
     /// The training step (1-based) whose peak is the run's peak; 1 for inference.
     pub peak_step: u32,
     /// cuBLAS workspaces charged (one per thread that ran a cuBLAS op).
@@ -340,6 +321,14 @@ pub struct Estimate {
     pub allocations: u64,
     /// Time of the dry run and of the replay.
     pub elapsed: Duration,
+    /// Frees the replay saw of blocks it never saw allocated (0 for a complete trace;
+    /// more means the dry run's trace missed allocations and the peak may be low).
+    pub unknown_frees: u64,
+    /// Requests the modelled allocator refused (1 EiB or more), as PyTorch's would.
+    pub refused_requests: u64,
+    /// The peak resident memory of this process on the host when the estimate ended,
+    /// when it can be read (what the dry run cost on the machine that ran it).
+    pub host_peak_rss: Option<u64>,
     /// What a CUDA run may add that is not modelled.
     pub not_modelled: &'static [NotModelled],
 }
@@ -369,515 +358,3 @@ impl Fit {
     }
 }
 
-type ForwardFn = Box<dyn Fn(&[Tensor], bool) -> Tensor>;
-
-enum Runner {
-    Code {
-        vs: nn::VarStore,
-        forward: ForwardFn,
-    },
-    Script {
-        module: ffi::ScriptModule,
-        vs: nn::VarStore,
-    },
-}
-
-/// A model on the meta device, ready for estimates: its weights hold no memory.
-pub struct Model {
-    runner: Runner,
-    /// The meta trace of the weights' allocations, in the order a CUDA run makes them.
-    weights: Vec<MetaEvent>,
-    weights_bytes: u64,
-}
-
-impl std::fmt::Debug for Model {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Model")
-            .field("weights_bytes", &self.weights_bytes)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The meta trace of one dry run: begun on creation, ended on drop (also when the
-/// model's code panics).
-struct Trace;
-
-impl Trace {
-    fn begin() -> Result<Trace> {
-        ffi::meta_begin()?;
-        Ok(Trace)
-    }
-
-    fn finish(self) -> Result<Vec<MetaEvent>> {
-        let mut events = Vec::new();
-        let complete = ffi::meta_read(&mut events)?;
-        drop(self);
-        if !complete {
-            return Err(Error::Native(format!(
-                "the dry run made more than {} allocator events; the estimate would be incomplete",
-                native::META_CAPACITY
-            )));
-        }
-        Ok(events)
-    }
-}
-
-impl Drop for Trace {
-    fn drop(&mut self) {
-        if let Err(e) = ffi::meta_end() {
-            log::error!("tch-memprof: ending the meta trace failed: {e}");
-        }
-    }
-}
-
-/// Runs `f`, turning a panic of the model's code (tch panics on libtorch errors, such as
-/// a shape a layer rejects) into an error.
-fn catching<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
-        let msg = p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "panicked".to_string());
-        Error::Run(format!("{what}: {}", torch_message(&msg)))
-    })
-}
-
-/// The first line of libtorch's message inside a tch panic or error text (without
-/// `called Result::unwrap()...Torch("` and the C++ backtrace).
-fn torch_message(text: &str) -> String {
-    let start = text.find("Torch(\"").map_or(0, |i| i + 7);
-    let rest = &text[start..];
-    let end = ["\\n", "\n", "Exception raised from", "\")"]
-        .iter()
-        .filter_map(|pat| rest.find(pat))
-        .min()
-        .unwrap_or(rest.len());
-    let line = rest[..end].trim();
-    if line.is_empty() {
-        "failed".to_string()
-    } else {
-        line.to_string()
-    }
-}
-
-/// The variables of `vs` in the order tch created them: trainable variables keep their
-/// creation order; each buffer goes just before the first trainable variable of its
-/// module (tch's batch norm creates its running statistics first), and buffers of
-/// modules without trainable variables go last, by name.
-fn creation_order(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
-    let named = vs.variables();
-    let by_ptr: HashMap<usize, &String> = named
-        .iter()
-        .filter(|(_, t)| t.numel() > 0)
-        .map(|(n, t)| (t.data_ptr() as usize, n))
-        .collect();
-    let trainable: Vec<String> = vs
-        .trainable_variables()
-        .iter()
-        .filter(|t| t.numel() > 0)
-        .filter_map(|t| by_ptr.get(&(t.data_ptr() as usize)).map(|n| (*n).clone()))
-        .collect();
-    let parent = |n: &str| n.rsplit_once('.').map_or("", |(p, _)| p).to_string();
-    let mut buffers: Vec<&String> = named.keys().filter(|n| !trainable.contains(n)).collect();
-    buffers.sort();
-    let mut order: Vec<String> = Vec::with_capacity(named.len());
-    for t in &trainable {
-        let p = parent(t);
-        buffers.retain(|b| {
-            if parent(b) == p {
-                order.push((*b).clone());
-                false
-            } else {
-                true
-            }
-        });
-        order.push(t.clone());
-    }
-    order.extend(buffers.into_iter().cloned());
-    order
-        .into_iter()
-        .filter_map(|n| named.get(&n).map(|t| (n.clone(), t.shallow_clone())))
-        .collect()
-}
-
-fn live_bytes(events: &[MetaEvent]) -> u64 {
-    let mut live: i64 = 0;
-    for e in events {
-        match e.kind {
-            native::META_ALLOC => live += e.bytes,
-            native::META_FREE => live -= e.bytes,
-            _ => {}
-        }
-    }
-    live.max(0) as u64
-}
-
-impl Model {
-    /// A tch model: its `VarStore` (built on the CPU) and its forward pass
-    /// (`forward(inputs, train)`). Every variable moves to the meta device in place
-    /// (the model's layers share them, so they follow), in the order tch created them,
-    /// which is the order a CUDA run allocates them; the CPU memory is released.
-    pub fn from_var_store<F>(vs: nn::VarStore, forward: F) -> Result<Model>
-    where
-        F: Fn(&[Tensor], bool) -> Tensor + 'static,
-    {
-        if vs.device() != Device::Cpu {
-            return Err(Error::InvalidConfig {
-                name: "VarStore device",
-                value: format!("{:?}", vs.device()),
-                reason: "build the model on the CPU: the estimator moves it to the meta device"
-                    .into(),
-            });
-        }
-        let vars = creation_order(&vs);
-        let trace = Trace::begin()?;
-        for (_, t) in &vars {
-            ffi::meta_convert(t)?;
-        }
-        let weights = trace.finish()?;
-        let weights_bytes = live_bytes(&weights);
-        Ok(Model {
-            runner: Runner::Code {
-                vs,
-                forward: Box::new(forward),
-            },
-            weights,
-            weights_bytes,
-        })
-    }
-
-    /// A tch module (`ModuleT`) over `vs`, called with the first input.
-    pub fn from_module<M>(vs: nn::VarStore, module: M) -> Result<Model>
-    where
-        M: nn::ModuleT + 'static,
-    {
-        Model::from_var_store(vs, move |xs, train| module.forward_t(&xs[0], train))
-    }
-
-    /// A TorchScript file (`torch.jit.trace` / `torch.jit.script`, saved with
-    /// `.save()`), loaded straight onto the meta device: the weights' bytes are read from
-    /// the file and dropped, in the file's order, which is the order a CUDA load
-    /// allocates them.
-    pub fn torchscript(path: &Path) -> Result<Model> {
-        if !path.is_file() {
-            return Err(Error::Run(format!(
-                "{}: no such file (a TorchScript model saved with torch.jit.save)",
-                path.display()
-            )));
-        }
-        let trace = Trace::begin()?;
-        let module = ffi::ScriptModule::load(path).map_err(|e| {
-            Error::Run(format!(
-                "{}: cannot load as TorchScript: {e}",
-                path.display()
-            ))
-        })?;
-        let weights = trace.finish()?;
-        let weights_bytes = live_bytes(&weights);
-        let vs = nn::VarStore::new(Device::Cpu);
-        for (name, t) in module.tensors(false)? {
-            let _ = vs.root().add(&name.replace('.', "_"), t, true);
-        }
-        Ok(Model {
-            runner: Runner::Script { module, vs },
-            weights,
-            weights_bytes,
-        })
-    }
-
-    /// A built-in model by name ([`models::BUILTIN`]), 1000 classes.
-    pub fn builtin(name: &str) -> Result<Model> {
-        let vs = nn::VarStore::new(Device::Cpu);
-        let module = models::build(name, &vs.root(), 1000)?;
-        Model::from_var_store(vs, move |xs, train| module.forward_t(&xs[0], train))
-    }
-
-    /// Bytes of the model's variables.
-    pub fn weights_bytes(&self) -> u64 {
-        self.weights_bytes
-    }
-
-    fn forward(&self, xs: &[Tensor], train: bool) -> Result<Tensor> {
-        match &self.runner {
-            Runner::Code { forward, .. } => {
-                catching("the model's forward pass failed", || forward(xs, train))
-            }
-            Runner::Script { module, .. } => module.forward(xs).map_err(|e| {
-                Error::Run(format!(
-                    "the model's forward pass failed: {}",
-                    torch_message(&e.to_string())
-                ))
-            }),
-        }
-    }
-
-    fn set_train(&self, on: bool) -> Result<()> {
-        if let Runner::Script { module, .. } = &self.runner {
-            module.set_train(on)?;
-        }
-        Ok(())
-    }
-
-    fn var_store(&self) -> &nn::VarStore {
-        match &self.runner {
-            Runner::Code { vs, .. } | Runner::Script { vs, .. } => vs,
-        }
-    }
-
-    fn make_inputs(inputs: &[Input]) -> Result<Vec<Tensor>> {
-        inputs
-            .iter()
-            .map(|i| {
-                let like = Tensor::empty([0], (i.kind, Device::Cpu));
-                ffi::meta_empty(&i.shape, &like)
-            })
-            .collect()
-    }
-
-    /// The dry run: the meta trace of `mode` at these inputs.
-    fn dry_run(&self, inputs: &[Input], mode: Mode, steps: u32) -> Result<Vec<MetaEvent>> {
-        if inputs.is_empty() {
-            return Err(Error::InvalidConfig {
-                name: "input",
-                value: "(none)".into(),
-                reason: "the model needs at least one input shape".into(),
-            });
-        }
-        let trace = Trace::begin()?;
-        match mode {
-            Mode::Inference => {
-                self.set_train(false)?;
-                let xs = Model::make_inputs(inputs)?;
-                ffi::meta_mark(mark::BASELINE)?;
-                ffi::meta_mark(mark::FORWARD)?;
-                let y = tch::no_grad(|| self.forward(&xs, false))?;
-                drop(y);
-                drop(xs);
-            }
-            Mode::Train(opt) => {
-                self.set_train(true)?;
-                let mut o = opt
-                    .build(self.var_store())
-                    .map_err(|e| Error::Native(format!("building the optimizer: {e}")))?;
-                let result = (|| -> Result<()> {
-                    for step in 0..steps.max(1) {
-                        let xs = Model::make_inputs(inputs)?;
-                        if step == 0 {
-                            ffi::meta_mark(mark::BASELINE)?;
-                        }
-                        ffi::meta_mark(mark::FORWARD)?;
-                        let out = self.forward(&xs, true)?;
-                        let loss = catching("the loss failed", || -> Result<Tensor> {
-                            let float = matches!(
-                                out.kind(),
-                                Kind::Float | Kind::Half | Kind::BFloat16 | Kind::Double
-                            );
-                            if !float {
-                                return Err(Error::Run(format!(
-                                    "the model's output has dtype {:?}: training needs a floating-point output",
-                                    out.kind()
-                                )));
-                            }
-                            Ok(if out.dim() == 2 {
-                                // Class scores: cross-entropy against one class per row.
-                                let like = Tensor::empty([0], (Kind::Int64, Device::Cpu));
-                                let target = ffi::meta_empty(&[out.size()[0]], &like)?;
-                                out.cross_entropy_for_logits(&target)
-                            } else {
-                                out.mean(out.kind())
-                            })
-                        })??;
-                        ffi::meta_mark(mark::BACKWARD)?;
-                        o.zero_grad();
-                        catching("the backward pass failed", || loss.backward())?;
-                        ffi::meta_mark(mark::OPTIMIZER)?;
-                        catching("the optimizer step failed", || o.step())?;
-                        drop(loss);
-                        drop(out);
-                        drop(xs);
-                    }
-                    Ok(())
-                })();
-                // Gradients back to none, state dropped, whatever happened.
-                o.zero_grad();
-                drop(o);
-                self.set_train(false)?;
-                result?;
-            }
-        }
-        trace.finish()
-    }
-
-    /// Predicts the CUDA peak of `mode` at these inputs (the batch is the first size of
-    /// the first input).
-    pub fn estimate(&self, inputs: &[Input], mode: Mode, options: &Options) -> Result<Estimate> {
-        let start = Instant::now();
-        let run = self.dry_run(inputs, mode, options.steps)?;
-        let mut e = replay(&self.weights, &run, options)?;
-        e.mode = mode;
-        e.batch = inputs.first().map_or(1, Input::batch);
-        e.weights_bytes = self.weights_bytes;
-        e.elapsed = start.elapsed();
-        Ok(e)
-    }
-
-    /// The largest batch whose predicted peak reserved fits in `memory` (default: the
-    /// GPU's usable memory, [`Gpu::usable`]): batches 1, 2, 4, ... until one does not
-    /// fit, then a bisection between the last two.
-    pub fn largest_batch(
-        &self,
-        inputs: &[Input],
-        mode: Mode,
-        options: &Options,
-        memory: Option<u64>,
-    ) -> Result<Fit> {
-        let memory = match memory {
-            Some(m) => m,
-            None => options.gpu.usable().ok_or_else(|| Error::InvalidConfig {
-                name: "memory",
-                value: options.gpu.name.clone(),
-                reason: "this GPU's memory is unknown: give the memory (80GiB) or a GPU name"
-                    .into(),
-            })?,
-        };
-        const MAX_BATCH: i64 = 1 << 24;
-        let mut tries = 0;
-        let mut at = |b: i64| -> Result<Estimate> {
-            tries += 1;
-            let xs: Vec<Input> = inputs.iter().map(|i| i.with_batch(b)).collect();
-            self.estimate(&xs, mode, options)
-        };
-        let mut fits: Option<Estimate> = None;
-        let mut too_big: Option<Estimate> = None;
-        let mut b = 1;
-        while b <= MAX_BATCH {
-            let e = at(b)?;
-            if e.peak_reserved <= memory {
-                fits = Some(e);
-                b *= 2;
-            } else {
-                too_big = Some(e);
-                break;
-            }
-        }
-        if let (Some(lo), Some(hi)) = (&fits, &too_big) {
-            let (mut lo_b, mut hi_b) = (lo.batch, hi.batch);
-            while hi_b - lo_b > 1 {
-                let mid = lo_b + (hi_b - lo_b) / 2;
-                let e = at(mid)?;
-                if e.peak_reserved <= memory {
-                    lo_b = mid;
-                    fits = Some(e);
-                } else {
-                    hi_b = mid;
-                    too_big = Some(e);
-                }
-            }
-        }
-        Ok(Fit {
-            memory,
-            batch: fits.as_ref().map_or(0, |e| e.batch),
-            fits,
-            too_big,
-            tries,
-        })
-    }
-}
-
-/// Ids of the cuBLAS workspaces in the replay (meta block ids start at 1 and stay far
-/// below).
-const WORKSPACE_ID: u64 = u64::MAX - 16;
-
-/// Replays the weights' and the run's meta traces through the caching allocator model.
-fn replay(weights: &[MetaEvent], run: &[MetaEvent], options: &Options) -> Result<Estimate> {
-    let mut alloc = CachingAllocator::new(options.allocator.clone());
-    for e in weights {
-        match e.kind {
-            native::META_ALLOC => {
-                alloc.malloc(e.id, e.bytes as u64);
-            }
-            native::META_FREE => alloc.free(e.id),
-            _ => {}
-        }
-    }
-    let mut baseline = alloc.stats().allocated;
-    let mut phase = "forward";
-    let mut step = 0u32;
-    let mut op: i32 = -1;
-    let mut workspaces = [false; 4]; // cuBLAS: user, autograd thread; cuBLASLt: same
-    let mut peak = alloc.stats().allocated;
-    let mut peak_op = -1;
-    let mut peak_phase = "forward";
-    let mut peak_step = 1;
-    let mut allocations = 0u64;
-    for e in run {
-        match e.kind {
-            native::META_ALLOC | native::META_BLAS => {
-                if e.kind == native::META_ALLOC {
-                    allocations += 1;
-                    alloc.malloc(e.id, e.bytes as u64);
-                } else {
-                    // The autograd engine's CUDA thread runs backward with a handle (and
-                    // workspaces) of its own. A cuBLASLt call gets its handle through
-                    // the cuBLAS one, so it takes the cuBLAS workspace first, then its own.
-                    let thread = usize::from(phase == "backward");
-                    let mut wants = vec![(thread, options.gpu.cublas_workspace)];
-                    if e.bytes == 1 {
-                        wants.push((2 + thread, gpu::CUBLASLT_WORKSPACE));
-                    }
-                    for (slot, size) in wants {
-                        if !workspaces[slot] && size > 0 {
-                            workspaces[slot] = true;
-                            alloc.malloc(WORKSPACE_ID + slot as u64, size);
-                        }
-                    }
-                }
-                let now = alloc.stats().allocated;
-                if now > peak {
-                    peak = now;
-                    peak_op = op;
-                    peak_phase = phase;
-                    peak_step = step.max(1);
-                }
-            }
-            native::META_FREE => alloc.free(e.id),
-            native::META_OP => op = e.name,
-            native::META_MARK => match e.bytes as i32 {
-                mark::BASELINE => baseline = alloc.stats().allocated,
-                mark::FORWARD => {
-                    phase = "forward";
-                    step += 1;
-                }
-                mark::BACKWARD => phase = "backward",
-                mark::OPTIMIZER => phase = "optimizer",
-                _ => {}
-            },
-            _ => {}
-        }
-    }
-    let stats = alloc.stats();
-    let peak_op = if peak_op < 0 {
-        crate::names::MISSING.to_string()
-    } else {
-        ffi::name(peak_op)?.unwrap_or_else(|| crate::names::MISSING.to_string())
-    };
-    Ok(Estimate {
-        mode: Mode::Inference,
-        batch: 1,
-        weights_bytes: 0,
-        baseline_allocated: baseline,
-        peak_allocated: stats.peak_allocated,
-        peak_reserved: stats.peak_reserved,
-        peak_requested: stats.peak_requested,
-        peak_op,
-        peak_phase,
-        peak_step,
-        cublas_workspaces: workspaces[..2].iter().filter(|w| **w).count() as u32,
-        cublaslt_workspaces: workspaces[2..].iter().filter(|w| **w).count() as u32,
-        cublas_workspace_bytes: options.gpu.cublas_workspace,
-        allocations,
-        elapsed: Duration::ZERO,
-        not_modelled: &NOT_MODELLED,
-    })
-}

@@ -902,6 +902,10 @@ int memprof_meta_end(void) noexcept {
 
 int memprof_meta_mark(int32_t value) noexcept {
   return guarded("memprof_meta_mark", [&]() -> int {
+    if (value < MP_MARK_FORWARD || value > MP_MARK_BASELINE) {
+      set_error("memprof_meta_mark: not a MpMetaMark");
+      return -1;
+    }
     meta_mark(value);
     return 0;
   });

@@ -60,8 +60,18 @@ enum MpMetaKind {
   MP_META_ALLOC = 1,  // a meta block born: id, bytes
   MP_META_FREE = 2,   // a meta block freed: id, bytes
   MP_META_OP = 3,     // the outermost op of a thread begins: name
-  MP_META_BLAS = 4,   // an op that runs on cuBLAS on CUDA ends: name; bytes 1 on cuBLASLt
-  MP_META_MARK = 5,   // a mark set by the caller: bytes = its value
+  MP_META_BLAS = 4,   // an op that runs on cuBLAS on CUDA ends: name
+  MP_META_MARK = 5,   // a mark set by the caller: mark
+  MP_META_BLASLT = 6, // an op that runs on cuBLASLt on CUDA ends: name
+};
+
+// Marks the estimator's dry run puts into its meta trace (MpMetaEvent.mark).
+enum MpMetaMark {
+  MP_MARK_NONE = 0,       // not a mark
+  MP_MARK_FORWARD = 1,    // a step's forward pass begins
+  MP_MARK_BACKWARD = 2,   // its backward pass begins
+  MP_MARK_OPTIMIZER = 3,  // its optimizer step begins
+  MP_MARK_BASELINE = 4,   // the first step's inputs are on the device: the baseline
 };
 
 // Device types of the autocast and RNG calls.
@@ -214,10 +224,12 @@ typedef struct MpHistEvent {
 
 // One event of the meta trace, in the order the dry run made them.
 typedef struct MpMetaEvent {
-  uint64_t id;    // block id (ALLOC, FREE), 0 otherwise
-  int64_t bytes;  // block size (ALLOC, FREE), the mark's value (MARK)
-  int32_t kind;   // MpMetaKind
-  int32_t name;   // interned op name (OP, BLAS), -1 otherwise
+  uint64_t id;       // block id (ALLOC, FREE), 0 otherwise
+  int64_t bytes;     // block size (ALLOC, FREE), 0 otherwise
+  int32_t kind;      // MpMetaKind
+  int32_t name;      // interned op name (OP, BLAS, BLASLT), -1 otherwise
+  int32_t mark;      // MpMetaMark (MARK), MP_MARK_NONE otherwise
+  int32_t reserved;  // 0 (explicit padding)
 } MpMetaEvent;
 
 // Autocast state of one device type, to restore on exit.
@@ -463,11 +475,19 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_CONST(MP_META_OP, 3)                              \
   MP_CONST(MP_META_BLAS, 4)                            \
   MP_CONST(MP_META_MARK, 5)                            \
-  MP_SIZE(MpMetaEvent, 24)                             \
+  MP_CONST(MP_META_BLASLT, 6)                          \
+  MP_CONST(MP_MARK_NONE, 0)                            \
+  MP_CONST(MP_MARK_FORWARD, 1)                         \
+  MP_CONST(MP_MARK_BACKWARD, 2)                        \
+  MP_CONST(MP_MARK_OPTIMIZER, 3)                       \
+  MP_CONST(MP_MARK_BASELINE, 4)                        \
+  MP_SIZE(MpMetaEvent, 32)                             \
   MP_FIELD(MpMetaEvent, id, 0)                         \
   MP_FIELD(MpMetaEvent, bytes, 8)                      \
   MP_FIELD(MpMetaEvent, kind, 16)                      \
   MP_FIELD(MpMetaEvent, name, 20)                      \
+  MP_FIELD(MpMetaEvent, mark, 24)                      \
+  MP_FIELD(MpMetaEvent, reserved, 28)                  \
   MP_SIZE(MpAutocast, 8)                               \
   MP_FIELD(MpAutocast, enabled, 0)                     \
   MP_FIELD(MpAutocast, dtype, 4)

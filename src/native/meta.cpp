@@ -54,13 +54,14 @@ std::atomic<bool> g_meta_ready{false};
 at::CallbackHandle g_meta_callback = 0;
 thread_local int tls_meta_depth = 0;
 
-inline void meta_append(int32_t kind, uint64_t id, int64_t bytes, int32_t name) {
+inline void meta_append(int32_t kind, uint64_t id, int64_t bytes, int32_t name,
+                        int32_t mark = MP_MARK_NONE) {
   if (!g_meta_on.load(std::memory_order_relaxed)) {
     return;
   }
   const uint64_t i = g_meta_len.fetch_add(1, std::memory_order_relaxed);
   if (i < kMetaEvents) {
-    g_meta_log[i] = MpMetaEvent{id, bytes, kind, name};
+    g_meta_log[i] = MpMetaEvent{id, bytes, kind, name, mark, 0};
   }
 }
 
@@ -162,7 +163,7 @@ void meta_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   --tls_meta_depth;
   const char* name = fn.name();
   if (is_cublas_op(name)) {
-    meta_append(MP_META_BLAS, 0, uses_cublaslt(name, fn) ? 1 : 0, intern(name));
+    meta_append(uses_cublaslt(name, fn) ? MP_META_BLASLT : MP_META_BLAS, 0, 0, intern(name));
   }
 }
 
@@ -432,7 +433,7 @@ void meta_end() {
 }
 
 void meta_mark(int32_t what) {
-  meta_append(MP_META_MARK, 0, what, -1);
+  meta_append(MP_META_MARK, 0, 0, -1, what);
 }
 
 uint64_t meta_read(MpMetaEvent* out, uint64_t cap, uint64_t* total) {

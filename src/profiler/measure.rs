@@ -228,7 +228,7 @@ impl Sums {
 /// Allocated bytes on `device`: on CUDA the caching allocator's own counter (or, if its
 /// statistics cannot be read, the total it passed with its last report); on the CPU the
 /// live bytes of the tracking allocator.
-fn allocated_bytes(device: Device, ds: &ffi::DeviceStats, cuda: Option<&ffi::CudaStats>) -> u64 {
+fn allocated_bytes(device: Device, ds: &ffi::DeviceStats, cuda: Option<&crate::cuda::CudaStats>) -> u64 {
     let bytes = match device {
         Device::Cuda(_) => cuda.map_or(ds.reported_allocated, |c| c.allocated_current),
         _ => ds.live,

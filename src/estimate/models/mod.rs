@@ -42,7 +42,7 @@ pub fn build(name: &str, p: &nn::Path, num_classes: i64) -> Result<Box<dyn nn::M
         "resnet152" => Box::new(resnet152(p, num_classes)),
         "vgg16" => Box::new(vgg16(p, num_classes)),
         other => {
-            return Err(Error::InvalidConfig {
+            return Err(Error::InvalidInput {
                 name: "model",
                 value: other.to_string(),
                 reason: format!("unknown built-in model; known: {}", BUILTIN.join(", ")),

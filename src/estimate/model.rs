@@ -1,0 +1,446 @@
+//! A model on the meta device and its dry run: the meta trace of its weights, of an
+//! inference or of training steps.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+use tch::nn;
+use tch::{Device, Kind, Tensor};
+
+use super::replay::replay;
+use super::{models, Estimate, Fit, Input, Mode, Options};
+use crate::error::{catching, torch_message, Error, Result};
+use crate::ffi::{self, native, MetaEvent};
+
+type ForwardFn = Box<dyn Fn(&[Tensor], bool) -> Tensor>;
+
+enum Runner {
+    Code {
+        vs: nn::VarStore,
+        forward: ForwardFn,
+    },
+    Script {
+        module: ffi::ScriptModule,
+        vs: nn::VarStore,
+    },
+}
+
+/// A model on the meta device, ready for estimates: its weights hold no memory.
+pub struct Model {
+    runner: Runner,
+    /// The meta trace of the weights' allocations, in the order a CUDA run makes them.
+    weights: Vec<MetaEvent>,
+    weights_bytes: u64,
+    /// The model's name in messages: its file name, its built-in name, or `tch model`.
+    label: String,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("weights_bytes", &self.weights_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The meta trace of one dry run: begun on creation, ended on drop (also when the
+/// model's code panics).
+struct Trace;
+
+impl Trace {
+    fn begin() -> Result<Trace> {
+        ffi::meta_begin()?;
+        Ok(Trace)
+    }
+
+    fn finish(self) -> Result<Vec<MetaEvent>> {
+        let mut events = Vec::new();
+        let complete = ffi::meta_read(&mut events)?;
+        drop(self);
+        if !complete {
+            return Err(Error::Native(format!(
+                "the dry run made more than {} allocator events; the estimate would be incomplete",
+                native::META_CAPACITY
+            )));
+        }
+        Ok(events)
+    }
+}
+
+impl Drop for Trace {
+    fn drop(&mut self) {
+        if let Err(e) = ffi::meta_end() {
+            log::error!("tch-memprof: ending the meta trace failed: {e}");
+        }
+    }
+}
+
+/// The variables of `vs` in the order tch created them: trainable variables keep their
+/// creation order; each buffer goes just before the first trainable variable of its
+/// module (tch's batch norm creates its running statistics first), and buffers of
+/// modules without trainable variables go last, by name.
+fn creation_order(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let named = vs.variables();
+    let by_ptr: HashMap<usize, &String> = named
+        .iter()
+        .filter(|(_, t)| t.numel() > 0)
+        .map(|(n, t)| (t.data_ptr() as usize, n))
+        .collect();
+    let trainable: Vec<String> = vs
+        .trainable_variables()
+        .iter()
+        .filter(|t| t.numel() > 0)
+        .filter_map(|t| by_ptr.get(&(t.data_ptr() as usize)).map(|n| (*n).clone()))
+        .collect();
+    let parent = |n: &str| n.rsplit_once('.').map_or("", |(p, _)| p).to_string();
+    let mut buffers: Vec<&String> = named.keys().filter(|n| !trainable.contains(n)).collect();
+    buffers.sort();
+    let mut order: Vec<String> = Vec::with_capacity(named.len());
+    for t in &trainable {
+        let p = parent(t);
+        buffers.retain(|b| {
+            if parent(b) == p {
+                order.push((*b).clone());
+                false
+            } else {
+                true
+            }
+        });
+        order.push(t.clone());
+    }
+    order.extend(buffers.into_iter().cloned());
+    order
+        .into_iter()
+        .filter_map(|n| named.get(&n).map(|t| (n.clone(), t.shallow_clone())))
+        .collect()
+}
+
+fn live_bytes(events: &[MetaEvent]) -> u64 {
+    let mut live: i64 = 0;
+    for e in events {
+        match e.kind {
+            native::META_ALLOC => live += e.bytes,
+            native::META_FREE => live -= e.bytes,
+            _ => {}
+        }
+    }
+    live.max(0) as u64
+}
+
+impl Model {
+    /// A tch model: its `VarStore` (built on the CPU) and its forward pass
+    /// (`forward(inputs, train)`). Every variable moves to the meta device in place
+    /// (the model's layers share them, so they follow), in the order tch created them,
+    /// which is the order a CUDA run allocates them; the CPU memory is released.
+    pub fn from_var_store<F>(vs: nn::VarStore, forward: F) -> Result<Model>
+    where
+        F: Fn(&[Tensor], bool) -> Tensor + 'static,
+    {
+        if vs.device() != Device::Cpu {
+            return Err(Error::InvalidInput {
+                name: "VarStore device",
+                value: format!("{:?}", vs.device()),
+                reason: "build the model on the CPU: the estimator moves it to the meta device"
+                    .into(),
+            });
+        }
+        let vars = creation_order(&vs);
+        let trace = Trace::begin()?;
+        for (_, t) in &vars {
+            ffi::meta_convert(t)?;
+        }
+        let weights = trace.finish()?;
+        let weights_bytes = live_bytes(&weights);
+        Ok(Model {
+            runner: Runner::Code {
+                vs,
+                forward: Box::new(forward),
+            },
+            weights,
+            weights_bytes,
+            label: "tch model".to_string(),
+        })
+    }
+
+    /// The same model, named `label` in messages (a dry run that fails names it).
+    pub fn with_label(mut self, label: impl Into<String>) -> Model {
+        self.label = label.into();
+        self
+    }
+
+    /// The model's name in messages.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// A dry run of this model failed: `what` and libtorch's reason, in one line.
+    fn failed(&self, what: &str, reason: impl std::fmt::Display) -> Error {
+        Error::DryRun {
+            model: self.label.clone(),
+            reason: format!("{what}: {reason}"),
+        }
+    }
+
+    /// A tch module (`ModuleT`) over `vs`, called with the first input.
+    pub fn from_module<M>(vs: nn::VarStore, module: M) -> Result<Model>
+    where
+        M: nn::ModuleT + 'static,
+    {
+        Model::from_var_store(vs, move |xs, train| module.forward_t(&xs[0], train))
+    }
+
+    /// A TorchScript file (`torch.jit.trace` / `torch.jit.script`, saved with
+    /// `.save()`), loaded straight onto the meta device: the weights' bytes are read from
+    /// the file and dropped, in the file's order, which is the order a CUDA load
+    /// allocates them.
+    pub fn torchscript(path: &Path) -> Result<Model> {
+        if !path.is_file() {
+            return Err(Error::ModelLoad {
+                path: path.to_path_buf(),
+                reason: "no such file (a TorchScript model saved with torch.jit.save)".into(),
+            });
+        }
+        let trace = Trace::begin()?;
+        let module = ffi::ScriptModule::load(path).map_err(|e| Error::ModelLoad {
+            path: path.to_path_buf(),
+            reason: format!(
+                "cannot load as TorchScript: {}",
+                torch_message(&e.to_string())
+            ),
+        })?;
+        let weights = trace.finish()?;
+        let weights_bytes = live_bytes(&weights);
+        let vs = nn::VarStore::new(Device::Cpu);
+        for (name, t) in module.tensors(false)? {
+            let _ = vs.root().add(&name.replace('.', "_"), t, true);
+        }
+        Ok(Model {
+            runner: Runner::Script { module, vs },
+            weights,
+            weights_bytes,
+            label: path
+                .file_name()
+                .map_or(path.display().to_string(), |f| f.to_string_lossy().into()),
+        })
+    }
+
+    /// A built-in model by name ([`models::BUILTIN`]), 1000 classes.
+    pub fn builtin(name: &str) -> Result<Model> {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let module = models::build(name, &vs.root(), 1000)?;
+        Ok(Model::from_var_store(vs, move |xs, train| module.forward_t(&xs[0], train))?
+            .with_label(name))
+    }
+
+    /// Bytes of the model's variables.
+    pub fn weights_bytes(&self) -> u64 {
+        self.weights_bytes
+    }
+
+    fn forward(&self, xs: &[Tensor], train: bool) -> Result<Tensor> {
+        match &self.runner {
+            Runner::Code { forward, .. } => catching(|| forward(xs, train))
+                .map_err(|e| self.failed("the model's forward pass failed", e)),
+            Runner::Script { module, .. } => module.forward(xs).map_err(|e| {
+                self.failed(
+                    "the model's forward pass failed",
+                    torch_message(&e.to_string()),
+                )
+            }),
+        }
+    }
+
+    fn set_train(&self, on: bool) -> Result<()> {
+        if let Runner::Script { module, .. } = &self.runner {
+            module.set_train(on)?;
+        }
+        Ok(())
+    }
+
+    fn var_store(&self) -> &nn::VarStore {
+        match &self.runner {
+            Runner::Code { vs, .. } | Runner::Script { vs, .. } => vs,
+        }
+    }
+
+    fn make_inputs(inputs: &[Input]) -> Result<Vec<Tensor>> {
+        inputs
+            .iter()
+            .map(|i| {
+                let like = Tensor::empty([0], (i.kind, Device::Cpu));
+                ffi::meta_empty(&i.shape, &like)
+            })
+            .collect()
+    }
+
+    /// The dry run: the meta trace of `mode` at these inputs.
+    fn dry_run(&self, inputs: &[Input], mode: Mode, steps: u32) -> Result<Vec<MetaEvent>> {
+        if inputs.is_empty() {
+            return Err(Error::InvalidInput {
+                name: "input",
+                value: "(none)".into(),
+                reason: "the model needs at least one input shape".into(),
+            });
+        }
+        let trace = Trace::begin()?;
+        match mode {
+            Mode::Inference => {
+                self.set_train(false)?;
+                let xs = Model::make_inputs(inputs)?;
+                ffi::meta_mark(native::MARK_BASELINE)?;
+                ffi::meta_mark(native::MARK_FORWARD)?;
+                let y = tch::no_grad(|| self.forward(&xs, false))?;
+                drop(y);
+                drop(xs);
+            }
+            Mode::Train(opt) => {
+                self.set_train(true)?;
+                let mut o = opt
+                    .build(self.var_store())
+                    .map_err(|e| Error::Native(format!("building the optimizer: {e}")))?;
+                let result = (|| -> Result<()> {
+                    for step in 0..steps.max(1) {
+                        let xs = Model::make_inputs(inputs)?;
+                        if step == 0 {
+                            ffi::meta_mark(native::MARK_BASELINE)?;
+                        }
+                        ffi::meta_mark(native::MARK_FORWARD)?;
+                        let out = self.forward(&xs, true)?;
+                        let loss = loss(&out, |n| {
+                            let like = Tensor::empty([0], (Kind::Int64, Device::Cpu));
+                            ffi::meta_empty(&[n], &like)
+                        })
+                        .map_err(|e| self.failed("the loss failed", e))?;
+                        ffi::meta_mark(native::MARK_BACKWARD)?;
+                        o.zero_grad();
+                        catching(|| loss.backward())
+                            .map_err(|e| self.failed("the backward pass failed", e))?;
+                        ffi::meta_mark(native::MARK_OPTIMIZER)?;
+                        catching(|| o.step())
+                            .map_err(|e| self.failed("the optimizer step failed", e))?;
+                        drop(loss);
+                        drop(out);
+                        drop(xs);
+                    }
+                    Ok(())
+                })();
+                // Gradients back to none, state dropped, whatever happened.
+                o.zero_grad();
+                drop(o);
+                self.set_train(false)?;
+                result?;
+            }
+        }
+        trace.finish()
+    }
+
+    /// Predicts the CUDA peak of `mode` at these inputs (the batch is the first size of
+    /// the first input).
+    pub fn estimate(&self, inputs: &[Input], mode: Mode, options: &Options) -> Result<Estimate> {
+        let start = Instant::now();
+        let run = self.dry_run(inputs, mode, options.steps)?;
+        let mut e = replay(&self.weights, &run, options)?;
+        e.mode = mode;
+        e.batch = inputs.first().map_or(1, Input::batch);
+        e.weights_bytes = self.weights_bytes;
+        e.elapsed = start.elapsed();
+        e.host_peak_rss = ffi::process_memory().ok().map(|(_, peak)| peak);
+        if e.unknown_frees > 0 {
+            log::warn!(
+                "tch-memprof: the dry run of {} freed {} block(s) it never saw allocated; the predicted peak may be low",
+                self.label,
+                e.unknown_frees
+            );
+        }
+        Ok(e)
+    }
+
+    /// The largest batch whose predicted peak reserved fits in `memory` (default: the
+    /// GPU's usable memory, [`Gpu::usable`]): batches 1, 2, 4, ... until one does not
+    /// fit, then a bisection between the last two.
+    pub fn largest_batch(
+        &self,
+        inputs: &[Input],
+        mode: Mode,
+        options: &Options,
+        memory: Option<u64>,
+    ) -> Result<Fit> {
+        let memory = match memory {
+            Some(m) => m,
+            None => options.gpu.usable().ok_or_else(|| Error::InvalidInput {
+                name: "memory",
+                value: options.gpu.name.clone(),
+                reason: "this GPU's memory is unknown: give the memory (80GiB) or a GPU name"
+                    .into(),
+            })?,
+        };
+        const MAX_BATCH: i64 = 1 << 24;
+        let mut tries = 0;
+        let mut at = |b: i64| -> Result<Estimate> {
+            tries += 1;
+            let xs: Vec<Input> = inputs.iter().map(|i| i.with_batch(b)).collect();
+            self.estimate(&xs, mode, options)
+        };
+        let mut fits: Option<Estimate> = None;
+        let mut too_big: Option<Estimate> = None;
+        let mut b = 1;
+        while b <= MAX_BATCH {
+            let e = at(b)?;
+            if e.peak_reserved <= memory {
+                fits = Some(e);
+                b *= 2;
+            } else {
+                too_big = Some(e);
+                break;
+            }
+        }
+        if let (Some(lo), Some(hi)) = (&fits, &too_big) {
+            let (mut lo_b, mut hi_b) = (lo.batch, hi.batch);
+            while hi_b - lo_b > 1 {
+                let mid = lo_b + (hi_b - lo_b) / 2;
+                let e = at(mid)?;
+                if e.peak_reserved <= memory {
+                    lo_b = mid;
+                    fits = Some(e);
+                } else {
+                    hi_b = mid;
+                    too_big = Some(e);
+                }
+            }
+        }
+        Ok(Fit {
+            memory,
+            batch: fits.as_ref().map_or(0, |e| e.batch),
+            fits,
+            too_big,
+            tries,
+        })
+    }
+}
+
+
+/// The loss of a training step when the model is a file: cross-entropy against one
+/// class per row for a 2-D output (class scores), the mean otherwise. `target(n)` makes
+/// `n` int64 class indices on the output's device. Used by the estimate's dry run and by
+/// a real profiled step of a TorchScript file, so both run the same step.
+pub(crate) fn loss(
+    out: &Tensor,
+    target: impl FnOnce(i64) -> Result<Tensor>,
+) -> std::result::Result<Tensor, String> {
+    if !matches!(
+        out.kind(),
+        Kind::Float | Kind::Half | Kind::BFloat16 | Kind::Double
+    ) {
+        return Err(format!(
+            "the model's output has dtype {:?}: training needs a floating-point output",
+            out.kind()
+        ));
+    }
+    if out.dim() == 2 {
+        let target = target(out.size()[0]).map_err(|e| e.to_string())?;
+        catching(|| out.cross_entropy_for_logits(&target))
+    } else {
+        catching(|| out.mean(out.kind()))
+    }
+}

@@ -1,0 +1,118 @@
+//! The replay of a meta trace through the caching-allocator model, with the cuBLAS and
+//! cuBLASLt workspaces.
+
+use std::time::Duration;
+
+use super::allocator::CachingAllocator;
+use super::{gpu, Estimate, Mode, Options, NOT_MODELLED};
+use crate::error::Result;
+use crate::ffi::{self, native, MetaEvent};
+use crate::phase::Phase;
+
+/// Ids of the cuBLAS workspaces in the replay (meta block ids start at 1 and stay far
+/// below).
+const WORKSPACE_ID: u64 = u64::MAX - 16;
+
+/// Replays the weights' and the run's meta traces through the caching allocator model.
+pub(super) fn replay(
+    weights: &[MetaEvent],
+    run: &[MetaEvent],
+    options: &Options,
+) -> Result<Estimate> {
+    let mut alloc = CachingAllocator::new(options.allocator.clone());
+    for e in weights {
+        match e.kind {
+            native::META_ALLOC => {
+                alloc.malloc(e.id, e.bytes as u64);
+            }
+            native::META_FREE => alloc.free(e.id),
+            _ => {}
+        }
+    }
+    let mut baseline = alloc.stats().allocated;
+    let mut phase = Phase::Forward;
+    let mut step = 0u32;
+    let mut op: i32 = -1;
+    let mut workspaces = [false; 4]; // cuBLAS: user, autograd thread; cuBLASLt: same
+    let mut peak = alloc.stats().allocated;
+    let mut peak_op = -1;
+    let mut peak_phase = Phase::Forward;
+    let mut peak_step = 1;
+    let mut allocations = 0u64;
+    for e in run {
+        match e.kind {
+            native::META_ALLOC => {
+                allocations += 1;
+                alloc.malloc(e.id, e.bytes as u64);
+            }
+            native::META_BLAS | native::META_BLASLT => {
+                // The autograd engine's CUDA thread runs backward with a handle (and
+                // workspaces) of its own. A cuBLASLt call gets its handle through the
+                // cuBLAS one, so it takes the cuBLAS workspace first, then its own.
+                let thread = usize::from(phase == Phase::Backward);
+                let mut wants = vec![(thread, options.gpu.cublas_workspace)];
+                if e.kind == native::META_BLASLT {
+                    wants.push((2 + thread, gpu::CUBLASLT_WORKSPACE));
+                }
+                for (slot, size) in wants {
+                    if !workspaces[slot] && size > 0 {
+                        workspaces[slot] = true;
+                        alloc.malloc(WORKSPACE_ID + slot as u64, size);
+                    }
+                }
+            }
+            native::META_FREE => alloc.free(e.id),
+            native::META_OP => op = e.name,
+            native::META_MARK => match e.mark {
+                native::MARK_BASELINE => baseline = alloc.stats().allocated,
+                native::MARK_FORWARD => {
+                    phase = Phase::Forward;
+                    step += 1;
+                }
+                native::MARK_BACKWARD => phase = Phase::Backward,
+                native::MARK_OPTIMIZER => phase = Phase::Optimizer,
+                _ => {}
+            },
+            _ => {}
+        }
+        if matches!(
+            e.kind,
+            native::META_ALLOC | native::META_BLAS | native::META_BLASLT
+        ) {
+            let now = alloc.stats().allocated;
+            if now > peak {
+                peak = now;
+                peak_op = op;
+                peak_phase = phase;
+                peak_step = step.max(1);
+            }
+        }
+    }
+    let stats = alloc.stats();
+    let peak_op = if peak_op < 0 {
+        crate::names::MISSING.to_string()
+    } else {
+        ffi::name(peak_op)?.unwrap_or_else(|| crate::names::MISSING.to_string())
+    };
+    Ok(Estimate {
+        mode: Mode::Inference,
+        batch: 1,
+        weights_bytes: 0,
+        baseline_allocated: baseline,
+        peak_allocated: stats.peak_allocated,
+        peak_reserved: stats.peak_reserved,
+        peak_requested: stats.peak_requested,
+        peak_op,
+        peak_phase,
+        peak_step,
+        cublas_workspaces: workspaces[..2].iter().filter(|w| **w).count() as u32,
+        cublaslt_workspaces: workspaces[2..].iter().filter(|w| **w).count() as u32,
+        cublas_workspace_bytes: options.gpu.cublas_workspace,
+        allocations,
+        elapsed: Duration::ZERO,
+        unknown_frees: alloc.unknown_frees(),
+        refused_requests: alloc.refused_requests(),
+        host_peak_rss: None,
+        not_modelled: &NOT_MODELLED,
+    })
+}

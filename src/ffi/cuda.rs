@@ -1,0 +1,92 @@
+//! The CUDA caching allocator: statistics, history, snapshots, control (`cuda.cpp`).
+
+#[allow(unused_imports)]
+use std::ffi::{c_char, c_void};
+
+#[allow(unused_imports)]
+use tch::Tensor;
+
+#[allow(unused_imports)]
+use super::{buffer, check, native};
+#[allow(unused_imports)]
+use crate::error::{Error, Result};
+
+extern "C" {
+    fn memprof_cuda_stats(index: i32, out: *mut CudaStats) -> i32;
+    fn memprof_cuda_history(on: i32, max_entries: i64) -> i32;
+    fn memprof_cuda_snapshot(path: *const c_char) -> i32;
+    fn memprof_cuda_control(index: i32, what: i32) -> i32;
+}
+
+/// `MpCudaStats`: the C mirror of [`crate::CudaStats`] (field for field), private so
+/// that a change of the ABI is not a change of the public API.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CudaStats {
+    pub allocated_current: i64,
+    pub allocated_peak: i64,
+    pub reserved_current: i64,
+    pub reserved_peak: i64,
+    pub active_current: i64,
+    pub active_peak: i64,
+    pub requested_current: i64,
+    pub requested_peak: i64,
+    pub alloc_retries: i64,
+    pub ooms: i64,
+    pub free_bytes: i64,
+    pub total_bytes: i64,
+}
+
+impl From<CudaStats> for crate::cuda::CudaStats {
+    fn from(s: CudaStats) -> Self {
+        crate::cuda::CudaStats {
+            allocated_current: s.allocated_current,
+            allocated_peak: s.allocated_peak,
+            reserved_current: s.reserved_current,
+            reserved_peak: s.reserved_peak,
+            active_current: s.active_current,
+            active_peak: s.active_peak,
+            requested_current: s.requested_current,
+            requested_peak: s.requested_peak,
+            alloc_retries: s.alloc_retries,
+            ooms: s.ooms,
+            free_bytes: s.free_bytes,
+            total_bytes: s.total_bytes,
+        }
+    }
+}
+
+/// CUDA allocator statistics of `cuda:index`; an error (never a crash) without CUDA.
+pub(crate) fn cuda_stats(index: usize) -> Result<crate::cuda::CudaStats> {
+    let mut s = CudaStats::default();
+    // SAFETY: `s` is a valid, writable CudaStats with the C layout.
+    check(unsafe { memprof_cuda_stats(index as i32, &mut s) })?;
+    Ok(s.into())
+}
+
+/// CUDA: starts or stops the caching allocator's own history.
+pub(crate) fn cuda_history(on: bool, max_entries: u64) -> Result<()> {
+    let n = i64::try_from(max_entries).unwrap_or(i64::MAX);
+    // SAFETY: plain call; fails softly without CUDA.
+    check(unsafe { memprof_cuda_history(on as i32, n) })
+}
+
+/// CUDA: writes the caching allocator's snapshot to `path`.
+pub(crate) fn cuda_snapshot(path: &std::path::Path) -> Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().to_string_lossy().as_bytes())
+        .map_err(|e| Error::Native(e.to_string()))?;
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    check(unsafe { memprof_cuda_snapshot(c.as_ptr()) })
+}
+
+/// CUDA: resets the peak statistics of `cuda:index`.
+pub(crate) fn cuda_reset_peaks(index: usize) -> Result<()> {
+    // SAFETY: plain call; fails softly without CUDA.
+    check(unsafe { memprof_cuda_control(index as i32, native::CUDA_RESET_PEAKS) })
+}
+
+/// CUDA: releases the caching allocator's unused cached blocks.
+pub(crate) fn cuda_empty_cache() -> Result<()> {
+    // SAFETY: plain call; fails softly without CUDA.
+    check(unsafe { memprof_cuda_control(0, native::CUDA_EMPTY_CACHE) })
+}

@@ -1,0 +1,130 @@
+//! The native logs (`logs.cpp`): the backward log, the step log, the memory history.
+
+#[allow(unused_imports)]
+use std::ffi::{c_char, c_void};
+
+#[allow(unused_imports)]
+use tch::Tensor;
+
+#[allow(unused_imports)]
+use super::{buffer, check, native};
+#[allow(unused_imports)]
+use crate::error::{Error, Result};
+
+extern "C" {
+    fn memprof_timeline_header(out: *mut TimelineHeader) -> i32;
+    fn memprof_read_log(out: *mut LogEvent, cap: u64, total: *mut u64) -> i32;
+    fn memprof_read_timeline(out: *mut TlEvent, cap: u64, total: *mut u64) -> i32;
+    fn memprof_read_history(out: *mut HistEvent, cap: u64, total: *mut u64, ring: *mut u64) -> i32;
+    fn memprof_history(on: i32, max_entries: u64) -> i32;
+}
+
+/// `MpLogEvent`: one birth (+size) or death (-size) of a block during backward.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LogEvent {
+    pub ptr: u64,
+    pub delta: i64,
+    pub generation: u32,
+    pub device: u32,
+}
+
+/// `MpTlEvent`: one event of the step log; field meanings depend on `kind` (see
+/// memprof.h).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TlEvent {
+    pub kind: u8,
+    pub phase: u8,
+    pub device: u8,
+    pub pad: u8,
+    pub generation: u32,
+    pub op: i32,
+    pub aux: i32,
+    pub ptr: u64,
+    pub value: i64,
+}
+
+/// `MpTimelineHeader`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct TimelineHeader {
+    pub len: u64,
+    pub capacity: u64,
+    pub start_generation: u32,
+    pub ops: i32,
+    pub start_live: i64,
+    pub on: i32,
+    pub device: i32,
+}
+
+/// `MpHistEvent`: one birth (+size) or death (-size) of the memory history.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct HistEvent {
+    pub ptr: u64,
+    pub size: i64,
+    pub op: i32,
+    pub layer: i32,
+    /// Microseconds (monotonic clock) << 8 | device slot.
+    pub time_dev: u64,
+}
+
+pub(crate) fn timeline_header() -> Result<TimelineHeader> {
+    let mut h = TimelineHeader::default();
+    // SAFETY: `h` is a valid, writable TimelineHeader with the C layout.
+    check(unsafe { memprof_timeline_header(&mut h) })?;
+    Ok(h)
+}
+
+/// The backward events logged in this iteration; returns whether the log overflowed.
+pub(crate) fn read_log(into: &mut Vec<LogEvent>) -> Result<bool> {
+    let st = super::state()?;
+    let n = st.log_len.min(st.log_capacity) as usize;
+    buffer(into, n)?;
+    let mut total = 0u64;
+    // SAFETY: `into` holds `n` initialised LogEvents; the callee copies at most `n`.
+    check(unsafe { memprof_read_log(into.as_mut_ptr(), n as u64, &mut total) })?;
+    into.truncate((total.min(st.log_capacity) as usize).min(n));
+    Ok(total > st.log_capacity)
+}
+
+/// This iteration's step log; returns whether it overflowed (events were dropped).
+pub(crate) fn read_timeline(into: &mut Vec<TlEvent>) -> Result<bool> {
+    let h = timeline_header()?;
+    let n = h.len.min(h.capacity) as usize;
+    buffer(into, n)?;
+    let mut total = 0u64;
+    // SAFETY: `into` holds `n` initialised TlEvents; the callee copies at most `n`.
+    check(unsafe { memprof_read_timeline(into.as_mut_ptr(), n as u64, &mut total) })?;
+    into.truncate((total.min(h.capacity) as usize).min(n));
+    Ok(total > h.capacity)
+}
+
+/// The memory history's length: (events appended since it started, ring size). The
+/// events a read returns are `min(appended, ring)`.
+pub(crate) fn history_len() -> Result<(u64, u64)> {
+    let (mut total, mut ring) = (0u64, 0u64);
+    // SAFETY: cap 0 with a null buffer only reads the counts into valid out-pointers.
+    check(unsafe { memprof_read_history(std::ptr::null_mut(), 0, &mut total, &mut ring) })?;
+    Ok((total, ring))
+}
+
+/// The history's newest events (at most `max`), oldest first; returns whether older
+/// ones were overwritten or left out.
+pub(crate) fn read_history(into: &mut Vec<HistEvent>, max: usize) -> Result<bool> {
+    let (total, ring) = history_len()?;
+    let n = (total.min(ring) as usize).min(max);
+    buffer(into, n)?;
+    let (mut total, mut ring) = (0u64, 0u64);
+    // SAFETY: `into` holds `n` initialised events; the callee copies at most `n`.
+    check(unsafe { memprof_read_history(into.as_mut_ptr(), n as u64, &mut total, &mut ring) })?;
+    into.truncate((total.min(ring) as usize).min(n));
+    Ok(total > into.len() as u64)
+}
+
+/// Starts (clearing) or stops the memory history of every device.
+pub(crate) fn history(on: bool, max_entries: u64) -> Result<()> {
+    // SAFETY: plain call.
+    check(unsafe { memprof_history(on as i32, max_entries) })
+}

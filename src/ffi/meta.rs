@@ -1,0 +1,202 @@
+//! The estimator's dry run on the meta device and TorchScript modules (`meta.cpp`).
+
+#[allow(unused_imports)]
+use std::ffi::{c_char, c_void};
+
+#[allow(unused_imports)]
+use tch::Tensor;
+
+#[allow(unused_imports)]
+use super::{buffer, check, native};
+#[allow(unused_imports)]
+use crate::error::{Error, Result};
+
+extern "C" {
+    fn memprof_meta_begin() -> i32;
+    fn memprof_meta_end() -> i32;
+    fn memprof_meta_mark(value: i32) -> i32;
+    fn memprof_meta_read(out: *mut MetaEvent, cap: u64, total: *mut u64) -> i32;
+    fn memprof_meta_empty(
+        sizes: *const i64,
+        n: usize,
+        like: *const c_void,
+        out: *mut *mut c_void,
+    ) -> i32;
+    fn memprof_meta_convert(tensor: *mut c_void) -> i32;
+    fn memprof_script_load(path: *const c_char, out: *mut *mut c_void) -> i32;
+    fn memprof_script_free(module: *mut c_void) -> i32;
+    fn memprof_script_train(module: *mut c_void, on: i32) -> i32;
+    fn memprof_script_forward(
+        module: *mut c_void,
+        inputs: *const *const c_void,
+        n: usize,
+        out: *mut *mut c_void,
+    ) -> i32;
+    fn memprof_script_tensor(
+        module: *mut c_void,
+        which: i32,
+        index: u64,
+        n: *mut u64,
+        tensor: *mut *mut c_void,
+        name_buf: *mut c_char,
+        len: usize,
+        name_len: *mut u64,
+    ) -> i32;
+}
+
+/// `MpMetaEvent`: one event of the estimator's meta trace.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct MetaEvent {
+    /// Block id (alloc, free), 0 otherwise.
+    pub id: u64,
+    /// Block size (alloc, free), 0 otherwise.
+    pub bytes: i64,
+    /// `native::META_*`.
+    pub kind: i32,
+    /// Interned op name (op, blas, blaslt), -1 otherwise.
+    pub name: i32,
+    /// `native::MARK_*` (mark), `MARK_NONE` otherwise.
+    pub mark: i32,
+    /// Explicit padding, 0.
+    pub reserved: i32,
+}
+
+/// Starts the meta trace (one per process at a time); installs the meta trace
+/// allocator and the missing meta kernels the first time.
+pub(crate) fn meta_begin() -> Result<()> {
+    // SAFETY: plain call.
+    check(unsafe { memprof_meta_begin() })
+}
+
+/// Stops the meta trace.
+pub(crate) fn meta_end() -> Result<()> {
+    // SAFETY: plain call.
+    check(unsafe { memprof_meta_end() })
+}
+
+/// Puts a mark with `value` into the meta trace.
+pub(crate) fn meta_mark(value: i32) -> Result<()> {
+    // SAFETY: plain call.
+    check(unsafe { memprof_meta_mark(value) })
+}
+
+/// The meta trace's events; `false` when the trace overflowed its capacity.
+pub(crate) fn meta_read(into: &mut Vec<MetaEvent>) -> Result<bool> {
+    let mut total = 0u64;
+    // SAFETY: a zero-capacity read only writes `total`.
+    check(unsafe { memprof_meta_read(std::ptr::null_mut(), 0, &mut total) })?;
+    let n = total.min(native::META_CAPACITY) as usize;
+    buffer(into, n)?;
+    let mut again = 0u64;
+    // SAFETY: `into` holds `n` writable events.
+    check(unsafe { memprof_meta_read(into.as_mut_ptr(), n as u64, &mut again) })?;
+    Ok(total <= native::META_CAPACITY)
+}
+
+fn owned_tensor(out: *mut c_void, what: &str) -> Result<Tensor> {
+    if out.is_null() {
+        return Err(Error::Native(format!("{what}: no tensor returned")));
+    }
+    // SAFETY: `out` is a heap at::Tensor* (tch's C_tensor) the callee made for us.
+    Ok(unsafe { Tensor::from_ptr(out.cast()) })
+}
+
+/// A new meta tensor of `sizes` with the dtype of `like`.
+pub(crate) fn meta_empty(sizes: &[i64], like: &Tensor) -> Result<Tensor> {
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `sizes` is valid for its length, `like` a live tensor, `out` a valid slot.
+    check(unsafe {
+        memprof_meta_empty(sizes.as_ptr(), sizes.len(), like.as_ptr().cast(), &mut out)
+    })?;
+    owned_tensor(out, "memprof_meta_empty")
+}
+
+/// Moves `t` onto the meta device in place (every handle sharing it follows).
+pub(crate) fn meta_convert(t: &Tensor) -> Result<()> {
+    // SAFETY: `t` is a live tensor handle; the callee changes the TensorImpl it points
+    // to, not the handle.
+    check(unsafe { memprof_meta_convert(t.as_ptr() as *mut c_void) })
+}
+
+/// A TorchScript module loaded onto the meta device.
+pub(crate) struct ScriptModule {
+    ptr: *mut c_void,
+}
+
+impl ScriptModule {
+    pub(crate) fn load(path: &std::path::Path) -> Result<ScriptModule> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| Error::Native(format!("{}: the path has a NUL byte", path.display())))?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `c` is a NUL-terminated string, `ptr` a valid slot.
+        check(unsafe { memprof_script_load(c.as_ptr(), &mut ptr) })?;
+        Ok(ScriptModule { ptr })
+    }
+
+    pub(crate) fn set_train(&self, on: bool) -> Result<()> {
+        // SAFETY: `ptr` is the live module this value owns.
+        check(unsafe { memprof_script_train(self.ptr, on as i32) })
+    }
+
+    /// forward(inputs...) and the first tensor it returns.
+    pub(crate) fn forward(&self, inputs: &[Tensor]) -> Result<Tensor> {
+        let ptrs: Vec<*const c_void> = inputs.iter().map(|t| t.as_ptr().cast()).collect();
+        let mut out: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the module is live; `ptrs` holds live tensor handles for the call.
+        check(unsafe { memprof_script_forward(self.ptr, ptrs.as_ptr(), ptrs.len(), &mut out) })?;
+        owned_tensor(out, "memprof_script_forward")
+    }
+
+    /// The parameters (`buffers` false) or buffers, recursively, with dotted names.
+    pub(crate) fn tensors(&self, buffers: bool) -> Result<Vec<(String, Tensor)>> {
+        let which = buffers as i32;
+        let mut n = 0u64;
+        let mut unused: *mut c_void = std::ptr::null_mut();
+        let mut name_len = 0u64;
+        // SAFETY: an index past the end only writes `n`.
+        check(unsafe {
+            memprof_script_tensor(
+                self.ptr,
+                which,
+                u64::MAX,
+                &mut n,
+                &mut unused,
+                std::ptr::null_mut(),
+                0,
+                &mut name_len,
+            )
+        })?;
+        let mut out = Vec::with_capacity(n as usize);
+        let mut buf = vec![0u8; 512];
+        for i in 0..n {
+            let mut count = 0u64;
+            let mut t: *mut c_void = std::ptr::null_mut();
+            // SAFETY: `buf` is valid for its length; `t`, `n`, `name_len` valid slots.
+            check(unsafe {
+                memprof_script_tensor(
+                    self.ptr,
+                    which,
+                    i,
+                    &mut count,
+                    &mut t,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    &mut name_len,
+                )
+            })?;
+            let tensor = owned_tensor(t, "memprof_script_tensor")?;
+            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+            out.push((String::from_utf8_lossy(&buf[..end]).into_owned(), tensor));
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for ScriptModule {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` is the module this value owns, freed once.
+        unsafe { memprof_script_free(self.ptr) };
+    }
+}

@@ -1,0 +1,183 @@
+//! The one seam to the native layer (`src/native/`): every `extern "C"` declaration
+//! and every `unsafe` block of the crate lives here. The contract is
+//! `src/native/memprof.h`; the structs below mirror it field for field, and build.rs
+//! turns the header's layout table into compile-time checks of their sizes, field
+//! offsets and the shared constants (`layout.rs`, included below), so a drift on
+//! either side fails the build.
+//!
+//! Every native function returns a status; a failure becomes [`Error::Native`] with
+//! the native layer's message. Nothing here panics.
+#![allow(unsafe_code)]
+
+use std::ffi::c_char;
+
+use crate::error::{Error, Result};
+
+mod amp;
+mod cpu_allocator;
+mod cuda;
+mod logs;
+mod meta;
+mod names;
+mod oom;
+mod process;
+mod registry;
+mod session;
+
+pub(crate) use amp::*;
+pub(crate) use cpu_allocator::*;
+pub(crate) use cuda::*;
+pub(crate) use logs::*;
+pub(crate) use meta::*;
+pub(crate) use names::*;
+pub(crate) use oom::*;
+pub(crate) use process::*;
+pub(crate) use registry::*;
+pub(crate) use session::*;
+
+extern "C" {
+    fn memprof_last_error(buf: *mut c_char, len: usize, needed: *mut usize) -> i32;
+}
+
+/// Constants of the contract (`MP_*` in memprof.h).
+pub(crate) mod native {
+    pub const MAX_DEVICES: usize = 17;
+    pub const PHASE_FORWARD: u32 = 0;
+    pub const PHASE_BACKWARD: u32 = 1;
+    pub const PHASE_OPTIMIZER: u32 = 2;
+    pub const PHASE_IDLE: u32 = 3;
+    pub const EV_ALLOC: u8 = 1;
+    pub const EV_FREE: u8 = 2;
+    pub const EV_OP_BEGIN: u8 = 3;
+    pub const EV_OP_END: u8 = 4;
+    pub const EV_LINK: u8 = 5;
+    pub const EV_FLOPS: u8 = 6;
+    pub const EV_UNCOUNTED: u8 = 7;
+    pub const EV_PHASE: u8 = 8;
+    pub const DEVICE_CPU: i32 = 0;
+    pub const DEVICE_CUDA: i32 = 1;
+    pub const CUDA_RESET_PEAKS: i32 = 0;
+    pub const CUDA_EMPTY_CACHE: i32 = 1;
+    pub const META_CAPACITY: u64 = 33_554_432;
+    pub const META_ALLOC: i32 = 1;
+    pub const META_FREE: i32 = 2;
+    pub const META_OP: i32 = 3;
+    pub const META_BLAS: i32 = 4;
+    pub const META_MARK: i32 = 5;
+    pub const META_BLASLT: i32 = 6;
+    pub const MARK_NONE: i32 = 0;
+    pub const MARK_FORWARD: i32 = 1;
+    pub const MARK_BACKWARD: i32 = 2;
+    pub const MARK_OPTIMIZER: i32 = 3;
+    pub const MARK_BASELINE: i32 = 4;
+}
+pub(crate) use native::MAX_DEVICES;
+
+/// Kinds of step-log events (`TlEvent::kind`).
+pub(crate) mod ev {
+    pub use super::native::{
+        EV_ALLOC as ALLOC, EV_FLOPS as FLOPS, EV_FREE as FREE, EV_LINK as LINK,
+        EV_OP_BEGIN as OP_BEGIN, EV_OP_END as OP_END, EV_PHASE as PHASE, EV_UNCOUNTED as UNCOUNTED,
+    };
+}
+
+// The compile-time layout checks generated from memprof.h.
+include!(concat!(env!("OUT_DIR"), "/layout.rs"));
+
+fn last_error() -> Error {
+    let mut buf = [0u8; 1024];
+    let mut needed = 0usize;
+    // SAFETY: the buffer is valid for its length; the callee writes at most len-1 bytes
+    // plus a NUL, and `needed` is a valid out-pointer.
+    unsafe { memprof_last_error(buf.as_mut_ptr().cast(), buf.len(), &mut needed) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Error::Native(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+fn check(status: i32) -> Result<()> {
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(last_error())
+    }
+}
+
+/// A vector of `n` default values, or an error if the memory cannot be had (the OOM
+/// path calls the readers below when the process may be out of memory).
+fn buffer<T: Default + Clone>(into: &mut Vec<T>, n: usize) -> Result<()> {
+    into.clear();
+    into.try_reserve_exact(n)
+        .map_err(|e| Error::Native(format!("cannot allocate a buffer of {n} events: {e}")))?;
+    into.resize(n, T::default());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// The estimator's dry run on the meta device.
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    /// `VmRSS:` or `VmHWM:` of /proc/self/status, in bytes.
+    fn status_field(key: &str) -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        kb * 1024
+    }
+
+    #[test]
+    fn process_memory_agrees_with_proc_status_and_sees_touched_pages() {
+        let (rss0, _) = process_memory().unwrap();
+        let status_rss = status_field("VmRSS:");
+        // Read a moment apart; the test harness's other threads may move a few pages.
+        assert!(
+            rss0.abs_diff(status_rss) < 4 << 20,
+            "statm {rss0} vs VmRSS {status_rss}"
+        );
+        // 64 MiB written page by page become resident.
+        let touched = vec![1u8; 64 << 20];
+        let (rss1, peak1) = process_memory().unwrap();
+        assert!(rss1 >= rss0 + (60 << 20), "{rss0} -> {rss1} after 64 MiB");
+        let status_hwm = status_field("VmHWM:");
+        assert!(
+            peak1.abs_diff(status_hwm) < 4 << 20,
+            "ru_maxrss {peak1} vs VmHWM {status_hwm}"
+        );
+        drop(touched);
+        // SAFETY: both pointers null: the callee checks and writes nothing.
+        assert_eq!(
+            unsafe { memprof_process_memory(std::ptr::null_mut(), std::ptr::null_mut()) },
+            -1
+        );
+    }
+
+    #[test]
+    fn a_null_out_pointer_is_an_error_with_a_message() {
+        // SAFETY: the callee checks the pointer and writes nothing.
+        let status = unsafe { memprof_state(std::ptr::null_mut()) };
+        assert_eq!(status, -1);
+        let msg = last_error().to_string();
+        assert!(msg.contains("memprof_state: null pointer"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_name_ids_are_none() {
+        assert_eq!(name(-5).unwrap(), None);
+        let id = intern("tch-memprof-test-name").unwrap();
+        assert_eq!(name(id).unwrap().as_deref(), Some("tch-memprof-test-name"));
+        assert_eq!(intern("tch-memprof-test-name").unwrap(), id);
+    }
+
+    #[test]
+    fn offsets_are_checked_at_compile_time() {
+        // The generated checks cover every field; one spot check that they are real.
+        assert_eq!(offset_of!(TlEvent, value), 24);
+    }
+}

@@ -1,0 +1,69 @@
+//! Interned names, parameter table and scopes (`names.cpp`).
+
+#[allow(unused_imports)]
+use std::ffi::{c_char, c_void};
+
+#[allow(unused_imports)]
+use tch::Tensor;
+
+#[allow(unused_imports)]
+use super::{buffer, check, native};
+#[allow(unused_imports)]
+use crate::error::{Error, Result};
+
+extern "C" {
+    fn memprof_name(id: i32, buf: *mut c_char, len: usize, name_len: *mut i64) -> i32;
+    fn memprof_intern(name: *const c_char, id: *mut i32) -> i32;
+    fn memprof_set_params(ptrs: *const u64, ids: *const i32, layers: *const i32, n: usize) -> i32;
+    fn memprof_scope_push(id: i32) -> i32;
+    fn memprof_scope_pop() -> i32;
+}
+
+/// The interned name `id` (op, layer or scope), if known.
+pub(crate) fn name(id: i32) -> Result<Option<String>> {
+    let mut buf = [0u8; 128];
+    let mut len = 0i64;
+    // SAFETY: the buffer is valid for its length; the callee writes at most len-1 bytes
+    // plus a NUL.
+    check(unsafe { memprof_name(id, buf.as_mut_ptr().cast(), buf.len(), &mut len) })?;
+    if len < 0 {
+        return Ok(None);
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Ok(Some(String::from_utf8_lossy(&buf[..end]).into_owned()))
+}
+
+/// Interns `name` and returns its id.
+pub(crate) fn intern(name: &str) -> Result<i32> {
+    let c = std::ffi::CString::new(name.replace('\0', " "))
+        .map_err(|e| Error::Native(e.to_string()))?;
+    let mut id = -1;
+    // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+    check(unsafe { memprof_intern(c.as_ptr(), &mut id) })?;
+    Ok(id)
+}
+
+/// Replaces the native table of model variables (storage pointer -> variable index
+/// and the name id of its layer).
+pub(crate) fn set_params(ptrs: &[u64], ids: &[i32], layers: &[i32]) -> Result<()> {
+    if ptrs.len() != ids.len() || ptrs.len() != layers.len() {
+        return Err(Error::Native(format!(
+            "set_params: {} pointers, {} ids, {} layers",
+            ptrs.len(),
+            ids.len(),
+            layers.len()
+        )));
+    }
+    // SAFETY: the three slices are valid for `len` elements for the duration of the call.
+    check(unsafe { memprof_set_params(ptrs.as_ptr(), ids.as_ptr(), layers.as_ptr(), ptrs.len()) })
+}
+
+pub(crate) fn scope_push(id: i32) -> Result<()> {
+    // SAFETY: plain call on the calling thread's scope stack.
+    check(unsafe { memprof_scope_push(id) })
+}
+
+pub(crate) fn scope_pop() -> Result<()> {
+    // SAFETY: plain call on the calling thread's scope stack.
+    check(unsafe { memprof_scope_pop() })
+}

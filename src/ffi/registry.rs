@@ -1,0 +1,165 @@
+//! The live-block registry and the blocks behind tensors (`registry.cpp`).
+
+#[allow(unused_imports)]
+use std::ffi::{c_char, c_void};
+
+#[allow(unused_imports)]
+use tch::Tensor;
+
+#[allow(unused_imports)]
+use super::{buffer, check, native};
+#[allow(unused_imports)]
+use crate::error::{Error, Result};
+
+extern "C" {
+    fn memprof_registry(out: *mut Registry) -> i32;
+    fn memprof_live_blocks(slot: i32, out: *mut LiveBlock, cap: u64, n: *mut u64) -> i32;
+    fn memprof_tensor_block(tensor: *const c_void, grad: i32, out: *mut Block) -> i32;
+    fn memprof_tensor_blocks(
+        tensors: *const *const c_void,
+        n: usize,
+        blocks: *mut Block,
+        grads: *mut Block,
+    ) -> i32;
+    fn memprof_selftest_block_table(n: u64, errors: *mut u64) -> i32;
+}
+
+/// `MpBlock`: the allocation behind a tensor's storage.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Block {
+    pub defined: i32,
+    pub device: i32,
+    pub tracked: i32,
+    pub phase: u32,
+    pub generation: u32,
+    pub pad: u32,
+    pub base: u64,
+    pub bytes: i64,
+}
+
+impl Block {
+    pub(crate) fn is_defined(&self) -> bool {
+        self.defined != 0
+    }
+    /// Whether the block's birth was seen on device `slot`.
+    pub(crate) fn tracked_on(&self, slot: usize) -> bool {
+        self.tracked != 0 && self.device == slot as i32
+    }
+    pub(crate) fn born_in_optimizer(&self) -> bool {
+        self.tracked != 0 && self.phase == native::PHASE_OPTIMIZER
+    }
+    pub(crate) fn size(&self) -> u64 {
+        self.bytes.max(0) as u64
+    }
+}
+
+/// `MpLiveBlock`: a live block of the registry (leak hunting).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LiveBlock {
+    pub ptr: u64,
+    pub size: i64,
+    /// Name id of the op that allocated it, -1 none.
+    pub op: i32,
+    /// Name id of its layer, -1 unknown.
+    pub layer: i32,
+    /// Iteration (step, from 1) it was born in.
+    pub iter: u32,
+    pub phase: u8,
+    pub device: u8,
+    pub pad: u16,
+}
+
+/// `MpRegistry`: the live-block registry's own size.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Registry {
+    pub capacity: u64,
+    pub high_water: u64,
+    pub live: i64,
+    pub dropped: i64,
+    pub entry_bytes: u64,
+    pub on: i32,
+    pub pad: i32,
+}
+
+pub(crate) fn registry() -> Result<Registry> {
+    let mut r = Registry::default();
+    // SAFETY: `r` is a valid, writable Registry with the C layout.
+    check(unsafe { memprof_registry(&mut r) })?;
+    Ok(r)
+}
+
+/// The live blocks of device `slot` registered in this session, into `into`.
+pub(crate) fn live_blocks(slot: usize, into: &mut Vec<LiveBlock>) -> Result<()> {
+    let mut n = 0u64;
+    // SAFETY: cap 0 with a null buffer only counts.
+    check(unsafe { memprof_live_blocks(slot as i32, std::ptr::null_mut(), 0, &mut n) })?;
+    for _ in 0..8 {
+        // Room for blocks born while reading.
+        let cap = n as usize + n as usize / 4 + 64;
+        buffer(into, cap)?;
+        // SAFETY: `into` holds `cap` initialised LiveBlocks; the callee writes at most `cap`.
+        check(unsafe { memprof_live_blocks(slot as i32, into.as_mut_ptr(), cap as u64, &mut n) })?;
+        if n as usize <= cap {
+            into.truncate(n as usize);
+            return Ok(());
+        }
+    }
+    Err(Error::Native(
+        "the live-block registry kept growing while it was read".into(),
+    ))
+}
+
+/// The block behind `t`'s storage, or behind its `.grad` when `grad` is true.
+pub(crate) fn tensor_block(t: &Tensor, grad: bool) -> Result<Block> {
+    let mut b = Block::default();
+    // SAFETY: tch's tensor handle is a pointer to an at::Tensor that outlives this call
+    // (we hold `t`); the callee only reads it.
+    check(unsafe { memprof_tensor_block(t.as_ptr() as *const c_void, grad as i32, &mut b) })?;
+    Ok(b)
+}
+
+/// The blocks behind each of `tensors` and behind their `.grad`, into `blocks` and
+/// `grads` (replacing their contents), in one native call.
+pub(crate) fn tensor_blocks(
+    tensors: &[&Tensor],
+    blocks: &mut Vec<Block>,
+    grads: &mut Vec<Block>,
+) -> Result<()> {
+    let handles: Vec<*const c_void> = tensors
+        .iter()
+        .map(|t| t.as_ptr() as *const c_void)
+        .collect();
+    blocks.clear();
+    blocks.resize(handles.len(), Block::default());
+    grads.clear();
+    grads.resize(handles.len(), Block::default());
+    // SAFETY: every handle points to an at::Tensor that outlives this call (we hold the
+    // `&Tensor`s); `blocks` and `grads` hold `handles.len()` initialised Blocks each, and
+    // the callee writes exactly that many.
+    check(unsafe {
+        memprof_tensor_blocks(
+            handles.as_ptr(),
+            handles.len(),
+            blocks.as_mut_ptr(),
+            grads.as_mut_ptr(),
+        )
+    })
+}
+
+/// A tensor's handle as a number: the same tensor object gives the same number for as
+/// long as it lives. Only compared, never turned back into a pointer.
+pub(crate) fn tensor_handle(t: &Tensor) -> usize {
+    t.as_ptr() as usize
+}
+
+/// Self-check of the native CUDA block table without a GPU: inserts, finds and removes
+/// `n` fake blocks per writer with two concurrent writers; returns the mismatches.
+pub(crate) fn selftest_block_table(n: u64) -> Result<u64> {
+    let mut errors = 0;
+    // SAFETY: `errors` is a valid out-pointer.
+    check(unsafe { memprof_selftest_block_table(n, &mut errors) })?;
+    Ok(errors)
+}
