@@ -196,7 +196,9 @@ pub use names::MISSING;
 pub use oom::{OomBlock, OomCategory, OomReport};
 pub use optim::{autocast, Checkpointed};
 pub use phase::Phase;
-pub use profiler::{MemoryProfiler, MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
+pub use profiler::{
+    profile_torchscript, MemoryProfiler, MemoryProfilerBuilder, ProfiledStep, DEFAULT_TOP_VARIABLES,
+};
 pub use stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableList, VariableStats};
 pub use timeline::{
     scope, Category, CategoryBytes, LayerProfile, Peak, Scope, StepFiles, StepProfile, StepRow,

@@ -39,6 +39,7 @@ mod gpu;
 mod model;
 pub mod models;
 mod replay;
+mod text;
 
 use std::time::Duration;
 
@@ -50,7 +51,9 @@ use crate::phase::Phase;
 
 pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator};
 pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE};
+pub(crate) use model::loss;
 pub use model::Model;
+pub use text::table;
 
 /// An optimizer whose step (and state) the estimate of a training step includes: tch's
 /// optimizers, which are libtorch's C++ ones.

@@ -153,7 +153,7 @@ mod tests {
         drop(touched);
         // SAFETY: both pointers null: the callee checks and writes nothing.
         assert_eq!(
-            unsafe { memprof_process_memory(std::ptr::null_mut(), std::ptr::null_mut()) },
+            unsafe { process::memprof_process_memory(std::ptr::null_mut(), std::ptr::null_mut()) },
             -1
         );
     }
@@ -161,7 +161,7 @@ mod tests {
     #[test]
     fn a_null_out_pointer_is_an_error_with_a_message() {
         // SAFETY: the callee checks the pointer and writes nothing.
-        let status = unsafe { memprof_state(std::ptr::null_mut()) };
+        let status = unsafe { session::memprof_state(std::ptr::null_mut()) };
         assert_eq!(status, -1);
         let msg = last_error().to_string();
         assert!(msg.contains("memprof_state: null pointer"), "{msg}");

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 
 extern "C" {
     fn memprof_write_stdout(buf: *const c_char, len: usize) -> i32;
-    fn memprof_process_memory(resident: *mut i64, peak_resident: *mut i64) -> i32;
+    pub(super) fn memprof_process_memory(resident: *mut i64, peak_resident: *mut i64) -> i32;
 }
 
 /// Writes to standard output with one `write(2)` loop: no lock (a thread holding

@@ -15,7 +15,7 @@ extern "C" {
     fn memprof_start(want_cuda: i32, timeline_slot: i32, leaks: i32) -> i32;
     fn memprof_stop() -> i32;
     fn memprof_begin_iteration() -> i32;
-    fn memprof_state(out: *mut State) -> i32;
+    pub(super) fn memprof_state(out: *mut State) -> i32;
     fn memprof_device_stats(slot: i32, out: *mut DeviceStats) -> i32;
 }
 

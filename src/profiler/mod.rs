@@ -14,6 +14,7 @@ mod builder;
 mod measure;
 mod peaks;
 mod session;
+mod torchscript;
 
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -37,6 +38,7 @@ use crate::timeline::{Recorder, StepFiles, StepKind, StepProfile};
 use crate::vars::{self, ParamSync, VarTable};
 
 pub use budget::{Budget, BudgetExceeded, LayerUse, Overrun};
+pub use torchscript::{profile_torchscript, ProfiledStep};
 pub use builder::{MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
 use peaks::Peaks;
 

@@ -1,17 +1,17 @@
-//! `tch-memprof estimate` and `tch-memprof profile`.
+//! `tch-memprof estimate`: the CUDA peak of a model predicted without a GPU.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
-use tch::nn;
-use tch::{Device, Kind, Tensor};
+use serde::Serialize;
+use tch::Kind;
 use tch_memprof::estimate::{
-    format_bytes as bytes, gpu_memory, host_peak_rss, AllocatorConfig, Estimate, Gpu, Input, Mode,
-    Model, Optimizer, Options,
+    gpu_memory, table, AllocatorConfig, Estimate, Gpu, Input, Mode, Model, Optimizer, Options,
+    NOT_MODELLED,
 };
+
+use crate::{fail, parse_inputs};
 
 /// Arguments of `tch-memprof estimate`.
 #[derive(Args, Debug)]
@@ -48,57 +48,27 @@ pub struct EstimateArgs {
     /// Training steps replayed (the peak is over all of them).
     #[arg(long, default_value_t = 2)]
     steps: u32,
-    /// Print CSV to standard output:
-    /// model,batch,mode,weights_bytes,peak_allocated_bytes,peak_reserved_bytes.
+    /// Print CSV to standard output: model, batch, mode, weights_bytes,
+    /// peak_allocated_bytes, peak_reserved_bytes, largest_batch (true on the row of the
+    /// largest batch that fits --memory).
     #[arg(long)]
     csv: bool,
 }
 
-/// Arguments of `tch-memprof profile`.
-#[derive(Args, Debug)]
-pub struct ProfileArgs {
-    /// A TorchScript file.
-    path: PathBuf,
-    /// An input shape, batch first, with an optional dtype after a colon; once per input.
-    #[arg(long = "input", required = true)]
-    inputs: Vec<String>,
-    /// Profile a training step (forward, loss, backward) instead of inference.
-    #[arg(long)]
-    train: bool,
-    /// cpu or cuda (cuda:N).
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    /// Where the plot, the CSV files and the summary go.
-    #[arg(long, default_value = "profile_results")]
-    output_dir: PathBuf,
+/// A row of `--csv`.
+#[derive(Serialize)]
+struct CsvRow<'a> {
+    model: &'a str,
+    batch: i64,
+    mode: String,
+    weights_bytes: u64,
+    peak_allocated_bytes: u64,
+    peak_reserved_bytes: u64,
+    /// True on the row of the largest batch that fits `--memory`.
+    largest_batch: bool,
 }
 
-fn fail(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("tch-memprof: {msg}");
-    ExitCode::from(2)
-}
-
-fn parse_inputs(specs: &[String]) -> Result<Vec<Input>, String> {
-    specs
-        .iter()
-        .map(|s| {
-            let (shape, dtype) = match s.split_once(':') {
-                Some((a, b)) => (a, Some(b)),
-                None => (s.as_str(), None),
-            };
-            Input::parse(shape, dtype).map_err(|e| e.to_string())
-        })
-        .collect()
-}
-
-/// Panics of tch's panicking wrappers (a shape a layer rejects) become errors in the
-/// library; their default report would print a trace first.
-fn quiet_panics() {
-    std::panic::set_hook(Box::new(|_| {}));
-}
-
-pub fn run_estimate(a: &EstimateArgs) -> ExitCode {
-    quiet_panics();
+pub fn run(a: &EstimateArgs) -> ExitCode {
     let mode = if a.train {
         match Optimizer::parse(&a.optimizer) {
             Ok(o) => Mode::Train(o),
@@ -108,7 +78,7 @@ pub fn run_estimate(a: &EstimateArgs) -> ExitCode {
         Mode::Inference
     };
     if a.steps == 0 {
-        return fail("invalid steps = 0: at least one step");
+        return fail("invalid steps 0: at least one step");
     }
     if let Some(b) = a.batch_sizes.iter().find(|b| **b <= 0) {
         return fail(format!("invalid batch size {b}: must be positive"));
@@ -137,7 +107,7 @@ pub fn run_estimate(a: &EstimateArgs) -> ExitCode {
             Err(e) => return fail(e),
         },
     };
-    let (label, model) = match (&a.path, &a.model) {
+    let model = match (&a.path, &a.model) {
         (Some(p), _) => {
             if inputs.is_empty() {
                 return fail(format!(
@@ -145,17 +115,13 @@ pub fn run_estimate(a: &EstimateArgs) -> ExitCode {
                     p.display()
                 ));
             }
-            (
-                p.file_name()
-                    .map_or(p.display().to_string(), |f| f.to_string_lossy().into()),
-                Model::torchscript(p),
-            )
+            Model::torchscript(p)
         }
         (None, Some(name)) => {
             if inputs.is_empty() {
                 inputs.push(Input::new(&[1, 3, 224, 224], Kind::Float));
             }
-            (name.clone(), Model::builtin(name))
+            Model::builtin(name)
         }
         (None, None) => return fail("give a TorchScript file or --model NAME"),
     };
@@ -163,6 +129,7 @@ pub fn run_estimate(a: &EstimateArgs) -> ExitCode {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
+    let label = model.label().to_string();
     let options = Options {
         gpu,
         allocator,
@@ -178,276 +145,64 @@ pub fn run_estimate(a: &EstimateArgs) -> ExitCode {
         let xs: Vec<Input> = inputs.iter().map(|i| i.with_batch(*b)).collect();
         match model.estimate(&xs, mode, &options) {
             Ok(e) => rows.push(e),
-            Err(e) => return fail(format!("{label} at batch {b}: {e}")),
+            Err(e) => return fail(format!("at batch {b}: {e}")),
         }
     }
     let fit = match memory {
         None => None,
         Some(m) => match model.largest_batch(&inputs, mode, &options, Some(m)) {
             Ok(f) => Some(f),
-            Err(e) => return fail(format!("{label}: {e}")),
+            Err(e) => return fail(e),
         },
     };
     if a.csv {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(
-            out,
-            "model,batch,mode,weights_bytes,peak_allocated_bytes,peak_reserved_bytes"
-        );
-        let extra = fit.as_ref().and_then(|f| f.fits.clone());
-        for e in rows.iter().chain(extra.iter()) {
-            let _ = writeln!(
-                out,
-                "{label},{},{},{},{},{}",
-                e.batch,
-                e.mode.label(),
-                e.weights_bytes,
-                e.peak_allocated,
-                e.peak_reserved
-            );
-        }
-        return ExitCode::SUCCESS;
+        let largest = fit.as_ref().and_then(|f| f.fits.clone());
+        let csv_rows = rows
+            .iter()
+            .map(|e| (e, false))
+            .chain(largest.iter().map(|e| (e, true)));
+        return match write_csv(&label, csv_rows) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(format!("writing CSV to standard output: {e}")),
+        };
     }
-    println!(
-        "tch-memprof estimate: {label}, {}, GPU {} (cuBLAS workspace {}), {}",
-        mode.label(),
-        options.gpu.name,
-        bytes(options.gpu.cublas_workspace),
-        if options.allocator == AllocatorConfig::default() {
-            "default allocator settings".to_string()
-        } else {
-            format!("PYTORCH_CUDA_ALLOC_CONF={:?}", options.allocator)
-        }
-    );
+    println!("tch-memprof estimate: {label}, {}", options.describe(mode));
     println!("{}", table(&rows));
     if let Some(f) = &fit {
-        match (&f.fits, f.margin()) {
-            (Some(e), Some(margin)) => println!(
-                "largest batch that fits in {}: {} (peak reserved {}, {} left){}",
-                bytes(f.memory),
-                f.batch,
-                bytes(e.peak_reserved),
-                bytes(margin),
-                f.too_big.as_ref().map_or(String::new(), |t| format!(
-                    "; batch {} needs {}",
-                    t.batch,
-                    bytes(t.peak_reserved)
-                ))
-            ),
-            _ => println!(
-                "not even batch 1 fits in {}: it needs {} reserved",
-                bytes(f.memory),
-                f.too_big
-                    .as_ref()
-                    .map_or("?".to_string(), |t| bytes(t.peak_reserved))
-            ),
-        }
+        println!("{f}");
+    }
+    for e in rows.iter().filter(|e| e.unknown_frees > 0 || e.refused_requests > 0) {
+        println!(
+            "warning: at batch {}: {} free(s) of blocks the trace never allocated, {} request(s) the allocator refuses",
+            e.batch, e.unknown_frees, e.refused_requests
+        );
     }
     println!("Not modelled (a CUDA run may add):");
-    for n in tch_memprof::estimate::NOT_MODELLED {
+    for n in NOT_MODELLED {
         println!("- {}: {}", n.what, n.likely);
     }
-    if let Some(rss) = host_peak_rss() {
-        println!(
-            "This estimate's host memory: {} peak resident (the whole process).",
-            bytes(rss)
-        );
+    if let Some(line) = rows.last().and_then(Estimate::host_memory_line) {
+        println!("{line}");
     }
     ExitCode::SUCCESS
 }
 
-fn table(rows: &[Estimate]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL)
-        .set_content_arrangement(ContentArrangement::Dynamic)
-        .set_header(vec![
-            "batch",
-            "weights",
-            "baseline",
-            "peak allocated",
-            "peak reserved",
-            "peak during",
-            "time",
-        ]);
-    for e in rows {
-        t.add_row(vec![
-            e.batch.to_string(),
-            bytes(e.weights_bytes),
-            bytes(e.baseline_allocated),
-            bytes(e.peak_allocated),
-            bytes(e.peak_reserved),
-            format!("{} ({}, step {})", e.peak_op, e.peak_phase, e.peak_step),
-            format!("{:.2} s", e.elapsed.as_secs_f64()),
-        ]);
+fn write_csv<'a>(
+    label: &str,
+    rows: impl Iterator<Item = (&'a Estimate, bool)>,
+) -> Result<(), csv::Error> {
+    let mut w = csv::Writer::from_writer(std::io::stdout().lock());
+    for (e, largest_batch) in rows {
+        w.serialize(CsvRow {
+            model: label,
+            batch: e.batch,
+            mode: e.mode.label(),
+            weights_bytes: e.weights_bytes,
+            peak_allocated_bytes: e.peak_allocated,
+            peak_reserved_bytes: e.peak_reserved,
+            largest_batch,
+        })?;
     }
-    for c in [0usize, 1, 2, 3, 4, 6] {
-        if let Some(col) = t.column_mut(c) {
-            col.set_cell_alignment(CellAlignment::Right);
-        }
-    }
-    t
-}
-
-// ---------------------------------------------------------------------------------
-// profile
-
-fn random_input(i: &Input, device: Device) -> Tensor {
-    match i.kind {
-        Kind::Float | Kind::Half | Kind::BFloat16 | Kind::Double => {
-            Tensor::randn(i.shape.as_slice(), (i.kind, device))
-        }
-        k => Tensor::zeros(i.shape.as_slice(), (k, device)),
-    }
-}
-
-fn parse_device(s: &str) -> Result<Device, String> {
-    match s {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::Cuda(0)),
-        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(i)) => Ok(Device::Cuda(i)),
-            _ => Err(format!("invalid device {other:?}: cpu, cuda or cuda:N")),
-        },
-    }
-}
-
-pub fn run_profile(a: &ProfileArgs) -> ExitCode {
-    quiet_panics();
-    let inputs = match parse_inputs(&a.inputs) {
-        Ok(i) => i,
-        Err(e) => return fail(e),
-    };
-    let device = match parse_device(&a.device) {
-        Ok(d) => d,
-        Err(e) => return fail(e),
-    };
-    if let Device::Cuda(i) = device {
-        if !tch::Cuda::is_available() || i >= tch::Cuda::device_count() as usize {
-            return fail(format!("device {} is not available here", a.device));
-        }
-    }
-    if !a.path.is_file() {
-        return fail(format!("{}: no such file", a.path.display()));
-    }
-    match std::panic::catch_unwind(|| profile(a, &inputs, device)) {
-        Ok(Ok(())) => ExitCode::SUCCESS,
-        Ok(Err(e)) => fail(e),
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panicked".into());
-            fail(format!(
-                "{}: {}",
-                a.path.display(),
-                msg.lines().next().unwrap_or("failed")
-            ))
-        }
-    }
-}
-
-fn profile(a: &ProfileArgs, inputs: &[Input], device: Device) -> Result<(), String> {
-    let vs = nn::VarStore::new(device);
-    let module = tch::TrainableCModule::load(&a.path, vs.root())
-        .map_err(|e| format!("{}: cannot load as TorchScript: {e}", a.path.display()))?;
-    let mut module = module;
-    if a.train {
-        module.set_train();
-    } else {
-        module.set_eval();
-    }
-    std::fs::create_dir_all(&a.output_dir)
-        .map_err(|e| format!("{}: {e}", a.output_dir.display()))?;
-    let mut profiler = tch_memprof::MemoryProfiler::builder(&vs)
-        .timeline_step(1)
-        .csv(true)
-        .csv_dir(&a.output_dir)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let xs: Vec<Tensor> = inputs.iter().map(|i| random_input(i, device)).collect();
-    let run = || -> Result<(), String> {
-        let out = module
-            .forward_ts(&xs)
-            .map_err(|e| format!("the model's forward pass failed: {e}"))?;
-        if a.train {
-            let loss = if out.dim() == 2 {
-                let y = Tensor::zeros([out.size()[0]], (Kind::Int64, device));
-                out.cross_entropy_for_logits(&y)
-            } else {
-                out.mean(out.kind())
-            };
-            loss.backward();
-        }
-        Ok(())
-    };
-    if a.train {
-        run()?;
-    } else {
-        tch::no_grad(run)?;
-    }
-    profiler.record_stats();
-    let p = profiler
-        .step_profile()
-        .ok_or("the step was not profiled (see the warnings above)")?;
-    let stem = a.output_dir.join("step");
-    let title = format!(
-        "{} {}",
-        a.path.file_name().unwrap_or_default().to_string_lossy(),
-        if a.train {
-            "training step"
-        } else {
-            "inference"
-        }
-    );
-    p.plot(&stem.with_extension("png"), Some(&title))
-        .map_err(|e| e.to_string())?;
-    p.plot(&stem.with_extension("svg"), Some(&title))
-        .map_err(|e| e.to_string())?;
-    p.write_timeline_csv(&a.output_dir.join("timeline.csv"))
-        .map_err(|e| e.to_string())?;
-    p.write_layers_csv(&a.output_dir.join("layers.csv"))
-        .map_err(|e| e.to_string())?;
-    let summary = a.output_dir.join("summary.txt");
-    write_summary(&summary, p).map_err(|e| format!("{}: {e}", summary.display()))?;
-    for f in [
-        "step.png",
-        "step.svg",
-        "timeline.csv",
-        "layers.csv",
-        "summary.txt",
-    ] {
-        println!("wrote {}", a.output_dir.join(f).display());
-    }
-    Ok(())
-}
-
-fn write_summary(path: &Path, p: &tch_memprof::StepProfile) -> std::io::Result<()> {
-    use tch_memprof::Category;
-    let mut f = std::fs::File::create(path)?;
-    let c = &p.category_max;
-    writeln!(f, "device: {}", p.device)?;
-    writeln!(
-        f,
-        "peak: {} during {}",
-        bytes(p.peak.bytes),
-        p.peak.location()
-    )?;
-    for cat in [
-        Category::Param,
-        Category::Buffer,
-        Category::Grad,
-        Category::Act,
-        Category::Temp,
-        Category::Opt,
-        Category::Other,
-    ] {
-        writeln!(f, "max {}: {}", cat.label(), bytes(c.get(cat)))?;
-    }
-    writeln!(
-        f,
-        "FLOPs: forward {}, backward {}",
-        p.forward_flops, p.backward_flops
-    )?;
+    w.flush()?;
     Ok(())
 }

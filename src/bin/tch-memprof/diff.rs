@@ -1,0 +1,61 @@
+//! `tch-memprof diff BASE NEW [--max-increase 5%]`: compare two runs' peaks, exit 1 when
+//! one grew beyond the threshold.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use tch_memprof::runs::diff;
+
+use crate::report::open;
+
+/// Arguments of `tch-memprof diff`.
+#[derive(Args, Debug)]
+pub struct DiffArgs {
+    /// The base run: its stem (memory_csv_data/20261122-171500), one of its CSV files,
+    /// or a folder holding one run.
+    base: PathBuf,
+    /// The new run, named the same ways.
+    new: PathBuf,
+    /// Largest growth tolerated, in percent of the base (5%, 0.5, 0%).
+    #[arg(long, default_value = "5%", value_parser = diff::parse_percent)]
+    max_increase: f64,
+    /// Layers and parameters shown, those that changed most.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+}
+
+pub fn run(args: &DiffArgs) -> ExitCode {
+    let (max, top) = (args.max_increase, args.top);
+    let base = match open(&args.base) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let new = match open(&args.new) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let d = diff::compare(&base, &new);
+    println!("tch-memprof diff: {} -> {}", d.base, d.new);
+    for n in &d.notes {
+        println!("note: {n}");
+    }
+    println!("{}", d.table(top));
+    let grew = d.regressions(max);
+    if grew.is_empty() {
+        println!("no peak grew by more than {max}%");
+        return ExitCode::SUCCESS;
+    }
+    let what: Vec<String> = grew.iter().take(5).map(|c| c.describe()).collect();
+    let more = if grew.len() > 5 {
+        format!(" and {} more", grew.len() - 5)
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "tch-memprof: {} peak(s) grew by more than {max}%: {}{more}",
+        grew.len(),
+        what.join("; ")
+    );
+    ExitCode::from(1)
+}

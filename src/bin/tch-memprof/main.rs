@@ -1,0 +1,80 @@
+//! The `tch-memprof` command: work with the files a profiled run left.
+//!
+//!     tch-memprof report RUN... [-o report.html]
+//!     tch-memprof diff BASE NEW [--max-increase 5%]
+//!     tch-memprof estimate MODEL.pt --input 1x3x224x224 [--train --optimizer adam]
+//!                 [--batch-sizes 1,8,32] [--memory 80GiB|h100] [--gpu h100] [--csv]
+//!     tch-memprof estimate --model resnet50 ...
+//!     tch-memprof profile MODEL.pt --input 1x3x224x224 [--train] [--device cpu|cuda]
+//!
+//! Exit status: 0 on success; `diff`: 1 when a peak grew beyond the threshold (the
+//! message names what grew and by how much); 2 for bad input (a missing run or model
+//! file, an unreadable file, a shape the model rejects, a bad argument): one line on
+//! standard error, never a panic trace.
+
+mod diff;
+mod estimate;
+mod profile;
+mod report;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tch_memprof::estimate::Input;
+
+#[derive(Parser)]
+#[command(
+    name = "tch-memprof",
+    version,
+    about = "Work with the files of tch-memprof runs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write one self-contained HTML report (works offline) of one run, or of several
+    /// side by side (ranks, experiments).
+    Report(report::ReportArgs),
+    /// Compare the peaks of two runs (per category, per layer of the profiled step, per
+    /// parameter); exit 1 when one grew beyond --max-increase.
+    Diff(diff::DiffArgs),
+    /// Predict the CUDA peak allocated and reserved memory of a model without a GPU
+    /// (a dry run on libtorch's meta device replayed through a model of PyTorch's CUDA
+    /// caching allocator), and the largest batch that fits.
+    Estimate(estimate::EstimateArgs),
+    /// Profile one step of a TorchScript model for real (timeline by category, layers,
+    /// FLOPs, plot, summary).
+    Profile(profile::ProfileArgs),
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Report(args) => report::run(&args),
+        Command::Diff(args) => diff::run(&args),
+        Command::Estimate(args) => estimate::run(&args),
+        Command::Profile(args) => profile::run(&args),
+    }
+}
+
+/// Bad input: one line on standard error, exit status 2.
+fn fail(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("tch-memprof: {msg}");
+    ExitCode::from(2)
+}
+
+/// `--input` values: a shape, batch first, with an optional dtype after a colon.
+fn parse_inputs(specs: &[String]) -> Result<Vec<Input>, String> {
+    specs
+        .iter()
+        .map(|s| {
+            let (shape, dtype) = match s.split_once(':') {
+                Some((a, b)) => (a, Some(b)),
+                None => (s.as_str(), None),
+            };
+            Input::parse(shape, dtype).map_err(|e| e.to_string())
+        })
+        .collect()
+}

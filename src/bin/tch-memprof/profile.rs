@@ -1,0 +1,64 @@
+//! `tch-memprof profile`: one real step of a TorchScript file under the profiler.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use tch::Device;
+
+use crate::{fail, parse_inputs};
+
+/// Arguments of `tch-memprof profile`.
+#[derive(Args, Debug)]
+pub struct ProfileArgs {
+    /// A TorchScript file.
+    path: PathBuf,
+    /// An input shape, batch first, with an optional dtype after a colon; once per input.
+    #[arg(long = "input", required = true)]
+    inputs: Vec<String>,
+    /// Profile a training step (forward, loss, backward) instead of inference.
+    #[arg(long)]
+    train: bool,
+    /// cpu or cuda (cuda:N).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Where the plot, the CSV files and the summary go.
+    #[arg(long, default_value = "profile_results")]
+    output_dir: PathBuf,
+}
+
+fn parse_device(s: &str) -> Result<Device, String> {
+    match s {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda(0)),
+        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(i)) => Ok(Device::Cuda(i)),
+            _ => Err(format!("invalid device {other:?}: cpu, cuda or cuda:N")),
+        },
+    }
+}
+
+pub fn run(a: &ProfileArgs) -> ExitCode {
+    let inputs = match parse_inputs(&a.inputs) {
+        Ok(i) => i,
+        Err(e) => return fail(e),
+    };
+    let device = match parse_device(&a.device) {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
+    if let Device::Cuda(i) = device {
+        if !tch::Cuda::is_available() || i >= tch::Cuda::device_count() as usize {
+            return fail(format!("device {} is not available here", a.device));
+        }
+    }
+    match tch_memprof::profile_torchscript(&a.path, &inputs, a.train, device, &a.output_dir) {
+        Ok(step) => {
+            for f in &step.files {
+                println!("wrote {}", f.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}

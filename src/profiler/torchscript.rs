@@ -1,0 +1,155 @@
+//! One real step of a TorchScript file under the profiler, as `tch-memprof profile` runs
+//! it: the step timeline by category, the layers and FLOPs, the plot and a summary.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{catching, torch_message, Error, Result};
+use crate::estimate::Input;
+use crate::format::bytes;
+use crate::timeline::{Category, StepProfile};
+
+/// What [`profile_torchscript`] measured and wrote.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ProfiledStep {
+    /// The step, op by op.
+    pub profile: StepProfile,
+    /// The files written, in the output folder: `step.png`, `step.svg`, `timeline.csv`,
+    /// `layers.csv`, `summary.txt` (the profiler's own run files are beside them).
+    pub files: Vec<PathBuf>,
+}
+
+/// Loads the TorchScript file `path` on `device`, runs one step (inference, or for
+/// `train` a forward pass, the loss the estimate uses and a backward pass) on random
+/// inputs of these shapes under a profiler with the step timeline, and writes the plot,
+/// the CSV files and a summary into `output_dir`.
+pub fn profile_torchscript(
+    path: &Path,
+    inputs: &[Input],
+    train: bool,
+    device: Device,
+    output_dir: &Path,
+) -> Result<ProfiledStep> {
+    let label = path
+        .file_name()
+        .map_or(path.display().to_string(), |f| f.to_string_lossy().into());
+    if !path.is_file() {
+        return Err(Error::ModelLoad {
+            path: path.to_path_buf(),
+            reason: "no such file (a TorchScript model saved with torch.jit.save)".into(),
+        });
+    }
+    if inputs.is_empty() {
+        return Err(Error::InvalidInput {
+            name: "input",
+            value: "(none)".into(),
+            reason: "the model needs at least one input shape".into(),
+        });
+    }
+    let failed = |what: &str, reason: String| Error::DryRun {
+        model: label.clone(),
+        reason: format!("{what}: {reason}"),
+    };
+    let vs = tch::nn::VarStore::new(device);
+    let mut module =
+        tch::TrainableCModule::load(path, vs.root()).map_err(|e| Error::ModelLoad {
+            path: path.to_path_buf(),
+            reason: format!("cannot load as TorchScript: {}", torch_message(&e.to_string())),
+        })?;
+    if train {
+        module.set_train();
+    } else {
+        module.set_eval();
+    }
+    crate::fs::create_dir_all(output_dir)?;
+    let mut profiler = super::MemoryProfiler::builder(&vs)
+        .timeline_step(1)
+        .csv(true)
+        .csv_dir(output_dir)
+        .build()?;
+    let xs: Vec<Tensor> = inputs
+        .iter()
+        .map(|i| match i.kind {
+            Kind::Float | Kind::Half | Kind::BFloat16 | Kind::Double => {
+                Tensor::randn(i.shape.as_slice(), (i.kind, device))
+            }
+            k => Tensor::zeros(i.shape.as_slice(), (k, device)),
+        })
+        .collect();
+    let step = || -> Result<()> {
+        let out = module.forward_ts(&xs).map_err(|e| {
+            failed(
+                "the model's forward pass failed",
+                torch_message(&e.to_string()),
+            )
+        })?;
+        if train {
+            let loss = crate::estimate::loss(&out, |n| {
+                Ok(Tensor::zeros([n], (Kind::Int64, device)))
+            })
+            .map_err(|e| failed("the loss failed", e))?;
+            catching(|| loss.backward()).map_err(|e| failed("the backward pass failed", e))?;
+        }
+        Ok(())
+    };
+    if train {
+        step()?;
+    } else {
+        tch::no_grad(step)?;
+    }
+    profiler.record_stats();
+    let p = profiler.step_profile().cloned().ok_or_else(|| {
+        failed(
+            "profiling",
+            "the step was not profiled (see the warnings above)".into(),
+        )
+    })?;
+    let title = format!(
+        "{label} {}",
+        if train { "training step" } else { "inference" }
+    );
+    let file = |name: &str| output_dir.join(name);
+    p.plot(&file("step.png"), Some(&title))?;
+    p.plot(&file("step.svg"), Some(&title))?;
+    p.write_timeline_csv(&file("timeline.csv"))?;
+    p.write_layers_csv(&file("layers.csv"))?;
+    let summary = file("summary.txt");
+    write_summary(&summary, &p).map_err(|source| Error::Io {
+        path: summary.clone(),
+        source,
+    })?;
+    Ok(ProfiledStep {
+        profile: p,
+        files: ["step.png", "step.svg", "timeline.csv", "layers.csv", "summary.txt"]
+            .iter()
+            .map(|n| file(n))
+            .collect(),
+    })
+}
+
+fn write_summary(path: &Path, p: &StepProfile) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    let c = &p.category_max;
+    writeln!(f, "device: {}", p.device)?;
+    writeln!(f, "peak: {} during {}", bytes(p.peak.bytes), p.peak.location())?;
+    for cat in [
+        Category::Param,
+        Category::Buffer,
+        Category::Grad,
+        Category::Act,
+        Category::Temp,
+        Category::Opt,
+        Category::Other,
+    ] {
+        writeln!(f, "max {}: {}", cat.label(), bytes(c.get(cat)))?;
+    }
+    writeln!(
+        f,
+        "FLOPs: forward {}, backward {}",
+        p.forward_flops, p.backward_flops
+    )?;
+    f.flush()
+}
