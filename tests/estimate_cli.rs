@@ -122,8 +122,9 @@ print(sum(p.numel() * p.element_size() for p in list(m.parameters()) + list(m.bu
 
 fn export(dir: &Path) -> Option<(PathBuf, u64)> {
     let Some(python) = common::torch_python() else {
-        eprintln!(
-            "skipped: no Python with torch beside LIBTORCH (run through scripts/with-libtorch.sh)"
+        common::cannot_run(
+            "the TorchScript export by PyTorch: no Python with torch beside LIBTORCH \
+             (run through scripts/with-libtorch.sh)",
         );
         return None;
     };
