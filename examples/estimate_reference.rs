@@ -46,7 +46,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let [pre, h100] = [&gpus[0], &gpus[1]].map(|o| model.estimate(&input, Mode::Inference, o));
         let (pre, h100) = (pre?, h100?);
         let took = start.elapsed();
-        let cell = |ours: u64, theirs: f64| format!("{:.2} | {:+.1}%", mb(ours), pct(mb(ours), theirs));
+        let cell =
+            |ours: u64, theirs: f64| format!("{:.2} | {:+.1}%", mb(ours), pct(mb(ours), theirs));
         println!(
             "| {name} | {peak:.2} | {analyzer:.2} | {} | {} | {reserved:.2} | {} | {} | {:.2} s |",
             cell(pre.peak_allocated, peak),

@@ -68,7 +68,11 @@ fn profiler_matches_the_allocator_on_a_gpu() {
         );
         assert_eq!(s.weights_bytes, w);
         assert_eq!(s.gradients_bytes, w, "one gradient per weight, same shape");
-        assert_eq!(s.optimizer_state_bytes, 2 * w, "Adam: exp_avg and exp_avg_sq");
+        assert_eq!(
+            s.optimizer_state_bytes,
+            2 * w,
+            "Adam: exp_avg and exp_avg_sq"
+        );
         // x, y and the loss are alive at the report: 1 MiB, 2 KiB and one f32 scalar.
         let live = round(4 * 256 * 1024) + round(8 * 256) + round(4);
         assert!(s.other_bytes >= live, "{} < {live}", s.other_bytes);

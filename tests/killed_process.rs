@@ -92,7 +92,10 @@ fn kill_at_random(dir: &Path) -> (usize, Duration) {
     // Past the start (libtorch loading, the files created): the first report returned.
     let deadline = Instant::now() + Duration::from_secs(60);
     while completed.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the child reported no row in 60 s");
+        assert!(
+            Instant::now() < deadline,
+            "the child reported no row in 60 s"
+        );
         assert!(
             child.try_wait().unwrap().is_none(),
             "the child exited early"

@@ -15,7 +15,9 @@ use std::collections::HashMap;
 
 use tch::nn::ModuleT;
 use tch::{nn, Device, Kind, Tensor};
-use tch_memprof::models::{alexnet, mobilenet_v3_small, resnet101, resnet152, resnet18, resnet50, vgg16};
+use tch_memprof::models::{
+    alexnet, mobilenet_v3_small, resnet101, resnet152, resnet18, resnet50, vgg16,
+};
 
 /// torchvision's published `num_params` of `mobilenet_v3_small` (1000 classes).
 const TORCHVISION_NUM_PARAMS: i64 = 2_542_856;
@@ -318,7 +320,9 @@ fn resnet_by_formula(layers: [i64; 4], bottleneck: bool, num_classes: i64) -> i6
 /// torchvision's `vgg16` (configuration "D", no batch norm): thirteen 3x3 convolutions
 /// with bias, then 512x7x7 -> 4096 -> 4096 -> classes.
 fn vgg16_by_formula(num_classes: i64) -> i64 {
-    let channels = [64, 64, 128, 128, 256, 256, 256, 512, 512, 512, 512, 512, 512];
+    let channels = [
+        64, 64, 128, 128, 256, 256, 256, 512, 512, 512, 512, 512, 512,
+    ];
     let mut n = 0;
     let mut c_in = 3;
     for c in channels {
@@ -344,7 +348,10 @@ fn alexnet_by_formula(num_classes: i64) -> i64 {
 fn trainable_parameters(build: impl FnOnce(&nn::Path)) -> i64 {
     let vs = nn::VarStore::new(Device::Cpu);
     build(&vs.root());
-    vs.trainable_variables().iter().map(|t| t.numel() as i64).sum()
+    vs.trainable_variables()
+        .iter()
+        .map(|t| t.numel() as i64)
+        .sum()
 }
 
 #[test]
