@@ -1,18 +1,37 @@
 //! CUDA: on a machine without a GPU every CUDA path fails softly with a message (checked
 //! here, on CPU-only CI); with a GPU, the profiler's allocated bytes equal the caching
-//! allocator's own counter at every report and the categories add up.
+//! allocator's own counter at every report, the categories add up, and the weights,
+//! gradients and Adam state are the sizes computed by hand. The GPU checks print
+//! `NOT RUN: no CUDA device` on a machine without one (and pass, even under CI).
+//!
+//! Every test that starts a profiler takes `common::serial()`: one profiler per process,
+//! and cargo runs a binary's tests in parallel.
+
+mod common;
 
 use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
 use tch_memprof::MemoryProfiler;
 
+/// Without a GPU, the status says why in words naming CUDA; with one, it is Ok.
 #[test]
-fn cuda_fails_softly_without_a_gpu_and_matches_the_allocator_with_one() {
+fn cuda_status_says_why_without_a_gpu() {
+    match tch_memprof::cuda_status() {
+        Err(why) => {
+            assert!(!tch::Cuda::is_available(), "an error with a GPU: {why}");
+            assert!(why.contains("CUDA"), "{why}");
+        }
+        Ok(()) => assert!(tch::Cuda::is_available(), "Ok without a GPU"),
+    }
+}
+
+#[test]
+fn profiler_matches_the_allocator_on_a_gpu() {
+    let _serial = common::serial();
     if !tch::Cuda::is_available() {
-        let why = tch_memprof::cuda_status().expect_err("no CUDA here, so an error");
-        assert!(why.contains("CUDA"), "{why}");
-        // Written to the stderr handle, not eprintln!, so the test harness shows it.
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "cuda: skipped the GPU checks: {why}");
+        common::gpu_not_run(
+            "no CUDA device: the profiler's allocated bytes against the caching allocator's \
+             counter, and the weights, gradients and Adam state by hand",
+        );
         return;
     }
     let dev = Device::Cuda(0);
@@ -23,6 +42,10 @@ fn cuda_fails_softly_without_a_gpu_and_matches_the_allocator_with_one() {
         .add(nn::linear(vs.root() / "l2", 4096, 10, Default::default()));
     let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
     let mut p = MemoryProfiler::builder(&vs).print(false).build().unwrap();
+    // Every block the caching allocator hands out is rounded up to 512 bytes.
+    let round = |n: u64| n.div_ceil(512) * 512;
+    // Weights: 4 x (1024x4096 + 4096 + 4096x10 + 10), each rounded.
+    let w = round(4 * 1024 * 4096) + round(4 * 4096) + round(4 * 4096 * 10) + round(4 * 10);
     for _ in 0..3 {
         let x = Tensor::randn([256, 1024], (Kind::Float, dev));
         let y = Tensor::randint(10, [256], (Kind::Int64, dev));
@@ -31,41 +54,68 @@ fn cuda_fails_softly_without_a_gpu_and_matches_the_allocator_with_one() {
         loss.backward();
         opt.step();
         p.record_stats();
+        // The allocator's counter read here, after the report, with nothing allocated
+        // in between.
+        let now = tch_memprof::cuda::stats(0).unwrap();
         let s = p.last_stats().unwrap();
         let c = s.cuda.expect("allocator statistics on CUDA");
         assert_eq!(s.allocated_bytes as i64, c.allocated_current);
+        assert_eq!(s.allocated_bytes as i64, now.allocated_current);
+        assert!(c.reserved_current >= c.allocated_current);
         assert_eq!(
             s.allocated_bytes,
             s.weights_bytes + s.gradients_bytes + s.optimizer_state_bytes + s.other_bytes
         );
-        // Weights: 4 x (1024x4096 + 4096 + 4096x10 + 10), each rounded to 512 bytes.
-        let round = |n: u64| n.div_ceil(512) * 512;
-        let w = round(4 * 1024 * 4096) + round(4 * 4096) + round(4 * 4096 * 10) + round(4 * 10);
         assert_eq!(s.weights_bytes, w);
-        assert_eq!(s.optimizer_state_bytes, 2 * w);
+        assert_eq!(s.gradients_bytes, w, "one gradient per weight, same shape");
+        assert_eq!(
+            s.optimizer_state_bytes,
+            2 * w,
+            "Adam: exp_avg and exp_avg_sq"
+        );
+        // x, y and the loss are alive at the report: 1 MiB, 2 KiB and one f32 scalar.
+        let live = round(4 * 256 * 1024) + round(8 * 256) + round(4);
+        assert!(s.other_bytes >= live, "{} < {live}", s.other_bytes);
     }
     assert_eq!(p.failures(), 0);
 }
 
-/// The explicit allocator calls, snapshots and OOM forensics: soft failures without a
-/// GPU; with one, their effect on the allocator's counters, a CUDA snapshot, and an
+/// The explicit allocator calls and snapshots fail softly without a GPU, each with a
+/// reason; with one, they succeed.
+#[test]
+fn allocator_calls_fail_softly_without_a_gpu() {
+    let _serial = common::serial();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let p = MemoryProfiler::builder(&vs).print(false).build().unwrap();
+    let e = p.write_cuda_allocator_snapshot("x.pickle").unwrap_err();
+    assert!(e.to_string().contains("CUDA VarStore"), "{e}");
+    drop(p);
+    if tch::Cuda::is_available() {
+        tch_memprof::cuda::stats(0).unwrap();
+        tch_memprof::cuda::reset_peak_stats(0).unwrap();
+        tch_memprof::cuda::empty_cache().unwrap();
+        return;
+    }
+    for (what, r) in [
+        ("stats", tch_memprof::cuda::stats(0).map(|_| ())),
+        ("reset_peak_stats", tch_memprof::cuda::reset_peak_stats(0)),
+        ("empty_cache", tch_memprof::cuda::empty_cache()),
+    ] {
+        let e = r.expect_err(what).to_string();
+        assert!(e.contains("CUDA is not available"), "{what}: {e}");
+    }
+    assert!(tch_memprof::cuda::devices_in_use().is_empty());
+}
+
+/// With a GPU: the allocator calls' effect on its counters, a CUDA snapshot, and an
 /// out-of-memory error provoked on purpose that is reported while the loop goes on.
 #[test]
 fn allocator_calls_snapshots_and_oom_on_cuda() {
+    let _serial = common::serial();
     if !tch::Cuda::is_available() {
-        for (what, r) in [
-            ("stats", tch_memprof::cuda::stats(0).map(|_| ())),
-            ("reset_peak_stats", tch_memprof::cuda::reset_peak_stats(0)),
-            ("empty_cache", tch_memprof::cuda::empty_cache()),
-        ] {
-            let e = r.expect_err(what).to_string();
-            assert!(e.contains("CUDA is not available"), "{what}: {e}");
-        }
-        assert!(tch_memprof::cuda::devices_in_use().is_empty());
-        let vs = nn::VarStore::new(Device::Cpu);
-        let p = MemoryProfiler::builder(&vs).print(false).build().unwrap();
-        let e = p.write_cuda_allocator_snapshot("x.pickle").unwrap_err();
-        assert!(e.to_string().contains("CUDA VarStore"), "{e}");
+        common::gpu_not_run(
+            "no CUDA device: empty_cache, reset_peak_stats, CUDA snapshots and the OOM report",
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();

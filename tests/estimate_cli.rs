@@ -22,13 +22,20 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// torchvision's published `num_params` of `alexnet` (no buffers: no batch norm).
+const ALEXNET_NUM_PARAMS: u64 = 61_100_840;
+
+/// docs/estimate.md's reference table: AlexNet at batch 1 before Hopper, peak allocated
+/// and reserved in MiB (tests/estimate.rs checks them against the measured reference).
+const ALEXNET_DOCUMENTED: (f64, f64) = (242.21, 246.00);
+
 #[test]
 fn csv_rows_are_the_librarys_estimates() {
     let _serial = common::serial();
     let out = cli(&[
         "estimate",
         "--model",
-        "mobilenet_v3_small",
+        "alexnet",
         "--batch-sizes",
         "1,4",
         "--csv",
@@ -41,8 +48,28 @@ fn csv_rows_are_the_librarys_estimates() {
         "model,batch,mode,weights_bytes,peak_allocated_bytes,peak_reserved_bytes"
     );
     assert_eq!(lines.len(), 3, "{stdout}");
-    let model = Model::builtin("mobilenet_v3_small").unwrap();
+    let model = Model::builtin("alexnet").unwrap();
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     for (line, b) in lines[1..].iter().zip([1i64, 4]) {
+        let fields: Vec<&str> = line.split(',').collect();
+        let field = |i: usize| fields[i].parse::<u64>().unwrap();
+        // Weights: torchvision's parameter count, 4 bytes each.
+        assert_eq!(field(3), 4 * ALEXNET_NUM_PARAMS, "{line}");
+        // The peak holds at least the weights and the batch (b x 3 x 224 x 224 floats).
+        assert!(field(4) >= 4 * ALEXNET_NUM_PARAMS + 4 * 3 * 224 * 224 * b as u64);
+        assert!(field(5) >= field(4));
+        if b == 1 {
+            let (peak, reserved) = ALEXNET_DOCUMENTED;
+            assert!(
+                (mib(field(4)) - peak).abs() <= 0.01,
+                "{line}: documented {peak}"
+            );
+            assert!(
+                (mib(field(5)) - reserved).abs() <= 0.01,
+                "{line}: documented {reserved}"
+            );
+        }
+        // And the library's estimate, the same.
         let e = model
             .estimate(
                 &[Input::new(&[b, 3, 224, 224], Kind::Float)],
@@ -53,7 +80,7 @@ fn csv_rows_are_the_librarys_estimates() {
         assert_eq!(
             *line,
             format!(
-                "mobilenet_v3_small,{b},inference,{},{},{}",
+                "alexnet,{b},inference,{},{},{}",
                 e.weights_bytes, e.peak_allocated, e.peak_reserved
             )
         );
@@ -107,8 +134,8 @@ fn bad_input_is_one_line_and_exit_2() {
     assert!(err.contains("forward pass failed"), "{err}");
 }
 
-/// A small CNN exported by PyTorch with torch.jit.trace; prints its parameter and
-/// buffer bytes (as PyTorch counts them).
+/// A small CNN exported by PyTorch with torch.jit.trace; prints its parameter bytes and
+/// its buffer bytes (as PyTorch counts them).
 const EXPORT: &str = r#"
 import sys, torch
 from torch import nn
@@ -117,13 +144,16 @@ m = nn.Sequential(
     nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 16 * 16, 10)).eval()
 t = torch.jit.trace(m, torch.randn(2, 3, 32, 32))
 t.save(sys.argv[1])
-print(sum(p.numel() * p.element_size() for p in list(m.parameters()) + list(m.buffers())))
+print(sum(p.numel() * p.element_size() for p in m.parameters()),
+      sum(b.numel() * b.element_size() for b in m.buffers()))
 "#;
 
-fn export(dir: &Path) -> Option<(PathBuf, u64)> {
+/// The exported file, its parameter bytes and its buffer bytes.
+fn export(dir: &Path) -> Option<(PathBuf, u64, u64)> {
     let Some(python) = common::torch_python() else {
-        eprintln!(
-            "skipped: no Python with torch beside LIBTORCH (run through scripts/with-libtorch.sh)"
+        common::cannot_run(
+            "the TorchScript export by PyTorch: no Python with torch beside LIBTORCH \
+             (run through scripts/with-libtorch.sh)",
         );
         return None;
     };
@@ -133,27 +163,54 @@ fn export(dir: &Path) -> Option<(PathBuf, u64)> {
         .output()
         .expect("runs python");
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let bytes = text(&out.stdout).trim().parse().unwrap();
-    Some((path, bytes))
+    let stdout = text(&out.stdout);
+    let mut bytes = stdout.split_whitespace().map(|n| n.parse::<u64>().unwrap());
+    Some((path, bytes.next().unwrap(), bytes.next().unwrap()))
+}
+
+/// The CNN's sizes by hand (f32 unless said): conv 16x3x3x3 + 16, batch norm 4 x 16
+/// (weight, bias, running mean and variance) and num_batches_tracked (one int64), linear
+/// 10x4096 + 10; the batch 8x3x32x32; the conv's and the batch norm's outputs
+/// 8x16x32x32; max pooling's output 8x16x16x16 and its int64 indices; the logits 8x10.
+const PARAM_BYTES: u64 = 4 * (16 * 3 * 3 * 3 + 16 + 2 * 16 + 10 * 4096 + 10);
+const BUFFER_BYTES: u64 = 4 * 2 * 16 + 8;
+const INPUT_BYTES: u64 = 4 * 8 * 3 * 32 * 32;
+const CONV_OUT_BYTES: u64 = 4 * 8 * 16 * 32 * 32;
+const POOL_OUT_BYTES: u64 = 4 * 8 * 16 * 16 * 16;
+const POOL_INDICES_BYTES: u64 = 8 * 8 * 16 * 16 * 16;
+const LOGITS_BYTES: u64 = 4 * 8 * 10;
+
+/// The CUDA caching allocator's 512-byte rounding.
+fn round(n: u64) -> u64 {
+    n.div_ceil(512) * 512
 }
 
 #[test]
 fn a_torchscript_file_is_estimated_and_profiled() {
     let _serial = common::serial();
     let dir = tempfile::tempdir().unwrap();
-    let Some((pt, weight_bytes)) = export(dir.path()) else {
+    let Some((pt, param_bytes, buffer_bytes)) = export(dir.path()) else {
         return;
     };
+    // PyTorch's count and the count by hand agree.
+    assert_eq!((param_bytes, buffer_bytes), (PARAM_BYTES, BUFFER_BYTES));
+    let weight_bytes = param_bytes + buffer_bytes;
     let model = Model::torchscript(&pt).unwrap();
     assert_eq!(model.weights_bytes(), weight_bytes);
     let input = [Input::new(&[8, 3, 32, 32], Kind::Float)];
     let inference = model
         .estimate(&input, Mode::Inference, &Options::default())
         .unwrap();
-    // The batch alone is 8x3x32x32 floats; the conv output 8x16x32x32 floats is live at
-    // the peak beside it.
-    assert!(inference.baseline_allocated >= weight_bytes + 8 * 3 * 32 * 32 * 4);
-    assert!(inference.peak_allocated >= inference.baseline_allocated + 8 * 16 * 32 * 32 * 4);
+    // Before the forward pass: each of the 8 variables and the batch in its own block,
+    // rounded to 512 bytes (all are small requests, split from 2 MiB segments).
+    let variables = round(4 * 16 * 3 * 3 * 3)
+        + 5 * round(4 * 16)
+        + round(8)
+        + round(4 * 10 * 4096)
+        + round(4 * 10);
+    assert_eq!(inference.baseline_allocated, variables + round(INPUT_BYTES));
+    // The conv output 8x16x32x32 floats is live at the peak beside them.
+    assert!(inference.peak_allocated >= inference.baseline_allocated + CONV_OUT_BYTES);
     let train = model
         .estimate(
             &input,
@@ -161,8 +218,10 @@ fn a_torchscript_file_is_estimated_and_profiled() {
             &Options::default(),
         )
         .unwrap();
-    // Gradients and Adam's two states come on top of the weights.
-    assert!(train.peak_allocated >= inference.baseline_allocated + 3 * weight_bytes);
+    // Gradients and Adam's two states come on top of the parameters, each rounded.
+    let params =
+        round(4 * 16 * 3 * 3 * 3) + 3 * round(4 * 16) + round(4 * 10 * 4096) + round(4 * 10);
+    assert!(train.peak_allocated >= inference.baseline_allocated + 3 * params);
 
     let out = cli(&[
         "estimate",
@@ -185,16 +244,71 @@ fn a_torchscript_file_is_estimated_and_profiled() {
         results.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    for f in [
-        "step.png",
-        "step.svg",
-        "timeline.csv",
-        "layers.csv",
-        "summary.txt",
-    ] {
+    for f in ["step.png", "step.svg", "summary.txt"] {
         let len = std::fs::metadata(results.join(f))
             .map(|m| m.len())
             .unwrap_or(0);
         assert!(len > 0, "{f} missing or empty");
     }
+
+    // The step's timeline, one row per op: the parameters' bytes at every op, the
+    // activations each forward op adds by hand, and every gradient at the end.
+    let mut r = csv::Reader::from_path(results.join("timeline.csv")).unwrap();
+    let h = r.headers().unwrap().clone();
+    let col = |name: &str| h.iter().position(|c| c == name).unwrap();
+    let (op, phase, params_col, grads, act) = (
+        col("op"),
+        col("phase"),
+        col("param_bytes"),
+        col("grad_bytes"),
+        col("act_bytes"),
+    );
+    let rows: Vec<csv::StringRecord> = r.records().map(|r| r.unwrap()).collect();
+    let num = |row: &csv::StringRecord, i: usize| row[i].parse::<u64>().unwrap();
+    for row in &rows {
+        assert_eq!(num(row, params_col), PARAM_BYTES, "{row:?}");
+    }
+    let act_added = |name: &str| {
+        let i = rows
+            .iter()
+            .position(|row| &row[op] == name && &row[phase] == "forward")
+            .unwrap_or_else(|| panic!("no forward {name} in the timeline"));
+        let before = if i == 0 { 0 } else { num(&rows[i - 1], act) };
+        num(&rows[i], act) - before
+    };
+    assert_eq!(act_added("aten::randn"), INPUT_BYTES, "the batch");
+    assert_eq!(act_added("aten::_convolution"), CONV_OUT_BYTES);
+    assert_eq!(act_added("aten::relu_"), 0, "in place");
+    assert_eq!(
+        act_added("aten::max_pool2d"),
+        POOL_OUT_BYTES + POOL_INDICES_BYTES,
+        "output and indices"
+    );
+    assert_eq!(act_added("aten::linear"), LOGITS_BYTES);
+    let phases: Vec<&str> = rows.iter().map(|row| &row[phase]).collect();
+    let first_backward = phases.iter().position(|p| *p == "backward").unwrap();
+    assert!(phases[..first_backward].iter().all(|p| *p == "forward"));
+    assert!(phases[first_backward..].iter().all(|p| *p != "forward"));
+    let last = rows.last().unwrap();
+    assert_eq!(
+        num(last, grads),
+        PARAM_BYTES,
+        "one f32 gradient per parameter"
+    );
+
+    // One layer (the file has no layer names): its parameters' bytes are PyTorch's.
+    let layers = std::fs::read_to_string(results.join("layers.csv")).unwrap();
+    let layers: Vec<&str> = layers.lines().collect();
+    assert_eq!(
+        layers[0],
+        "layer,parameters_bytes,activation_bytes,forward_flops,backward_flops"
+    );
+    assert_eq!(layers.len(), 2, "{layers:?}");
+    let fields: Vec<&str> = layers[1].split(',').collect();
+    assert_eq!(fields[1].parse::<u64>().unwrap(), param_bytes);
+    // Forward FLOPs: at least the conv's 2 x 8x16x32x32 x 3x3x3 and the linear layer's
+    // 2 x 8 x 4096 x 10 multiply-adds.
+    let conv_flops = 2 * 8 * 16 * 32 * 32 * 3 * 3 * 3;
+    let linear_flops = 2 * 8 * 4096 * 10;
+    assert!(fields[3].parse::<u64>().unwrap() >= conv_flops + linear_flops);
 }

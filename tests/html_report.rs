@@ -6,7 +6,7 @@
 //! a screenshot (target/report-check/report.png).
 //!
 //! Chromium is found on PATH (`chromium`) or at $TCH_MEMPROF_CHROMIUM; without it the
-//! browser part is skipped with a message (scripts/check-report.sh installs it and runs
+//! browser part prints `NOT RUN: ...` (and fails when `CI` is set) (scripts/check-report.sh installs it and runs
 //! this test; CI runs that script).
 
 mod common;
@@ -140,8 +140,9 @@ fn the_report_of_a_real_run_renders_its_figures_and_escapes_names() {
     assert!(html.len() < 2 << 20, "{} bytes", html.len());
 
     let Some(chrome) = chromium() else {
-        eprintln!(
-            "SKIPPED the browser check: chromium not found (scripts/check-report.sh installs it)"
+        cannot_run(
+            "the browser check of the HTML report: chromium not found on PATH or at \
+             $TCH_MEMPROF_CHROMIUM (scripts/check-report.sh installs it)",
         );
         return;
     };

@@ -1,20 +1,32 @@
 //! A process killed mid-run leaves CSV files that parse, with every completed row.
 //!
-//! The test re-runs this test binary as a child that trains forever, kills it with
-//! SIGKILL once rows have appeared, and parses what it left.
+//! The test re-runs this test binary as a child that trains as fast as it can (no
+//! sleep: the time is spent in training and in the profiler's writes) and says on stdout
+//! how many `record_stats` calls have returned. Several times over, once the first has
+//! returned, the parent waits a random delay (seeded from the clock and std's
+//! `RandomState`), kills the child with SIGKILL, and parses what it left: every row of
+//! each file complete, and as many rows as the child had finished (plus at most the one
+//! it was writing when killed).
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
 
 const CHILD_DIR: &str = "TCH_MEMPROF_CHILD_CSV_DIR";
 
-/// The child: trains until killed. Ignored in normal runs; started by the test below.
+/// The child: trains until killed, printing `completed N` after the N-th
+/// `record_stats` returned. Ignored in normal runs; started by the test below.
 #[test]
-#[ignore = "helper process for killed_mid_run_leaves_complete_rows"]
+#[ignore = "helper process for killed_at_random_points_leaves_complete_rows"]
 fn child_training_loop() {
+    use std::io::Write;
     let dir = std::env::var(CHILD_DIR).expect("started by the parent test");
     let vs = nn::VarStore::new(Device::Cpu);
     let net = nn::linear(vs.root() / "fc", 64, 8, Default::default());
@@ -26,13 +38,26 @@ fn child_training_loop() {
         .csv_dir(&dir)
         .build()
         .unwrap();
-    loop {
+    let mut out = std::io::stdout().lock();
+    for n in 1u64.. {
         let x = Tensor::randn([16, 64], (Kind::Float, Device::Cpu));
         let loss = net.forward(&x).mean(Kind::Float);
         opt.backward_step(&loss);
         p.record_stats();
-        std::thread::sleep(Duration::from_millis(2));
+        writeln!(out, "completed {n}").unwrap();
+        out.flush().unwrap();
     }
+}
+
+/// A random delay in [0, max): std's `RandomState` (randomly keyed per process and per
+/// instance) hashing the clock.
+fn random_delay(max: Duration) -> Duration {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let r = RandomState::new().hash_one(nanos);
+    Duration::from_nanos(r % max.as_nanos() as u64)
 }
 
 fn csv_files(dir: &Path) -> Vec<PathBuf> {
@@ -41,83 +66,109 @@ fn csv_files(dir: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-fn summary_rows(dir: &Path) -> usize {
-    csv_files(dir)
-        .iter()
-        .find(|p| p.to_string_lossy().ends_with("_summary.csv"))
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .map(|s| s.lines().count().saturating_sub(1))
-        .unwrap_or(0)
-}
-
-#[test]
-fn killed_mid_run_leaves_complete_rows() {
-    let dir = tempfile::tempdir().unwrap();
+/// One run of the child killed at a random point of its loop; returns (rows it reported
+/// complete, delay).
+fn kill_at_random(dir: &Path) -> (usize, Duration) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", "child_training_loop", "--nocapture"])
-        .env(CHILD_DIR, dir.path())
-        .stdout(Stdio::null())
+        .env(CHILD_DIR, dir)
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let completed = Arc::new(AtomicUsize::new(0));
+    let reader = {
+        let completed = completed.clone();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(n) = line.strip_prefix("completed ") {
+                    completed.store(n.parse().unwrap(), Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    // Past the start (libtorch loading, the files created): the first report returned.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while summary_rows(dir.path()) < 20 {
-        assert!(Instant::now() < deadline, "the child wrote no rows in 60 s");
+    while completed.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the child reported no row in 60 s"
+        );
         assert!(
             child.try_wait().unwrap().is_none(),
             "the child exited early"
         );
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(1));
     }
+    let delay = random_delay(Duration::from_millis(300));
+    std::thread::sleep(delay);
     child.kill().unwrap(); // SIGKILL: no destructor, no flush at exit
     child.wait().unwrap();
+    reader.join().unwrap(); // everything the child printed before it died
+    (completed.load(Ordering::SeqCst), delay)
+}
 
-    let files = csv_files(dir.path());
-    // Summary, parameters and wide (no epoch ended, so no epochs file), and the run's
-    // description written at build; nothing else.
-    assert_eq!(files.len(), 4, "{files:?}");
-    let mut counts = Vec::new();
-    for path in &files {
-        let text = std::fs::read_to_string(path).unwrap();
-        assert!(
-            text.ends_with('\n'),
-            "{}: the last row is complete",
-            path.display()
+#[test]
+fn killed_at_random_points_leaves_complete_rows() {
+    for round in 0..6 {
+        let dir = tempfile::tempdir().unwrap();
+        let (done, delay) = kill_at_random(dir.path());
+        let files = csv_files(dir.path());
+        let at = format!("round {round}: killed after {delay:?}, {done} reports returned");
+        println!("{at}");
+        // Summary, parameters and wide (no epoch ended, so no epochs file), and the
+        // run's description written at build; nothing else.
+        assert_eq!(files.len(), 4, "{at}: {files:?}");
+        let mut counts = Vec::new();
+        for path in &files {
+            let text = std::fs::read_to_string(path).unwrap();
+            assert!(
+                text.ends_with('\n'),
+                "{at}: {}: the last row is complete",
+                path.display()
+            );
+            let mut r = csv::ReaderBuilder::new()
+                .flexible(false)
+                .from_path(path)
+                .unwrap();
+            let width = r.headers().unwrap().len();
+            let rows: Vec<csv::StringRecord> = r
+                .records()
+                .map(|r| r.unwrap_or_else(|e| panic!("{at}: {}: {e}", path.display())))
+                .collect();
+            assert!(
+                rows.iter().all(|r| r.len() == width),
+                "{at}: {}",
+                path.display()
+            );
+            counts.push((path.clone(), rows.len()));
+        }
+        let rows_of = |suffix: &str| {
+            counts
+                .iter()
+                .find(|(p, _)| p.to_string_lossy().ends_with(suffix))
+                .map(|(_, n)| *n)
+                .unwrap()
+        };
+        assert_eq!(
+            rows_of("_run.csv"),
+            4,
+            "{at}: tch_memprof, libtorch, device, started"
         );
-        let mut r = csv::ReaderBuilder::new()
-            .flexible(false)
-            .from_path(path)
-            .unwrap();
-        let width = r.headers().unwrap().len();
-        let rows: Vec<csv::StringRecord> = r.records().map(|r| r.unwrap()).collect();
-        assert!(rows.iter().all(|r| r.len() == width), "{}", path.display());
-        counts.push((path.clone(), rows.len()));
+        // One summary row and one wide row per record_stats: every one that returned,
+        // and at most the one in progress at the kill.
+        for file in ["_summary.csv", "_wide.csv"] {
+            let n = rows_of(file);
+            assert!(n == done || n == done + 1, "{at}: {file} has {n} rows");
+        }
+        // The parameters file: four rows per record_stats (weight and bias, and their
+        // gradients).
+        let params = rows_of("_parameters.csv");
+        assert!(
+            params >= 4 * done && params <= 4 * (done + 1),
+            "{at}: {params} parameter rows"
+        );
     }
-    // Summary and wide files have one row per completed record_stats; the parameter
-    // file two per iteration (weight and bias) plus their gradients.
-    let rows_of = |suffix: &str| {
-        counts
-            .iter()
-            .find(|(p, _)| p.to_string_lossy().ends_with(suffix))
-            .map(|(_, n)| *n)
-            .unwrap()
-    };
-    let summary = rows_of("_summary.csv");
-    assert!(summary >= 20);
-    assert_eq!(
-        rows_of("_run.csv"),
-        4,
-        "tch_memprof, libtorch, device, started"
-    );
-    let wide = rows_of("_wide.csv");
-    let params = rows_of("_parameters.csv");
-    // The kill can land between files of one record_stats: at most one row apart.
-    assert!(
-        wide == summary || wide + 1 == summary,
-        "wide {wide} summary {summary}"
-    );
-    assert!(
-        params.div_ceil(4) >= summary.saturating_sub(1),
-        "params {params} summary {summary}"
-    );
 }

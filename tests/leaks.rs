@@ -312,6 +312,9 @@ fn a_budget_failure_names_what_went_over_and_the_largest_consumers() {
 
 #[test]
 fn warmup_of_zero_epochs_is_refused() {
+    // The builder refuses before it starts anything today; the lock keeps this test
+    // right if a profiler were ever started first.
+    let _serial = common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let err = MemoryProfiler::builder(&vs)
         .leak_warmup_epochs(0)

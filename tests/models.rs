@@ -1,15 +1,23 @@
-//! `tch_memprof::estimate::models::mobilenet_v3_small` against torchvision's definition: the
-//! variables (names, shapes, trainable or buffer, order of creation) and the parameter
-//! count are derived here, independently, from torchvision's inverted-residual table and
-//! compared with the store, and the count with torchvision's published 2,542,856; a
-//! forward pass gives `[N, classes]` in train and eval mode and backward reaches every
-//! trainable variable.
+//! `tch_memprof::estimate::models` against torchvision's definitions.
+//!
+//! `mobilenet_v3_small`: the variables (names, shapes, trainable or buffer, order of
+//! creation) and the parameter count are derived here, independently, from torchvision's
+//! inverted-residual table and compared with the store, and the count with torchvision's
+//! published 2,542,856; a forward pass gives `[N, classes]` in train and eval mode and
+//! backward reaches every trainable variable.
+//!
+//! ResNet-18/50/101/152, VGG-16 and AlexNet: the trainable parameter count of each built
+//! model equals torchvision's published `num_params` (its model weights tables), and the
+//! same count is derived here by formula from the architecture (layer by layer, as
+//! torchvision's `resnet.py`, `vgg.py` and `alexnet.py` define it).
 
 use std::collections::HashMap;
 
 use tch::nn::ModuleT;
 use tch::{nn, Device, Kind, Tensor};
-use tch_memprof::estimate::models::mobilenet_v3_small;
+use tch_memprof::estimate::models::{
+    alexnet, mobilenet_v3_small, resnet101, resnet152, resnet18, resnet50, vgg16,
+};
 
 /// torchvision's published `num_params` of `mobilenet_v3_small` (1000 classes).
 const TORCHVISION_NUM_PARAMS: i64 = 2_542_856;
@@ -255,4 +263,133 @@ fn forward_and_backward() {
     assert!(a.equal(&b));
     let after_eval = vs.variables()["features.0.1.running_mean"].copy();
     assert!(after.equal(&after_eval));
+}
+
+/// torchvision's published `num_params` (1000 classes), from its model weights tables
+/// (`ResNet18_Weights.IMAGENET1K_V1.meta["num_params"]` and so on).
+const TORCHVISION_PUBLISHED: [(&str, i64); 6] = [
+    ("resnet18", 11_689_512),
+    ("resnet50", 25_557_032),
+    ("resnet101", 44_549_160),
+    ("resnet152", 60_192_808),
+    ("vgg16", 138_357_544),
+    ("alexnet", 61_100_840),
+];
+
+/// A k x k convolution from `c_in` to `c_out` channels, with or without a bias.
+fn conv(c_in: i64, c_out: i64, k: i64, bias: bool) -> i64 {
+    c_out * c_in * k * k + if bias { c_out } else { 0 }
+}
+
+/// A linear layer with bias.
+fn linear(c_in: i64, c_out: i64) -> i64 {
+    c_in * c_out + c_out
+}
+
+/// torchvision's `ResNet`: a 7x7 stem convolution and batch norm; four stages of 64,
+/// 128, 256, 512 planes; a BasicBlock is two 3x3 convolutions (expansion 1), a
+/// Bottleneck 1x1, 3x3, 1x1 (expansion 4), each convolution without bias and followed by
+/// a batch norm (2 parameters a channel); the first block of a stage has a 1x1
+/// downsample convolution and batch norm when the stride is not 1 or the channels change;
+/// then a linear layer from 512 x expansion to the classes.
+fn resnet_by_formula(layers: [i64; 4], bottleneck: bool, num_classes: i64) -> i64 {
+    let bn = |c: i64| 2 * c;
+    let expansion = if bottleneck { 4 } else { 1 };
+    let mut n = conv(3, 64, 7, false) + bn(64);
+    let mut inplanes = 64;
+    for (stage, (planes, blocks)) in [64, 128, 256, 512].into_iter().zip(layers).enumerate() {
+        for block in 0..blocks {
+            let stride = if stage > 0 && block == 0 { 2 } else { 1 };
+            if bottleneck {
+                n += conv(inplanes, planes, 1, false) + bn(planes);
+                n += conv(planes, planes, 3, false) + bn(planes);
+                n += conv(planes, planes * 4, 1, false) + bn(planes * 4);
+            } else {
+                n += conv(inplanes, planes, 3, false) + bn(planes);
+                n += conv(planes, planes, 3, false) + bn(planes);
+            }
+            if block == 0 && (stride != 1 || inplanes != planes * expansion) {
+                n += conv(inplanes, planes * expansion, 1, false) + bn(planes * expansion);
+            }
+            inplanes = planes * expansion;
+        }
+    }
+    n + linear(512 * expansion, num_classes)
+}
+
+/// torchvision's `vgg16` (configuration "D", no batch norm): thirteen 3x3 convolutions
+/// with bias, then 512x7x7 -> 4096 -> 4096 -> classes.
+fn vgg16_by_formula(num_classes: i64) -> i64 {
+    let channels = [
+        64, 64, 128, 128, 256, 256, 256, 512, 512, 512, 512, 512, 512,
+    ];
+    let mut n = 0;
+    let mut c_in = 3;
+    for c in channels {
+        n += conv(c_in, c, 3, true);
+        c_in = c;
+    }
+    n + linear(512 * 7 * 7, 4096) + linear(4096, 4096) + linear(4096, num_classes)
+}
+
+/// torchvision's `alexnet`: convolutions 3->64 (11x11), 64->192 (5x5), 192->384,
+/// 384->256, 256->256 (3x3), all with bias, then 256x6x6 -> 4096 -> 4096 -> classes.
+fn alexnet_by_formula(num_classes: i64) -> i64 {
+    conv(3, 64, 11, true)
+        + conv(64, 192, 5, true)
+        + conv(192, 384, 3, true)
+        + conv(384, 256, 3, true)
+        + conv(256, 256, 3, true)
+        + linear(256 * 6 * 6, 4096)
+        + linear(4096, 4096)
+        + linear(4096, num_classes)
+}
+
+fn trainable_parameters(build: impl FnOnce(&nn::Path)) -> i64 {
+    let vs = nn::VarStore::new(Device::Cpu);
+    build(&vs.root());
+    vs.trainable_variables()
+        .iter()
+        .map(|t| t.numel() as i64)
+        .sum()
+}
+
+#[test]
+fn resnet_vgg_and_alexnet_parameter_counts_are_torchvisions() {
+    for (name, published) in TORCHVISION_PUBLISHED {
+        let (by_formula, built) = match name {
+            "resnet18" => (
+                resnet_by_formula([2, 2, 2, 2], false, 1000),
+                trainable_parameters(|p| drop(resnet18(p, 1000))),
+            ),
+            "resnet50" => (
+                resnet_by_formula([3, 4, 6, 3], true, 1000),
+                trainable_parameters(|p| drop(resnet50(p, 1000))),
+            ),
+            "resnet101" => (
+                resnet_by_formula([3, 4, 23, 3], true, 1000),
+                trainable_parameters(|p| drop(resnet101(p, 1000))),
+            ),
+            "resnet152" => (
+                resnet_by_formula([3, 8, 36, 3], true, 1000),
+                trainable_parameters(|p| drop(resnet152(p, 1000))),
+            ),
+            "vgg16" => (
+                vgg16_by_formula(1000),
+                trainable_parameters(|p| drop(vgg16(p, 1000))),
+            ),
+            "alexnet" => (
+                alexnet_by_formula(1000),
+                trainable_parameters(|p| drop(alexnet(p, 1000))),
+            ),
+            _ => unreachable!(),
+        };
+        assert_eq!(by_formula, published, "{name}: the formula");
+        assert_eq!(built, published, "{name}: the built model");
+    }
+    // Another number of classes changes only the last layer.
+    assert_eq!(
+        trainable_parameters(|p| drop(resnet18(p, 10))),
+        resnet_by_formula([2, 2, 2, 2], false, 10)
+    );
 }

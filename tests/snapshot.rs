@@ -3,7 +3,8 @@
 //! segment_plot) and shows the same bytes as the allocator's counter.
 //!
 //! Needs the Python of the pinned torch wheel (the one `scripts/with-libtorch.sh`
-//! provisions); skips with a message when LIBTORCH is not inside such an environment.
+//! provisions); prints `NOT RUN: ...` when LIBTORCH is not inside such an environment
+//! (and fails when `CI` is set).
 
 mod common;
 
@@ -43,10 +44,9 @@ print("html_bytes", len(html))
 fn a_cpu_snapshot_loads_in_pytorchs_viewer_with_the_allocators_bytes() {
     let _serial = common::serial();
     let Some(python) = torch_python() else {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: no Python with torch beside LIBTORCH (run through scripts/with-libtorch.sh)"
+        cannot_run(
+            "the snapshot in PyTorch's viewer: no Python with torch beside LIBTORCH \
+             (run through scripts/with-libtorch.sh)",
         );
         return;
     };

@@ -108,3 +108,21 @@ pub fn torch_python() -> Option<std::path::PathBuf> {
     let py = venv.join("bin").join("python3");
     py.exists().then_some(py)
 }
+
+/// A check that cannot run here: says so on the test's stderr handle (which the test
+/// harness does not capture, so it shows even when the test passes) as
+/// `NOT RUN: {what}`, and fails the test when `CI` is set, where every check must run.
+pub fn cannot_run(what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "NOT RUN: {what}");
+    if std::env::var_os("CI").is_some() {
+        panic!("NOT RUN under CI: {what}");
+    }
+}
+
+/// A GPU check on a machine without one: says `NOT RUN: {what}` the same way, and passes
+/// even under `CI` (CI machines have no GPU; GPU checks are reported as not run).
+pub fn gpu_not_run(what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "NOT RUN: {what}");
+}
