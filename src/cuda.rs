@@ -37,6 +37,25 @@ pub struct CudaStats {
     pub total_bytes: i64,
 }
 
+impl From<ffi::CudaStats> for CudaStats {
+    fn from(s: ffi::CudaStats) -> Self {
+        CudaStats {
+            allocated_current: s.allocated_current,
+            allocated_peak: s.allocated_peak,
+            reserved_current: s.reserved_current,
+            reserved_peak: s.reserved_peak,
+            active_current: s.active_current,
+            active_peak: s.active_peak,
+            requested_current: s.requested_current,
+            requested_peak: s.requested_peak,
+            alloc_retries: s.alloc_retries,
+            ooms: s.ooms,
+            free_bytes: s.free_bytes,
+            total_bytes: s.total_bytes,
+        }
+    }
+}
+
 /// Whether CUDA is usable by the profiler, and if not, why (no driver, a CPU-only
 /// libtorch, no CUDA tensor allocated yet, ...).
 pub fn status() -> std::result::Result<(), String> {
@@ -47,7 +66,7 @@ pub fn status() -> std::result::Result<(), String> {
 /// reserved, active and requested bytes, current and peak; allocation retries; OOMs;
 /// free and total device memory.
 pub fn stats(index: usize) -> Result<CudaStats> {
-    ffi::cuda_stats(index)
+    ffi::cuda_stats(index).map(CudaStats::from)
 }
 
 /// Resets the peak counters of `cuda:index` (what `torch.cuda.reset_peak_memory_stats`
@@ -66,7 +85,7 @@ pub fn empty_cache() -> Result<()> {
 pub fn devices_in_use() -> Vec<(usize, CudaStats)> {
     let n = tch::Cuda::device_count().max(0) as usize;
     (0..n)
-        .filter_map(|i| ffi::cuda_stats(i).ok().map(|s| (i, s)))
+        .filter_map(|i| stats(i).ok().map(|s| (i, s)))
         .filter(|(_, s)| s.reserved_current > 0)
         .collect()
 }

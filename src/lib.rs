@@ -85,7 +85,7 @@
 //! [`MemoryProfiler::step_profile`] or [`MemoryProfiler::peak_step_profile`]; write it
 //! with [`StepProfile::write_timeline_csv`], [`StepProfile::write_layers_csv`] and
 //! [`StepProfile::plot`]. Layers come from the VarStore paths of the variables an op
-//! reads; name other regions with [`scope`]. See the README for the categories, the
+//! reads; name other regions with [`scope`]. See docs/step-anatomy.md for the categories, the
 //! layer rules and the FLOP formulas.
 //!
 //! ```no_run
@@ -186,7 +186,6 @@ mod stats;
 pub mod timeline;
 mod vars;
 
-pub use profiler::{Budget, BudgetExceeded, LayerUse, Overrun};
 pub use cuda::CudaStats;
 pub use error::{Error, Result};
 pub use leaks::{
@@ -199,6 +198,7 @@ pub use phase::Phase;
 pub use profiler::{
     profile_torchscript, MemoryProfiler, MemoryProfilerBuilder, ProfiledStep, DEFAULT_TOP_VARIABLES,
 };
+pub use profiler::{Budget, BudgetExceeded, LayerUse, Overrun};
 pub use stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableList, VariableStats};
 pub use timeline::{
     scope, Category, CategoryBytes, LayerProfile, Peak, Scope, StepFiles, StepProfile, StepRow,

@@ -16,7 +16,7 @@
 //!
 //! Cost: one more forward pass of every segment but the last. Savings: the activations
 //! each checkpointed segment keeps for backward, minus its output, which stays as the next
-//! boundary (see the README for the measured table).
+//! boundary (see docs/optimizations.md for the measured table).
 //!
 //! **Mixed precision** ([`autocast`]): tch's own `tch::autocast` enables CUDA autocast
 //! only (in float16) and does nothing without CUDA; this one sets libtorch's autocast

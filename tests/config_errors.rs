@@ -58,26 +58,30 @@ fn bad_configuration_and_runtime_failures() {
         "{msg}"
     );
 
-    // A csv_dir that exists but cannot be written (read-only; root ignores modes, so
-    // only checked when the mode is enforced).
+    // A csv_dir that exists but cannot be written: a read-only folder, or, where the
+    // tests run as root (which ignores modes), a folder no one may create files in
+    // (/sys and /proc refuse new files to root too).
     use std::os::unix::fs::PermissionsExt;
     let ro = dir.path().join("read-only");
     std::fs::create_dir(&ro).unwrap();
     std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
-    let enforced = std::fs::write(ro.join("probe"), b"x").is_err();
-    let result = MemoryProfiler::builder(&vs).csv(true).csv_dir(&ro).build();
-    if enforced {
-        let msg = result.unwrap_err().to_string();
-        assert!(
-            msg.contains("csv_dir") && msg.contains("not writable"),
-            "{msg}"
-        );
-    } else {
-        drop(result);
-        common::cannot_run(
-            "config_errors: the unwritable csv_dir case (running as root, a read-only \
-             folder is writable)",
-        );
+    let refuses = |d: &std::path::Path| std::fs::write(d.join(".tch-memprof-probe"), b"x").is_err();
+    let unwritable = [ro.clone(), "/sys".into(), "/proc".into()]
+        .into_iter()
+        .find(|d| d.is_dir() && refuses(d));
+    match unwritable {
+        Some(d) => {
+            let result = MemoryProfiler::builder(&vs).csv(true).csv_dir(&d).build();
+            let msg = result.unwrap_err().to_string();
+            assert!(
+                msg.contains("csv_dir") && msg.contains("not writable"),
+                "{}: {msg}",
+                d.display()
+            );
+        }
+        None => common::cannot_run(
+            "config_errors: the unwritable csv_dir case (no folder here refuses new files)",
+        ),
     }
     std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
 

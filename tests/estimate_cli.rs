@@ -38,6 +38,8 @@ fn csv_rows_are_the_librarys_estimates() {
         "alexnet",
         "--batch-sizes",
         "1,4",
+        "--memory",
+        "2GiB",
         "--csv",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -45,9 +47,14 @@ fn csv_rows_are_the_librarys_estimates() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines[0],
-        "model,batch,mode,weights_bytes,peak_allocated_bytes,peak_reserved_bytes"
+        "model,batch,mode,weights_bytes,peak_allocated_bytes,peak_reserved_bytes,largest_batch"
     );
-    assert_eq!(lines.len(), 3, "{stdout}");
+    // The two batches asked for, then the largest batch that fits in 2 GiB, marked.
+    assert_eq!(lines.len(), 4, "{stdout}");
+    let last: Vec<&str> = lines[3].split(',').collect();
+    assert_eq!(last[6], "true", "{stdout}");
+    assert!(last[5].parse::<u64>().unwrap() <= 2 << 30, "{stdout}");
+    let lines = &lines[..3];
     let model = Model::builtin("alexnet").unwrap();
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     for (line, b) in lines[1..].iter().zip([1i64, 4]) {
@@ -80,7 +87,7 @@ fn csv_rows_are_the_librarys_estimates() {
         assert_eq!(
             *line,
             format!(
-                "alexnet,{b},inference,{},{},{}",
+                "alexnet,{b},inference,{},{},{},false",
                 e.weights_bytes, e.peak_allocated, e.peak_reserved
             )
         );

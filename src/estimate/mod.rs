@@ -101,7 +101,10 @@ impl Optimizer {
             .unwrap_or("?")
     }
 
-    pub(crate) fn build(self, vs: &nn::VarStore) -> std::result::Result<nn::Optimizer, tch::TchError> {
+    pub(crate) fn build(
+        self,
+        vs: &nn::VarStore,
+    ) -> std::result::Result<nn::Optimizer, tch::TchError> {
         match self {
             Optimizer::Sgd => nn::Sgd::default().build(vs, 1e-2),
             Optimizer::SgdMomentum => nn::Sgd {
@@ -360,4 +363,3 @@ impl Fit {
             .map(|e| self.memory.saturating_sub(e.peak_reserved))
     }
 }
-

@@ -229,8 +229,10 @@ impl Model {
     pub fn builtin(name: &str) -> Result<Model> {
         let vs = nn::VarStore::new(Device::Cpu);
         let module = models::build(name, &vs.root(), 1000)?;
-        Ok(Model::from_var_store(vs, move |xs, train| module.forward_t(&xs[0], train))?
-            .with_label(name))
+        Ok(
+            Model::from_var_store(vs, move |xs, train| module.forward_t(&xs[0], train))?
+                .with_label(name),
+        )
     }
 
     /// Bytes of the model's variables.
@@ -418,7 +420,6 @@ impl Model {
         })
     }
 }
-
 
 /// The loss of a training step when the model is a file: cross-entropy against one
 /// class per row for a 2-D output (class scores), the mean otherwise. `target(n)` makes

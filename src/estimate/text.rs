@@ -30,7 +30,12 @@ pub fn table(rows: &[Estimate]) -> String {
             bytes(e.baseline_allocated),
             bytes(e.peak_allocated),
             bytes(e.peak_reserved),
-            format!("{} ({}, step {})", e.peak_op, e.peak_phase.name(), e.peak_step),
+            format!(
+                "{} ({}, step {})",
+                e.peak_op,
+                e.peak_phase.name(),
+                e.peak_step
+            ),
             format!("{:.2} s", e.elapsed.as_secs_f64()),
         ]);
     }

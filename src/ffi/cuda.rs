@@ -18,8 +18,8 @@ extern "C" {
     fn memprof_cuda_control(index: i32, what: i32) -> i32;
 }
 
-/// `MpCudaStats`: the C mirror of [`crate::CudaStats`] (field for field), private so
-/// that a change of the ABI is not a change of the public API.
+/// `MpCudaStats`: the C mirror of the public `CudaStats` (field for field), private
+/// so that a change of the ABI is not a change of the public API.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct CudaStats {
@@ -37,31 +37,12 @@ pub(crate) struct CudaStats {
     pub total_bytes: i64,
 }
 
-impl From<CudaStats> for crate::cuda::CudaStats {
-    fn from(s: CudaStats) -> Self {
-        crate::cuda::CudaStats {
-            allocated_current: s.allocated_current,
-            allocated_peak: s.allocated_peak,
-            reserved_current: s.reserved_current,
-            reserved_peak: s.reserved_peak,
-            active_current: s.active_current,
-            active_peak: s.active_peak,
-            requested_current: s.requested_current,
-            requested_peak: s.requested_peak,
-            alloc_retries: s.alloc_retries,
-            ooms: s.ooms,
-            free_bytes: s.free_bytes,
-            total_bytes: s.total_bytes,
-        }
-    }
-}
-
 /// CUDA allocator statistics of `cuda:index`; an error (never a crash) without CUDA.
-pub(crate) fn cuda_stats(index: usize) -> Result<crate::cuda::CudaStats> {
+pub(crate) fn cuda_stats(index: usize) -> Result<CudaStats> {
     let mut s = CudaStats::default();
     // SAFETY: `s` is a valid, writable CudaStats with the C layout.
     check(unsafe { memprof_cuda_stats(index as i32, &mut s) })?;
-    Ok(s.into())
+    Ok(s)
 }
 
 /// CUDA: starts or stops the caching allocator's own history.

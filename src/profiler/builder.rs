@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use tch::nn::Variables;
 use tch::Device;
 
+use super::session::Session;
 use crate::error::{Error, Result};
 use crate::ffi::MAX_DEVICES;
 use crate::leaks::LeakHunter;
@@ -15,7 +16,6 @@ use crate::report::csv::{run_stem, CsvReport};
 use crate::report::html_page::HtmlReport;
 use crate::report::terminal::TerminalReport;
 use crate::report::Reports;
-use super::session::Session;
 use crate::timeline::Recorder;
 use crate::vars::{self, ParamSync};
 
@@ -102,7 +102,7 @@ impl MemoryProfilerBuilder {
     /// the step with the run's highest peak is kept ([`MemoryProfiler::peak_step_profile`]),
     /// printed and written (CSV and plots, with `csv` on) at each `epoch_end` where it
     /// changed. Off by default: it asks libtorch for every op's inputs and logs every
-    /// allocation of the iteration (see the README for its measured cost).
+    /// allocation of the iteration (see docs/in-a-training-run.md for its measured cost).
     pub fn timeline(mut self, on: bool) -> Self {
         self.timeline = on;
         self
@@ -122,7 +122,7 @@ impl MemoryProfilerBuilder {
     /// compared with the previous epoch end; groups that keep growing are reported
     /// (terminal, `log::warn!`, `<run>_leaks.csv`, [`MemoryProfiler::last_leaks`]).
     /// Costs a registry entry per live block and the op inputs of each outermost op
-    /// (see the README for the measured overhead).
+    /// (see docs/in-a-training-run.md for the measured overhead).
     pub fn leak_check(mut self, on: bool) -> Self {
         self.leak_check = on;
         self

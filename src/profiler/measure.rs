@@ -26,7 +26,7 @@ impl MemoryProfiler {
     pub(super) fn allocated_now(&self) -> Result<u64> {
         let ds = ffi::device_stats(self.slot)?;
         let cuda = match self.device {
-            Device::Cuda(i) => ffi::cuda_stats(i).ok(),
+            Device::Cuda(i) => crate::cuda::stats(i).ok(),
             _ => None,
         };
         Ok(allocated_bytes(self.device, &ds, cuda.as_ref()))
@@ -81,7 +81,7 @@ impl MemoryProfiler {
 
         let (allocated, peak_allocated, reserved, peak_reserved, cuda) = match self.device {
             Device::Cuda(i) => {
-                let cuda = ffi::cuda_stats(i).ok();
+                let cuda = crate::cuda::stats(i).ok();
                 let allocated = allocated_bytes(self.device, &ds, cuda.as_ref());
                 let reserved = cuda
                     .map(|c| c.reserved_current)
@@ -228,7 +228,11 @@ impl Sums {
 /// Allocated bytes on `device`: on CUDA the caching allocator's own counter (or, if its
 /// statistics cannot be read, the total it passed with its last report); on the CPU the
 /// live bytes of the tracking allocator.
-fn allocated_bytes(device: Device, ds: &ffi::DeviceStats, cuda: Option<&crate::cuda::CudaStats>) -> u64 {
+fn allocated_bytes(
+    device: Device,
+    ds: &ffi::DeviceStats,
+    cuda: Option<&crate::cuda::CudaStats>,
+) -> u64 {
     let bytes = match device {
         Device::Cuda(_) => cuda.map_or(ds.reported_allocated, |c| c.allocated_current),
         _ => ds.live,

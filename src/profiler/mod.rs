@@ -24,7 +24,6 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use tch::nn::Variables;
 use tch::Device;
 
-
 use crate::error::{Error, Result};
 use crate::ffi::{self, LogEvent, OomEvent};
 use crate::format;
@@ -32,15 +31,15 @@ use crate::leaks::{LeakHunter, LeakReport};
 use crate::names::Names;
 use crate::oom::{OomReport, OomState};
 use crate::report::Reports;
-use session::Session;
 use crate::stats::{EpochStats, IterationStats, RunStats};
 use crate::timeline::{Recorder, StepFiles, StepKind, StepProfile};
 use crate::vars::{self, ParamSync, VarTable};
+use session::Session;
 
 pub use budget::{Budget, BudgetExceeded, LayerUse, Overrun};
-pub use torchscript::{profile_torchscript, ProfiledStep};
 pub use builder::{MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
 use peaks::Peaks;
+pub use torchscript::{profile_torchscript, ProfiledStep};
 
 /// What the profiler shares with its out-of-memory hook, which runs on whichever
 /// thread ran out of memory (and only takes it when it is free).
@@ -268,11 +267,7 @@ impl MemoryProfiler {
             Ok(Ok(())) => {}
             Ok(Err(e)) => self.fail(what, &e),
             Err(panic) => {
-                let msg = panic
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| panic.downcast_ref::<&str>().copied())
-                    .unwrap_or("panic");
+                let msg = crate::error::panic_message(panic.as_ref());
                 self.fail(what, &Error::Native(format!("caught a panic: {msg}")));
             }
         }
@@ -359,7 +354,7 @@ impl MemoryProfiler {
             .map(|b| b.base)
             .collect();
         let cuda = match self.device {
-            Device::Cuda(i) => ffi::cuda_stats(i)
+            Device::Cuda(i) => crate::cuda::stats(i)
                 .ok()
                 .map(|c| (c.allocated_current, c.reserved_current)),
             _ => None,

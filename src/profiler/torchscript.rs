@@ -57,7 +57,10 @@ pub fn profile_torchscript(
     let mut module =
         tch::TrainableCModule::load(path, vs.root()).map_err(|e| Error::ModelLoad {
             path: path.to_path_buf(),
-            reason: format!("cannot load as TorchScript: {}", torch_message(&e.to_string())),
+            reason: format!(
+                "cannot load as TorchScript: {}",
+                torch_message(&e.to_string())
+            ),
         })?;
     if train {
         module.set_train();
@@ -87,10 +90,9 @@ pub fn profile_torchscript(
             )
         })?;
         if train {
-            let loss = crate::estimate::loss(&out, |n| {
-                Ok(Tensor::zeros([n], (Kind::Int64, device)))
-            })
-            .map_err(|e| failed("the loss failed", e))?;
+            let loss =
+                crate::estimate::loss(&out, |n| Ok(Tensor::zeros([n], (Kind::Int64, device))))
+                    .map_err(|e| failed("the loss failed", e))?;
             catching(|| loss.backward()).map_err(|e| failed("the backward pass failed", e))?;
         }
         Ok(())
@@ -123,10 +125,16 @@ pub fn profile_torchscript(
     })?;
     Ok(ProfiledStep {
         profile: p,
-        files: ["step.png", "step.svg", "timeline.csv", "layers.csv", "summary.txt"]
-            .iter()
-            .map(|n| file(n))
-            .collect(),
+        files: [
+            "step.png",
+            "step.svg",
+            "timeline.csv",
+            "layers.csv",
+            "summary.txt",
+        ]
+        .iter()
+        .map(|n| file(n))
+        .collect(),
     })
 }
 
@@ -134,7 +142,12 @@ fn write_summary(path: &Path, p: &StepProfile) -> std::io::Result<()> {
     let mut f = std::fs::File::create(path)?;
     let c = &p.category_max;
     writeln!(f, "device: {}", p.device)?;
-    writeln!(f, "peak: {} during {}", bytes(p.peak.bytes), p.peak.location())?;
+    writeln!(
+        f,
+        "peak: {} during {}",
+        bytes(p.peak.bytes),
+        p.peak.location()
+    )?;
     for cat in [
         Category::Param,
         Category::Buffer,

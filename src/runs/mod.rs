@@ -19,9 +19,7 @@ pub mod diff;
 pub mod html;
 pub mod schema;
 
-pub use schema::{
-    EpochRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow,
-};
+pub use schema::{EpochRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow};
 use schema::{EPOCHS, LAYERS, LEAKS, META, PARAMETERS, SUMMARY, TIMELINE};
 
 /// One run's files, as read.

@@ -19,7 +19,7 @@ use crate::names::{Names, MISSING};
 use crate::phase::Phase;
 
 use super::types::{
-    Category, CategoryBytes, LayerProfile, Peak, StepProfile, StepStart, StepRow, UncountedOp,
+    Category, CategoryBytes, LayerProfile, Peak, StepProfile, StepRow, StepStart, UncountedOp,
     VarEntry,
 };
 

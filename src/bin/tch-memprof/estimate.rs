@@ -171,7 +171,10 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
     if let Some(f) = &fit {
         println!("{f}");
     }
-    for e in rows.iter().filter(|e| e.unknown_frees > 0 || e.refused_requests > 0) {
+    for e in rows
+        .iter()
+        .filter(|e| e.unknown_frees > 0 || e.refused_requests > 0)
+    {
         println!(
             "warning: at batch {}: {} free(s) of blocks the trace never allocated, {} request(s) the allocator refuses",
             e.batch, e.unknown_frees, e.refused_requests

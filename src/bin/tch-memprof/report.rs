@@ -57,4 +57,3 @@ pub fn run(args: &ReportArgs) -> ExitCode {
     );
     ExitCode::SUCCESS
 }
-

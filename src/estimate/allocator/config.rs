@@ -357,7 +357,9 @@ impl AllocatorConfig {
                 Ok(value) => return AllocatorConfig::parse(&value),
                 Err(std::env::VarError::NotPresent) => {}
                 Err(std::env::VarError::NotUnicode(_)) => {
-                    return Err(crate::Error::AllocatorConf(format!("{var} is not valid UTF-8")));
+                    return Err(crate::Error::AllocatorConf(format!(
+                        "{var} is not valid UTF-8"
+                    )));
                 }
             }
         }

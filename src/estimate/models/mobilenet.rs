@@ -32,7 +32,6 @@
 use tch::nn::{self, Module, ModuleT};
 use tch::Tensor;
 
-
 /// torchvision's `_make_divisible(v, divisor)` (from the TensorFlow MobileNet code): the
 /// multiple of `divisor` nearest to `v`, at least `divisor`, and not more than 10% below
 /// `v`.
