@@ -5,9 +5,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 use serde::Serialize;
-use tch::Kind;
 use tch_memprof::estimate::{
-    gpu_memory, table, AllocatorConfig, Estimate, Gpu, Input, Mode, Model, Optimizer, Options,
+    gpu_memory, models, table, AllocatorConfig, Estimate, Gpu, Input, Mode, Model, Optimizer, Options,
     NOT_MODELLED,
 };
 
@@ -20,11 +19,13 @@ pub struct EstimateArgs {
     #[arg(required_unless_present = "model", conflicts_with = "model")]
     path: Option<PathBuf>,
     /// A built-in model instead of a file: alexnet, mobilenet_v3_small, resnet18,
-    /// resnet50, resnet101, resnet152, vgg16.
+    /// resnet50, resnet101, resnet152, vgg16, vit-b16, bert-base, gpt2, gpt2-medium,
+    /// llama3.2-1b, llama3-8b.
     #[arg(long)]
     model: Option<String>,
     /// An input shape, batch first (1x3x224x224), with an optional dtype after a colon
-    /// (8x128:i64); once per input of the model. Built-in models default to 1x3x224x224.
+    /// (8x128:i64); once per input of the model. Built-in models default to 1x3x224x224 (images) or 1x1024:i64 (tokens; BERT
+    /// 1x512:i64).
     #[arg(long = "input")]
     inputs: Vec<String>,
     /// Estimate one training step (forward, loss, backward, optimizer step) instead of
@@ -119,7 +120,7 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         }
         (None, Some(name)) => {
             if inputs.is_empty() {
-                inputs.push(Input::new(&[1, 3, 224, 224], Kind::Float));
+                inputs.push(models::default_input(name));
             }
             Model::builtin(name)
         }
