@@ -34,9 +34,9 @@ int guarded(const char* what, F&& body) noexcept {
   return -1;
 }
 
-// Runs at library load, before main and so before the user's model is built. The
-// only global with a dynamic initialiser: every other file's globals are constant-
-// initialised, so this one never sees them unset.
+// Runs at library load, before main and so before the user's model is built. It
+// touches only globals that are constant-initialised (set before any dynamic
+// initialiser runs), so its order against other files' initialisers does not matter.
 struct Init {
   Init() {
     init_slots();
