@@ -9,16 +9,22 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 const NATIVE: &str = "src/native";
-const SOURCES: [&str; 9] = [
+const SOURCES: [&str; 15] = [
+    "amp.cpp",
     "api.cpp",
     "counters.cpp",
     "cpu_allocator.cpp",
     "cuda.cpp",
+    "flops.cpp",
     "logs.cpp",
     "meta.cpp",
+    "meta_kernels.cpp",
     "names.cpp",
+    "oom.cpp",
     "ops.cpp",
+    "process.cpp",
     "registry.cpp",
+    "session.cpp",
 ];
 
 fn main() {

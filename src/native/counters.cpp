@@ -1,8 +1,11 @@
-// Generation slots, device counters and phase transitions.
+// Generation slots, device counters, phase transitions, and the hooks' re-entry count.
 
 #include "internal.h"
 
 namespace memprof {
+
+std::atomic<int64_t> g_hook_reentries{0};
+thread_local int tls_hook_depth = 0;
 
 DeviceState g_dev[kMaxDevices];
 std::atomic<uint64_t> g_genphase{genphase(kRing, kIdle)};

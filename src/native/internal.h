@@ -61,11 +61,27 @@ constexpr uint32_t kNoReg = 0xffffffffu;
 // Errors (api.cpp): the calling thread's last-error slot.
 
 void set_error(const char* what) noexcept;
+// False (with the error set) when an out- or in-pointer the caller must give is null.
+bool given(const void* p, const char* what);
 
 // ---------------------------------------------------------------------------------
-// Re-entrancy of the hooks: every hook body runs inside a HookScope; entering one
-// while another is open on the same thread means a hook allocated through the
-// allocator it watches (or called back into itself), which is counted.
+// The session (session.cpp). Start and stop take the session mutex; the rest reads
+// or bumps atomics. -1 (with the error set) where memprof.h says so.
+
+int session_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks);
+void session_stop();
+// Whether the running session asked for leak hunting (restored when the memory
+// history stops).
+bool session_leaks_requested();
+int begin_iteration();
+void read_state(MpState* out);
+// `slot` in 0..kMaxDevices.
+void read_device_stats(int32_t slot, MpDeviceStats* out);
+
+// ---------------------------------------------------------------------------------
+// Re-entrancy of the hooks (counters.cpp): every hook body runs inside a HookScope;
+// entering one while another is open on the same thread means a hook allocated through
+// the allocator it watches (or called back into itself), which is counted.
 
 extern std::atomic<int64_t> g_hook_reentries;
 extern thread_local int tls_hook_depth;
@@ -238,6 +254,14 @@ extern std::atomic<bool> g_hist_on;
 extern std::atomic<uint64_t> g_hist_len;
 extern std::atomic<uint64_t> g_hist_cap;
 
+// Readers of the logs (copies for the Rust side; `out` may be null when `cap` is 0).
+void timeline_header(MpTimelineHeader* out);
+void read_log(MpLogEvent* out, uint64_t cap, uint64_t* total);
+void read_timeline(MpTlEvent* out, uint64_t cap, uint64_t* total);
+void read_history(MpHistEvent* out, uint64_t cap, uint64_t* total, uint64_t* ring);
+// Starts (clearing it) or stops the memory history.
+int set_history(bool on, uint64_t max_entries);
+
 // ---------------------------------------------------------------------------------
 // Per-thread op state (ops.cpp); zero-initialised means "nothing open".
 
@@ -337,6 +361,17 @@ bool table_find(const BlockTable& t, uint64_t ptr, uint64_t* tag);
 extern BlockTable g_cuda_blocks;
 extern std::atomic<int64_t> g_cuda_untracked;
 
+// Readers of the registry and of tensors' blocks, and the block table's self-test.
+void registry_stats(MpRegistry* out);
+// The live blocks of device `slot` born in this session: up to `cap` into `out`, the
+// count of all in *count.
+void live_blocks(int32_t slot, MpLiveBlock* out, uint64_t cap, uint64_t* count);
+// The block behind `t` (or behind its .grad).
+void fill_block(const at::Tensor& t, bool grad, MpBlock* out);
+// fill_block for n tensor handles (at::Tensor*, none null), tensor and .grad.
+void fill_blocks(const void* const* tensors, size_t n, MpBlock* blocks, MpBlock* grads);
+int selftest_block_table(uint64_t n, uint64_t* errors);
+
 // ---------------------------------------------------------------------------------
 // Counting births and deaths (every device).
 
@@ -385,6 +420,13 @@ int32_t intern(const char* name);
 memprof_flops::Kind kind_of(int32_t id);
 // The stored name of `id`, or null.
 const char* name_of(int32_t id);
+// Copies name_of(id) into buf (truncated, NUL-terminated); its length, -1 if none.
+int64_t copy_name(int32_t id, char* buf, size_t len);
+// intern(), with the error set when the table is full.
+int intern_checked(const char* name, int32_t* id);
+// The calling thread's layer scopes.
+int scope_push(int32_t id);
+int scope_pop();
 
 // ---------------------------------------------------------------------------------
 // Op callbacks (ops.cpp).
@@ -424,9 +466,29 @@ inline int64_t cuda_round(int64_t n) {
 }
 
 // ---------------------------------------------------------------------------------
-// Out-of-memory hook (api.cpp): calls the Rust report writer.
+// Out-of-memory hook (oom.cpp): calls the Rust report writer, one call at a time.
+// Only on a failed allocation, never on the hot path.
 
 void fire_oom(int slot, int64_t requested, int64_t allocated, int64_t reserved);
+// Sets (or clears) the report writer; returns once no call of the previous one runs.
+void set_oom_callback(MpOomCallback cb, void* ctx);
+
+// ---------------------------------------------------------------------------------
+// The process (process.cpp).
+
+void process_memory(int64_t* resident, int64_t* peak_resident);
+int write_stdout(const char* buf, size_t len);
+
+// ---------------------------------------------------------------------------------
+// Autocast and random-generator state (amp.cpp).
+
+// False (with the error set) unless MP_DEVICE_CPU or MP_DEVICE_CUDA.
+bool valid_device_type(int32_t device_type);
+void autocast_enter(int32_t device_type, int32_t enabled, int32_t dtype, MpAutocast* prev);
+void autocast_exit(int32_t device_type, const MpAutocast* prev);
+// The default generator's state as a new tensor handle in *out.
+void rng_get(int32_t device_type, int32_t index, void** out);
+void rng_set(int32_t device_type, int32_t index, const at::Tensor& state);
 
 // ---------------------------------------------------------------------------------
 // The estimator's dry run on the meta device (meta.cpp).
@@ -443,5 +505,9 @@ void script_free(void* m);
 void script_train(void* m, bool on);
 at::Tensor* script_forward(void* m, const at::Tensor* const* inputs, size_t n);
 std::vector<std::pair<std::string, at::Tensor>> script_tensors(void* m, int32_t which);
+int script_tensor(void* m, int32_t which, uint64_t index, uint64_t* n, void** tensor,
+                  char* name_buf, size_t len, uint64_t* name_len);
+// meta_kernels.cpp: the meta kernels libtorch's C++ lacks (at the first trace).
+void register_meta_kernels();
 
 }  // namespace memprof

@@ -1,8 +1,12 @@
 // The event logs: the backward log, the step log (timeline) and the memory history.
-// Each is reserved once with mmap at its largest and touched only as it fills.
+// Each is reserved once with mmap at its largest and touched only as it fills. Also
+// here: their readers (copies for the Rust side) and the memory history's start and
+// stop.
 
 #include <sys/mman.h>
 #include <time.h>
+
+#include <cstring>
 
 #include "internal.h"
 
@@ -62,6 +66,79 @@ void hist_append(int dev, uint64_t ptr, int64_t delta) {
   const uint64_t us = uint64_t(ts.tv_sec) * 1000000u + uint64_t(ts.tv_nsec) / 1000u;
   const uint64_t i = g_hist_len.fetch_add(1, std::memory_order_relaxed);
   g_hist[i % cap] = MpHistEvent{ptr, delta, op, layer, (us << 8) | uint64_t(dev & 0xff)};
+}
+
+// ---------------------------------------------------------------------------------
+// Readers.
+
+void timeline_header(MpTimelineHeader* out) {
+  out->len = g_steplog_len.load(std::memory_order_acquire);
+  out->capacity = g_steplog ? kStepLogCapacity : 0;
+  out->start_generation = g_steplog_start_gen.load();
+  out->ops = g_op_counter.load();
+  out->start_live = g_steplog_start_live.load();
+  out->on = g_steplog_on.load() ? 1 : 0;
+  out->device = g_steplog_device.load();
+}
+
+void read_log(MpLogEvent* out, uint64_t cap, uint64_t* total) {
+  const uint64_t n = g_log_len.load(std::memory_order_acquire);
+  const uint64_t avail = n < kLogCapacity ? n : kLogCapacity;
+  const uint64_t c = avail < cap ? avail : cap;
+  if (g_log && c > 0) {
+    std::memcpy(out, g_log, c * sizeof(MpLogEvent));
+  }
+  *total = n;
+}
+
+void read_timeline(MpTlEvent* out, uint64_t cap, uint64_t* total) {
+  const uint64_t n = g_steplog_len.load(std::memory_order_acquire);
+  const uint64_t avail = n < kStepLogCapacity ? n : kStepLogCapacity;
+  const uint64_t c = avail < cap ? avail : cap;
+  if (g_steplog && c > 0) {
+    std::memcpy(out, g_steplog, c * sizeof(MpTlEvent));
+  }
+  *total = n;
+}
+
+void read_history(MpHistEvent* out, uint64_t cap, uint64_t* total, uint64_t* ring) {
+  const uint64_t len = g_hist_len.load(std::memory_order_acquire);
+  const uint64_t r = g_hist ? g_hist_cap.load() : 0;
+  *total = len;
+  *ring = r;
+  if (r == 0) {
+    return;
+  }
+  const uint64_t n = len < r ? len : r;
+  const uint64_t c = n < cap ? n : cap;
+  const uint64_t first = len - c;  // the newest c events
+  for (uint64_t k = 0; k < c; ++k) {
+    out[k] = g_hist[(first + k) % r];
+  }
+}
+
+// Starts (clearing it) or stops the memory history; `max_entries` (1..2^24) is the
+// ring's size when starting.
+int set_history(bool on, uint64_t max_entries) {
+  if (!on) {
+    g_hist_on.store(false);
+    g_origin_on.store(session_leaks_requested());
+    return 0;
+  }
+  if (!g_hist) {
+    set_error("the memory history could not be reserved (mmap failed)");
+    return -1;
+  }
+  if (max_entries == 0 || max_entries > kHistMax) {
+    set_error("max_entries must be between 1 and 16777216");
+    return -1;
+  }
+  g_hist_on.store(false);
+  g_hist_cap.store(max_entries);
+  g_hist_len.store(0);
+  g_origin_on.store(true);  // snapshots list the registered live blocks
+  g_hist_on.store(true);
+  return 0;
 }
 
 }  // namespace memprof

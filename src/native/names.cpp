@@ -1,6 +1,7 @@
 // Op, layer and scope names, interned once into a fixed table: no lock, no heap (a
 // slot is claimed with a CAS on its hash), bounded probing and bounded waiting. The
-// stored name drops the evaluate_function prefix of backward nodes.
+// stored name drops the evaluate_function prefix of backward nodes. Also here: the C
+// ABI's name lookups and interning, and the per-thread layer scopes.
 
 #include <cstring>
 
@@ -82,6 +83,53 @@ const char* name_of(int32_t id) {
     return nullptr;
   }
   return g_names[id].name;
+}
+
+// ---------------------------------------------------------------------------------
+// For the C ABI.
+
+int64_t copy_name(int32_t id, char* buf, size_t len) {
+  const char* n = name_of(id);
+  if (!n) {
+    return -1;
+  }
+  const size_t l = std::strlen(n);
+  if (buf && len > 0) {
+    const size_t c = l < len - 1 ? l : len - 1;
+    std::memcpy(buf, n, c);
+    buf[c] = 0;
+  }
+  return int64_t(l);
+}
+
+int intern_checked(const char* name, int32_t* id) {
+  *id = intern(name);
+  if (*id < 0) {
+    set_error("the name table is full");
+    return -1;
+  }
+  return 0;
+}
+
+// Scopes name the layer of the ops run on this thread until the matching pop.
+int scope_push(int32_t id) {
+  OpStack& t = tls_ops;
+  if (t.n_scope >= kMaxScopes) {
+    set_error("scopes nested deeper than 32");
+    return -1;
+  }
+  t.scopes[t.n_scope++] = id;
+  return 0;
+}
+
+int scope_pop() {
+  OpStack& t = tls_ops;
+  if (t.n_scope <= 0) {
+    set_error("no scope is open on this thread");
+    return -1;
+  }
+  --t.n_scope;
+  return 0;
 }
 
 }  // namespace memprof

@@ -8,6 +8,12 @@
 // mmap: untouched entries cost nothing. Every field is an atomic so that a scan may
 // read entries that another thread is filling (it re-reads the pointer to drop torn
 // entries).
+//
+// Also here: the readers of the registry (its statistics, the live blocks of a device),
+// the block behind a tensor (memprof_tensor_block(s)), and the block table's self-test.
+
+#include <cstring>
+#include <thread>
 
 #include "internal.h"
 
@@ -232,6 +238,197 @@ bool table_find(const BlockTable& t, uint64_t ptr, uint64_t* tag) {
     }
   }
   return false;
+}
+
+// ---------------------------------------------------------------------------------
+// Readers.
+
+void registry_stats(MpRegistry* out) {
+  const uint32_t hw = g_reg_hw.load();
+  out->capacity = g_reg ? kRegCapacity : 0;
+  out->high_water = hw < kRegCapacity ? hw : kRegCapacity;
+  out->live = g_reg_live.load();
+  out->dropped = g_reg_dropped.load();
+  out->entry_bytes = sizeof(RegEntry);
+  out->on = g_origin_on.load() ? 1 : 0;
+  out->pad = 0;
+}
+
+void live_blocks(int32_t slot, MpLiveBlock* out, uint64_t cap, uint64_t* count) {
+  *count = 0;
+  if (!g_reg) {
+    return;
+  }
+  const uint32_t session = g_session_id.load() & 0xffff;
+  uint32_t hw = g_reg_hw.load(std::memory_order_acquire);
+  if (hw > kRegCapacity) {
+    hw = kRegCapacity;
+  }
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < hw; ++i) {
+    const RegEntry& e = g_reg[i];
+    const uint64_t p = e.ptr.load(std::memory_order_acquire);
+    if (p == 0) {
+      continue;
+    }
+    const int64_t size = e.size.load(std::memory_order_relaxed);
+    const uint64_t origin = e.origin.load(std::memory_order_relaxed);
+    const uint64_t misc = e.misc.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (e.ptr.load(std::memory_order_relaxed) != p) {
+      continue;  // freed (and maybe reused) while read
+    }
+    if (((misc >> 40) & 0xff) != uint64_t(slot) || (misc >> 48) != session) {
+      continue;
+    }
+    if (n < cap) {
+      out[n] = MpLiveBlock{
+          p,
+          size,
+          int32_t(uint32_t(origin)),
+          int32_t(uint32_t(origin >> 32)),
+          uint32_t(misc),
+          uint8_t((misc >> 32) & 0xff),
+          uint8_t(slot),
+          0};
+    }
+    ++n;
+  }
+  *count = n;
+}
+
+namespace {
+int device_slot(const c10::Device& dev) {
+  if (dev.is_cpu()) {
+    return 0;
+  }
+  if (dev.is_cuda() && dev.index() >= 0 && dev.index() < kMaxCuda) {
+    return 1 + dev.index();
+  }
+  return -1;
+}
+}  // namespace
+
+// The block behind `t0` (or behind its .grad): what memprof_tensor_block(s) report.
+void fill_block(const at::Tensor& t0, bool grad, MpBlock* out) {
+  std::memset(out, 0, sizeof(MpBlock));
+  out->device = -1;
+  if (!t0.defined()) {
+    return;
+  }
+  // References, not copies: no reference-count traffic on every variable's tensor.
+  const at::Tensor& t = grad ? t0.grad() : t0;
+  if (!t.defined() || !t.has_storage()) {
+    return;
+  }
+  const c10::Storage& st = t.storage();
+  const c10::DataPtr& dp = st.data_ptr();
+  out->defined = 1;
+  out->device = device_slot(dp.device());
+  out->base = uint64_t(dp.get());
+  out->bytes = int64_t(st.nbytes());
+  if (dp.device().is_cpu()) {
+    int64_t size = 0;
+    uint32_t gen = 0;
+    uint32_t phase = 0;
+    if (cpu_block_tag(dp, &size, &gen, &phase)) {
+      out->tracked = 1;
+      out->bytes = size;
+      out->generation = gen;
+      out->phase = phase;
+    }
+  } else if (dp.device().is_cuda()) {
+    out->bytes = cuda_round(int64_t(st.nbytes()));
+    uint64_t tag = 0;
+    if (table_find(g_cuda_blocks, out->base, &tag)) {
+      out->tracked = 1;
+      out->bytes = slot_bytes(tag);
+      out->generation = slot_gen(tag);
+      out->phase = slot_phase(tag);
+    }
+  }
+}
+
+void fill_blocks(const void* const* tensors, size_t n, MpBlock* blocks, MpBlock* grads) {
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& t = *static_cast<const at::Tensor*>(tensors[i]);
+    fill_block(t, false, &blocks[i]);
+    fill_block(t, true, &grads[i]);
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// The block table's self-test (memprof_selftest_block_table): two writers on one
+// table of its own; *errors counts every check that failed.
+
+int selftest_block_table(uint64_t n, uint64_t* errors) {
+  uint64_t slots = 64;
+  while (slots < 4 * n) {
+    slots <<= 1;
+  }
+  BlockTable t;
+  t.slots = reserve<BlockSlot>(slots);
+  t.mask = slots - 1;
+  if (!t.slots) {
+    set_error("mmap failed");
+    return -1;
+  }
+  std::atomic<uint64_t> bad{0};
+  // Two writers on disjoint keys, each: insert all, find all, remove every other,
+  // check, re-insert (reusing tombstones), then remove all.
+  auto worker = [&](uint64_t base) {
+    auto key = [&](uint64_t k) { return base + 512 * k; };
+    uint32_t stale = 0;
+    for (uint64_t k = 0; k < n; ++k) {
+      if (!table_insert(t, key(k), pack(uint32_t(k), 1, int64_t(k) * 512 + 512), uint32_t(k), &stale) ||
+          stale != kNoReg) {
+        bad.fetch_add(1);
+      }
+    }
+    for (int round = 0; round < 2; ++round) {
+      for (uint64_t k = 0; k < n; ++k) {
+        uint64_t tag = 0;
+        if (!table_find(t, key(k), &tag) || slot_bytes(tag) != int64_t(k) * 512 + 512 ||
+            slot_gen(tag) != (uint32_t(k) & uint32_t(kGenMask))) {
+          bad.fetch_add(1);
+        }
+      }
+      for (uint64_t k = round; k < n; k += 2) {
+        uint64_t tag = 0;
+        uint32_t reg = 0;
+        if (!table_remove(t, key(k), &tag, &reg) || reg != uint32_t(k)) {
+          bad.fetch_add(1);
+        }
+        if (table_find(t, key(k), &tag)) {
+          bad.fetch_add(1);
+        }
+      }
+      for (uint64_t k = round; k < n; k += 2) {
+        if (!table_insert(t, key(k), pack(uint32_t(k), 1, int64_t(k) * 512 + 512), uint32_t(k), &stale)) {
+          bad.fetch_add(1);
+        }
+      }
+    }
+    for (uint64_t k = 0; k < n; ++k) {
+      uint64_t tag = 0;
+      uint32_t reg = 0;
+      if (!table_remove(t, key(k), &tag, &reg)) {
+        bad.fetch_add(1);
+      }
+    }
+  };
+  std::thread a(worker, uint64_t(1) << 40);
+  std::thread b(worker, (uint64_t(1) << 40) + 256);
+  a.join();
+  b.join();
+  // Everything removed: every tombstone must have become an empty slot again.
+  for (uint64_t i = 0; i < slots; ++i) {
+    if (t.slots[i].key.load() != 0) {
+      bad.fetch_add(1);
+    }
+  }
+  *errors = bad.load();
+  return 0;
 }
 
 }  // namespace memprof
