@@ -393,3 +393,23 @@ fn resnet_vgg_and_alexnet_parameter_counts_are_torchvisions() {
         resnet_by_formula([2, 2, 2, 2], false, 10)
     );
 }
+
+/// The built-in transformers, built on the meta device (no host memory), hold exactly
+/// their published parameter counts (every variable f32: 4 bytes each; none has a
+/// buffer). Published counts: GPT-2 small 124,439,808 and medium 354,823,168 (tied
+/// heads), BERT-base with its pooler 109,482,240, ViT-B/16 86,567,656 (torchvision),
+/// Llama 3.2 1B 1,235,814,400 (tied) and Llama 3 8B 8,030,261,248.
+#[test]
+fn built_in_transformers_have_their_published_parameter_counts() {
+    for (name, published) in [
+        ("gpt2", 124_439_808u64),
+        ("gpt2-medium", 354_823_168),
+        ("bert-base", 109_482_240),
+        ("vit-b16", 86_567_656),
+        ("llama3.2-1b", 1_235_814_400),
+        ("llama3-8b", 8_030_261_248),
+    ] {
+        let m = tch_memprof::estimate::Model::builtin(name).unwrap();
+        assert_eq!(m.weights_bytes(), 4 * published, "{name}");
+    }
+}

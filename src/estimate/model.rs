@@ -190,6 +190,39 @@ impl Model {
         Model::from_var_store(vs, move |xs, train| module.forward_t(&xs[0], train))
     }
 
+    /// A tch model built straight on the meta device: `build` makes the model on the
+    /// path it is given, whose VarStore creates every variable on meta (no host memory,
+    /// so a model of any size can be estimated on a small machine). The weights'
+    /// allocations, the initialisers' temporaries included, are traced in the order
+    /// `build` makes them, as building the model on the GPU would make them.
+    ///
+    /// Inside the dry run a meta tensor's `device()` reads as `Device::Mps` in tch (tch
+    /// has no meta device); the dry run maps every MPS request to meta, so code that
+    /// makes tensors on its input's device runs unchanged.
+    pub fn build_on_meta<M, F>(build: F) -> Result<Model>
+    where
+        M: nn::ModuleT + 'static,
+        F: FnOnce(&nn::Path) -> M,
+    {
+        let trace = Trace::begin()?;
+        let vs = nn::VarStore::new(Device::Mps);
+        let module = catching(|| build(&vs.root())).map_err(|reason| Error::DryRun {
+            model: "tch model".into(),
+            reason: format!("building the model on the meta device failed: {reason}"),
+        })?;
+        let weights = trace.finish()?;
+        let weights_bytes = live_bytes(&weights);
+        Ok(Model {
+            runner: Runner::Code {
+                vs,
+                forward: Box::new(move |xs, train| module.forward_t(&xs[0], train)),
+            },
+            weights,
+            weights_bytes,
+            label: "tch model".to_string(),
+        })
+    }
+
     /// A TorchScript file (`torch.jit.trace` / `torch.jit.script`, saved with
     /// `.save()`), loaded straight onto the meta device: the weights' bytes are read from
     /// the file and dropped, in the file's order, which is the order a CUDA load
@@ -226,13 +259,17 @@ impl Model {
     }
 
     /// A built-in model by name ([`models::BUILTIN`]), 1000 classes.
+    /// Built on the meta device ([`Model::build_on_meta`]): no host memory.
     pub fn builtin(name: &str) -> Result<Model> {
-        let vs = nn::VarStore::new(Device::Cpu);
-        let module = models::build(name, &vs.root(), 1000)?;
-        Ok(
-            Model::from_var_store(vs, move |xs, train| module.forward_t(&xs[0], train))?
-                .with_label(name),
-        )
+        if !models::BUILTIN.contains(&name) {
+            // The error that names the known models.
+            models::build(name, &nn::VarStore::new(Device::Cpu).root(), 1000)?;
+        }
+        let name_owned = name.to_string();
+        Ok(Model::build_on_meta(move |p| {
+            Boxed(models::build(&name_owned, p, 1000).expect("a known built-in model"))
+        })?
+        .with_label(name))
     }
 
     /// Bytes of the model's variables.
@@ -443,5 +480,15 @@ pub(crate) fn loss(
         catching(|| out.cross_entropy_for_logits(&target))
     } else {
         catching(|| out.mean(out.kind()))
+    }
+}
+
+/// A boxed module as a module.
+#[derive(Debug)]
+struct Boxed(Box<dyn nn::ModuleT>);
+
+impl nn::ModuleT for Boxed {
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+        self.0.forward_t(xs, train)
     }
 }

@@ -509,5 +509,7 @@ int script_tensor(void* m, int32_t which, uint64_t index, uint64_t* n, void** te
                   char* name_buf, size_t len, uint64_t* name_len);
 // meta_kernels.cpp: the meta kernels libtorch's C++ lacks (at the first trace).
 void register_meta_kernels();
+// Whether a meta trace (an estimate's dry run) is on.
+bool meta_trace_on();
 
 }  // namespace memprof

@@ -196,6 +196,10 @@ bool meta_init() {
 std::mutex g_trace_mutex;  // begin/end of a trace (never on a hot path)
 }  // namespace
 
+bool meta_trace_on() {
+  return g_meta_on.load(std::memory_order_relaxed);
+}
+
 // ---------------------------------------------------------------------------------
 // Called by the C ABI (api.cpp).
 

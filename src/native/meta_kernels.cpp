@@ -11,6 +11,8 @@
 // mask instead of a float noise tensor).
 
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -177,6 +179,103 @@ at::Tensor dropout_as_on_cuda(const at::Tensor& input, double p, bool train) {
   return std::get<0>(at::native_dropout(input, p, train));
 }
 
+// index_select (embedding's forward): the output only, self's sizes with `dim` the
+// index's length, as the CUDA kernel allocates it.
+at::Tensor index_select_meta(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  auto sizes = self.sizes().vec();
+  if (sizes.empty()) {
+    return at::empty({}, self.options());
+  }
+  const int64_t d = c10::maybe_wrap_dim(dim, self.dim());
+  sizes[d] = index.numel();
+  return at::empty(sizes, self.options());
+}
+
+// where.self: the broadcast shape of the three, in the promoted dtype of self and other.
+at::Tensor where_meta(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other) {
+  const auto shape = at::infer_size(at::infer_size(cond.sizes(), self.sizes()), other.sizes());
+  const auto dtype = at::result_type(self, other);
+  return at::empty(shape, self.options().dtype(dtype));
+}
+
+// where.self_out (what where.self's composite kernel calls): `out` resized to the
+// broadcast shape (CUDA's kernel allocates it so through its TensorIterator).
+at::Tensor& where_out_meta(const at::Tensor& cond, const at::Tensor& self,
+                           const at::Tensor& other, at::Tensor& out) {
+  out.resize_(at::infer_size(at::infer_size(cond.sizes(), self.sizes()), other.sizes()));
+  return out;
+}
+
+// native_layer_norm_backward: the gradients asked for by `mask` (input, weight, bias),
+// shaped as what they are gradients of. (CUDA's kernel also takes float partial sums for
+// the weight and bias gradients of large inputs, freed inside the kernel: not modelled.)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_meta(
+    const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+    const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, std::array<bool, 3> mask) {
+  (void)grad_out;
+  (void)normalized_shape;
+  (void)mean;
+  (void)rstd;
+  at::Tensor gi, gw, gb;
+  if (mask[0]) {
+    gi = at::empty(input.sizes(), input.options());
+  }
+  if (mask[1] && weight.has_value() && weight->defined()) {
+    gw = at::empty(weight->sizes(), weight->options());
+  }
+  if (mask[2] && bias.has_value() && bias->defined()) {
+    gb = at::empty(bias->sizes(), bias->options());
+  }
+  return {gi, gw, gb};
+}
+
+// embedding_dense_backward: CUDA sorts the indices (two int64 buffers the size of the
+// indices, freed when the kernel ends) and returns a `[num_weights, dim]` gradient.
+at::Tensor embedding_dense_backward_meta(const at::Tensor& grad, const at::Tensor& indices,
+                                         c10::SymInt num_weights, c10::SymInt padding_idx,
+                                         bool scale_grad_by_freq) {
+  (void)padding_idx;
+  (void)scale_grad_by_freq;
+  const auto n = indices.numel();
+  auto sorted = at::empty({n}, indices.options().dtype(at::kLong));
+  auto orig = at::empty({n}, indices.options().dtype(at::kLong));
+  const int64_t dim = grad.size(-1);
+  auto out = at::empty({num_weights.expect_int(), dim}, grad.options());
+  return out;
+}
+
+// `aten::equal` on meta tensors (TorchScript's loader compares constants with it): equal
+// only when they are the same tensor, since meta tensors have no data. A loader that
+// would have merged two equal constants keeps both: at most an over-estimate of their
+// bytes, never an under-estimate.
+bool equal_meta(const at::Tensor& a, const at::Tensor& b) {
+  return a.is_same(b);
+}
+
+// tch has no meta device: a meta tensor's device reads as MPS in tch
+// (`Tensor::device()` gives `Device::Mps`), so tch code that makes a tensor "on its
+// input's device" asks for MPS. This libtorch has no MPS backend; while a dry run is on,
+// every op that reaches the MPS dispatch key with an MPS device argument runs again with
+// the meta device instead, so such code runs unchanged in the dry run. Outside a dry run
+// the op fails as it would have, with a message that says why.
+void mps_as_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  TORCH_CHECK(meta_trace_on(), op.schema().name(),
+              " was asked for the MPS device, which this libtorch does not have "
+              "(tch-memprof maps MPS to the meta device only during an estimate's dry run)");
+  const size_t n = op.schema().arguments().size();
+  bool moved = false;
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(n); it != stack->end(); ++it) {
+    if (it->isDevice() && it->toDevice().type() == c10::DeviceType::MPS) {
+      *it = c10::IValue(c10::Device(c10::kMeta));
+      moved = true;
+    }
+  }
+  TORCH_CHECK(moved, op.schema().name(),
+              " reached the MPS backend without an MPS device argument");
+  op.callBoxed(stack);
+}
+
 bool has_meta_kernel(const char* name, const char* overload) {
   auto op = c10::Dispatcher::singleton().findSchema({name, overload});
   return op.has_value() && op->hasKernelForDispatchKey(c10::DispatchKey::Meta);
@@ -220,6 +319,36 @@ void register_meta_kernels() {
   }
   if (!has_meta_kernel("aten::native_dropout_backward", "")) {
     lib->impl("native_dropout_backward", TORCH_FN(native_dropout_backward_meta));
+  }
+  if (!has_meta_kernel("aten::index_select", "")) {
+    lib->impl("index_select", TORCH_FN(index_select_meta));
+  }
+  if (!has_meta_kernel("aten::where", "self")) {
+    lib->impl("where.self", TORCH_FN(where_meta));
+  }
+  if (!has_meta_kernel("aten::where", "self_out")) {
+    lib->impl("where.self_out", TORCH_FN(where_out_meta));
+  }
+  if (!has_meta_kernel("aten::native_layer_norm_backward", "")) {
+    lib->impl("native_layer_norm_backward", TORCH_FN(layer_norm_backward_meta));
+  }
+  if (!has_meta_kernel("aten::embedding_dense_backward", "")) {
+    lib->impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward_meta));
+  }
+  if (!has_meta_kernel("aten::equal", "")) {
+    lib->impl("equal", TORCH_FN(equal_meta));
+  }
+  // A device guard for MPS that does nothing (as meta's does), so that `.to(MPS)` and
+  // other ops that take a device guard reach the fallback below instead of failing with
+  // "not linked with support for mps devices". Only where this libtorch has none.
+  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::MPS)) {
+    c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::MPS)].store(
+        new c10::impl::NoOpDeviceGuardImpl<c10::DeviceType::MPS>());
+  }
+  if (!c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(c10::DispatchKey::MPS)) {
+    auto* mps = new torch::Library(
+        torch::Library::IMPL, "_", c10::DispatchKey::MPS, __FILE__, __LINE__);
+    mps->fallback(torch::CppFunction::makeFromBoxedFunction<&mps_as_meta>());
   }
   auto* autograd = new torch::Library(
       torch::Library::IMPL, "aten", c10::DispatchKey::AutogradMeta, __FILE__, __LINE__);

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use clap::Args;
 use serde::Serialize;
 use tch_memprof::estimate::{
-    gpu_memory, models, table, AllocatorConfig, Estimate, Gpu, Input, Mode, Model, Optimizer, Options,
-    NOT_MODELLED,
+    gpu_memory, models, table, AllocatorConfig, Estimate, Gpu, Input, Mode, Model, Optimizer,
+    Options, NOT_MODELLED,
 };
 
 use crate::{fail, parse_inputs};

@@ -40,7 +40,12 @@ impl Layer {
                 HEADS,
             ),
             attention_norm: layer_norm(&a / "output" / "LayerNorm", DIM, EPS),
-            intermediate: nn::linear(p / "intermediate" / "dense", DIM, HIDDEN, Default::default()),
+            intermediate: nn::linear(
+                p / "intermediate" / "dense",
+                DIM,
+                HIDDEN,
+                Default::default(),
+            ),
             output: nn::linear(p / "output" / "dense", HIDDEN, DIM, Default::default()),
             output_norm: layer_norm(p / "output" / "LayerNorm", DIM, EPS),
         }
@@ -74,7 +79,12 @@ pub fn bert_base(p: &nn::Path) -> Bert {
     let l = p / "encoder" / "layer";
     Bert {
         word: nn::embedding(&e / "word_embeddings", VOCAB, DIM, Default::default()),
-        position: nn::embedding(&e / "position_embeddings", POSITIONS, DIM, Default::default()),
+        position: nn::embedding(
+            &e / "position_embeddings",
+            POSITIONS,
+            DIM,
+            Default::default(),
+        ),
         token_type: nn::embedding(&e / "token_type_embeddings", 2, DIM, Default::default()),
         norm: layer_norm(&e / "LayerNorm", DIM, EPS),
         layers: (0..LAYERS).map(|i| Layer::new(&(&l / i))).collect(),
@@ -87,7 +97,8 @@ impl ModuleT for Bert {
         let (_, t) = ids.size2().expect("BERT takes token ids [batch, tokens]");
         let pos = Tensor::arange(t, (Kind::Int64, ids.device()));
         let types = ids.zeros_like();
-        let x = self.word.forward(ids) + self.position.forward(&pos) + self.token_type.forward(&types);
+        let x =
+            self.word.forward(ids) + self.position.forward(&pos) + self.token_type.forward(&types);
         let mut x = self.norm.forward(&x).dropout(0.1, train);
         for layer in &self.layers {
             x = layer.forward_t(&x, train);

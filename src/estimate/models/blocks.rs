@@ -74,7 +74,11 @@ impl Module for SelfAttention {
                 let v = it.next().expect("three chunks");
                 (q, k, v)
             }
-            Qkv::Apart(q, k, v) => (split(q.forward(x)), split(k.forward(x)), split(v.forward(x))),
+            Qkv::Apart(q, k, v) => (
+                split(q.forward(x)),
+                split(k.forward(x)),
+                split(v.forward(x)),
+            ),
         };
         let y = Tensor::scaled_dot_product_attention(
             &q,
@@ -101,13 +105,7 @@ pub(super) struct Mlp {
 
 impl Mlp {
     /// `tanh`: GPT-2's approximate GELU; otherwise the exact one.
-    pub(super) fn new(
-        fc: &nn::Path,
-        proj: &nn::Path,
-        dim: i64,
-        hidden: i64,
-        tanh: bool,
-    ) -> Mlp {
+    pub(super) fn new(fc: &nn::Path, proj: &nn::Path, dim: i64, hidden: i64, tanh: bool) -> Mlp {
         Mlp {
             fc: nn::linear(fc, dim, hidden, Default::default()),
             proj: nn::linear(proj, hidden, dim, Default::default()),
@@ -166,7 +164,10 @@ impl Module for RmsNorm {
 pub(super) fn rotary(t: i64, head_dim: i64, theta: f64, like: &Tensor) -> (Tensor, Tensor) {
     let opts = (Kind::Float, like.device());
     let inv = Tensor::arange_start_step(0, head_dim, 2, opts) / head_dim as f64;
-    let inv = Tensor::from(theta).to_device(like.device()).pow(&inv).reciprocal();
+    let inv = Tensor::from(theta)
+        .to_device(like.device())
+        .pow(&inv)
+        .reciprocal();
     let pos = Tensor::arange(t, opts);
     let freqs = pos.outer(&inv);
     let emb = Tensor::cat(&[&freqs, &freqs], -1);

@@ -108,9 +108,21 @@ impl Layer {
         let (b, t, c) = x.size3().expect("[batch, tokens, dim]");
         let hd = c / self.heads;
         let h = self.input_norm.forward(x);
-        let q = self.q.forward(&h).view([b, t, self.heads, hd]).transpose(1, 2);
-        let k = self.k.forward(&h).view([b, t, self.kv_heads, hd]).transpose(1, 2);
-        let v = self.v.forward(&h).view([b, t, self.kv_heads, hd]).transpose(1, 2);
+        let q = self
+            .q
+            .forward(&h)
+            .view([b, t, self.heads, hd])
+            .transpose(1, 2);
+        let k = self
+            .k
+            .forward(&h)
+            .view([b, t, self.kv_heads, hd])
+            .transpose(1, 2);
+        let v = self
+            .v
+            .forward(&h)
+            .view([b, t, self.kv_heads, hd])
+            .transpose(1, 2);
         let q = apply_rotary(&q, cos, sin);
         let k = apply_rotary(&k, cos, sin);
         // Grouped-query attention: each key and value head serves heads / kv_heads
