@@ -4,7 +4,8 @@
 //!     scripts/with-libtorch.sh cargo run --release --example quickstart
 //!
 //! Options: `--epochs N` (default 3), `--iterations N` per epoch (default 20),
-//! `--batch-size N` (default 32), `--device cpu|cuda` (default: cuda if available).
+//! `--batch-size N` (default 32), `--device cpu|cuda` (default: cuda if available),
+//! `--label TEXT` (what `tch-memprof report` and `diff` call the run; default: its folder).
 
 #[path = "common/args.rs"]
 mod args;
@@ -50,10 +51,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let net = cnn(&vs.root(), 10);
     let mut opt = nn::Adam::default().build(&vs, 1e-3)?;
 
-    let mut profiler = tch_memprof::MemoryProfiler::builder(&vs)
+    let mut builder = tch_memprof::MemoryProfiler::builder(&vs)
         .print_period(10)
-        .csv(true)
-        .build()?;
+        .csv(true);
+    if let Some(label) = args::arg("--label") {
+        builder = builder.label(label);
+    }
+    let mut profiler = builder.build()?;
 
     for _epoch in 0..epochs {
         for _ in 0..iterations {

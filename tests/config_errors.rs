@@ -32,6 +32,22 @@ fn bad_configuration_and_runtime_failures() {
         "{msg}"
     );
 
+    // A label of two lines, or with a terminal escape: refused, saying why.
+    for (label, why) in [
+        ("batch 16\nbatch 48", "one line"),
+        ("a\u{1b}[31m", "control"),
+    ] {
+        let e = MemoryProfiler::builder(&vs)
+            .label(label)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidConfig { name: "label", .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains(why), "{e}");
+    }
+
     // A csv_dir that cannot be created: a path under a regular file.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a-file");

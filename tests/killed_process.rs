@@ -154,8 +154,8 @@ fn killed_at_random_points_leaves_complete_rows() {
         };
         assert_eq!(
             rows_of("_run.csv"),
-            4,
-            "{at}: tch_memprof, libtorch, device, started"
+            5,
+            "{at}: tch_memprof, libtorch, device, started, print_period"
         );
         // One summary row and one wide row per record_stats: every one that returned,
         // and at most the one in progress at the kill.

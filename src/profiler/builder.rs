@@ -43,6 +43,7 @@ pub struct MemoryProfilerBuilder {
     leak_check: bool,
     leak_threshold: u64,
     leak_warmup_epochs: u64,
+    label: Option<String>,
 }
 
 impl MemoryProfilerBuilder {
@@ -143,6 +144,16 @@ impl MemoryProfilerBuilder {
         self
     }
 
+    /// What to call the run where runs are shown together (`tch-memprof report`,
+    /// `diff`): the setting that tells it from the others, say `"batch 16"` or
+    /// `"resnet50 bf16"`. Written to `<run>_run.csv` (the `label` row). Without one, a
+    /// run is called by its folder. One line of at most 200 characters, no control
+    /// characters; checked at `build`.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
     /// Starts profiling. Fails when a setting is invalid (naming it and why), when
     /// another profiler is alive in the process, or when the native layer cannot start.
     pub fn build(self) -> Result<MemoryProfiler> {
@@ -161,6 +172,13 @@ impl MemoryProfilerBuilder {
                          and optimizer state appears during the first epoch"
                     .into(),
             });
+        }
+        if let Some(label) = &self.label {
+            crate::runs::check_label(label).map_err(|reason| Error::InvalidConfig {
+                name: "label",
+                value: label.clone(),
+                reason,
+            })?;
         }
         if self.print_period == 0 {
             return Err(Error::InvalidConfig {
@@ -237,8 +255,12 @@ impl MemoryProfilerBuilder {
             let meta = self.csv_dir.join(format!("{stem}_run.csv"));
             crate::report::csv::write_meta(
                 &meta,
-                &device_name(self.device),
-                &start.format("%Y-%m-%dT%H:%M:%S%:z").to_string(),
+                &crate::report::csv::RunMeta {
+                    device: &device_name(self.device),
+                    started: &start.format("%Y-%m-%dT%H:%M:%S%:z").to_string(),
+                    label: self.label.as_deref(),
+                    print_period: self.print_period,
+                },
             )?;
             csv_paths.push(meta);
             reports.push(Box::new(sink));
@@ -321,6 +343,7 @@ impl MemoryProfiler {
             leak_check: true,
             leak_threshold: crate::leaks::DEFAULT_LEAK_THRESHOLD,
             leak_warmup_epochs: crate::leaks::DEFAULT_WARMUP_EPOCHS,
+            label: None,
         }
     }
 }

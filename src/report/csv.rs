@@ -152,14 +152,27 @@ impl CsvReport {
     }
 }
 
-/// Writes `<run>_run.csv` (what made the run: versions, device, start), once, at build.
-pub(crate) fn write_meta(path: &Path, device: &str, started: &str) -> Result<()> {
-    let rows = [
+/// What `<run>_run.csv` records beyond the versions.
+pub(crate) struct RunMeta<'a> {
+    pub device: &'a str,
+    pub started: &'a str,
+    pub label: Option<&'a str>,
+    pub print_period: usize,
+}
+
+/// Writes `<run>_run.csv` (what made the run: versions, device, start, the user's label,
+/// the report period), once, at build.
+pub(crate) fn write_meta(path: &Path, m: &RunMeta<'_>) -> Result<()> {
+    let mut rows = vec![
         MetaRow::new("tch_memprof", env!("CARGO_PKG_VERSION")),
         MetaRow::new("libtorch", crate::LIBTORCH_VERSION),
-        MetaRow::new("device", device),
-        MetaRow::new("started", started),
+        MetaRow::new("device", m.device),
+        MetaRow::new("started", m.started),
+        MetaRow::new("print_period", m.print_period.to_string()),
     ];
+    if let Some(label) = m.label {
+        rows.push(MetaRow::new("label", label));
+    }
     write_atomically(path, |w| rows.iter().try_for_each(|r| w.serialize(r)))
 }
 

@@ -69,7 +69,8 @@ impl Change {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Diff {
-    /// The base run's name.
+    /// The base run's name (see [`names`](crate::runs::names): its label, folder, rank
+    /// or stem, different from the new run's).
     pub base: String,
     /// The new run's name.
     pub new: String,
@@ -140,9 +141,12 @@ pub fn compare(base: &Run, new: &Run) -> Diff {
                 .into(),
         );
     }
+    let [base_name, new_name]: [String; 2] = crate::runs::names([base, new])
+        .try_into()
+        .expect("two names for two runs");
     Diff {
-        base: base.name(),
-        new: new.name(),
+        base: base_name,
+        new: new_name,
         changes,
         notes,
         not_gated,

@@ -7,6 +7,8 @@
 //! only ever puts it in the page as text (`textContent`, SVG text nodes), never as
 //! markup, so a parameter named `<img src=x onerror=alert(1)>` shows as those characters.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::runs::{EpochRow, LayerRow, LeakRow, Run, SummaryRow, TimelineRow};
@@ -27,7 +29,14 @@ struct Param {
 
 #[derive(Serialize)]
 struct RunData<'a> {
+    /// Told apart from the other runs' (see [`crate::runs::names`]).
     name: String,
+    /// Where its files are (`a/memory_csv_data/20261123-073855`).
+    stem: String,
+    /// `<run>_run.csv`: versions, device, report period, label.
+    meta: &'a BTreeMap<String, String>,
+    /// The largest value of each summary column (see [`Run::peaks`]).
+    peaks: BTreeMap<&'static str, u64>,
     devices: Vec<&'a str>,
     steps: usize,
     points: Vec<&'a SummaryRow>,
@@ -72,7 +81,7 @@ fn downsample<T>(rows: &[T], max: usize, key: impl Fn(&T) -> u64) -> Vec<&T> {
     out
 }
 
-fn run_data(run: &Run) -> RunData<'_> {
+fn run_data(run: &Run, name: String) -> RunData<'_> {
     let (pa, pa_step) = run
         .summary
         .iter()
@@ -110,7 +119,10 @@ fn run_data(run: &Run) -> RunData<'_> {
         }
     }
     RunData {
-        name: run.name(),
+        name,
+        stem: run.stem.display().to_string(),
+        meta: &run.meta,
+        peaks: run.peaks(),
         devices: run.devices(),
         steps: run.summary.len(),
         points: downsample(&run.summary, MAX_POINTS, |r| r.peak_allocated_bytes),
@@ -147,13 +159,19 @@ fn escape_html(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// The page for `runs` (one run, or several: ranks or experiments side by side).
+/// The page for `runs` (one run, or several: ranks, experiments or a sweep side by
+/// side), each called by its name from [`crate::runs::names`].
 pub fn render(runs: &[Run]) -> String {
-    let data: Vec<RunData<'_>> = runs.iter().map(run_data).collect();
-    let title = match runs {
-        [one] => format!("tch-memprof: {}", one.name()),
+    let names = crate::runs::names(runs);
+    let title = match &names[..] {
+        [one] => format!("tch-memprof: {one}"),
         _ => format!("tch-memprof: {} runs", runs.len()),
     };
+    let data: Vec<RunData<'_>> = runs
+        .iter()
+        .zip(names)
+        .map(|(r, n)| run_data(r, n))
+        .collect();
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width\">\

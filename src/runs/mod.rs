@@ -17,7 +17,10 @@ use crate::error::{Error, Result};
 
 pub mod diff;
 pub mod html;
+pub mod naming;
 pub mod schema;
+
+pub use naming::{check_label, names};
 
 pub use schema::{EpochRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow};
 use schema::{EPOCHS, LAYERS, LEAKS, META, PARAMETERS, SUMMARY, TIMELINE};
@@ -43,8 +46,13 @@ pub struct Run {
     /// Out-of-memory reports: each `<run>_oom<N>.txt`'s file name and text.
     pub ooms: Vec<(String, String)>,
     /// `<run>_run.csv`: what made the run (`tch_memprof` and `libtorch` versions,
-    /// `device`, `started`); empty for runs written before it existed.
+    /// `device`, `started`, `print_period`, `label`); empty for runs written before it
+    /// existed.
     pub meta: BTreeMap<String, String>,
+    /// What the user calls the run: the profiler's `.label(...)` (the `label` row of
+    /// `<run>_run.csv`), or one set after reading (`tch-memprof report --label`). See
+    /// [`names`] for how runs are named.
+    pub label: Option<String>,
     /// What was left out while reading (rows cut short by a killed process).
     pub warnings: Vec<String>,
 }
@@ -62,24 +70,28 @@ impl Run {
                 with_suffix(&stem, SUMMARY).display()
             )));
         }
+        let meta: BTreeMap<String, String> =
+            read_rows::<MetaRow>(&with_suffix(&stem, META), false, &mut warnings)?
+                .into_iter()
+                .map(|r| (r.key, r.value))
+                .collect();
         Ok(Run {
+            label: meta.get("label").cloned(),
+            meta,
             epochs: read_rows(&with_suffix(&stem, EPOCHS), false, &mut warnings)?,
             parameters: read_rows(&with_suffix(&stem, PARAMETERS), false, &mut warnings)?,
             layers: read_rows(&with_suffix(&stem, LAYERS), false, &mut warnings)?,
             timeline: read_rows(&with_suffix(&stem, TIMELINE), false, &mut warnings)?,
             leaks: read_rows(&with_suffix(&stem, LEAKS), false, &mut warnings)?,
             ooms: read_ooms(&stem)?,
-            meta: read_rows::<MetaRow>(&with_suffix(&stem, META), false, &mut warnings)?
-                .into_iter()
-                .map(|r| (r.key, r.value))
-                .collect(),
             summary,
             stem,
             warnings,
         })
     }
 
-    /// The run's name for messages: its stem's file name.
+    /// The run's stem's file name (`20261123-073855`), for messages about its files.
+    /// Where runs are shown together, [`names`] tells them apart.
     pub fn name(&self) -> String {
         self.stem
             .file_name()

@@ -215,7 +215,8 @@ pub struct TimelineRow {
     pub total_bytes: u64,
 }
 
-/// A row of `<run>_run.csv`: `tch_memprof`, `libtorch`, `device`, `started`.
+/// A row of `<run>_run.csv`: `tch_memprof`, `libtorch`, `device`, `started`,
+/// `print_period`, and `label` when the run has one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct MetaRow {

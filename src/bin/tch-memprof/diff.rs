@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Args;
 use tch_memprof::runs::diff;
 
-use crate::report::open;
+use crate::report::{apply_labels, open, parse_label};
 
 /// Arguments of `tch-memprof diff`.
 #[derive(Args, Debug)]
@@ -20,6 +20,10 @@ pub struct DiffArgs {
     /// Largest growth tolerated, in percent of the base (5%, 0.5, 0%).
     #[arg(long, default_value = "5%", value_parser = diff::parse_percent)]
     max_increase: f64,
+    /// What to call the two runs in the header: `--label BASE --label NEW` (without
+    /// labels, runs are called by their own label, folder, rank or stem).
+    #[arg(long = "label", value_name = "TEXT", value_parser = parse_label)]
+    labels: Vec<String>,
     /// Layers and parameters shown, those that changed most.
     #[arg(long, default_value_t = 10)]
     top: usize,
@@ -35,7 +39,11 @@ pub fn run(args: &DiffArgs) -> ExitCode {
         Ok(r) => r,
         Err(code) => return code,
     };
-    let d = diff::compare(&base, &new);
+    let mut runs = [base, new];
+    if let Err(code) = apply_labels(&mut runs, &args.labels) {
+        return code;
+    }
+    let d = diff::compare(&runs[0], &runs[1]);
     println!("tch-memprof diff: {} -> {}", d.base, d.new);
     for n in &d.notes {
         println!("note: {n}");

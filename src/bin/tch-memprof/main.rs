@@ -1,7 +1,7 @@
 //! The `tch-memprof` command: work with the files a profiled run left.
 //!
-//!     tch-memprof report RUN... [-o report.html]
-//!     tch-memprof diff BASE NEW [--max-increase 5%]
+//!     tch-memprof report RUN... [--label TEXT]... [-o report.html]
+//!     tch-memprof diff BASE NEW [--max-increase 5%] [--label BASE --label NEW]
 //!     tch-memprof estimate MODEL.pt --input 1x3x224x224 [--train --optimizer adam]
 //!                 [--batch-sizes 1,8,32] [--memory 80GiB|h100] [--gpu h100] [--csv]
 //!     tch-memprof estimate --model resnet50 ...

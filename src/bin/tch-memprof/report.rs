@@ -1,4 +1,5 @@
-//! `tch-memprof report RUN... [-o report.html]`: one self-contained HTML page.
+//! `tch-memprof report RUN... [--label TEXT]... [-o report.html]`: one self-contained
+//! HTML page.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,9 +14,40 @@ pub struct ReportArgs {
     /// a folder holding one run.
     #[arg(required = true)]
     runs: Vec<PathBuf>,
+    /// What to call each run, in the order of the runs: one --label per run
+    /// (`--label "batch 16" --label "batch 48"`). Replaces the label the run was made
+    /// with; without labels, runs are called by their folders.
+    #[arg(long = "label", value_name = "TEXT", value_parser = parse_label)]
+    labels: Vec<String>,
     /// Where to write it.
     #[arg(short, long, default_value = "report.html")]
     output: PathBuf,
+}
+
+/// A label: one line, no control characters.
+pub fn parse_label(text: &str) -> Result<String, String> {
+    tch_memprof::runs::check_label(text)
+        .map(|()| text.to_string())
+        .map_err(|why| format!("the label {text:?} {why}"))
+}
+
+/// Sets `labels` on `runs` in order: none, or one per run.
+pub fn apply_labels(runs: &mut [Run], labels: &[String]) -> Result<(), ExitCode> {
+    if labels.is_empty() {
+        return Ok(());
+    }
+    if labels.len() != runs.len() {
+        eprintln!(
+            "tch-memprof: {} label(s) for {} run(s): give one --label per run, in the order of the runs",
+            labels.len(),
+            runs.len()
+        );
+        return Err(ExitCode::from(2));
+    }
+    for (run, label) in runs.iter_mut().zip(labels) {
+        run.label = Some(label.clone());
+    }
+    Ok(())
 }
 
 /// Reads a run, printing its warnings; bad input is exit status 2.
@@ -42,6 +74,9 @@ pub fn run(args: &ReportArgs) -> ExitCode {
             Ok(r) => runs.push(r),
             Err(code) => return code,
         }
+    }
+    if let Err(code) = apply_labels(&mut runs, &args.labels) {
+        return code;
     }
     let page = tch_memprof::runs::html::render(&runs);
     if let Err(e) = std::fs::write(output, page.as_bytes()) {
