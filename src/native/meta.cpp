@@ -26,6 +26,7 @@
 #include <torch/csrc/jit/serialization/import.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -164,7 +165,12 @@ void meta_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
 }
 
 std::once_flag g_meta_once;
-std::string g_meta_init_error;
+// Why the meta trace could not be set up (constant-initialised: no dynamic initialiser).
+char g_meta_init_error[256] = "";
+
+void set_init_error(const char* what) {
+  std::snprintf(g_meta_init_error, sizeof g_meta_init_error, "%s", what);
+}
 
 bool meta_init() {
   std::call_once(g_meta_once, []() {
@@ -172,22 +178,22 @@ bool meta_init() {
       g_meta_sizes = reserve<uint64_t>(kMetaIds);
       g_meta_log = reserve<MpMetaEvent>(kMetaEvents);
       if (!g_meta_sizes || !g_meta_log) {
-        g_meta_init_error = "the meta trace could not be reserved (mmap failed)";
+        set_init_error("the meta trace could not be reserved (mmap failed)");
         return;
       }
       c10::SetAllocator(c10::DeviceType::Meta, meta_allocator(), /*priority=*/1);
       if (c10::GetAllocator(c10::DeviceType::Meta) != meta_allocator()) {
-        g_meta_init_error = "the meta trace allocator could not be installed";
+        set_init_error("the meta trace allocator could not be installed");
         return;
       }
       register_meta_kernels();
       g_meta_ready.store(true);
     } catch (const std::exception& e) {
-      g_meta_init_error = e.what();
+      set_init_error(e.what());
     }
   });
   if (!g_meta_ready.load()) {
-    set_error(g_meta_init_error.c_str());
+    set_error(g_meta_init_error);
     return false;
   }
   return true;

@@ -40,7 +40,9 @@ struct ParamTable {
 };
 std::atomic<ParamTable*> g_params{nullptr};
 std::mutex g_params_mutex;  // serialises replacement (Rust side, between iterations)
-std::vector<std::unique_ptr<ParamTable>> g_params_all;  // under g_params_mutex
+// Every table ever published (readers may still hold an old one), under g_params_mutex;
+// made at the first set_params (no dynamic initialiser at load).
+std::vector<std::unique_ptr<ParamTable>>* g_params_all = nullptr;
 
 // The table slot of `key`, or -1.
 inline int64_t param_lookup(const ParamTable* t, uint64_t key) {
@@ -318,7 +320,9 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
 void clear_params() {
   std::lock_guard<std::mutex> lock(g_params_mutex);
   g_params.store(nullptr);
-  g_params_all.clear();
+  if (g_params_all) {
+    g_params_all->clear();
+  }
 }
 
 int set_params(const uint64_t* ptrs, const int32_t* ids, const int32_t* layers, size_t n) {
@@ -351,9 +355,12 @@ int set_params(const uint64_t* ptrs, const int32_t* ids, const int32_t* layers, 
     }
   }
   std::lock_guard<std::mutex> lock(g_params_mutex);
-  g_params_all.reserve(g_params_all.size() + 1);
+  if (!g_params_all) {
+    g_params_all = new std::vector<std::unique_ptr<ParamTable>>();
+  }
+  g_params_all->reserve(g_params_all->size() + 1);
   g_params.store(t.get(), std::memory_order_release);
-  g_params_all.push_back(std::move(t));
+  g_params_all->push_back(std::move(t));
   return 0;
 }
 
