@@ -223,3 +223,41 @@ fn ops_without_a_formula_are_listed_not_zeroed_silently() {
     let cumsum = p.uncounted_ops.iter().find(|u| u.op == "aten::cumsum");
     assert_eq!(cumsum.map(|u| u.calls), Some(1), "{:?}", p.uncounted_ops);
 }
+
+#[test]
+fn fused_attention_counts_its_matmuls_as_pytorchs_flop_counter_does() {
+    // query [b, h, L, E], key and value [b, h, S, E]: forward q k^T and scores v
+    // (2 b h L S (E + Ev)); backward the scores again, grad scores, grad v, grad q and
+    // grad k (2 b h L S (3 E + 2 Ev)), as torch.utils.flop_counter's sdpa formulas.
+    let (b, h, l, s, e) = (2i64, 3, 16, 24, 8);
+    let q = randn(&[b, h, l, e]).set_requires_grad(true);
+    let k = randn(&[b, h, s, e]).set_requires_grad(true);
+    let v = randn(&[b, h, s, e]).set_requires_grad(true);
+    let p = profile(|| {
+        let y = Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            None::<Tensor>,
+            0.0,
+            false,
+            None,
+            false,
+        );
+        y.sum(Kind::Float).backward();
+    });
+    let forward = (2 * b * h * l * s * (e + e)) as u64;
+    let out_elems = (b * h * l * e) as u64;
+    assert_eq!(p.forward_flops, forward + out_elems, "attention + sum");
+    assert_eq!(
+        p.backward_flops,
+        (2 * b * h * l * s * (3 * e + 2 * e)) as u64
+    );
+    assert!(
+        p.uncounted_ops
+            .iter()
+            .all(|u| !u.op.contains("scaled_dot_product")),
+        "{:?}",
+        p.uncounted_ops
+    );
+}

@@ -21,6 +21,21 @@ struct Entry {
 const Entry* table(size_t* n) {
   static const Entry entries[] = {
       {"mm", {kMm, 0}},
+      // Fused attention, every backend, counted as PyTorch's FlopCounterMode counts
+      // the CUDA ones: the full L x S score matrix (no causal discount).
+      {"_scaled_dot_product_flash_attention_for_cpu", {kSdpa, 0}},
+      {"_scaled_dot_product_flash_attention", {kSdpa, 0}},
+      {"_scaled_dot_product_efficient_attention", {kSdpa, 0}},
+      {"_scaled_dot_product_cudnn_attention", {kSdpa, 0}},
+      {"_scaled_dot_product_flash_attention_for_cpu_backward", {kSdpaBwd, 0}},
+      {"_scaled_dot_product_flash_attention_backward", {kSdpaBwd, 0}},
+      {"_scaled_dot_product_efficient_attention_backward", {kSdpaBwd, 0}},
+      {"_scaled_dot_product_cudnn_attention_backward", {kSdpaBwd, 0}},
+      // The embedding's backward adds each gradient row into its weight row; the loss.
+      {"embedding_dense_backward", {kElementwise, 1}},
+      {"nll_loss_forward", {kElementwise, 1}},
+      {"nll_loss_backward", {kElementwise, 1}},
+      {"nll_loss", {kElementwise, 1}},
       {"bmm", {kMm, 0}},
       {"addmm", {kAddmm, 0}},
       {"baddbmm", {kAddmm, 0}},
@@ -430,6 +445,22 @@ int64_t count(Kind k, c10::ArrayRef<const c10::IValue> in) {
       const at::Tensor* a = tensor_at(in, 1);
       const at::Tensor* b = tensor_at(in, 2);
       return a && b && b->dim() >= 1 ? 2 * a->numel() * b->size(-1) : 0;
+    }
+    case kSdpa:
+    case kSdpaBwd: {
+      // query [b, h, L, E], key [b, h', S, E], value [b, h', S, Ev] (h' divides h).
+      const size_t base = k.family == kSdpaBwd ? 1 : 0;
+      const at::Tensor* q = tensor_at(in, base);
+      const at::Tensor* kk = tensor_at(in, base + 1);
+      const at::Tensor* v = tensor_at(in, base + 2);
+      if (!q || !kk || !v || q->dim() != 4 || kk->dim() != 4 || v->dim() != 4) {
+        return 0;
+      }
+      const int64_t bh = q->size(0) * q->size(1);
+      const int64_t l = q->size(2), e = q->size(3), s = kk->size(2), ev = v->size(3);
+      // Forward: scores = q k^T, out = scores v. Backward (FlopCounterMode's
+      // sdpa_backward_flop_count): the scores again, grad scores, grad v, grad q, grad k.
+      return k.family == kSdpa ? 2 * bh * l * s * (e + ev) : 2 * bh * l * s * (3 * e + 2 * ev);
     }
     case kConv:
       return count_conv(in);

@@ -49,6 +49,8 @@ enum Family : uint8_t {
   kMaxPoolBwd,    // grad_output elements
   kAvgPoolBwd,    // (grad_output, input, kernel, ...): grad elements * kernel
   kAdaptivePoolBwd,  // (grad_output, input): input elements
+  kSdpa,       // fused attention forward (query, key, value, ...): its two matmuls
+  kSdpaBwd,    // fused attention backward (grad_out, query, key, value, ...): five matmuls
 };
 
 struct Kind {
