@@ -135,13 +135,32 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// `called Result::unwrap()...Torch("` and without the C++ stack frames.
 pub(crate) fn torch_message(text: &str) -> String {
     let start = text.find("Torch(\"").map_or(0, |i| i + 7);
-    let rest = &text[start..];
+    let mut rest = &text[start..];
+    rest = rest.strip_prefix("native layer: ").unwrap_or(rest);
+    // The TorchScript interpreter's errors open with a fixed line and a traceback of
+    // TorchScript code; the cause is on the last line that names an error.
+    if rest.starts_with("The following operation failed in the TorchScript interpreter") {
+        let lines: Vec<&str> = rest.split("\\n").flat_map(|l| l.split('\n')).collect();
+        if let Some(cause) = lines.iter().rev().find_map(|l| {
+            let l = l.trim();
+            l.find("Error: ").map(|i| &l[i + "Error: ".len()..])
+        }) {
+            rest = cause;
+        }
+    }
     let end = ["\\n", "\n", "Exception raised from", "\")"]
         .iter()
         .filter_map(|pat| rest.find(pat))
         .min()
         .unwrap_or(rest.len());
     let line = rest[..end].trim();
+    // An op libtorch's C++ has no meta kernel for: say so in a few words.
+    if let Some((op, _)) = line.split_once(": attempted to run this operator with Meta tensors") {
+        return format!(
+            "{op} has no meta kernel in libtorch's C++, so the dry run cannot run it \
+             (tch-memprof registers the ones it knows; this one is missing)"
+        );
+    }
     if line.is_empty() {
         "failed".to_string()
     } else {
@@ -158,6 +177,20 @@ mod tests {
         let text = "called `Result::unwrap()` on an `Err` value: Torch(\"shape '[2, 3]' is invalid for input of size 5\\nException raised from infer_size_impl at ../aten/src/ATen/InferSize.h:92 (most recent call first):\\nframe #0: c10::Error::Error\")";
         assert_eq!(
             torch_message(text),
+            "shape '[2, 3]' is invalid for input of size 5"
+        );
+    }
+
+    #[test]
+    fn meta_kernel_gaps_and_torchscript_tracebacks_read_in_one_line() {
+        let text = "aten::_local_scalar_dense: attempted to run this operator with Meta tensors, but there was no fake impl or Meta kernel registered. You may have run into this message";
+        assert_eq!(
+            torch_message(text),
+            "aten::_local_scalar_dense has no meta kernel in libtorch's C++, so the dry run cannot run it (tch-memprof registers the ones it knows; this one is missing)"
+        );
+        let script = "The following operation failed in the TorchScript interpreter.\nTraceback of TorchScript, serialized code (most recent call last):\n  File \"code/__torch__.py\", line 12, in forward\n    _0 = torch.arange(32)\nRuntimeError: shape '[2, 3]' is invalid for input of size 5\n";
+        assert_eq!(
+            torch_message(script),
             "shape '[2, 3]' is invalid for input of size 5"
         );
     }

@@ -319,3 +319,63 @@ fn a_torchscript_file_is_estimated_and_profiled() {
     let linear_flops = 2 * 8 * 4096 * 10;
     assert!(fields[3].parse::<u64>().unwrap() >= conv_flops + linear_flops);
 }
+
+/// A GPT-style decoder (embedding, layer norm, fused qkv, causal
+/// `scaled_dot_product_attention`, GELU MLP, tied head) traced by PyTorch. Its weights load
+/// onto the meta device (TorchScript's loader compares constants with `aten::equal`,
+/// which the dry run provides); a traced `size // heads` runs `aten::floor_divide` on
+/// meta, which has no meta kernel: the estimate stops with exit status 2 and one line that
+/// names the op, with no C++ stack frames and no TorchScript traceback.
+const GPT_EXPORT: &str = r#"
+import sys, torch, torch.nn as nn, torch.nn.functional as F
+class Block(nn.Module):
+    def __init__(s, d, h):
+        super().__init__(); s.h = h
+        s.ln1 = nn.LayerNorm(d); s.qkv = nn.Linear(d, 3 * d); s.proj = nn.Linear(d, d)
+        s.ln2 = nn.LayerNorm(d); s.fc = nn.Linear(d, 4 * d); s.out = nn.Linear(4 * d, d)
+    def forward(s, x):
+        B, T, C = x.shape
+        q, k, v = s.qkv(s.ln1(x)).split(C, 2)
+        q, k, v = [t.view(B, T, s.h, C // s.h).transpose(1, 2) for t in (q, k, v)]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + s.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return x + s.out(F.gelu(s.fc(s.ln2(x))))
+class GPT(nn.Module):
+    def __init__(s, V=1000, T=64, d=64, L=2, h=4):
+        super().__init__()
+        s.wte = nn.Embedding(V, d); s.wpe = nn.Embedding(T, d)
+        s.blocks = nn.ModuleList([Block(d, h) for _ in range(L)]); s.ln = nn.LayerNorm(d)
+    def forward(s, idx):
+        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1]))
+        for b in s.blocks:
+            x = b(x)
+        return s.ln(x) @ s.wte.weight.t()
+torch.jit.trace(GPT().eval(), torch.randint(0, 1000, (2, 32))).save(sys.argv[1])
+"#;
+
+#[test]
+fn a_traced_gpt_that_the_dry_run_cannot_finish_fails_in_one_line() {
+    let _serial = common::serial();
+    let Some(python) = common::torch_python() else {
+        common::cannot_run("the GPT export by PyTorch: no Python with torch beside LIBTORCH");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpt.pt");
+    let out = Command::new(python)
+        .args(["-c", GPT_EXPORT, path.to_str().unwrap()])
+        .output()
+        .expect("runs python");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = cli(&["estimate", path.to_str().unwrap(), "--input", "2x32:i64"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("aten::floor_divide has no meta kernel"),
+        "{err}"
+    );
+    for noise in ["frame #", "Traceback", "Exception raised from", "fburl"] {
+        assert!(!err.contains(noise), "{err}");
+    }
+}

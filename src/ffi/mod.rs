@@ -85,11 +85,17 @@ pub(crate) mod ev {
 include!(concat!(env!("OUT_DIR"), "/layout.rs"));
 
 fn last_error() -> Error {
-    let mut buf = [0u8; 1024];
+    let mut buf = vec![0u8; 1024];
     let mut needed = 0usize;
     // SAFETY: the buffer is valid for its length; the callee writes at most len-1 bytes
     // plus a NUL, and `needed` is a valid out-pointer.
     unsafe { memprof_last_error(buf.as_mut_ptr().cast(), buf.len(), &mut needed) };
+    if needed >= buf.len() && buf.try_reserve_exact(needed + 1 - buf.len()).is_ok() {
+        // A long message (a TorchScript traceback): read it whole.
+        buf.resize(needed + 1, 0);
+        // SAFETY: as above, with the larger buffer.
+        unsafe { memprof_last_error(buf.as_mut_ptr().cast(), buf.len(), &mut needed) };
+    }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     Error::Native(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
