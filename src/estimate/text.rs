@@ -8,8 +8,9 @@ use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 use super::{AllocatorConfig, Estimate, Fit, Mode, Options};
 use crate::format::bytes;
 
-/// The estimates as a table: batch, weights, baseline, peak allocated, peak reserved,
-/// the op, phase and step of the peak, the time. It wraps its cells to the terminal.
+/// The estimates as a table (batch, weights, baseline, peak allocated, peak reserved,
+/// time; it wraps its cells to the terminal), then one line per batch naming the op,
+/// phase and step where allocated peaked.
 pub fn table(rows: &[Estimate]) -> String {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL)
@@ -20,7 +21,6 @@ pub fn table(rows: &[Estimate]) -> String {
             "baseline",
             "peak allocated",
             "peak reserved",
-            "peak during",
             "time",
         ]);
     for e in rows {
@@ -30,21 +30,25 @@ pub fn table(rows: &[Estimate]) -> String {
             bytes(e.baseline_allocated),
             bytes(e.peak_allocated),
             bytes(e.peak_reserved),
-            format!(
-                "{} ({}, step {})",
-                e.peak_op,
-                e.peak_phase.name(),
-                e.peak_step
-            ),
             format!("{:.2} s", e.elapsed.as_secs_f64()),
         ]);
     }
-    for c in [0usize, 1, 2, 3, 4, 6] {
+    for c in 0..6 {
         if let Some(col) = t.column_mut(c) {
             col.set_cell_alignment(CellAlignment::Right);
         }
     }
-    t.to_string()
+    let mut out = t.to_string();
+    for e in rows {
+        out.push_str(&format!(
+            "\nbatch {}: allocated peaks in {} ({}, step {})",
+            e.batch,
+            e.peak_op,
+            e.peak_phase.name(),
+            e.peak_step
+        ));
+    }
+    out
 }
 
 impl Options {
