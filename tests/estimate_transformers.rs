@@ -47,7 +47,7 @@ fn a_tch_decoder_runs_its_dry_run_on_inputs_device() {
         ..Options::default()
     };
     let e = model
-        .estimate(&[input.clone()], Mode::Inference, &options)
+        .estimate(std::slice::from_ref(&input), Mode::Inference, &options)
         .unwrap();
     assert_eq!(e.unknown_frees, 0);
     // The weights, in 512-byte blocks, plus the batch of 2 x 32 int64 ids.
