@@ -261,10 +261,7 @@ impl Model {
     /// A built-in model by name ([`models::BUILTIN`]), 1000 classes.
     /// Built on the meta device ([`Model::build_on_meta`]): no host memory.
     pub fn builtin(name: &str) -> Result<Model> {
-        if !models::BUILTIN.contains(&name) {
-            // The error that names the known models.
-            models::build(name, &nn::VarStore::new(Device::Cpu).root(), 1000)?;
-        }
+        models::check(name)?;
         let name_owned = name.to_string();
         Ok(Model::build_on_meta(move |p| {
             Boxed(models::build(&name_owned, p, 1000).expect("a known built-in model"))

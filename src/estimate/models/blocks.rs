@@ -80,18 +80,41 @@ impl Module for SelfAttention {
                 split(v.forward(x)),
             ),
         };
-        let y = Tensor::scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            None::<Tensor>,
-            0.0,
-            self.causal,
-            None,
-            false,
-        );
-        let y = y.transpose(1, 2).contiguous().view([b, t, c]);
-        self.out.forward(&y)
+        self.out
+            .forward(&attend(&q, &k, &v, self.causal, [b, t, c]))
+    }
+}
+
+/// `scaled_dot_product_attention` of heads `[b, heads, t, head_dim]`, back to
+/// `[b, t, c]`.
+pub(super) fn attend(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, btc: [i64; 3]) -> Tensor {
+    Tensor::scaled_dot_product_attention(q, k, v, None::<Tensor>, 0.0, causal, None, false)
+        .transpose(1, 2)
+        .contiguous()
+        .view(btc)
+}
+
+/// A pre-norm transformer block (GPT-2's and ViT's): `x + attn(ln_1(x))`, then
+/// `x + mlp(ln_2(x))`; the attention's output through dropout when `dropout` is set (as
+/// torchvision's ViT does, with p = 0).
+#[derive(Debug)]
+pub(super) struct PreNormBlock {
+    pub(super) ln_1: nn::LayerNorm,
+    pub(super) attn: SelfAttention,
+    pub(super) ln_2: nn::LayerNorm,
+    pub(super) mlp: Mlp,
+    pub(super) dropout: Option<f64>,
+}
+
+impl nn::ModuleT for PreNormBlock {
+    fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
+        // One statement each, as the originals wrote them: the temporaries of a branch
+        // live until it ends.
+        let x = match self.dropout {
+            Some(p) => x + self.attn.forward(&self.ln_1.forward(x)).dropout(p, train),
+            None => x + self.attn.forward(&self.ln_1.forward(x)),
+        };
+        &x + self.mlp.forward(&self.ln_2.forward(&x))
     }
 }
 

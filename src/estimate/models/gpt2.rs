@@ -10,7 +10,7 @@
 use tch::nn::{self, Module, ModuleT};
 use tch::{Kind, Tensor};
 
-use super::blocks::{layer_norm, Mlp, SelfAttention};
+use super::blocks::{layer_norm, Mlp, PreNormBlock, SelfAttention};
 
 /// The sizes of a GPT-2.
 #[derive(Debug, Clone, Copy)]
@@ -46,31 +46,15 @@ impl Gpt2Config {
     };
 }
 
-#[derive(Debug)]
-struct Block {
-    ln_1: nn::LayerNorm,
-    attn: SelfAttention,
-    ln_2: nn::LayerNorm,
-    mlp: Mlp,
-}
-
-impl Block {
-    fn new(p: &nn::Path, c: &Gpt2Config) -> Block {
-        let attn = p / "attn";
-        let mlp = p / "mlp";
-        Block {
-            ln_1: layer_norm(p / "ln_1", c.dim, 1e-5),
-            attn: SelfAttention::fused(&attn, "c_attn", "c_proj", c.dim, c.heads, true),
-            ln_2: layer_norm(p / "ln_2", c.dim, 1e-5),
-            mlp: Mlp::new(&(&mlp / "c_fc"), &(&mlp / "c_proj"), c.dim, 4 * c.dim, true),
-        }
-    }
-}
-
-impl Module for Block {
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let x = x + self.attn.forward(&self.ln_1.forward(x));
-        &x + self.mlp.forward(&self.ln_2.forward(&x))
+fn block(p: &nn::Path, c: &Gpt2Config) -> PreNormBlock {
+    let attn = p / "attn";
+    let mlp = p / "mlp";
+    PreNormBlock {
+        ln_1: layer_norm(p / "ln_1", c.dim, 1e-5),
+        attn: SelfAttention::fused(&attn, "c_attn", "c_proj", c.dim, c.heads, true),
+        ln_2: layer_norm(p / "ln_2", c.dim, 1e-5),
+        mlp: Mlp::new(&(&mlp / "c_fc"), &(&mlp / "c_proj"), c.dim, 4 * c.dim, true),
+        dropout: None,
     }
 }
 
@@ -79,7 +63,7 @@ impl Module for Block {
 pub struct Gpt2 {
     wte: nn::Embedding,
     wpe: nn::Embedding,
-    blocks: Vec<Block>,
+    blocks: Vec<PreNormBlock>,
     ln_f: nn::LayerNorm,
 }
 
@@ -91,7 +75,7 @@ impl Gpt2 {
         Gpt2 {
             wte: nn::embedding(&t / "wte", c.vocab, c.dim, Default::default()),
             wpe: nn::embedding(&t / "wpe", c.context, c.dim, Default::default()),
-            blocks: (0..c.layers).map(|i| Block::new(&(&h / i), &c)).collect(),
+            blocks: (0..c.layers).map(|i| block(&(&h / i), &c)).collect(),
             ln_f: layer_norm(&t / "ln_f", c.dim, 1e-5),
         }
     }
@@ -103,7 +87,7 @@ impl ModuleT for Gpt2 {
         let pos = Tensor::arange(t, (Kind::Int64, idx.device()));
         let mut x = (self.wte.forward(idx) + self.wpe.forward(&pos)).dropout(0.1, train);
         for block in &self.blocks {
-            x = block.forward(&x);
+            x = block.forward_t(&x, train);
         }
         let x = self.ln_f.forward(&x);
         // The LM head is the token embedding, transposed (tied weights).

@@ -81,12 +81,23 @@ pub fn build(name: &str, p: &nn::Path, num_classes: i64) -> Result<Box<dyn nn::M
         "gpt2-medium" => Box::new(gpt2_medium(p)),
         "llama3.2-1b" => Box::new(llama3_2_1b(p)),
         "llama3-8b" => Box::new(llama3_8b(p)),
-        other => {
-            return Err(Error::InvalidInput {
-                name: "model",
-                value: other.to_string(),
-                reason: format!("unknown built-in model; known: {}", BUILTIN.join(", ")),
-            })
-        }
+        other => return Err(unknown(other)),
     })
+}
+
+/// `Ok` for a name in [`BUILTIN`], else the error that lists the known ones.
+pub fn check(name: &str) -> Result<()> {
+    if BUILTIN.contains(&name) {
+        Ok(())
+    } else {
+        Err(unknown(name))
+    }
+}
+
+fn unknown(name: &str) -> Error {
+    Error::InvalidInput {
+        name: "model",
+        value: name.to_string(),
+        reason: format!("unknown built-in model; known: {}", BUILTIN.join(", ")),
+    }
 }

@@ -8,7 +8,7 @@
 use tch::nn::{self, Module, ModuleT};
 use tch::Tensor;
 
-use super::blocks::{layer_norm, Mlp, SelfAttention};
+use super::blocks::{layer_norm, Mlp, PreNormBlock, SelfAttention};
 
 const PATCH: i64 = 16;
 const DIM: i64 = 768;
@@ -17,28 +17,13 @@ const HEADS: i64 = 12;
 const HIDDEN: i64 = 3072;
 const TOKENS: i64 = (224 / PATCH) * (224 / PATCH) + 1;
 
-#[derive(Debug)]
-struct Block {
-    ln_1: nn::LayerNorm,
-    attn: SelfAttention,
-    ln_2: nn::LayerNorm,
-    mlp: Mlp,
-}
-
-impl ModuleT for Block {
-    fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
-        let x = x + self.attn.forward(&self.ln_1.forward(x)).dropout(0.0, train);
-        &x + self.mlp.forward(&self.ln_2.forward(&x))
-    }
-}
-
 /// ViT-B/16.
 #[derive(Debug)]
 pub struct Vit {
     conv_proj: nn::Conv2D,
     class_token: Tensor,
     pos_embedding: Tensor,
-    blocks: Vec<Block>,
+    blocks: Vec<PreNormBlock>,
     ln: nn::LayerNorm,
     head: nn::Linear,
 }
@@ -51,7 +36,7 @@ pub fn vit_b16(p: &nn::Path, num_classes: i64) -> Vit {
         .map(|i| {
             let b = &layers / format!("encoder_layer_{i}");
             let mlp = &b / "mlp";
-            Block {
+            PreNormBlock {
                 ln_1: layer_norm(&b / "ln_1", DIM, 1e-6),
                 attn: SelfAttention::fused(
                     &(&b / "self_attention"),
@@ -63,6 +48,7 @@ pub fn vit_b16(p: &nn::Path, num_classes: i64) -> Vit {
                 ),
                 ln_2: layer_norm(&b / "ln_2", DIM, 1e-6),
                 mlp: Mlp::new(&(&mlp / "0"), &(&mlp / "3"), DIM, HIDDEN, false),
+                dropout: Some(0.0),
             }
         })
         .collect();
