@@ -310,8 +310,10 @@ impl Model {
             .collect()
     }
 
-    /// The dry run: the meta trace of `mode` at these inputs.
-    fn dry_run(&self, inputs: &[Input], mode: Mode, steps: u32) -> Result<Vec<MetaEvent>> {
+    /// The dry run: the meta trace of `mode` at these inputs, under `options` (the
+    /// settings that change what a CUDA run allocates, not the allocator's).
+    fn dry_run(&self, inputs: &[Input], mode: Mode, options: &Options) -> Result<Vec<MetaEvent>> {
+        let steps = options.steps;
         if inputs.is_empty() {
             return Err(Error::InvalidInput {
                 name: "input",
@@ -375,7 +377,7 @@ impl Model {
     /// the first input).
     pub fn estimate(&self, inputs: &[Input], mode: Mode, options: &Options) -> Result<Estimate> {
         let start = Instant::now();
-        let run = self.dry_run(inputs, mode, options.steps)?;
+        let run = self.dry_run(inputs, mode, options)?;
         let mut e = replay(&self.weights, &run, options)?;
         e.mode = mode;
         e.batch = inputs.first().map_or(1, Input::batch);
