@@ -14,7 +14,8 @@
 // - Kernels libtorch's C++ lacks on the meta device are registered at the first trace
 //   (meta_kernels.cpp: each allocates what the CUDA kernel allocates).
 // - TorchScript modules loaded straight onto the meta device (the weights' bytes are
-//   read from the file and dropped).
+//   read from the file and dropped), their scalar constants kept on the CPU with their
+//   values (a traced `size // heads` divides by one).
 //
 // The trace is for the estimator's dry runs, never for a user's training loop; its
 // allocator and op callback still keep the hot-path rules (atomics, no lock, no heap).
@@ -23,7 +24,10 @@
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <torch/csrc/jit/api/module.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/serialization/import.h>
+#include <torch/csrc/jit/serialization/import_read.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -271,8 +275,85 @@ void meta_convert(at::Tensor* t) {
   t->unsafeGetTensorImpl()->shallow_copy_from(m.getIntrusivePtr());
 }
 
+namespace {
+// The index N of a constant node compiled from `CONSTANTS.cN` in the file's code.
+int64_t constant_index(const torch::jit::Node* n) {
+  const std::string text = n->sourceRange().source() ? n->sourceRange().text().str() : std::string();
+  const std::string prefix = "CONSTANTS.c";
+  const auto at = text.rfind(prefix);
+  if (at == std::string::npos) {
+    return -1;
+  }
+  int64_t index = 0;
+  size_t k = at + prefix.size();
+  if (k == text.size()) {
+    return -1;
+  }
+  for (; k < text.size() && text[k] >= '0' && text[k] <= '9'; ++k) {
+    index = index * 10 + (text[k] - '0');
+  }
+  return k == text.size() ? index : -1;
+}
+
+void restore_scalars(torch::jit::Block* block, const std::vector<at::Tensor>& values) {
+  for (torch::jit::Node* n : block->nodes()) {
+    for (torch::jit::Block* b : n->blocks()) {
+      restore_scalars(b, values);
+    }
+    if (n->kind() != c10::prim::Constant || !n->hasAttribute(c10::attr::value) ||
+        n->kindOf(c10::attr::value) != torch::jit::AttributeKind::t) {
+      continue;
+    }
+    const at::Tensor& now = n->t(c10::attr::value);
+    const int64_t i = constant_index(n);
+    if (!now.is_meta() || now.dim() != 0 || i < 0 || size_t(i) >= values.size()) {
+      continue;
+    }
+    const at::Tensor& saved = values[size_t(i)];
+    if (saved.defined() && saved.dim() == 0 && saved.scalar_type() == now.scalar_type()) {
+      n->t_(c10::attr::value, saved);
+    }
+  }
+}
+
+// Loading onto the meta device drops every tensor's values, the file's constants' too.
+// A traced model computes sizes with its scalar constants (`C // heads` becomes
+// `aten::floor_divide(C, {4})` then `aten::Int`), which needs their values: they are
+// read again from the file's constants on the CPU (scalars only: larger constants stay
+// on the meta device with the weights) and put back into the graphs.
+void restore_scalar_constants(torch::jit::Module& m, const std::string& path) {
+  std::vector<at::Tensor> values;
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    if (!reader.hasRecord("constants.pkl")) {
+      return;
+    }
+    const c10::IValue table = torch::jit::readArchiveAndTensors(
+        "constants", "", "", std::nullopt, std::nullopt, c10::Device(c10::kCPU), reader);
+    if (!table.isTuple()) {
+      return;
+    }
+    for (const c10::IValue& v : table.toTupleRef().elements()) {
+      values.push_back(v.isTensor() && v.toTensor().dim() == 0 ? v.toTensor() : at::Tensor());
+    }
+  } catch (const std::exception&) {
+    return;  // constants this reader cannot read: the dry run says where a value was missing
+  }
+  for (const torch::jit::Module& sub : m.modules()) {
+    for (const torch::jit::Method& method : sub.get_methods()) {
+      restore_scalars(method.graph()->block(), values);
+    }
+  }
+}
+}  // namespace
+
 void* script_load(const char* path) {
-  auto m = torch::jit::load(std::string(path), c10::Device(c10::kMeta));
+  // Without the debug files, each node's source range is the file's own code, where a
+  // constant reads `CONSTANTS.cN` (restore_scalar_constants matches them by it).
+  torch::jit::ExtraFilesMap extra;
+  auto m = torch::jit::load(std::string(path), c10::Device(c10::kMeta), extra,
+                            /*load_debug_files=*/false);
+  restore_scalar_constants(m, path);
   return new torch::jit::Module(std::move(m));
 }
 
