@@ -396,7 +396,7 @@ fn csv_row(out: &Output) -> Vec<u64> {
 #[test]
 fn a_traced_gpt_runs_forward_backward_and_adamw_on_meta() {
     let _serial = common::serial();
-    let Some((_dir, path, stdout)) = python_export(GPT_EXPORT, "gpt.pt") else {
+    let Some((dir, path, stdout)) = python_export(GPT_EXPORT, "gpt.pt") else {
         return;
     };
     let params: u64 = stdout.trim().parse().unwrap();
@@ -421,6 +421,32 @@ fn a_traced_gpt_runs_forward_backward_and_adamw_on_meta() {
     ]));
     assert_eq!(train[0], weights);
     assert!(train[1] >= 4 * weights, "{} < 4 x {weights}", train[1]);
+
+    // The step a training estimate runs, for real on the CPU: the loss of a 3-D output is
+    // cross-entropy over every token, whose log-probabilities (2 x 32 tokens x 1000 f32)
+    // are saved for backward.
+    let results = dir.path().join("profile");
+    let out = cli(&[
+        "profile",
+        file,
+        "--input",
+        "2x32:i64",
+        "--train",
+        "--output-dir",
+        results.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut r = csv::Reader::from_path(results.join("timeline.csv")).unwrap();
+    let headers = r.headers().unwrap().clone();
+    let col = |name: &str| headers.iter().position(|h| h == name).unwrap();
+    let (op, act) = (col("op"), col("act_bytes"));
+    let rows: Vec<csv::StringRecord> = r.records().map(|r| r.unwrap()).collect();
+    let at = rows
+        .iter()
+        .position(|row| &row[op] == "aten::log_softmax")
+        .expect("the loss's log_softmax");
+    let added = rows[at][act].parse::<u64>().unwrap() - rows[at - 1][act].parse::<u64>().unwrap();
+    assert_eq!(added, 2 * 32 * 1000 * 4);
 }
 
 /// A traced model whose output size depends on the data (`y[y > 0]` runs `aten::nonzero`),

@@ -458,7 +458,9 @@ impl Model {
 }
 
 /// The loss of a training step when the model is a file: cross-entropy against one
-/// class per row for a 2-D output (class scores), the mean otherwise. `target(n)` makes
+/// class per row for a 2-D output (class scores), against one class per token for a 3-D
+/// output (a token model's `[batch, tokens, vocab]` logits, as a language model trains),
+/// the mean otherwise. `target(n)` makes
 /// `n` int64 class indices on the output's device. Used by the estimate's dry run and by
 /// a real profiled step of a TorchScript file, so both run the same step.
 pub(crate) fn loss(
@@ -477,6 +479,14 @@ pub(crate) fn loss(
     if out.dim() == 2 {
         let target = target(out.size()[0]).map_err(|e| e.to_string())?;
         catching(|| out.cross_entropy_for_logits(&target))
+    } else if out.dim() == 3 {
+        let size = out.size();
+        let rows = size[0] * size[1];
+        let target = target(rows).map_err(|e| e.to_string())?;
+        catching(|| {
+            out.reshape([rows, size[2]])
+                .cross_entropy_for_logits(&target)
+        })
     } else {
         catching(|| out.mean(out.kind()))
     }

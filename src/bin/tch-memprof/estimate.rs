@@ -29,7 +29,8 @@ pub struct EstimateArgs {
     #[arg(long = "input")]
     inputs: Vec<String>,
     /// Estimate one training step (forward, loss, backward, optimizer step) instead of
-    /// inference. The loss is cross-entropy for a 2-D output, the mean otherwise.
+    /// inference. The loss is cross-entropy for a 2-D output (per row) or a 3-D one (per
+    /// token), the mean otherwise.
     #[arg(long)]
     train: bool,
     /// The optimizer of --train: sgd, sgd-momentum, adam, adamw.
