@@ -239,6 +239,11 @@ pub struct Options {
     /// Training steps replayed (at least 1; default 2: the second runs with the
     /// optimizer's state in memory).
     pub steps: u32,
+    /// Micro-batches per training step (gradient accumulation; default 1): each step
+    /// runs forward, loss and backward this many times, at the batch of the inputs,
+    /// adding into the gradients (set to none before the first), then the optimizer
+    /// step once.
+    pub accumulate: u32,
 }
 
 impl Default for Options {
@@ -247,6 +252,7 @@ impl Default for Options {
             gpu: Gpu::generic(),
             allocator: AllocatorConfig::default(),
             steps: 2,
+            accumulate: 1,
         }
     }
 }

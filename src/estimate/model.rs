@@ -338,28 +338,38 @@ impl Model {
                     .build(self.var_store())
                     .map_err(|e| Error::Native(format!("building the optimizer: {e}")))?;
                 let result = (|| -> Result<()> {
+                    let accumulate = options.accumulate.max(1);
                     for step in 0..steps.max(1) {
-                        let xs = Model::make_inputs(inputs)?;
-                        if step == 0 {
-                            ffi::meta_mark(native::MARK_BASELINE)?;
+                        // A plain loop holds its batch, output and loss through the
+                        // optimizer step; an accumulation loop drops each micro-batch's
+                        // at the end of its inner loop.
+                        let mut held = None;
+                        for micro in 0..accumulate {
+                            let xs = Model::make_inputs(inputs)?;
+                            if step == 0 && micro == 0 {
+                                ffi::meta_mark(native::MARK_BASELINE)?;
+                            }
+                            ffi::meta_mark(native::MARK_FORWARD)?;
+                            let out = self.forward(&xs, true)?;
+                            let loss = loss(&out, |n| {
+                                let like = Tensor::empty([0], (Kind::Int64, Device::Cpu));
+                                ffi::meta_empty(&[n], &like)
+                            })
+                            .map_err(|e| self.failed("the loss failed", e))?;
+                            ffi::meta_mark(native::MARK_BACKWARD)?;
+                            if micro == 0 {
+                                o.zero_grad();
+                            }
+                            catching(|| loss.backward())
+                                .map_err(|e| self.failed("the backward pass failed", e))?;
+                            if accumulate == 1 {
+                                held = Some((loss, out, xs));
+                            }
                         }
-                        ffi::meta_mark(native::MARK_FORWARD)?;
-                        let out = self.forward(&xs, true)?;
-                        let loss = loss(&out, |n| {
-                            let like = Tensor::empty([0], (Kind::Int64, Device::Cpu));
-                            ffi::meta_empty(&[n], &like)
-                        })
-                        .map_err(|e| self.failed("the loss failed", e))?;
-                        ffi::meta_mark(native::MARK_BACKWARD)?;
-                        o.zero_grad();
-                        catching(|| loss.backward())
-                            .map_err(|e| self.failed("the backward pass failed", e))?;
                         ffi::meta_mark(native::MARK_OPTIMIZER)?;
                         catching(|| o.step())
                             .map_err(|e| self.failed("the optimizer step failed", e))?;
-                        drop(loss);
-                        drop(out);
-                        drop(xs);
+                        drop(held);
                     }
                     Ok(())
                 })();

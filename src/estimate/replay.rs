@@ -66,8 +66,11 @@ pub(super) fn replay(
             native::META_MARK => match e.mark {
                 native::MARK_BASELINE => baseline = alloc.stats().allocated,
                 native::MARK_FORWARD => {
+                    // A step's micro-batches (gradient accumulation) are one step.
+                    if step == 0 || phase == Phase::Optimizer {
+                        step += 1;
+                    }
                     phase = Phase::Forward;
-                    step += 1;
                 }
                 native::MARK_BACKWARD => phase = Phase::Backward,
                 native::MARK_OPTIMIZER => phase = Phase::Optimizer,

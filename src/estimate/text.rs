@@ -54,8 +54,12 @@ pub fn table(rows: &[Estimate]) -> String {
 impl Options {
     /// One line: the mode, the GPU with its cuBLAS workspace, the allocator settings.
     pub fn describe(&self, mode: Mode) -> String {
+        let accumulate = match (mode, self.accumulate) {
+            (Mode::Train(_), k) if k > 1 => format!(" ({k} micro-batches a step)"),
+            _ => String::new(),
+        };
         format!(
-            "{}, GPU {} (cuBLAS workspace {}), {}",
+            "{}{accumulate}, GPU {} (cuBLAS workspace {}), {}",
             mode.label(),
             self.gpu.name,
             bytes(self.gpu.cublas_workspace),

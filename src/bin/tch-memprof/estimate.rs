@@ -50,6 +50,10 @@ pub struct EstimateArgs {
     /// Training steps replayed (the peak is over all of them).
     #[arg(long, default_value_t = 2)]
     steps: u32,
+    /// Micro-batches per training step (gradient accumulation): forward, loss and
+    /// backward run this many times at the input's batch before each optimizer step.
+    #[arg(long, default_value_t = 1)]
+    accumulate: u32,
     /// Print CSV to standard output: model, batch, mode, weights_bytes,
     /// peak_allocated_bytes, peak_reserved_bytes, largest_batch (true on the row of the
     /// largest batch that fits --memory).
@@ -81,6 +85,15 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
     };
     if a.steps == 0 {
         return fail("invalid steps 0: at least one step");
+    }
+    if a.accumulate == 0 {
+        return fail("invalid accumulate 0: at least one micro-batch per step");
+    }
+    if a.accumulate > 1 && !a.train {
+        return fail(format!(
+            "invalid accumulate {}: gradient accumulation needs --train",
+            a.accumulate
+        ));
     }
     if let Some(b) = a.batch_sizes.iter().find(|b| **b <= 0) {
         return fail(format!("invalid batch size {b}: must be positive"));
@@ -136,6 +149,8 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         gpu,
         allocator,
         steps: a.steps,
+        accumulate: a.accumulate,
+        ..Options::default()
     };
     let batches: Vec<i64> = if a.batch_sizes.is_empty() {
         vec![inputs[0].batch()]
