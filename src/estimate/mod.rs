@@ -38,6 +38,7 @@ pub mod allocator;
 mod gpu;
 mod model;
 pub mod models;
+mod plan;
 mod replay;
 mod text;
 
@@ -53,6 +54,7 @@ pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator};
 pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE};
 pub(crate) use model::loss;
 pub use model::Model;
+pub use plan::{breakdown, Config, Cost, Dominant, Plan, Plans, MAX_PLANS};
 pub use text::table;
 
 /// An optimizer whose step (and state) the estimate of a training step includes: tch's

@@ -383,6 +383,36 @@ impl Model {
         trace.finish()
     }
 
+    /// One dry run replayed under each allocator setting of `allocators` (the trace does
+    /// not depend on them): an estimate per setting, in their order.
+    pub(super) fn estimate_each(
+        &self,
+        inputs: &[Input],
+        mode: Mode,
+        options: &Options,
+        allocators: &[super::AllocatorConfig],
+    ) -> Result<Vec<Estimate>> {
+        let start = Instant::now();
+        let run = self.dry_run(inputs, mode, options)?;
+        let traced = start.elapsed();
+        allocators
+            .iter()
+            .map(|a| {
+                let options = Options {
+                    allocator: a.clone(),
+                    ..options.clone()
+                };
+                let replayed = Instant::now();
+                let mut e = replay(&self.weights, &run, &options)?;
+                e.mode = mode;
+                e.batch = inputs.first().map_or(1, Input::batch);
+                e.weights_bytes = self.weights_bytes;
+                e.elapsed = traced + replayed.elapsed();
+                Ok(e)
+            })
+            .collect()
+    }
+
     /// Predicts the CUDA peak of `mode` at these inputs (the batch is the first size of
     /// the first input).
     pub fn estimate(&self, inputs: &[Input], mode: Mode, options: &Options) -> Result<Estimate> {

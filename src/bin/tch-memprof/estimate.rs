@@ -106,41 +106,11 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let mut gpu = match a.gpu.as_deref().map(Gpu::named).transpose() {
-        Ok(g) => g.unwrap_or_else(Gpu::generic),
+    let (gpu, memory) = match gpu_and_memory(a.gpu.as_deref(), a.memory.as_deref()) {
+        Ok(g) => g,
         Err(e) => return fail(e),
     };
-    let memory = match a.memory.as_deref() {
-        None => None,
-        Some(m) => match gpu_memory(m) {
-            Ok((bytes, named)) => {
-                if let (Some(g), None) = (named, &a.gpu) {
-                    gpu = g;
-                }
-                Some(bytes)
-            }
-            Err(e) => return fail(e),
-        },
-    };
-    let model = match (&a.path, &a.model) {
-        (Some(p), _) => {
-            if inputs.is_empty() {
-                return fail(format!(
-                    "{}: give the model's input shape with --input (1x3x224x224)",
-                    p.display()
-                ));
-            }
-            Model::torchscript(p)
-        }
-        (None, Some(name)) => {
-            if inputs.is_empty() {
-                inputs.push(models::default_input(name));
-            }
-            Model::builtin(name)
-        }
-        (None, None) => return fail("give a TorchScript file or --model NAME"),
-    };
-    let model = match model {
+    let model = match load_model(a.path.as_deref(), a.model.as_deref(), &mut inputs) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -205,6 +175,58 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         println!("{line}");
     }
     ExitCode::SUCCESS
+}
+
+/// The GPU of `--gpu` (default: a generic one before Hopper) and the budget of
+/// `--memory` (a size or a GPU name, which also names the GPU when `--gpu` is not given).
+pub(crate) fn gpu_and_memory(
+    gpu: Option<&str>,
+    memory: Option<&str>,
+) -> Result<(Gpu, Option<u64>), String> {
+    let mut chosen = gpu
+        .map(Gpu::named)
+        .transpose()
+        .map_err(|e| e.to_string())?
+        .unwrap_or_else(Gpu::generic);
+    let budget = match memory {
+        None => None,
+        Some(m) => {
+            let (bytes, named) = gpu_memory(m).map_err(|e| e.to_string())?;
+            if let (Some(g), None) = (named, gpu) {
+                chosen = g;
+            }
+            Some(bytes)
+        }
+    };
+    Ok((chosen, budget))
+}
+
+/// The model of a TorchScript file or of `--model NAME`; a built-in's default input is
+/// added when `inputs` is empty, a file needs one.
+pub(crate) fn load_model(
+    path: Option<&std::path::Path>,
+    model: Option<&str>,
+    inputs: &mut Vec<Input>,
+) -> Result<Model, String> {
+    let m = match (path, model) {
+        (Some(p), _) => {
+            if inputs.is_empty() {
+                return Err(format!(
+                    "{}: give the model's input shape with --input (1x3x224x224)",
+                    p.display()
+                ));
+            }
+            Model::torchscript(p)
+        }
+        (None, Some(name)) => {
+            if inputs.is_empty() {
+                inputs.push(models::default_input(name));
+            }
+            Model::builtin(name)
+        }
+        (None, None) => return Err("give a TorchScript file or --model NAME".into()),
+    };
+    m.map_err(|e| e.to_string())
 }
 
 fn write_csv<'a>(

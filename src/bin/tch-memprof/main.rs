@@ -5,15 +5,19 @@
 //!     tch-memprof estimate MODEL.pt --input 1x3x224x224 [--train --optimizer adam]
 //!                 [--batch-sizes 1,8,32] [--memory 80GiB|h100] [--gpu h100] [--csv]
 //!     tch-memprof estimate --model resnet50 ...
+//!     tch-memprof plan (MODEL.pt | --model NAME) --memory 24GB|h100 [--input ...]
+//!                 [--optimizer adamw] [--batch B] [--csv]
 //!     tch-memprof profile MODEL.pt --input 1x3x224x224 [--train] [--device cpu|cuda]
 //!
 //! Exit status: 0 on success; `diff`: 1 when a peak grew beyond the threshold (the
-//! message names what grew and by how much); 2 for bad input (a missing run or model
+//! message names what grew and by how much); `plan`: 1 when no plan fits (the message
+//! names the smallest peak reached and what dominates it); 2 for bad input (a missing run or model
 //! file, an unreadable file, a shape the model rejects, a bad argument): one line on
 //! standard error, never a panic trace.
 
 mod diff;
 mod estimate;
+mod plan;
 mod profile;
 mod report;
 
@@ -45,6 +49,10 @@ enum Command {
     /// (a dry run on libtorch's meta device replayed through a model of PyTorch's CUDA
     /// caching allocator), and the largest batch that fits.
     Estimate(estimate::EstimateArgs),
+    /// The cheapest configurations of a training step (mixed precision, gradient
+    /// accumulation, optimizer, allocator settings) whose predicted peak fits a memory
+    /// budget; exit 1 when none does.
+    Plan(plan::PlanArgs),
     /// Profile one step of a TorchScript model for real (timeline by category, layers,
     /// FLOPs, plot, summary).
     Profile(profile::ProfileArgs),
@@ -55,6 +63,7 @@ fn main() -> ExitCode {
         Command::Report(args) => report::run(&args),
         Command::Diff(args) => diff::run(&args),
         Command::Estimate(args) => estimate::run(&args),
+        Command::Plan(args) => plan::run(&args),
         Command::Profile(args) => profile::run(&args),
     }
 }

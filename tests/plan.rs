@@ -1,0 +1,151 @@
+//! `tch-memprof plan` and `Model::plan`: the plan that fits stays within the budget, a
+//! tighter budget never gives a higher predicted peak, the step as it is comes first when
+//! it fits, and the exit status says whether anything fits.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use tch::Kind;
+use tch_memprof::estimate::{Input, Mode, Model, Optimizer, Options};
+
+fn cli(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tch-memprof"))
+        .args(args)
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .output()
+        .expect("runs tch-memprof")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn tighter_budgets_never_give_a_higher_peak_and_the_plan_stays_within() {
+    let _serial = common::serial();
+    let model = Model::builtin("resnet18").unwrap();
+    let input = Input::new(&[8, 3, 64, 64], Kind::Float);
+    let options = Options::default();
+    let asis = model
+        .estimate(
+            std::slice::from_ref(&input),
+            Mode::Train(Optimizer::AdamW),
+            &options,
+        )
+        .unwrap();
+    // From above the step as it is down to where nothing fits.
+    let mut last: Option<u64> = None;
+    let mut saw_none = false;
+    let mut budget = asis.peak_reserved + 64 * MIB;
+    while budget > 16 * MIB {
+        let plans = model
+            .plan(
+                std::slice::from_ref(&input),
+                Optimizer::AdamW,
+                &options,
+                budget,
+            )
+            .unwrap();
+        match plans.fits.first() {
+            Some(p) => {
+                assert!(p.estimate.peak_reserved <= budget);
+                assert_eq!(p.micro_batch * i64::from(p.config.accumulate), 8);
+                if let Some(prev) = last {
+                    assert!(
+                        p.estimate.peak_reserved <= prev,
+                        "budget {budget}: {} > {prev}",
+                        p.estimate.peak_reserved
+                    );
+                }
+                last = Some(p.estimate.peak_reserved);
+                assert!(
+                    !saw_none,
+                    "a plan fits {budget} though none fit a larger budget"
+                );
+            }
+            None => {
+                saw_none = true;
+                let s = plans.smallest.expect("the smallest peak reached");
+                assert!(s.estimate.peak_reserved > budget);
+            }
+        }
+        budget = budget * 3 / 4;
+    }
+    assert!(saw_none, "the sweep reaches budgets nothing fits");
+}
+
+#[test]
+fn the_step_as_it_is_comes_first_when_it_fits() {
+    let _serial = common::serial();
+    let model = Model::builtin("resnet18").unwrap();
+    let input = Input::new(&[4, 3, 64, 64], Kind::Float);
+    let options = Options::default();
+    let asis = model
+        .estimate(
+            std::slice::from_ref(&input),
+            Mode::Train(Optimizer::Adam),
+            &options,
+        )
+        .unwrap();
+    let plans = model
+        .plan(
+            std::slice::from_ref(&input),
+            Optimizer::Adam,
+            &options,
+            asis.peak_reserved,
+        )
+        .unwrap();
+    let first = &plans.fits[0];
+    assert_eq!(first.config.accumulate, 1);
+    assert_eq!(first.config.optimizer, Optimizer::Adam);
+    assert!(first.config.allocator_conf.is_empty());
+    assert_eq!(first.estimate.peak_reserved, asis.peak_reserved);
+    assert_eq!(first.estimate.peak_allocated, asis.peak_allocated);
+    // Adam's state is two float32 tensors per weight.
+    let parts = tch_memprof::estimate::breakdown(first);
+    assert_eq!(parts[0].1, model.weights_bytes());
+    assert_eq!(parts[2].1, 2 * model.weights_bytes());
+}
+
+#[test]
+fn the_exit_status_says_whether_a_plan_fits() {
+    let _serial = common::serial();
+    let base = ["plan", "--model", "resnet18", "--input", "8x3x64x64"];
+    let fits = cli(&[&base[..], &["--memory", "4GiB"]].concat());
+    assert_eq!(fits.status.code(), Some(0), "{}", text(&fits.stderr));
+    assert!(text(&fits.stdout).contains("plan(s) fit in 4.00 GiB"));
+
+    let none = cli(&[&base[..], &["--memory", "20MiB"]].concat());
+    assert_eq!(none.status.code(), Some(1), "{}", text(&none.stderr));
+    let out = text(&none.stdout);
+    assert!(out.contains("nothing fits in 20.00 MiB"), "{out}");
+    assert!(out.contains("dominated by"), "{out}");
+
+    for (args, says) in [
+        (&["--memory", "lots"][..], "lots"),
+        (&["--memory", "4GiB", "--optimizer", "lion"][..], "lion"),
+        (&["--memory", "4GiB", "--batch", "0"][..], "batch 0"),
+    ] {
+        let bad = cli(&[&base[..], args].concat());
+        assert_eq!(bad.status.code(), Some(2));
+        let err = text(&bad.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(says), "{err}");
+    }
+
+    let csv = cli(&[&base[..], &["--memory", "4GiB", "--csv"]].concat());
+    assert_eq!(csv.status.code(), Some(0));
+    let mut r = csv::Reader::from_reader(csv.stdout.as_slice());
+    let headers = r.headers().unwrap().clone();
+    let reserved = headers
+        .iter()
+        .position(|h| h == "peak_reserved_bytes")
+        .unwrap();
+    for row in r.records() {
+        let row = row.unwrap();
+        assert!(row[reserved].parse::<u64>().unwrap() <= 4 << 30);
+    }
+}
