@@ -377,7 +377,7 @@ impl Model {
                 fits.push(chosen);
             } else if smallest
                 .as_ref()
-                .is_none_or(|s| chosen.estimate.peak_reserved < s.estimate.peak_reserved)
+                .map_or(true, |s| chosen.estimate.peak_reserved < s.estimate.peak_reserved)
             {
                 smallest = Some(chosen);
             }

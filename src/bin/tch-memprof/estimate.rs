@@ -120,7 +120,6 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         allocator,
         steps: a.steps,
         accumulate: a.accumulate,
-        ..Options::default()
     };
     let batches: Vec<i64> = if a.batch_sizes.is_empty() {
         vec![inputs[0].batch()]
