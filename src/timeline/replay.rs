@@ -30,6 +30,8 @@ struct OpRec {
     phase: Option<Phase>,
     var: i32,
     scope: i32,
+    /// Run by TorchScript: the module's path name id (-1: the root module's own op).
+    module: Option<i32>,
     link: i32,
 }
 
@@ -40,6 +42,7 @@ impl Default for OpRec {
             phase: None,
             var: -1,
             scope: -1,
+            module: None,
             link: -1,
         }
     }
@@ -134,6 +137,7 @@ fn collect_ops(events: &[TlEvent]) -> Vec<OpRec> {
                 o.name = e.aux;
                 o.var = e.value as i32;
                 o.scope = e.generation as i32 - 1;
+                o.module = (e.ptr > 0).then(|| (e.ptr as i64 - 2) as i32);
                 o.phase.get_or_insert(Phase::from_native(e.phase));
             }
             ev::OP_END => {
@@ -245,7 +249,8 @@ fn initial_category(start: &StepStart, e: &TlEvent) -> Category {
 }
 
 /// Pass 3: the layer of every op, in the order ops began: a scope's name; a backward
-/// node's forward op's layer; the layer of the first variable the op reads; else the
+/// node's forward op's layer; in TorchScript, the module running it ([`MISSING`] for the
+/// root module's own ops); the layer of the first variable the op reads; else the
 /// layer that ran last. Optimizers update each parameter's state, then the parameter:
 /// an optimizer op that reads no variable belongs to the variable updated next.
 fn attribute_layers(ops: &[OpRec], vars: &[VarEntry], names: &mut Names) -> Vec<String> {
@@ -269,6 +274,8 @@ fn attribute_layers(ops: &[OpRec], vars: &[VarEntry], names: &mut Names) -> Vec<
             names.get(o.scope)
         } else if o.link >= 0 {
             op_layer[o.link as usize].clone()
+        } else if let Some(module) = o.module {
+            names.get(module)
         } else if var >= 0 && (var as usize) < vars.len() {
             vars[var as usize].layer.clone()
         } else {
