@@ -18,7 +18,8 @@ use serde_json::Value;
 /// each aten op, and prints as JSON: the modules that run ops themselves (the root
 /// apart), each module's own parameter bytes, `named_parameters()`, each convolution's
 /// forward FLOPs from its output shape (2 * Cin/groups * Cout * k * k * Hout * Wout * B)
-/// and whether its input needs a gradient (and its element count), and the input's bytes.
+/// and whether its input needs a gradient (and its element count), each linear layer's
+/// forward FLOPs (2 * in * out per output row), and the input's bytes.
 const BOOKKEEPING: &str = r#"
 import json, sys, torch, torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -27,7 +28,7 @@ m = make().train()
 x = example()
 torch.jit.trace(m, x).save(sys.argv[1])
 names = {mod: name for name, mod in m.named_modules()}
-stack, running, convs = [], set(), {}
+stack, running, convs, linears = [], set(), {}, {}
 def pre(mod, args):
     stack.append(names[mod])
 def post(mod, args, out):
@@ -40,6 +41,8 @@ def post(mod, args, out):
             "input_grad": args[0].requires_grad,
             "input_numel": args[0].numel(),
         }
+    if isinstance(mod, nn.Linear):
+        linears[names[mod]] = 2 * out.numel() * mod.in_features
 for mod in m.modules():
     mod.register_forward_pre_hook(pre)
     mod.register_forward_hook(post)
@@ -57,6 +60,7 @@ print(json.dumps({
     "own_param_bytes": own,
     "parameters": [n for n, _ in m.named_parameters()],
     "convs": convs,
+    "linears": linears,
     "input_bytes": x.numel() * x.element_size(),
 }))
 "#;
@@ -105,12 +109,83 @@ def example():
     return torch.randn(2, 3, 64, 64)
 "#;
 
+/// A BERT-style encoder as Hugging Face names its modules (`embeddings`,
+/// `encoder.layer.N.attention.query`, `...intermediate.dense`, `...output.LayerNorm`),
+/// attention written out (matmul, softmax), token ids in.
+const ENCODER: &str = r#"
+import math, torch, torch.nn as nn
+H, HEADS, T, VOCAB = 32, 4, 16, 100
+class Embeddings(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(VOCAB, H)
+        self.position_embeddings = nn.Embedding(T, H)
+        self.LayerNorm = nn.LayerNorm(H)
+    def forward(self, ids):
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        return self.LayerNorm(self.word_embeddings(ids) + self.position_embeddings(pos))
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.query, self.key, self.value = nn.Linear(H, H), nn.Linear(H, H), nn.Linear(H, H)
+    def forward(self, x):
+        b, t, _ = x.shape
+        split = lambda y: y.view(b, t, HEADS, H // HEADS).transpose(1, 2)
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(H // HEADS)
+        ctx = torch.matmul(scores.softmax(-1), v)
+        return ctx.transpose(1, 2).reshape(b, t, H)
+class Output(nn.Module):
+    def __init__(self, cin):
+        super().__init__()
+        self.dense = nn.Linear(cin, H)
+        self.LayerNorm = nn.LayerNorm(H)
+    def forward(self, x, residual):
+        return self.LayerNorm(self.dense(x) + residual)
+class Intermediate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(H, 4 * H)
+    def forward(self, x):
+        return nn.functional.gelu(self.dense(x))
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = Attention()
+        self.attention_output = Output(H)
+        self.intermediate = Intermediate()
+        self.output = Output(4 * H)
+    def forward(self, x):
+        a = self.attention_output(self.attention(x), x)
+        return self.output(self.intermediate(a), a)
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.ModuleList([Layer() for _ in range(2)])
+    def forward(self, x):
+        for layer in self.layer:
+            x = layer(x)
+        return x
+class Bert(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embeddings = Embeddings()
+        self.encoder = Encoder()
+    def forward(self, ids):
+        return self.encoder(self.embeddings(ids))
+def make():
+    return Bert()
+def example():
+    return torch.zeros(2, T, dtype=torch.long)
+"#;
+
 /// What PyTorch says of the model (see [`BOOKKEEPING`]).
 struct Truth {
     running: BTreeSet<String>,
     own_param_bytes: BTreeMap<String, u64>,
     parameters: BTreeSet<String>,
     convs: BTreeMap<String, (u64, bool, u64)>,
+    linears: BTreeMap<String, u64>,
     input_bytes: u64,
 }
 
@@ -168,6 +243,12 @@ fn export(model: &str, dir: &Path) -> Option<Truth> {
                     ),
                 )
             })
+            .collect(),
+        linears: v["linears"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, f)| (k.clone(), f.as_u64().unwrap()))
             .collect(),
         input_bytes: v["input_bytes"].as_u64().unwrap(),
     })
@@ -333,5 +414,64 @@ fn a_traced_resnet_is_profiled_by_module() {
             forward_flops: 0,
             backward_flops: 0,
         }
+    );
+}
+
+#[test]
+fn a_traced_encoder_is_profiled_by_module() {
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(truth) = export(ENCODER, dir.path()) else {
+        return;
+    };
+    let (layers, params, summary) = profile(dir.path(), "2x16:i64");
+    let missing = tch_memprof::MISSING;
+
+    // The attention's own matmuls and softmax in `encoder.layer.N.attention`, its
+    // projections in `...attention.query` and so on; the embeddings' position ids and
+    // sum in `embeddings`; the encoder's loop runs no op of its own.
+    let listed: BTreeSet<String> = layers.keys().filter(|l| *l != missing).cloned().collect();
+    assert_eq!(listed, truth.running, "{layers:#?}");
+    for l in [
+        "embeddings",
+        "encoder.layer.0.attention",
+        "encoder.layer.0.attention.query",
+        "encoder.layer.1.output.LayerNorm",
+    ] {
+        assert!(listed.contains(l), "{l}: {listed:?}");
+    }
+    assert!(!listed.contains("encoder"));
+    assert_eq!(params, truth.parameters);
+    for (name, l) in &layers {
+        let own = truth.own_param_bytes.get(name).copied().unwrap_or(0);
+        assert_eq!(l.parameters_bytes, own, "{name}");
+    }
+
+    // Each linear layer's forward FLOPs by formula (its bias add is not counted).
+    assert_eq!(truth.linears.len(), 12);
+    for (name, &forward) in &truth.linears {
+        assert_eq!(layers[name].forward_flops, forward, "{name}");
+    }
+    let attention = layers["encoder.layer.0.attention"];
+    assert!(attention.forward_flops > 0 && attention.activation_bytes > 0);
+
+    // Nothing is lost; no module holds the token ids, which embedding's backward keeps.
+    let (forward, backward) = summary_flops(&summary);
+    assert_eq!(
+        layers.values().map(|l| l.forward_flops).sum::<u64>(),
+        forward
+    );
+    assert_eq!(
+        layers.values().map(|l| l.backward_flops).sum::<u64>(),
+        backward
+    );
+    let none = layers[missing];
+    assert_eq!(
+        (
+            none.activation_bytes,
+            none.forward_flops,
+            none.backward_flops
+        ),
+        (truth.input_bytes, 0, 0)
     );
 }
