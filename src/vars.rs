@@ -24,6 +24,19 @@ pub(crate) struct Var<'a> {
     pub trainable: bool,
 }
 
+/// Adds `tensor` (shared, not copied) to the store under its dotted module path
+/// (`layer4.0.conv2.weight`, as PyTorch's `named_parameters()` writes it): one store path
+/// component per module, so the variable keeps the name and its layer is the module.
+pub(crate) fn add_dotted(root: &tch::nn::Path, dotted: &str, tensor: Tensor, trainable: bool) {
+    let mut parts: Vec<&str> = dotted.split('.').filter(|p| !p.is_empty()).collect();
+    let leaf = parts.pop().unwrap_or("_");
+    let mut path = root.clone();
+    for c in parts {
+        path = path.sub(c);
+    }
+    let _ = path.add(leaf, tensor, trainable);
+}
+
 /// The store's variables, locked (a poisoned lock is taken over: the variables are
 /// only read).
 pub(crate) fn lock(vars: &Arc<Mutex<Variables>>) -> MutexGuard<'_, Variables> {

@@ -303,21 +303,31 @@ fn a_torchscript_file_is_estimated_and_profiled() {
         "one f32 gradient per parameter"
     );
 
-    // One layer (the file has no layer names): its parameters' bytes are PyTorch's.
-    let layers = std::fs::read_to_string(results.join("layers.csv")).unwrap();
-    let layers: Vec<&str> = layers.lines().collect();
+    // One layer per module of the Sequential that runs ops, named as PyTorch names them
+    // (`0` the conv, `5` the linear layer), and `(none)` for the batch: their parameters'
+    // bytes add up to PyTorch's.
+    let mut r = csv::Reader::from_path(results.join("layers.csv")).unwrap();
     assert_eq!(
-        layers[0],
-        "layer,parameters_bytes,activation_bytes,forward_flops,backward_flops"
+        r.headers().unwrap().iter().collect::<Vec<_>>(),
+        [
+            "layer",
+            "parameters_bytes",
+            "activation_bytes",
+            "forward_flops",
+            "backward_flops"
+        ]
     );
-    assert_eq!(layers.len(), 2, "{layers:?}");
-    let fields: Vec<&str> = layers[1].split(',').collect();
-    assert_eq!(fields[1].parse::<u64>().unwrap(), param_bytes);
-    // Forward FLOPs: at least the conv's 2 x 8x16x32x32 x 3x3x3 and the linear layer's
-    // 2 x 8 x 4096 x 10 multiply-adds.
+    let layers: Vec<csv::StringRecord> = r.records().map(|r| r.unwrap()).collect();
+    let names: Vec<&str> = layers.iter().map(|l| &l[0]).collect();
+    assert_eq!(names, ["(none)", "0", "1", "2", "3", "4", "5"]);
+    let sum = |i: usize| -> u64 { layers.iter().map(|l| l[i].parse::<u64>().unwrap()).sum() };
+    assert_eq!(sum(1), param_bytes);
+    // Forward FLOPs: the conv's 2 x 8x16x32x32 x 3x3x3 (its bias add is not counted), and
+    // at least the linear layer's 2 x 8 x 4096 x 10 multiply-adds.
     let conv_flops = 2 * 8 * 16 * 32 * 32 * 3 * 3 * 3;
     let linear_flops = 2 * 8 * 4096 * 10;
-    assert!(fields[3].parse::<u64>().unwrap() >= conv_flops + linear_flops);
+    assert_eq!(layers[1][3].parse::<u64>().unwrap(), conv_flops);
+    assert!(layers[6][3].parse::<u64>().unwrap() >= linear_flops);
 }
 
 /// A GPT-style decoder (embedding, layer norm, fused qkv, causal

@@ -246,7 +246,7 @@ impl Model {
         let weights_bytes = live_bytes(&weights);
         let vs = nn::VarStore::new(Device::Cpu);
         for (name, t) in module.tensors(false)? {
-            let _ = vs.root().add(&name.replace('.', "_"), t, true);
+            crate::vars::add_dotted(&vs.root(), &name, t, true);
         }
         Ok(Model {
             runner: Runner::Script { module, vs },

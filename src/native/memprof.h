@@ -163,7 +163,9 @@ typedef struct MpCudaStats {
 //   alloc/free: phase = birth phase, device = slot, generation = birth generation,
 //               op = timeline op, ptr = block, value = +/- bytes;
 //   op begin:   generation = scope name id + 1 (0 none), aux = name id, value = index
-//               of the first VarStore variable among the inputs (-1 none);
+//               of the first VarStore variable among the inputs (-1 none), ptr = in
+//               TorchScript, the running module's path name id + 2 (1: the root
+//               module), 0 outside TorchScript;
 //   op end:     aux = name id, value = live bytes of the timeline device;
 //   link:       aux = forward op index, ptr = autograd sequence number;
 //   flops:      aux = name id, value = FLOPs;   uncounted: aux = name id;

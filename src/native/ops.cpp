@@ -13,6 +13,12 @@
 // the outermost op of a known kind (conv2d -> convolution is counted once, at
 // convolution); an aten:: op with no nested records that is neither counted nor known
 // to do no arithmetic is logged as "uncounted".
+//
+// Inside the TorchScript interpreter, a timeline op of the profiled step belongs to the
+// innermost module running it: its path as PyTorch's named_modules() writes it
+// (`layer4.0.conv2`), read from the interpreter's module hierarchy.
+
+#include <torch/csrc/jit/runtime/interpreter.h>
 
 #include <cstring>
 #include <memory>
@@ -83,6 +89,59 @@ inline int32_t first_variable(c10::ArrayRef<const c10::IValue> inputs, int32_t* 
     }
   }
   return -1;
+}
+
+// ---------------------------------------------------------------------------------
+// The TorchScript module running on this thread.
+
+// The module path in one entry of the interpreter's module hierarchy: entries read
+// `TOP(ResNet)::forward` (the root), `layer4(Sequential)::forward`, `0(BasicBlock)::forward`,
+// `SELF(Conv2d)::_conv_forward` (a method of the module above), `::relu` or
+// `CALL_FUNCTION::relu` (free functions). Appends `.instance` to buf (at `*len`) for a
+// submodule entry; false when the path does not fit.
+inline bool append_instance(const std::string& entry, char* buf, size_t cap, size_t* len) {
+  const size_t paren = entry.find('(');
+  const size_t colons = entry.find("::");
+  if (paren == std::string::npos || paren == 0 || (colons != std::string::npos && colons < paren)) {
+    return true;  // a free function: no module
+  }
+  const char* name = entry.data();
+  if ((paren == 4 && std::strncmp(name, "SELF", 4) == 0) ||
+      (paren == 3 && std::strncmp(name, "TOP", 3) == 0) ||
+      (paren == 21 && std::strncmp(name, "INSTANCE_NAME_UNKNOWN", 21) == 0)) {
+    return true;
+  }
+  const size_t sep = *len > 0 ? 1 : 0;
+  if (*len + sep + paren >= cap) {
+    return false;
+  }
+  if (sep) {
+    buf[(*len)++] = '.';
+  }
+  std::memcpy(buf + *len, name, paren);
+  *len += paren;
+  buf[*len] = 0;
+  return true;
+}
+
+// Whether this thread runs TorchScript now; if so, *layer1 gets the name id + 1 of the
+// innermost module's path (0 for the root module's own ops, or a path that does not fit
+// a name). Costs one call returning an empty vector when no TorchScript runs.
+inline bool script_module(int32_t* layer1) {
+  const std::vector<std::string> frames = torch::jit::currentModuleHierarchy();
+  if (frames.empty()) {
+    return false;
+  }
+  char buf[kNameLen];
+  size_t len = 0;
+  buf[0] = 0;
+  bool fits = true;
+  // The first entry is the root module (TOP) or the function the interpreter was given.
+  for (size_t i = 1; i < frames.size() && fits; ++i) {
+    fits = append_instance(frames[i], buf, sizeof buf, &len);
+  }
+  *layer1 = fits && len > 0 ? intern(buf) + 1 : 0;
+  return true;
 }
 
 // ---------------------------------------------------------------------------------
@@ -187,8 +246,12 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
     int32_t layer1 = 0;
     const int32_t var = backward_record ? -1 : first_variable(fn.inputs(), &layer1);
     const uint32_t scope = t.n_scope > 0 ? uint32_t(t.scopes[t.n_scope - 1] + 1) : 0;
+    int32_t module1 = 0;
+    const bool script = !backward_record && steplog && script_module(&module1);
     if (scope != 0) {
       layer1 = int32_t(scope);
+    } else if (script) {
+      layer1 = module1;  // the module running it, 0 for the root module's own ops
     } else if (!backward_record && layer1 == 0) {
       layer1 = t.last_layer1;  // the layer that ran last
     }
@@ -201,7 +264,9 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
     t.open_layer1[t.n_open] = layer1;  // a backward node sets it below
     ++t.n_open;
     if (steplog) {
-      steplog_append(MpTlEvent{MP_EV_OP_BEGIN, uint8_t(phase), 0, 0, scope, op, id, 0, var});
+      const uint64_t module = script ? uint64_t(module1) + 1 : 0;
+      steplog_append(
+          MpTlEvent{MP_EV_OP_BEGIN, uint8_t(phase), 0, 0, scope, op, id, module, var});
     }
   }
   const int32_t cur = t.n_open > 0 ? t.open_op[t.n_open - 1] : -1;

@@ -53,15 +53,21 @@ pub fn profile_torchscript(
         model: label.clone(),
         reason: format!("{what}: {reason}"),
     };
+    let load_failed = |e: tch::TchError| Error::ModelLoad {
+        path: path.to_path_buf(),
+        reason: format!(
+            "cannot load as TorchScript: {}",
+            torch_message(&e.to_string())
+        ),
+    };
+    let mut module = tch::CModule::load_on_device(path, device).map_err(load_failed)?;
+    // The parameters under their names in the file (`layer4.0.conv2.weight`), so that
+    // each one's layer is its module, as the interpreter names the modules' ops.
     let vs = tch::nn::VarStore::new(device);
-    let mut module =
-        tch::TrainableCModule::load(path, vs.root()).map_err(|e| Error::ModelLoad {
-            path: path.to_path_buf(),
-            reason: format!(
-                "cannot load as TorchScript: {}",
-                torch_message(&e.to_string())
-            ),
-        })?;
+    for (name, tensor) in module.named_parameters().map_err(load_failed)? {
+        let trainable = tensor.requires_grad();
+        crate::vars::add_dotted(&vs.root(), &name, tensor, trainable);
+    }
     if train {
         module.set_train();
     } else {

@@ -12,7 +12,7 @@
 //!
 //! Nothing here runs while the model does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::ffi::{ev, TlEvent};
 use crate::names::{Names, MISSING};
@@ -30,6 +30,8 @@ struct OpRec {
     phase: Option<Phase>,
     var: i32,
     scope: i32,
+    /// Run by TorchScript: the module's path name id (-1: the root module's own op).
+    module: Option<i32>,
     link: i32,
 }
 
@@ -40,6 +42,7 @@ impl Default for OpRec {
             phase: None,
             var: -1,
             scope: -1,
+            module: None,
             link: -1,
         }
     }
@@ -134,6 +137,7 @@ fn collect_ops(events: &[TlEvent]) -> Vec<OpRec> {
                 o.name = e.aux;
                 o.var = e.value as i32;
                 o.scope = e.generation as i32 - 1;
+                o.module = (e.ptr > 0).then(|| (e.ptr as i64 - 2) as i32);
                 o.phase.get_or_insert(Phase::from_native(e.phase));
             }
             ev::OP_END => {
@@ -245,7 +249,8 @@ fn initial_category(start: &StepStart, e: &TlEvent) -> Category {
 }
 
 /// Pass 3: the layer of every op, in the order ops began: a scope's name; a backward
-/// node's forward op's layer; the layer of the first variable the op reads; else the
+/// node's forward op's layer; in TorchScript, the module running it ([`MISSING`] for the
+/// root module's own ops); the layer of the first variable the op reads; else the
 /// layer that ran last. Optimizers update each parameter's state, then the parameter:
 /// an optimizer op that reads no variable belongs to the variable updated next.
 fn attribute_layers(ops: &[OpRec], vars: &[VarEntry], names: &mut Names) -> Vec<String> {
@@ -261,6 +266,8 @@ fn attribute_layers(ops: &[OpRec], vars: &[VarEntry], names: &mut Names) -> Vec<
         }
         next_var[i] = upcoming;
     }
+    let modules = module_paths(vars);
+    let mut module_layer: HashMap<i32, String> = HashMap::new();
     let mut op_layer: Vec<String> = Vec::with_capacity(ops.len());
     let mut last = MISSING.to_string();
     for (i, o) in ops.iter().enumerate() {
@@ -269,6 +276,14 @@ fn attribute_layers(ops: &[OpRec], vars: &[VarEntry], names: &mut Names) -> Vec<
             names.get(o.scope)
         } else if o.link >= 0 {
             op_layer[o.link as usize].clone()
+        } else if let Some(module) = o.module {
+            module_layer
+                .entry(module)
+                .or_insert_with(|| match names.get(module) {
+                    m if m == MISSING => m,
+                    m => module_path(&m, &modules),
+                })
+                .clone()
         } else if var >= 0 && (var as usize) < vars.len() {
             vars[var as usize].layer.clone()
         } else {
@@ -278,6 +293,57 @@ fn attribute_layers(ops: &[OpRec], vars: &[VarEntry], names: &mut Names) -> Vec<
         op_layer.push(layer);
     }
     op_layer
+}
+
+/// Every module path that holds variables, and the paths above them.
+fn module_paths(vars: &[VarEntry]) -> HashSet<String> {
+    let mut paths = HashSet::new();
+    for v in vars {
+        if v.layer == MISSING {
+            continue;
+        }
+        let mut end = v.layer.len();
+        loop {
+            paths.insert(v.layer[..end].to_string());
+            match v.layer[..end].rfind('.') {
+                Some(i) => end = i,
+                None => break,
+            }
+        }
+    }
+    paths
+}
+
+/// The module path of the TorchScript interpreter's `path`, as `named_modules()` writes
+/// it. The interpreter names each module it calls by the attribute it was called through,
+/// so a container that is never called itself (a `ModuleList`, a `ModuleDict`) is
+/// missing: `encoder.0.attention` is `encoder.layer.0.attention`. Such a level is found
+/// back from the modules that hold variables (`modules`) when exactly one of them fits;
+/// otherwise the interpreter's name is kept.
+fn module_path(path: &str, modules: &HashSet<String>) -> String {
+    let mut cur = String::new();
+    for c in path.split('.') {
+        let prefix = if cur.is_empty() {
+            String::new()
+        } else {
+            format!("{cur}.")
+        };
+        let direct = format!("{prefix}{c}");
+        if modules.contains(&direct) {
+            cur = direct;
+            continue;
+        }
+        let mut skipped = modules.iter().filter(|m| {
+            m.strip_prefix(prefix.as_str())
+                .and_then(|rest| rest.split_once('.'))
+                .is_some_and(|(_, tail)| tail == c)
+        });
+        cur = match (skipped.next(), skipped.next()) {
+            (Some(m), None) => m.clone(),
+            _ => direct,
+        };
+    }
+    cur
 }
 
 fn layer_at(op_layer: &[String], op: i32) -> String {
@@ -477,6 +543,43 @@ fn count_flops(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn torchscript_paths_find_back_the_containers_never_called() {
+        let vars: Vec<VarEntry> = [
+            "embeddings",
+            "encoder.layer.0.attention.query",
+            "encoder.layer.1.attention.query",
+            "layer1.0.conv1",
+            "heads.a.proj",
+            "heads.b.proj",
+        ]
+        .iter()
+        .map(|l| VarEntry {
+            layer: l.to_string(),
+            bytes: 4,
+        })
+        .collect();
+        let m = module_paths(&vars);
+        for (interpreter, named) in [
+            (
+                "encoder.0.attention.query",
+                "encoder.layer.0.attention.query",
+            ),
+            ("encoder.1.attention", "encoder.layer.1.attention"),
+            // Called modules, and modules without variables below a known one.
+            ("layer1.0", "layer1.0"),
+            ("layer1.0.relu", "layer1.0.relu"),
+            ("embeddings", "embeddings"),
+            // A ModuleDict's entry is found by its key.
+            ("heads.b.proj", "heads.b.proj"),
+            ("b.proj", "heads.b.proj"),
+            // Nothing fits: the interpreter's name.
+            ("decoder.0", "decoder.0"),
+        ] {
+            assert_eq!(module_path(interpreter, &m), named, "{interpreter}");
+        }
+    }
 
     fn alloc(ptr: u64, bytes: i64, generation: u32, phase: u8, op: i32) -> TlEvent {
         TlEvent {
