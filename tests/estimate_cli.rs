@@ -55,6 +55,7 @@ fn csv_rows_are_the_librarys_estimates() {
     assert_eq!(last[6], "true", "{stdout}");
     // AlexNet has no attention layer: no backend ran.
     assert_eq!(last[7], "none", "{stdout}");
+    assert_eq!(last.len(), 8, "{stdout}");
     assert!(last[5].parse::<u64>().unwrap() <= 2 << 30, "{stdout}");
     let lines = &lines[..3];
     let model = Model::builtin("alexnet").unwrap();
@@ -89,8 +90,11 @@ fn csv_rows_are_the_librarys_estimates() {
         assert_eq!(
             *line,
             format!(
-                "alexnet,{b},inference,{},{},{},false",
-                e.weights_bytes, e.peak_allocated, e.peak_reserved
+                "alexnet,{b},inference,{},{},{},false,{}",
+                e.weights_bytes,
+                e.peak_allocated,
+                e.peak_reserved,
+                e.attention.label()
             )
         );
     }
