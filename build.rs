@@ -9,9 +9,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 const NATIVE: &str = "src/native";
-const SOURCES: [&str; 15] = [
+const SOURCES: [&str; 16] = [
     "amp.cpp",
     "api.cpp",
+    "attention.cpp",
     "counters.cpp",
     "cpu_allocator.cpp",
     "cuda.cpp",

@@ -47,12 +47,15 @@ fn csv_rows_are_the_librarys_estimates() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines[0],
-        "model,batch,mode,weights_bytes,peak_allocated_bytes,peak_reserved_bytes,largest_batch"
+        "model,batch,mode,weights_bytes,peak_allocated_bytes,peak_reserved_bytes,largest_batch,attention"
     );
     // The two batches asked for, then the largest batch that fits in 2 GiB, marked.
     assert_eq!(lines.len(), 4, "{stdout}");
     let last: Vec<&str> = lines[3].split(',').collect();
     assert_eq!(last[6], "true", "{stdout}");
+    // AlexNet has no attention layer: no backend ran.
+    assert_eq!(last[7], "none", "{stdout}");
+    assert_eq!(last.len(), 8, "{stdout}");
     assert!(last[5].parse::<u64>().unwrap() <= 2 << 30, "{stdout}");
     let lines = &lines[..3];
     let model = Model::builtin("alexnet").unwrap();
@@ -87,8 +90,11 @@ fn csv_rows_are_the_librarys_estimates() {
         assert_eq!(
             *line,
             format!(
-                "alexnet,{b},inference,{},{},{},false",
-                e.weights_bytes, e.peak_allocated, e.peak_reserved
+                "alexnet,{b},inference,{},{},{},false,{}",
+                e.weights_bytes,
+                e.peak_allocated,
+                e.peak_reserved,
+                e.attention.label()
             )
         );
     }

@@ -33,37 +33,46 @@ pub struct Gpu {
     pub memory: u64,
     /// cuBLAS workspace PyTorch takes per thread that runs cuBLAS.
     pub cublas_workspace: u64,
+    /// Compute capability, major * 10 + minor (`90` = 9.0): which attention kernels
+    /// PyTorch's CUDA build picks on it.
+    pub sm: u32,
 }
 
-/// (name, total MiB as nvidia-smi lists it, Hopper or later).
-const KNOWN: [(&str, u64, bool); 12] = [
-    ("t4", 15_360, false),
-    ("v100-16gb", 16_384, false),
-    ("v100-32gb", 32_768, false),
-    ("a10", 23_028, false),
-    ("l4", 23_034, false),
-    ("rtx3090", 24_576, false),
-    ("rtx4090", 24_564, false),
-    ("a100-40gb", 40_960, false),
-    ("a100-80gb", 81_920, false),
-    ("l40s", 46_068, false),
-    ("h100", 81_559, true),
-    ("h200", 143_771, true),
+/// The compute capability [`Gpu::generic`] assumes: 8.0 (an A100), the oldest that runs
+/// every fused attention kernel, before Hopper as its cuBLAS workspace.
+pub const GENERIC_SM: u32 = 80;
+
+/// (name, total MiB as nvidia-smi lists it, Hopper or later, compute capability).
+const KNOWN: [(&str, u64, bool, u32); 12] = [
+    ("t4", 15_360, false, 75),
+    ("v100-16gb", 16_384, false, 70),
+    ("v100-32gb", 32_768, false, 70),
+    ("a10", 23_028, false, 86),
+    ("l4", 23_034, false, 89),
+    ("rtx3090", 24_576, false, 86),
+    ("rtx4090", 24_564, false, 89),
+    ("a100-40gb", 40_960, false, 80),
+    ("a100-80gb", 81_920, false, 80),
+    ("l40s", 46_068, false, 89),
+    ("h100", 81_559, true, 90),
+    ("h200", 143_771, true, 90),
 ];
 
 impl Gpu {
-    /// A GPU of unknown memory before Hopper (the default cuBLAS workspace).
+    /// A GPU of unknown memory before Hopper (the default cuBLAS workspace), of compute
+    /// capability 8.0 ([`GENERIC_SM`]) for the choice of attention kernels.
     pub fn generic() -> Gpu {
         Gpu {
             name: "generic (pre-Hopper)".to_string(),
             memory: 0,
             cublas_workspace: CUBLAS_WORKSPACE_DEFAULT,
+            sm: GENERIC_SM,
         }
     }
 
     /// The names [`Gpu::named`] knows.
     pub fn known() -> Vec<&'static str> {
-        KNOWN.iter().map(|(n, _, _)| *n).collect()
+        KNOWN.iter().map(|(n, _, _, _)| *n).collect()
     }
 
     /// A GPU by name: `h100`, `a100-80gb` (`a100` alone is the 80 GB one), `rtx4090`, ...
@@ -84,8 +93,8 @@ impl Gpu {
         };
         KNOWN
             .iter()
-            .find(|(n, _, _)| n.replace('-', "") == key)
-            .map(|(n, mib, hopper)| Gpu {
+            .find(|(n, _, _, _)| n.replace('-', "") == key)
+            .map(|(n, mib, hopper, sm)| Gpu {
                 name: (*n).to_string(),
                 memory: mib * MIB,
                 cublas_workspace: if *hopper {
@@ -93,6 +102,7 @@ impl Gpu {
                 } else {
                     CUBLAS_WORKSPACE_DEFAULT
                 },
+                sm: *sm,
             })
             .ok_or_else(|| Error::InvalidInput {
                 name: "gpu",

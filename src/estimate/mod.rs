@@ -42,6 +42,9 @@ mod plan;
 mod replay;
 mod text;
 
+#[cfg(test)]
+mod attention_tests;
+
 use std::time::Duration;
 
 use tch::nn::{self, OptimizerConfig};
@@ -51,7 +54,7 @@ use crate::error::{Error, Result};
 use crate::phase::Phase;
 
 pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator};
-pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE};
+pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, GENERIC_SM};
 pub(crate) use model::loss;
 pub use model::Model;
 pub use plan::{breakdown, Config, Cost, Dominant, Plan, Plans, MAX_PLANS};
@@ -231,6 +234,104 @@ impl Input {
     }
 }
 
+/// How the dry run runs `scaled_dot_product_attention`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Attention {
+    /// As PyTorch 2.11's CUDA build picks for the GPU ([`Gpu::sm`]), the dtype, head
+    /// sizes, mask, dropout, causality and grouped-query heads of each call.
+    #[default]
+    Auto,
+    /// Flash attention (f16/bf16, no mask).
+    Flash,
+    /// Memory-efficient attention (CUTLASS).
+    Efficient,
+    /// cuDNN attention (f16/bf16, compute capability 8.0 and up).
+    Cudnn,
+    /// The math (reference) path: the batch x heads x L x S scores kept for backward.
+    Math,
+}
+
+impl Attention {
+    /// Every choice, by its command-line name.
+    pub const ALL: [(&'static str, Attention); 5] = [
+        ("auto", Attention::Auto),
+        ("flash", Attention::Flash),
+        ("efficient", Attention::Efficient),
+        ("cudnn", Attention::Cudnn),
+        ("math", Attention::Math),
+    ];
+
+    /// The choice called `name` (`auto`, `flash`, `efficient`, `cudnn`, `math`).
+    pub fn parse(name: &str) -> Result<Attention> {
+        let lower = name.to_ascii_lowercase();
+        Self::ALL
+            .iter()
+            .find(|(n, _)| *n == lower)
+            .map(|(_, a)| *a)
+            .ok_or_else(|| Error::InvalidInput {
+                name: "attention",
+                value: name.to_string(),
+                reason: format!("unknown; known: {}", Self::ALL.map(|(n, _)| n).join(", ")),
+            })
+    }
+
+    /// Its command-line name.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, a)| *a == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("?")
+    }
+
+    pub(crate) fn native(self) -> i32 {
+        use crate::ffi::native;
+        match self {
+            Attention::Auto => native::ATTN_AUTO,
+            Attention::Flash => native::ATTN_FLASH,
+            Attention::Efficient => native::ATTN_EFFICIENT,
+            Attention::Cudnn => native::ATTN_CUDNN,
+            Attention::Math => native::ATTN_MATH,
+        }
+    }
+}
+
+/// The `scaled_dot_product_attention` calls of an estimate's dry run, by the backend
+/// that ran them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttentionRuns {
+    /// Flash attention.
+    pub flash: u64,
+    /// Memory-efficient attention.
+    pub efficient: u64,
+    /// cuDNN attention.
+    pub cudnn: u64,
+    /// The math path.
+    pub math: u64,
+}
+
+impl AttentionRuns {
+    /// The backends that ran, by name, joined with `+` (`efficient`, `flash+math`), or
+    /// `none` when the model has no attention.
+    pub fn label(&self) -> String {
+        let ran: Vec<&str> = [
+            ("flash", self.flash),
+            ("efficient", self.efficient),
+            ("cudnn", self.cudnn),
+            ("math", self.math),
+        ]
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, _)| *name)
+        .collect();
+        if ran.is_empty() {
+            "none".to_string()
+        } else {
+            ran.join("+")
+        }
+    }
+}
+
 /// Settings of an estimate.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -246,6 +347,10 @@ pub struct Options {
     /// adding into the gradients (set to none before the first), then the optimizer
     /// step once.
     pub accumulate: u32,
+    /// How `scaled_dot_product_attention` runs: as CUDA picks for [`Options::gpu`]
+    /// (default), or a forced backend (a call the backend cannot take fails the
+    /// estimate, saying why).
+    pub attention: Attention,
 }
 
 impl Default for Options {
@@ -255,6 +360,7 @@ impl Default for Options {
             allocator: AllocatorConfig::default(),
             steps: 2,
             accumulate: 1,
+            attention: Attention::Auto,
         }
     }
 }
@@ -345,6 +451,8 @@ pub struct Estimate {
     pub host_peak_rss: Option<u64>,
     /// What a CUDA run may add that is not modelled.
     pub not_modelled: &'static [NotModelled],
+    /// The dry run's attention calls, by the backend that ran them.
+    pub attention: AttentionRuns,
 }
 
 /// The largest batch that fits (see [`Model::largest_batch`]).

@@ -9,7 +9,7 @@ use tch::nn;
 use tch::{Device, Kind, Tensor};
 
 use super::replay::replay;
-use super::{models, Estimate, Fit, Input, Mode, Options};
+use super::{models, AttentionRuns, Estimate, Fit, Input, Mode, Options};
 use crate::error::{catching, torch_message, Error, Result};
 use crate::ffi::{self, native, MetaEvent};
 
@@ -312,7 +312,12 @@ impl Model {
 
     /// The dry run: the meta trace of `mode` at these inputs, under `options` (the
     /// settings that change what a CUDA run allocates, not the allocator's).
-    fn dry_run(&self, inputs: &[Input], mode: Mode, options: &Options) -> Result<Vec<MetaEvent>> {
+    pub(crate) fn dry_run(
+        &self,
+        inputs: &[Input],
+        mode: Mode,
+        options: &Options,
+    ) -> Result<Vec<MetaEvent>> {
         let steps = options.steps;
         if inputs.is_empty() {
             return Err(Error::InvalidInput {
@@ -321,6 +326,7 @@ impl Model {
                 reason: "the model needs at least one input shape".into(),
             });
         }
+        ffi::meta_attention_set(options.gpu.sm as i32, options.attention.native())?;
         let trace = Trace::begin()?;
         match mode {
             Mode::Inference => {
@@ -418,7 +424,14 @@ impl Model {
     pub fn estimate(&self, inputs: &[Input], mode: Mode, options: &Options) -> Result<Estimate> {
         let start = Instant::now();
         let run = self.dry_run(inputs, mode, options)?;
+        let [flash, efficient, cudnn, math] = ffi::meta_attention_runs()?;
         let mut e = replay(&self.weights, &run, options)?;
+        e.attention = AttentionRuns {
+            flash,
+            efficient,
+            cudnn,
+            math,
+        };
         e.mode = mode;
         e.batch = inputs.first().map_or(1, Input::batch);
         e.weights_bytes = self.weights_bytes;

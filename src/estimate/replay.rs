@@ -117,5 +117,6 @@ pub(super) fn replay(
         refused_requests: alloc.refused_requests(),
         host_peak_rss: None,
         not_modelled: &NOT_MODELLED,
+        attention: Default::default(),
     })
 }

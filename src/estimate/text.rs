@@ -41,28 +41,33 @@ pub fn table(rows: &[Estimate]) -> String {
     let mut out = t.to_string();
     for e in rows {
         out.push_str(&format!(
-            "\nbatch {}: allocated peaks in {} ({}, step {})",
+            "\nbatch {}: allocated peaks in {} ({}, step {}); attention ran as {}",
             e.batch,
             e.peak_op,
             e.peak_phase.name(),
-            e.peak_step
+            e.peak_step,
+            e.attention.label()
         ));
     }
     out
 }
 
 impl Options {
-    /// One line: the mode, the GPU with its cuBLAS workspace, the allocator settings.
+    /// One line: the mode, the GPU with its cuBLAS workspace and compute capability, the
+    /// attention setting, the allocator settings.
     pub fn describe(&self, mode: Mode) -> String {
         let accumulate = match (mode, self.accumulate) {
             (Mode::Train(_), k) if k > 1 => format!(" ({k} micro-batches a step)"),
             _ => String::new(),
         };
         format!(
-            "{}{accumulate}, GPU {} (cuBLAS workspace {}), {}",
+            "{}{accumulate}, GPU {} (cuBLAS workspace {}, compute capability {}.{}), attention {}, {}",
             mode.label(),
             self.gpu.name,
             bytes(self.gpu.cublas_workspace),
+            self.gpu.sm / 10,
+            self.gpu.sm % 10,
+            self.attention.name(),
             if self.allocator == AllocatorConfig::default() {
                 "default allocator settings".to_string()
             } else {

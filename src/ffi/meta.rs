@@ -23,6 +23,7 @@ extern "C" {
         out: *mut *mut c_void,
     ) -> i32;
     fn memprof_meta_convert(tensor: *mut c_void) -> i32;
+    fn memprof_meta_attention(set: *const Attention, get: *mut Attention) -> i32;
     fn memprof_script_load(path: *const c_char, out: *mut *mut c_void) -> i32;
     fn memprof_script_free(module: *mut c_void) -> i32;
     fn memprof_script_train(module: *mut c_void, on: i32) -> i32;
@@ -60,6 +61,40 @@ pub(crate) struct MetaEvent {
     pub mark: i32,
     /// Explicit padding, 0.
     pub reserved: i32,
+}
+
+/// `MpAttention`: how the dry run runs scaled_dot_product_attention.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Attention {
+    /// The GPU's compute capability, major * 10 + minor.
+    pub sm: i32,
+    /// `native::ATTN_*`.
+    pub backend: i32,
+    /// Calls since the last set, by backend: flash, efficient, cudnn, math.
+    pub runs: [u64; 4],
+}
+
+/// Sets how later dry runs run scaled_dot_product_attention (compute capability
+/// `sm` = major * 10 + minor, `backend` one of `native::ATTN_*`); the run counts start
+/// again at 0.
+pub(crate) fn meta_attention_set(sm: i32, backend: i32) -> Result<()> {
+    let a = Attention {
+        sm,
+        backend,
+        runs: [0; 4],
+    };
+    // SAFETY: `a` is a valid struct for the call; `get` is null.
+    check(unsafe { memprof_meta_attention(&a, std::ptr::null_mut()) })
+}
+
+/// The attention calls of the dry runs since the last set, by backend: flash, efficient,
+/// cudnn, math.
+pub(crate) fn meta_attention_runs() -> Result<[u64; 4]> {
+    let mut a = Attention::default();
+    // SAFETY: `set` is null; `a` is a valid out-struct.
+    check(unsafe { memprof_meta_attention(std::ptr::null(), &mut a) })?;
+    Ok(a.runs)
 }
 
 /// Starts the meta trace (one per process at a time); installs the meta trace

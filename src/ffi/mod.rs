@@ -70,6 +70,11 @@ pub(crate) mod native {
     pub const MARK_BACKWARD: i32 = 2;
     pub const MARK_OPTIMIZER: i32 = 3;
     pub const MARK_BASELINE: i32 = 4;
+    pub const ATTN_AUTO: i32 = 0;
+    pub const ATTN_FLASH: i32 = 1;
+    pub const ATTN_EFFICIENT: i32 = 2;
+    pub const ATTN_CUDNN: i32 = 3;
+    pub const ATTN_MATH: i32 = 4;
 }
 pub(crate) use native::MAX_DEVICES;
 

@@ -447,6 +447,22 @@ int memprof_meta_read(MpMetaEvent* out, uint64_t cap, uint64_t* total) noexcept 
   });
 }
 
+int memprof_meta_attention(const MpAttention* set, MpAttention* get) noexcept {
+  return guarded("memprof_meta_attention", [&]() -> int {
+    if (set != nullptr) {
+      if (set->backend < MP_ATTN_AUTO || set->backend > MP_ATTN_MATH || set->sm <= 0) {
+        set_error("memprof_meta_attention: not a MpAttentionBackend or no compute capability");
+        return -1;
+      }
+      set_attention(set->sm, set->backend);
+    }
+    if (get != nullptr) {
+      attention_get(get);
+    }
+    return 0;
+  });
+}
+
 int memprof_meta_empty(const int64_t* sizes, size_t n, const void* like, void** out) noexcept {
   return guarded("memprof_meta_empty", [&]() -> int {
     if (!given(out, "memprof_meta_empty") || !given(like, "memprof_meta_empty") ||

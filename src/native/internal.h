@@ -511,5 +511,9 @@ int script_tensor(void* m, int32_t which, uint64_t index, uint64_t* n, void** te
 void register_meta_kernels();
 // Whether a meta trace (an estimate's dry run) is on.
 bool meta_trace_on();
+// attention.cpp: scaled_dot_product_attention as CUDA runs it in a dry run.
+void register_attention_kernels();
+void set_attention(int32_t sm, int32_t backend);
+void attention_get(MpAttention* out);
 
 }  // namespace memprof

@@ -74,6 +74,15 @@ enum MpMetaMark {
   MP_MARK_BASELINE = 4,   // the first step's inputs are on the device: the baseline
 };
 
+// Attention backends of the dry run's scaled_dot_product_attention (MpAttention.backend).
+enum MpAttentionBackend {
+  MP_ATTN_AUTO = 0,       // as PyTorch's CUDA build picks for the GPU (MpAttention.sm)
+  MP_ATTN_FLASH = 1,      // forced: flash attention
+  MP_ATTN_EFFICIENT = 2,  // forced: memory-efficient attention
+  MP_ATTN_CUDNN = 3,      // forced: cuDNN attention
+  MP_ATTN_MATH = 4,       // forced: the math (reference) path
+};
+
 // Device types of the autocast and RNG calls.
 enum MpDeviceType {
   MP_DEVICE_CPU = 0,
@@ -234,6 +243,13 @@ typedef struct MpMetaEvent {
   int32_t reserved;  // 0 (explicit padding)
 } MpMetaEvent;
 
+// How the dry run runs scaled_dot_product_attention, and how often each backend ran.
+typedef struct MpAttention {
+  int32_t sm;        // the GPU's compute capability, major * 10 + minor (90 = 9.0)
+  int32_t backend;   // MpAttentionBackend
+  uint64_t runs[4];  // calls since the last set, by backend: flash, efficient, cudnn, math
+} MpAttention;
+
 // Autocast state of one device type, to restore on exit.
 typedef struct MpAutocast {
   int32_t enabled;
@@ -328,6 +344,10 @@ int memprof_meta_empty(const int64_t* sizes, size_t n, const void* like, void** 
 // Moves a tensor (at::Tensor*) onto the meta device in place: every handle that shares
 // its TensorImpl sees it; the old storage is released.
 int memprof_meta_convert(void* tensor) MP_NOEXCEPT;
+// Sets how later dry runs run scaled_dot_product_attention (`set`: sm and backend; the
+// run counts start again at 0) and/or reads the settings and the run counts (`get`).
+// Either may be null.
+int memprof_meta_attention(const MpAttention* set, MpAttention* get) MP_NOEXCEPT;
 // TorchScript modules loaded onto the meta device (a torch::jit::Module* the caller
 // frees with memprof_script_free).
 int memprof_script_load(const char* path, void** out) MP_NOEXCEPT;
@@ -490,6 +510,15 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_FIELD(MpMetaEvent, name, 20)                      \
   MP_FIELD(MpMetaEvent, mark, 24)                      \
   MP_FIELD(MpMetaEvent, reserved, 28)                  \
+  MP_CONST(MP_ATTN_AUTO, 0)                            \
+  MP_CONST(MP_ATTN_FLASH, 1)                           \
+  MP_CONST(MP_ATTN_EFFICIENT, 2)                       \
+  MP_CONST(MP_ATTN_CUDNN, 3)                           \
+  MP_CONST(MP_ATTN_MATH, 4)                            \
+  MP_SIZE(MpAttention, 40)                             \
+  MP_FIELD(MpAttention, sm, 0)                         \
+  MP_FIELD(MpAttention, backend, 4)                    \
+  MP_FIELD(MpAttention, runs, 8)                       \
   MP_SIZE(MpAutocast, 8)                               \
   MP_FIELD(MpAutocast, enabled, 0)                     \
   MP_FIELD(MpAutocast, dtype, 4)

@@ -353,6 +353,7 @@ void register_meta_kernels() {
   auto* autograd = new torch::Library(
       torch::Library::IMPL, "aten", c10::DispatchKey::AutogradMeta, __FILE__, __LINE__);
   autograd->impl("dropout", TORCH_FN(dropout_as_on_cuda));
+  register_attention_kernels();
 }
 
 }  // namespace memprof

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use clap::Args;
 use serde::Serialize;
 use tch_memprof::estimate::{
-    gpu_memory, models, table, AllocatorConfig, Estimate, Gpu, Input, Mode, Model, Optimizer,
-    Options, NOT_MODELLED,
+    gpu_memory, models, table, AllocatorConfig, Attention, Estimate, Gpu, Input, Mode, Model,
+    Optimizer, Options, NOT_MODELLED,
 };
 
 use crate::{fail, parse_inputs};
@@ -54,9 +54,13 @@ pub struct EstimateArgs {
     /// backward run this many times at the input's batch before each optimizer step.
     #[arg(long, default_value_t = 1)]
     accumulate: u32,
+    /// How scaled_dot_product_attention runs: auto (the kernel PyTorch's CUDA build picks
+    /// on --gpu), or forced: flash, efficient, cudnn, math.
+    #[arg(long, default_value = "auto")]
+    attention: String,
     /// Print CSV to standard output: model, batch, mode, weights_bytes,
     /// peak_allocated_bytes, peak_reserved_bytes, largest_batch (true on the row of the
-    /// largest batch that fits --memory).
+    /// largest batch that fits --memory), attention (the backends that ran).
     #[arg(long)]
     csv: bool,
 }
@@ -72,6 +76,8 @@ struct CsvRow<'a> {
     peak_reserved_bytes: u64,
     /// True on the row of the largest batch that fits `--memory`.
     largest_batch: bool,
+    /// The attention backends that ran (`efficient`, `flash+math`, `none`).
+    attention: String,
 }
 
 pub fn run(a: &EstimateArgs) -> ExitCode {
@@ -82,6 +88,10 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         }
     } else {
         Mode::Inference
+    };
+    let attention = match Attention::parse(&a.attention) {
+        Ok(x) => x,
+        Err(e) => return fail(e),
     };
     if a.steps == 0 {
         return fail("invalid steps 0: at least one step");
@@ -120,6 +130,7 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         allocator,
         steps: a.steps,
         accumulate: a.accumulate,
+        attention,
     };
     let batches: Vec<i64> = if a.batch_sizes.is_empty() {
         vec![inputs[0].batch()]
@@ -242,6 +253,7 @@ fn write_csv<'a>(
             peak_allocated_bytes: e.peak_allocated,
             peak_reserved_bytes: e.peak_reserved,
             largest_batch,
+            attention: e.attention.label(),
         })?;
     }
     w.flush()?;
