@@ -137,6 +137,24 @@ pub(crate) fn torch_message(text: &str) -> String {
     let start = text.find("Torch(\"").map_or(0, |i| i + 7);
     let mut rest = &text[start..];
     rest = rest.strip_prefix("native layer: ").unwrap_or(rest);
+    // A dry run of a TorchScript file names the module the failing op ran in.
+    let mut module = None;
+    if let Some(after) = rest.strip_prefix("in module ") {
+        if let Some((name, cause)) = after.split_once(": ") {
+            module = Some(name);
+            rest = cause;
+        }
+    }
+    let line = torch_line(rest);
+    match module {
+        Some(m) => format!("{line} (in module {m})"),
+        None => line,
+    }
+}
+
+/// The cause of a libtorch error in one line.
+fn torch_line(text: &str) -> String {
+    let mut rest = text;
     // The TorchScript interpreter's errors open with a fixed line and a traceback of
     // TorchScript code; the cause is on the last line that names an error.
     if rest.starts_with("The following operation failed in the TorchScript interpreter") {
@@ -158,7 +176,8 @@ pub(crate) fn torch_message(text: &str) -> String {
     if let Some((op, _)) = line.split_once(": attempted to run this operator with Meta tensors") {
         return format!(
             "{op} has no meta kernel in libtorch's C++, so the dry run cannot run it \
-             (tch-memprof registers the ones it knows; this one is missing)"
+             (tch-memprof registers the ones it knows; this one is missing; \
+             `tch-memprof profile` measures the step on the CPU instead)"
         );
     }
     if line.is_empty() {
@@ -186,12 +205,16 @@ mod tests {
         let text = "aten::_local_scalar_dense: attempted to run this operator with Meta tensors, but there was no fake impl or Meta kernel registered. You may have run into this message";
         assert_eq!(
             torch_message(text),
-            "aten::_local_scalar_dense has no meta kernel in libtorch's C++, so the dry run cannot run it (tch-memprof registers the ones it knows; this one is missing)"
+            "aten::_local_scalar_dense has no meta kernel in libtorch's C++, so the dry run cannot run it (tch-memprof registers the ones it knows; this one is missing; `tch-memprof profile` measures the step on the CPU instead)"
         );
         let script = "The following operation failed in the TorchScript interpreter.\nTraceback of TorchScript, serialized code (most recent call last):\n  File \"code/__torch__.py\", line 12, in forward\n    _0 = torch.arange(32)\nRuntimeError: shape '[2, 3]' is invalid for input of size 5\n";
         assert_eq!(
             torch_message(script),
             "shape '[2, 3]' is invalid for input of size 5"
+        );
+        assert_eq!(
+            torch_message(&format!("in module blocks.0.attn: {script}")),
+            "shape '[2, 3]' is invalid for input of size 5 (in module blocks.0.attn)"
         );
     }
 

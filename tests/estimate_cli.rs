@@ -467,15 +467,18 @@ fn a_traced_gpt_runs_forward_backward_and_adamw_on_meta() {
 
 /// A traced model whose output size depends on the data (`y[y > 0]` runs `aten::nonzero`),
 /// which no meta kernel can run: the estimate stops with exit status 2 and one line that
-/// names the op, with no C++ stack frames and no TorchScript traceback.
+/// names the op, the module it ran in and what to do instead, with no C++ stack frames
+/// and no TorchScript traceback.
 const DATA_DEPENDENT_EXPORT: &str = r#"
 import sys, torch, torch.nn as nn
+class Positive(nn.Module):
+    def forward(s, y):
+        return y[y > 0].sum()
 class M(nn.Module):
     def __init__(s):
-        super().__init__(); s.fc = nn.Linear(8, 8)
+        super().__init__(); s.fc = nn.Linear(8, 8); s.head = Positive()
     def forward(s, x):
-        y = s.fc(x)
-        return y[y > 0].sum()
+        return s.head(s.fc(x))
 torch.jit.trace(M(), torch.randn(4, 8)).save(sys.argv[1])
 "#;
 
@@ -490,6 +493,14 @@ fn a_traced_model_that_the_dry_run_cannot_finish_fails_in_one_line() {
     let err = text(&out.stderr);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("aten::nonzero has no meta kernel"), "{err}");
+    assert!(
+        err.contains("(in module head)"),
+        "the module it ran in: {err}"
+    );
+    assert!(
+        err.contains("tch-memprof profile"),
+        "what to do instead: {err}"
+    );
     for noise in ["frame #", "Traceback", "Exception raised from", "fburl"] {
         assert!(!err.contains(noise), "{err}");
     }

@@ -375,10 +375,9 @@ impl Model {
             };
             if chosen.estimate.peak_reserved <= memory {
                 fits.push(chosen);
-            } else if smallest
-                .as_ref()
-                .map_or(true, |s| chosen.estimate.peak_reserved < s.estimate.peak_reserved)
-            {
+            } else if smallest.as_ref().map_or(true, |s| {
+                chosen.estimate.peak_reserved < s.estimate.peak_reserved
+            }) {
                 smallest = Some(chosen);
             }
         }

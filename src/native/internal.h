@@ -511,6 +511,10 @@ int script_tensor(void* m, int32_t which, uint64_t index, uint64_t* n, void** te
 void register_meta_kernels();
 // Whether a meta trace (an estimate's dry run) is on.
 bool meta_trace_on();
+// Whether a TorchScript interpreter runs on this thread; if so, buf (cap bytes) gets the
+// innermost module's path as named_modules() names it (`layer4.0.conv2`; empty for the
+// root module's own ops) and *fits whether it fitted.
+bool script_module_path(char* buf, size_t cap, bool* fits);
 // attention.cpp: scaled_dot_product_attention as CUDA runs it in a dry run.
 void register_attention_kernels();
 void set_attention(int32_t sm, int32_t backend);

@@ -150,10 +150,18 @@ bool uses_cublaslt(const char* name, const at::RecordFunction& fn) {
       m2.size(1) > 1;
 }
 
+// The module of a TorchScript file whose op ran last on this thread (for the message of
+// a dry run that fails inside the file).
+thread_local char tls_script_module[kNameLen] = "";
+
 std::unique_ptr<at::ObserverContext> meta_op_start(const at::RecordFunction& fn) {
   const char* name = fn.name();
   if (tls_meta_depth++ == 0) {
     meta_append(MP_META_OP, 0, 0, intern(name));
+    bool fits = true;
+    if (!script_module_path(tls_script_module, sizeof tls_script_module, &fits) || !fits) {
+      tls_script_module[0] = 0;
+    }
   }
   return nullptr;
 }
@@ -371,7 +379,17 @@ at::Tensor* script_forward(void* m, const at::Tensor* const* inputs, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     args.emplace_back(*inputs[i]);
   }
-  c10::IValue out = static_cast<torch::jit::Module*>(m)->forward(std::move(args));
+  tls_script_module[0] = 0;
+  c10::IValue out;
+  try {
+    out = static_cast<torch::jit::Module*>(m)->forward(std::move(args));
+  } catch (const c10::Error& e) {
+    // Name the module the failing op ran in (`in module blocks.0.attn: ...`).
+    if (meta_trace_on() && tls_script_module[0] != 0) {
+      TORCH_CHECK(false, "in module ", tls_script_module, ": ", e.what_without_backtrace());
+    }
+    throw;
+  }
   // The first tensor of what forward returns (a tensor, or a tuple/list/dict holding one).
   std::vector<c10::IValue> todo{out};
   while (!todo.empty()) {

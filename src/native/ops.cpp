@@ -127,20 +127,31 @@ inline bool append_instance(const std::string& entry, char* buf, size_t cap, siz
 // Whether this thread runs TorchScript now; if so, *layer1 gets the name id + 1 of the
 // innermost module's path (0 for the root module's own ops, or a path that does not fit
 // a name). Costs one call returning an empty vector when no TorchScript runs.
-inline bool script_module(int32_t* layer1) {
+}  // namespace
+
+bool script_module_path(char* buf, size_t cap, bool* fits) {
   const std::vector<std::string> frames = torch::jit::currentModuleHierarchy();
   if (frames.empty()) {
     return false;
   }
-  char buf[kNameLen];
   size_t len = 0;
   buf[0] = 0;
-  bool fits = true;
+  *fits = true;
   // The first entry is the root module (TOP) or the function the interpreter was given.
-  for (size_t i = 1; i < frames.size() && fits; ++i) {
-    fits = append_instance(frames[i], buf, sizeof buf, &len);
+  for (size_t k = 1; k < frames.size() && *fits; ++k) {
+    *fits = append_instance(frames[k], buf, cap, &len);
   }
-  *layer1 = fits && len > 0 ? intern(buf) + 1 : 0;
+  return true;
+}
+
+namespace {
+inline bool script_module(int32_t* layer1) {
+  char buf[kNameLen];
+  bool fits = true;
+  if (!script_module_path(buf, sizeof buf, &fits)) {
+    return false;
+  }
+  *layer1 = fits && buf[0] != 0 ? intern(buf) + 1 : 0;
   return true;
 }
 
