@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 const NATIVE: &str = "src/native";
-const SOURCES: [&str; 15] = [
+const SOURCES: [&str; 16] = [
     "amp.cpp",
     "api.cpp",
     "counters.cpp",
@@ -18,6 +18,7 @@ const SOURCES: [&str; 15] = [
     "flops.cpp",
     "logs.cpp",
     "meta.cpp",
+    "meta_autocast.cpp",
     "meta_kernels.cpp",
     "names.cpp",
     "oom.cpp",

@@ -511,5 +511,9 @@ int script_tensor(void* m, int32_t which, uint64_t index, uint64_t* n, void** te
 void register_meta_kernels();
 // Whether a meta trace (an estimate's dry run) is on.
 bool meta_trace_on();
+// meta_autocast.cpp: autocast in the dry run (kernels registered at the first begin).
+bool meta_autocast_begin(int32_t list, int32_t dtype);
+void meta_autocast_end();
+std::string autocast_listing(int32_t which);
 
 }  // namespace memprof
