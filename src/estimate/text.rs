@@ -52,11 +52,16 @@ pub fn table(rows: &[Estimate]) -> String {
 }
 
 impl Options {
-    /// One line: the mode, the GPU with its cuBLAS workspace, the allocator settings.
+    /// One line: the mode, the autocast dtype if any, the GPU with its cuBLAS workspace,
+    /// the allocator settings.
     pub fn describe(&self, mode: Mode) -> String {
         format!(
-            "{}, GPU {} (cuBLAS workspace {}), {}",
+            "{}{}, GPU {} (cuBLAS workspace {}), {}",
             mode.label(),
+            match self.autocast {
+                None => String::new(),
+                Some(k) => format!(", autocast {}", super::autocast_name(Some(k))),
+            },
             self.gpu.name,
             bytes(self.gpu.cublas_workspace),
             if self.allocator == AllocatorConfig::default() {
