@@ -47,8 +47,9 @@ fn csv_rows_are_the_librarys_estimates() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines[0],
-        "model,batch,mode,weights_bytes,peak_allocated_bytes,peak_reserved_bytes,largest_batch"
+        "model,batch,mode,weights_bytes,peak_allocated_bytes,peak_reserved_bytes,largest_batch,autocast"
     );
+    assert!(lines[1..].iter().all(|l| l.ends_with(",off")), "{stdout}");
     // The two batches asked for, then the largest batch that fits in 2 GiB, marked.
     assert_eq!(lines.len(), 4, "{stdout}");
     let last: Vec<&str> = lines[3].split(',').collect();
