@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 const NATIVE: &str = "src/native";
-const SOURCES: [&str; 16] = [
+const SOURCES: [&str; 17] = [
     "amp.cpp",
     "api.cpp",
     "attention.cpp",
@@ -19,6 +19,7 @@ const SOURCES: [&str; 16] = [
     "flops.cpp",
     "logs.cpp",
     "meta.cpp",
+    "meta_autocast.cpp",
     "meta_kernels.cpp",
     "names.cpp",
     "oom.cpp",

@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::ffi;
 
 /// c10::ScalarType codes of the autocast dtypes.
-fn scalar_type(kind: Kind) -> Option<i32> {
+pub(crate) fn scalar_type(kind: Kind) -> Option<i32> {
     match kind {
         Kind::Half => Some(5),
         Kind::BFloat16 => Some(15),

@@ -47,15 +47,16 @@ fn csv_rows_are_the_librarys_estimates() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines[0],
-        "model,batch,mode,weights_bytes,peak_allocated_bytes,peak_reserved_bytes,largest_batch,attention"
+        "model,batch,mode,weights_bytes,peak_allocated_bytes,peak_reserved_bytes,largest_batch,attention,autocast"
     );
+    assert!(lines[1..].iter().all(|l| l.ends_with(",off")), "{stdout}");
     // The two batches asked for, then the largest batch that fits in 2 GiB, marked.
     assert_eq!(lines.len(), 4, "{stdout}");
     let last: Vec<&str> = lines[3].split(',').collect();
     assert_eq!(last[6], "true", "{stdout}");
     // AlexNet has no attention layer: no backend ran.
     assert_eq!(last[7], "none", "{stdout}");
-    assert_eq!(last.len(), 8, "{stdout}");
+    assert_eq!(last.len(), 9, "{stdout}");
     assert!(last[5].parse::<u64>().unwrap() <= 2 << 30, "{stdout}");
     let lines = &lines[..3];
     let model = Model::builtin("alexnet").unwrap();
@@ -90,7 +91,7 @@ fn csv_rows_are_the_librarys_estimates() {
         assert_eq!(
             *line,
             format!(
-                "alexnet,{b},inference,{},{},{},false,{}",
+                "alexnet,{b},inference,{},{},{},false,{},off",
                 e.weights_bytes,
                 e.peak_allocated,
                 e.peak_reserved,

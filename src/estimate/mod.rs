@@ -41,6 +41,8 @@ pub mod models;
 mod plan;
 mod replay;
 mod text;
+#[doc(hidden)]
+pub mod trace;
 
 #[cfg(test)]
 mod attention_tests;
@@ -351,6 +353,40 @@ pub struct Options {
     /// (default), or a forced backend (a call the backend cannot take fails the
     /// estimate, saying why).
     pub attention: Attention,
+    /// Mixed precision: `Some(Kind::BFloat16)` or `Some(Kind::Half)` runs the forward
+    /// pass and the loss as a loop wrapped in CUDA autocast in that dtype runs them
+    /// (`tch_memprof::autocast(Device::Cuda(0), dtype, ..)`), backward and the optimizer
+    /// step outside it; weights, gradients and optimizer state stay float32. `None`
+    /// (default): no autocast.
+    pub autocast: Option<Kind>,
+}
+
+/// The autocast dtypes of [`Options::autocast`] by their command-line names.
+pub const AUTOCAST_DTYPES: [(&str, Kind); 2] = [("bf16", Kind::BFloat16), ("f16", Kind::Half)];
+
+/// The autocast dtype called `name` (`bf16`, `f16`).
+pub fn parse_autocast(name: &str) -> Result<Kind> {
+    let lower = name.to_ascii_lowercase();
+    AUTOCAST_DTYPES
+        .iter()
+        .find(|(n, _)| *n == lower)
+        .map(|(_, k)| *k)
+        .ok_or_else(|| Error::InvalidInput {
+            name: "autocast",
+            value: name.to_string(),
+            reason: "autocast computes in bf16 or f16".into(),
+        })
+}
+
+/// The command-line name of an autocast setting: `bf16`, `f16`, or `off`.
+pub fn autocast_name(autocast: Option<Kind>) -> &'static str {
+    match autocast {
+        None => "off",
+        Some(k) => AUTOCAST_DTYPES
+            .iter()
+            .find(|(_, d)| *d == k)
+            .map_or("?", |(n, _)| *n),
+    }
 }
 
 impl Default for Options {
@@ -361,6 +397,7 @@ impl Default for Options {
             steps: 2,
             accumulate: 1,
             attention: Attention::Auto,
+            autocast: None,
         }
     }
 }

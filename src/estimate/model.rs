@@ -76,6 +76,35 @@ impl Drop for Trace {
     }
 }
 
+/// The dry run's autocast region (forward pass and loss): begun on creation when
+/// [`Options::autocast`] is set, ended on drop (also when the model's code panics).
+struct AutocastRegion(bool);
+
+impl AutocastRegion {
+    fn begin(dtype: Option<Kind>, list: i32) -> Result<AutocastRegion> {
+        let Some(kind) = dtype else {
+            return Ok(AutocastRegion(false));
+        };
+        let code = crate::optim::scalar_type(kind).ok_or_else(|| Error::InvalidInput {
+            name: "autocast",
+            value: format!("{kind:?}"),
+            reason: "autocast computes in BFloat16 or Half".into(),
+        })?;
+        ffi::meta_autocast_begin(list, code)?;
+        Ok(AutocastRegion(true))
+    }
+}
+
+impl Drop for AutocastRegion {
+    fn drop(&mut self) {
+        if self.0 {
+            if let Err(e) = ffi::meta_autocast_end() {
+                log::error!("tch-memprof: ending the dry run's autocast failed: {e}");
+            }
+        }
+    }
+}
+
 /// The variables of `vs` in the order tch created them: trainable variables keep their
 /// creation order; each buffer goes just before the first trainable variable of its
 /// module (tch's batch norm creates its running statistics first), and buffers of
@@ -318,6 +347,18 @@ impl Model {
         mode: Mode,
         options: &Options,
     ) -> Result<Vec<MetaEvent>> {
+        self.dry_run_lists(inputs, mode, options, native::AUTOCAST_LIST_CUDA)
+    }
+
+    /// The dry run with autocast's op lists of `autocast_list` (`native::AUTOCAST_LIST_*`:
+    /// CUDA's for an estimate, CPU's to check the dry run against a real CPU run).
+    pub(super) fn dry_run_lists(
+        &self,
+        inputs: &[Input],
+        mode: Mode,
+        options: &Options,
+        autocast_list: i32,
+    ) -> Result<Vec<MetaEvent>> {
         let steps = options.steps;
         if inputs.is_empty() {
             return Err(Error::InvalidInput {
@@ -334,7 +375,9 @@ impl Model {
                 let xs = Model::make_inputs(inputs)?;
                 ffi::meta_mark(native::MARK_BASELINE)?;
                 ffi::meta_mark(native::MARK_FORWARD)?;
+                let region = AutocastRegion::begin(options.autocast, autocast_list)?;
                 let y = tch::no_grad(|| self.forward(&xs, false))?;
+                drop(region);
                 drop(y);
                 drop(xs);
             }
@@ -356,12 +399,15 @@ impl Model {
                                 ffi::meta_mark(native::MARK_BASELINE)?;
                             }
                             ffi::meta_mark(native::MARK_FORWARD)?;
+                            // Forward and loss under autocast, backward and step outside.
+                            let region = AutocastRegion::begin(options.autocast, autocast_list)?;
                             let out = self.forward(&xs, true)?;
                             let loss = loss(&out, |n| {
                                 let like = Tensor::empty([0], (Kind::Int64, Device::Cpu));
                                 ffi::meta_empty(&[n], &like)
                             })
                             .map_err(|e| self.failed("the loss failed", e))?;
+                            drop(region);
                             ffi::meta_mark(native::MARK_BACKWARD)?;
                             if micro == 0 {
                                 o.zero_grad();

@@ -101,7 +101,7 @@ impl Plan {
     /// The levers this plan pulls, in words: `bf16 autocast`, `2 micro-batches of 4`, ...
     pub fn levers(&self, asked: Optimizer) -> Vec<String> {
         let mut out = Vec::new();
-        if let Some(k) = self.config.autocast {
+        if let Some(k) = self.cost.lower_precision {
             out.push(format!("{} autocast", dtype_name(k)));
         }
         if self.config.accumulate > 1 {
@@ -131,7 +131,7 @@ impl Plan {
                 self.config.allocator_conf
             ));
         }
-        if let Some(k) = self.config.autocast {
+        if let Some(k) = self.cost.lower_precision {
             out.push(format!(
                 "let loss = tch_memprof::autocast(Device::Cuda(0), Kind::{k:?}, || loss_fn(&model.forward_t(&xs, true)))?;"
             ));
@@ -270,10 +270,19 @@ fn accumulate_candidates(batch: i64) -> Vec<u32> {
         .collect()
 }
 
-/// The autocast dtypes tried: none (mixed precision joins the search with the dry
-/// run's autocast).
-fn autocast_candidates(_options: &Options) -> Vec<Option<Kind>> {
-    vec![None]
+/// The autocast dtypes tried: the one asked for (none by default), then bfloat16 on a
+/// GPU that has it (compute capability 8.0 and later), else float16.
+fn autocast_candidates(options: &Options) -> Vec<Option<Kind>> {
+    let lower = if options.gpu.sm >= 80 {
+        Kind::BFloat16
+    } else {
+        Kind::Half
+    };
+    let mut out = vec![options.autocast];
+    if options.autocast.is_none() {
+        out.push(Some(lower));
+    }
+    out
 }
 
 impl Model {
@@ -311,7 +320,7 @@ impl Model {
             changes_training: o != optimizer,
             recompute: 0.0,
             accumulate: k,
-            lower_precision: a,
+            lower_precision: a.filter(|_| options.autocast.is_none()),
             allocator_changed: alloc,
         };
         configs.sort_by(|x, y| {
@@ -330,6 +339,7 @@ impl Model {
             let xs: Vec<Input> = inputs.iter().map(|i| i.with_batch(micro)).collect();
             let opts = Options {
                 accumulate: k,
+                autocast: a,
                 ..options.clone()
             };
             let settings: Vec<AllocatorConfig> =

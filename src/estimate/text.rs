@@ -53,16 +53,20 @@ pub fn table(rows: &[Estimate]) -> String {
 }
 
 impl Options {
-    /// One line: the mode, the GPU with its cuBLAS workspace and compute capability, the
-    /// attention setting, the allocator settings.
+    /// One line: the mode, the autocast dtype if any, the GPU with its cuBLAS workspace
+    /// and compute capability, the attention setting, the allocator settings.
     pub fn describe(&self, mode: Mode) -> String {
         let accumulate = match (mode, self.accumulate) {
             (Mode::Train(_), k) if k > 1 => format!(" ({k} micro-batches a step)"),
             _ => String::new(),
         };
         format!(
-            "{}{accumulate}, GPU {} (cuBLAS workspace {}, compute capability {}.{}), attention {}, {}",
+            "{}{accumulate}{}, GPU {} (cuBLAS workspace {}, compute capability {}.{}), attention {}, {}",
             mode.label(),
+            match self.autocast {
+                None => String::new(),
+                Some(k) => format!(", autocast {}", super::autocast_name(Some(k))),
+            },
             self.gpu.name,
             bytes(self.gpu.cublas_workspace),
             self.gpu.sm / 10,

@@ -24,6 +24,10 @@ extern "C" {
     ) -> i32;
     fn memprof_meta_convert(tensor: *mut c_void) -> i32;
     fn memprof_meta_attention(set: *const Attention, get: *mut Attention) -> i32;
+    fn memprof_meta_autocast_begin(list: i32, dtype: i32) -> i32;
+    fn memprof_meta_autocast_end() -> i32;
+    #[cfg(test)]
+    fn memprof_autocast_listing(which: i32, buf: *mut c_char, len: usize, needed: *mut u64) -> i32;
     fn memprof_script_load(path: *const c_char, out: *mut *mut c_void) -> i32;
     fn memprof_script_free(module: *mut c_void) -> i32;
     fn memprof_script_train(module: *mut c_void, on: i32) -> i32;
@@ -152,6 +156,39 @@ pub(crate) fn meta_convert(t: &Tensor) -> Result<()> {
     // SAFETY: `t` is a live tensor handle; the callee changes the TensorImpl it points
     // to, not the handle.
     check(unsafe { memprof_meta_convert(t.as_ptr() as *mut c_void) })
+}
+
+/// Starts autocast in the dry run on this thread: the ops of `list`
+/// (`native::AUTOCAST_LIST_*`) cast meta tensors to `dtype` (a c10::ScalarType code) as
+/// that autocast casts its device's. Only during a meta trace.
+pub(crate) fn meta_autocast_begin(list: i32, dtype: i32) -> Result<()> {
+    // SAFETY: plain call.
+    check(unsafe { memprof_meta_autocast_begin(list, dtype) })
+}
+
+/// Ends it (the cached casts are dropped).
+pub(crate) fn meta_autocast_end() -> Result<()> {
+    // SAFETY: plain call.
+    check(unsafe { memprof_meta_autocast_end() })
+}
+
+/// The lines of `which` (`native::AUTOCAST_*`): the crate's autocast lists
+/// (`aten::op.overload policy`) or the ops this libtorch registers autocast kernels for.
+#[cfg(test)]
+pub(crate) fn autocast_listing(which: i32) -> Result<Vec<String>> {
+    let mut needed = 0u64;
+    // SAFETY: a zero-length buffer only writes `needed`.
+    check(unsafe { memprof_autocast_listing(which, std::ptr::null_mut(), 0, &mut needed) })?;
+    let mut buf = vec![0u8; needed as usize + 1];
+    // SAFETY: `buf` is valid for its length; the callee writes at most len - 1 bytes and a NUL.
+    check(unsafe {
+        memprof_autocast_listing(which, buf.as_mut_ptr().cast(), buf.len(), &mut needed)
+    })?;
+    buf.truncate(needed as usize);
+    Ok(String::from_utf8_lossy(&buf)
+        .lines()
+        .map(str::to_string)
+        .collect())
 }
 
 /// A TorchScript module loaded onto the meta device.

@@ -65,6 +65,11 @@ pub(crate) mod native {
     pub const META_BLAS: i32 = 4;
     pub const META_MARK: i32 = 5;
     pub const META_BLASLT: i32 = 6;
+    pub const META_OP_END: i32 = 7;
+    pub const AUTOCAST_LIST_CUDA: i32 = 0;
+    pub const AUTOCAST_LIST_CPU: i32 = 1;
+    pub const AUTOCAST_REGISTERED_CUDA: i32 = 2;
+    pub const AUTOCAST_REGISTERED_CPU: i32 = 3;
     pub const MARK_NONE: i32 = 0;
     pub const MARK_FORWARD: i32 = 1;
     pub const MARK_BACKWARD: i32 = 2;

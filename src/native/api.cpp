@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -483,6 +484,43 @@ int memprof_meta_convert(void* tensor) noexcept {
       return -1;
     }
     meta_convert(static_cast<at::Tensor*>(tensor));
+    return 0;
+  });
+}
+
+int memprof_meta_autocast_begin(int32_t list, int32_t dtype) noexcept {
+  return guarded("memprof_meta_autocast_begin", [&]() -> int {
+    if (list != MP_AUTOCAST_LIST_CUDA && list != MP_AUTOCAST_LIST_CPU) {
+      set_error("memprof_meta_autocast_begin: not an autocast list");
+      return -1;
+    }
+    return meta_autocast_begin(list, dtype) ? 0 : -1;
+  });
+}
+
+int memprof_meta_autocast_end(void) noexcept {
+  return guarded("memprof_meta_autocast_end", [&]() -> int {
+    meta_autocast_end();
+    return 0;
+  });
+}
+
+int memprof_autocast_listing(int32_t which, char* buf, size_t len, uint64_t* needed) noexcept {
+  return guarded("memprof_autocast_listing", [&]() -> int {
+    if (!given(needed, "memprof_autocast_listing") || (len > 0 && !given(buf, "memprof_autocast_listing"))) {
+      return -1;
+    }
+    if (which < MP_AUTOCAST_LIST_CUDA || which > MP_AUTOCAST_REGISTERED_CPU) {
+      set_error("memprof_autocast_listing: not a MpAutocastList");
+      return -1;
+    }
+    const std::string text = autocast_listing(which);
+    *needed = text.size();
+    if (len > 0) {
+      const size_t k = std::min(len - 1, text.size());
+      std::memcpy(buf, text.data(), k);
+      buf[k] = 0;
+    }
     return 0;
   });
 }

@@ -519,5 +519,9 @@ bool script_module_path(char* buf, size_t cap, bool* fits);
 void register_attention_kernels();
 void set_attention(int32_t sm, int32_t backend);
 void attention_get(MpAttention* out);
+// meta_autocast.cpp: autocast in the dry run (kernels registered at the first begin).
+bool meta_autocast_begin(int32_t list, int32_t dtype);
+void meta_autocast_end();
+std::string autocast_listing(int32_t which);
 
 }  // namespace memprof

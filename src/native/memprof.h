@@ -63,6 +63,7 @@ enum MpMetaKind {
   MP_META_BLAS = 4,   // an op that runs on cuBLAS on CUDA ends: name
   MP_META_MARK = 5,   // a mark set by the caller: mark
   MP_META_BLASLT = 6, // an op that runs on cuBLASLt on CUDA ends: name
+  MP_META_OP_END = 7, // the outermost op of a thread ends: name
 };
 
 // Marks the estimator's dry run puts into its meta trace (MpMetaEvent.mark).
@@ -81,6 +82,16 @@ enum MpAttentionBackend {
   MP_ATTN_EFFICIENT = 2,  // forced: memory-efficient attention
   MP_ATTN_CUDNN = 3,      // forced: cuDNN attention
   MP_ATTN_MATH = 4,       // forced: the math (reference) path
+};
+
+// The autocast op lists of the dry run (memprof_meta_autocast_begin) and what
+// memprof_autocast_listing lists: the crate's lists, or the ops this libtorch registers
+// autocast kernels for.
+enum MpAutocastList {
+  MP_AUTOCAST_LIST_CUDA = 0,        // CUDA autocast's lists and policies
+  MP_AUTOCAST_LIST_CPU = 1,         // CPU autocast's
+  MP_AUTOCAST_REGISTERED_CUDA = 2,  // ops with a kernel on AutocastCUDA in this libtorch
+  MP_AUTOCAST_REGISTERED_CPU = 3,   // on AutocastCPU
 };
 
 // Device types of the autocast and RNG calls.
@@ -348,6 +359,15 @@ int memprof_meta_convert(void* tensor) MP_NOEXCEPT;
 // run counts start again at 0) and/or reads the settings and the run counts (`get`).
 // Either may be null.
 int memprof_meta_attention(const MpAttention* set, MpAttention* get) MP_NOEXCEPT;
+// Autocast in the dry run (meta_autocast.cpp): from begin to end, on this thread, the ops
+// of `list` (MP_AUTOCAST_LIST_CUDA or _CPU) cast meta tensors as that autocast casts
+// its device's, to `dtype` (c10::ScalarType: BFloat16 or Half). Only during a meta trace.
+int memprof_meta_autocast_begin(int32_t list, int32_t dtype) MP_NOEXCEPT;
+int memprof_meta_autocast_end(void) MP_NOEXCEPT;
+// One line per op ("aten::name.overload", then " policy" for the crate's lists) of
+// `which` (MpAutocastList), NUL-terminated into buf (at most len - 1 bytes); *needed is
+// the whole text's length.
+int memprof_autocast_listing(int32_t which, char* buf, size_t len, uint64_t* needed) MP_NOEXCEPT;
 // TorchScript modules loaded onto the meta device (a torch::jit::Module* the caller
 // frees with memprof_script_free).
 int memprof_script_load(const char* path, void** out) MP_NOEXCEPT;
@@ -498,6 +518,11 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_CONST(MP_META_BLAS, 4)                            \
   MP_CONST(MP_META_MARK, 5)                            \
   MP_CONST(MP_META_BLASLT, 6)                          \
+  MP_CONST(MP_META_OP_END, 7)                          \
+  MP_CONST(MP_AUTOCAST_LIST_CUDA, 0)                   \
+  MP_CONST(MP_AUTOCAST_LIST_CPU, 1)                    \
+  MP_CONST(MP_AUTOCAST_REGISTERED_CUDA, 2)             \
+  MP_CONST(MP_AUTOCAST_REGISTERED_CPU, 3)              \
   MP_CONST(MP_MARK_NONE, 0)                            \
   MP_CONST(MP_MARK_FORWARD, 1)                         \
   MP_CONST(MP_MARK_BACKWARD, 2)                        \

@@ -8,8 +8,8 @@
 //   meta trace, in order: the same (size, order, lifetime) sequence a CUDA run gives
 //   the caching allocator, without memory.
 // - An op callback (RecordFunction, installed for the span of a trace) logs the
-//   outermost op of each thread (for the peak's op) and every cuBLAS-backed op (the
-//   estimator charges the cuBLAS workspace at the first one of each thread, and the
+//   outermost op of each thread, its start (for the peak's op) and its end, and
+//   every cuBLAS-backed op (the estimator charges the cuBLAS workspace at the first one of each thread, and the
 //   cuBLASLt one at the first that CUDA would run on cuBLASLt).
 // - Kernels libtorch's C++ lacks on the meta device are registered at the first trace
 //   (meta_kernels.cpp: each allocates what the CUDA kernel allocates).
@@ -169,10 +169,12 @@ std::unique_ptr<at::ObserverContext> meta_op_start(const at::RecordFunction& fn)
 // The workspaces are taken inside the op, after its output is allocated: logged at
 // the op's end.
 void meta_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
-  --tls_meta_depth;
   const char* name = fn.name();
   if (is_cublas_op(name)) {
     meta_append(uses_cublaslt(name, fn) ? MP_META_BLASLT : MP_META_BLAS, 0, 0, intern(name));
+  }
+  if (--tls_meta_depth == 0) {
+    meta_append(MP_META_OP_END, 0, 0, intern(name));
   }
 }
 

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use clap::Args;
 use serde::Serialize;
 use tch_memprof::estimate::{
-    gpu_memory, models, table, AllocatorConfig, Attention, Estimate, Gpu, Input, Mode, Model,
-    Optimizer, Options, NOT_MODELLED,
+    autocast_name, gpu_memory, models, parse_autocast, table, AllocatorConfig, Attention, Estimate,
+    Gpu, Input, Mode, Model, Optimizer, Options, NOT_MODELLED,
 };
 
 use crate::{fail, parse_inputs};
@@ -58,9 +58,15 @@ pub struct EstimateArgs {
     /// on --gpu), or forced: flash, efficient, cudnn, math.
     #[arg(long, default_value = "auto")]
     attention: String,
+    /// Mixed precision: bf16 or f16. The forward pass and the loss run as under CUDA
+    /// autocast in that dtype (backward and the optimizer step outside it); weights,
+    /// gradients and optimizer state stay f32.
+    #[arg(long)]
+    autocast: Option<String>,
     /// Print CSV to standard output: model, batch, mode, weights_bytes,
     /// peak_allocated_bytes, peak_reserved_bytes, largest_batch (true on the row of the
-    /// largest batch that fits --memory), attention (the backends that ran).
+    /// largest batch that fits --memory), attention (the backends that ran), autocast
+    /// (bf16, f16 or off).
     #[arg(long)]
     csv: bool,
 }
@@ -78,6 +84,8 @@ struct CsvRow<'a> {
     largest_batch: bool,
     /// The attention backends that ran (`efficient`, `flash+math`, `none`).
     attention: String,
+    /// `bf16`, `f16` or `off`.
+    autocast: &'static str,
 }
 
 pub fn run(a: &EstimateArgs) -> ExitCode {
@@ -108,6 +116,10 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
     if let Some(b) = a.batch_sizes.iter().find(|b| **b <= 0) {
         return fail(format!("invalid batch size {b}: must be positive"));
     }
+    let autocast = match a.autocast.as_deref().map(parse_autocast).transpose() {
+        Ok(k) => k,
+        Err(e) => return fail(e),
+    };
     let mut inputs = match parse_inputs(&a.inputs) {
         Ok(i) => i,
         Err(e) => return fail(e),
@@ -131,6 +143,7 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         steps: a.steps,
         accumulate: a.accumulate,
         attention,
+        autocast,
     };
     let batches: Vec<i64> = if a.batch_sizes.is_empty() {
         vec![inputs[0].batch()]
@@ -158,7 +171,7 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
             .iter()
             .map(|e| (e, false))
             .chain(largest.iter().map(|e| (e, true)));
-        return match write_csv(&label, csv_rows) {
+        return match write_csv(&label, autocast_name(options.autocast), csv_rows) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(format!("writing CSV to standard output: {e}")),
         };
@@ -241,6 +254,7 @@ pub(crate) fn load_model(
 
 fn write_csv<'a>(
     label: &str,
+    autocast: &'static str,
     rows: impl Iterator<Item = (&'a Estimate, bool)>,
 ) -> Result<(), csv::Error> {
     let mut w = csv::Writer::from_writer(std::io::stdout().lock());
@@ -254,6 +268,7 @@ fn write_csv<'a>(
             peak_reserved_bytes: e.peak_reserved,
             largest_batch,
             attention: e.attention.label(),
+            autocast,
         })?;
     }
     w.flush()?;

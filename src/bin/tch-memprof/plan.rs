@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use serde::Serialize;
-use tch_memprof::estimate::{AllocatorConfig, Optimizer, Options, Plan, Plans};
+use tch_memprof::estimate::{parse_autocast, AllocatorConfig, Optimizer, Options, Plan, Plans};
 
 use crate::estimate::{gpu_and_memory, load_model};
 use crate::{fail, parse_inputs};
@@ -37,6 +37,10 @@ pub struct PlanArgs {
     /// The effective batch to keep (replaces the first size of every input).
     #[arg(long)]
     batch: Option<i64>,
+    /// The step already runs under autocast in this dtype (bf16 or f16); otherwise
+    /// mixed precision is one of the levers.
+    #[arg(long)]
+    autocast: Option<String>,
     /// Accepted for symmetry with `estimate`: a plan is always for training.
     #[arg(long, hide = true)]
     train: bool,
@@ -91,9 +95,14 @@ pub fn run(a: &PlanArgs) -> ExitCode {
     if let Some(b) = a.batch {
         inputs = inputs.iter().map(|i| i.with_batch(b)).collect();
     }
+    let autocast = match a.autocast.as_deref().map(parse_autocast).transpose() {
+        Ok(k) => k,
+        Err(e) => return fail(e),
+    };
     let options = Options {
         gpu,
         allocator,
+        autocast,
         ..Options::default()
     };
     let plans = match model.plan(&inputs, optimizer, &options, memory) {

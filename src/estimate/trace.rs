@@ -1,0 +1,219 @@
+//! The dry run's raw trace as live bytes, without the caching allocator: for the checks
+//! of the dry run against a real CPU run of the same tch model (`tests/dry_run_vs_cpu.rs`).
+//! Not a stable API.
+
+use super::{Input, Mode, Model, Options};
+use crate::error::Result;
+use crate::ffi::{self, native, MetaEvent};
+use crate::phase::Phase;
+
+/// Whose autocast op lists the dry run follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lists {
+    /// CUDA autocast's (what an estimate uses).
+    Cuda,
+    /// CPU autocast's (to compare with a real CPU run under CPU autocast).
+    Cpu,
+}
+
+/// One outermost op of the dry run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceOp {
+    /// Its name (`aten::linear`, `AddmmBackward0`).
+    pub op: String,
+    /// Training step (1-based; 1 for inference).
+    pub step: u32,
+    /// Its phase.
+    pub phase: Phase,
+    /// Live bytes (weights included) when it returned: the running sum of the trace's
+    /// allocations and frees, no rounding, no workspace.
+    pub live_bytes: u64,
+}
+
+/// The live bytes of one dry run.
+#[derive(Clone, Debug, Default)]
+pub struct DryRunTrace {
+    /// Bytes of the model's variables.
+    pub weights_bytes: u64,
+    /// Every outermost op, in order.
+    pub ops: Vec<TraceOp>,
+    /// Per step (index 0: step 1), the highest live bytes, at allocation granularity.
+    pub step_peaks: Vec<u64>,
+    /// Per step, the sizes of its allocations in order.
+    pub step_allocations: Vec<Vec<u64>>,
+}
+
+/// The dry run of `mode` on `model` with `lists`' autocast lists (when
+/// `options.autocast` is set), as live bytes.
+pub fn dry_run_trace(
+    model: &Model,
+    inputs: &[Input],
+    mode: Mode,
+    options: &Options,
+    lists: Lists,
+) -> Result<DryRunTrace> {
+    let list = match lists {
+        Lists::Cuda => native::AUTOCAST_LIST_CUDA,
+        Lists::Cpu => native::AUTOCAST_LIST_CPU,
+    };
+    let run = model.dry_run_lists(inputs, mode, options, list)?;
+    from_events(model.weights_bytes(), &run)
+}
+
+fn from_events(weights_bytes: u64, run: &[MetaEvent]) -> Result<DryRunTrace> {
+    let mut t = DryRunTrace {
+        weights_bytes,
+        ..DryRunTrace::default()
+    };
+    let mut live = weights_bytes as i64;
+    let mut step = 0u32;
+    let mut phase = Phase::Forward;
+    let ensure = |t: &mut DryRunTrace, step: u32| {
+        let i = step.max(1) as usize;
+        while t.step_peaks.len() < i {
+            t.step_peaks.push(0);
+            t.step_allocations.push(Vec::new());
+        }
+    };
+    for e in run {
+        match e.kind {
+            native::META_ALLOC => {
+                live += e.bytes;
+                ensure(&mut t, step);
+                let i = step.max(1) as usize - 1;
+                t.step_peaks[i] = t.step_peaks[i].max(live.max(0) as u64);
+                t.step_allocations[i].push(e.bytes as u64);
+            }
+            native::META_FREE => live -= e.bytes,
+            native::META_OP_END => t.ops.push(TraceOp {
+                op: ffi::name(e.name)?.unwrap_or_default(),
+                step: step.max(1),
+                phase,
+                live_bytes: live.max(0) as u64,
+            }),
+            native::META_MARK => match e.mark {
+                native::MARK_FORWARD => {
+                    step += 1;
+                    phase = Phase::Forward;
+                    ensure(&mut t, step);
+                    let i = step as usize - 1;
+                    t.step_peaks[i] = t.step_peaks[i].max(live.max(0) as u64);
+                }
+                native::MARK_BACKWARD => phase = Phase::Backward,
+                native::MARK_OPTIMIZER => phase = Phase::Optimizer,
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    fn autocast_listing(which: i32) -> Result<Vec<String>> {
+        ffi::autocast_listing(which)
+    }
+
+    fn ops(which: i32) -> BTreeSet<String> {
+        autocast_listing(which)
+            .unwrap()
+            .iter()
+            .map(|l| l.split(' ').next().unwrap().to_string())
+            .collect()
+    }
+
+    /// What libtorch_cuda registers on AutocastCUDA by itself (aten/src/ATen/cudnn/
+    /// AutocastRNN.cpp), there only when that library is loaded in this process.
+    const FROM_LIBTORCH_CUDA: [&str; 1] = ["aten::_cudnn_rnn"];
+
+    #[test]
+    fn the_cuda_lists_are_the_ops_libtorch_registers_on_autocast_cuda() {
+        let ours = ops(native::AUTOCAST_LIST_CUDA);
+        let mut theirs = ops(native::AUTOCAST_REGISTERED_CUDA);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        if !maps.contains("libtorch_cuda.so") {
+            for op in FROM_LIBTORCH_CUDA {
+                assert!(!theirs.contains(op), "{op} without libtorch_cuda");
+                theirs.insert(op.to_string());
+            }
+        }
+        assert_eq!(
+            theirs.len(),
+            126,
+            "PyTorch 2.11 registers 126 ops on AutocastCUDA"
+        );
+        assert_eq!(
+            ours.symmetric_difference(&theirs).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "ours {}, libtorch's {}",
+            ours.len(),
+            theirs.len()
+        );
+    }
+
+    #[test]
+    fn the_cpu_lists_are_the_ops_libtorch_registers_on_autocast_cpu() {
+        let ours = ops(native::AUTOCAST_LIST_CPU);
+        let theirs = ops(native::AUTOCAST_REGISTERED_CPU);
+        assert_eq!(
+            theirs.len(),
+            129,
+            "PyTorch 2.11 registers 129 ops on AutocastCPU"
+        );
+        assert_eq!(
+            ours.symmetric_difference(&theirs).collect::<Vec<_>>(),
+            Vec::<&String>::new()
+        );
+    }
+
+    #[test]
+    fn every_listed_op_has_one_policy_per_list() {
+        for which in [native::AUTOCAST_LIST_CUDA, native::AUTOCAST_LIST_CPU] {
+            let lines = autocast_listing(which).unwrap();
+            let names: BTreeSet<&str> =
+                lines.iter().map(|l| l.split(' ').next().unwrap()).collect();
+            assert_eq!(names.len(), lines.len(), "an op listed twice");
+            // Policies by hand from autocast_mode.cpp (PyTorch 2.11).
+            let policy = |op: &str| {
+                lines
+                    .iter()
+                    .find(|l| l.split(' ').next() == Some(op))
+                    .map(|l| l.split(' ').nth(1).unwrap().to_string())
+            };
+            if which == native::AUTOCAST_LIST_CUDA {
+                assert_eq!(policy("aten::mm").as_deref(), Some("lower_precision_fp"));
+                assert_eq!(
+                    policy("aten::softmax.int").as_deref(),
+                    Some("fp32_set_opt_dtype")
+                );
+                assert_eq!(policy("aten::layer_norm").as_deref(), Some("fp32"));
+                assert_eq!(
+                    policy("aten::norm.Scalar").as_deref(),
+                    Some("fp32_append_dtype")
+                );
+                assert_eq!(policy("aten::index_put").as_deref(), Some("promote"));
+                assert_eq!(
+                    policy("aten::binary_cross_entropy").as_deref(),
+                    Some("banned")
+                );
+                assert_eq!(policy("aten::cat"), None);
+            } else {
+                assert_eq!(
+                    policy("aten::_addmm_activation").as_deref(),
+                    Some("lower_precision_fp")
+                );
+                assert_eq!(policy("aten::cat").as_deref(), Some("promote"));
+                assert_eq!(
+                    policy("aten::binary_cross_entropy").as_deref(),
+                    Some("fp32")
+                );
+                assert_eq!(policy("aten::layer_norm"), None);
+            }
+        }
+    }
+}
