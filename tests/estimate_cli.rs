@@ -506,3 +506,35 @@ fn a_traced_model_that_the_dry_run_cannot_finish_fails_in_one_line() {
         assert!(!err.contains(noise), "{err}");
     }
 }
+
+/// Two linear layers in a `Sequential`, the second the widest: in inference the peak is
+/// the allocation of the second layer's output (everything before it is still alive or
+/// smaller), so the estimate names the module `1` it ran in.
+const SEQUENTIAL_EXPORT: &str = r#"
+import sys, torch, torch.nn as nn
+m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4096))
+torch.jit.trace(m.eval(), torch.randn(4, 8)).save(sys.argv[1])
+"#;
+
+#[test]
+fn the_estimate_names_the_module_of_a_torchscript_peak() {
+    let _serial = common::serial();
+    let Some((_dir, path, _)) = python_export(SEQUENTIAL_EXPORT, "seq.pt") else {
+        return;
+    };
+    let model = Model::torchscript(&path).unwrap();
+    let e = model
+        .estimate(
+            &[Input::new(&[4, 8], Kind::Float)],
+            Mode::Inference,
+            &Options::default(),
+        )
+        .unwrap();
+    assert_eq!(e.peak_layer.as_deref(), Some("1"), "{e:?}");
+    let out = cli(&["estimate", path.to_str().unwrap(), "--input", "4x8"]);
+    assert!(
+        text(&out.stdout).contains("in module 1 (forward, step 1)"),
+        "{}",
+        text(&out.stdout)
+    );
+}

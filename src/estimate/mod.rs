@@ -463,6 +463,9 @@ pub struct Estimate {
     pub peak_requested: u64,
     /// The op that was running when allocated peaked.
     pub peak_op: String,
+    /// The module of a TorchScript file that op ran in (`blocks.0.attn`, as
+    /// `named_modules()` names it), when the peak falls in the file's forward pass.
+    pub peak_layer: Option<String>,
     /// Its phase.
     pub peak_phase: Phase,
     /// The training step (1-based) whose peak is the run's peak; 1 for inference.

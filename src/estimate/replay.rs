@@ -33,9 +33,11 @@ pub(super) fn replay(
     let mut phase = Phase::Forward;
     let mut step = 0u32;
     let mut op: i32 = -1;
+    let mut layer: i32 = -1;
     let mut workspaces = [false; 4]; // cuBLAS: user, autograd thread; cuBLASLt: same
     let mut peak = alloc.stats().allocated;
     let mut peak_op = -1;
+    let mut peak_layer = -1;
     let mut peak_phase = Phase::Forward;
     let mut peak_step = 1;
     let mut allocations = 0u64;
@@ -62,7 +64,10 @@ pub(super) fn replay(
                 }
             }
             native::META_FREE => alloc.free(e.id),
-            native::META_OP => op = e.name,
+            native::META_OP => {
+                op = e.name;
+                layer = e.layer;
+            }
             native::META_MARK => match e.mark {
                 native::MARK_BASELINE => baseline = alloc.stats().allocated,
                 native::MARK_FORWARD => {
@@ -86,6 +91,7 @@ pub(super) fn replay(
             if now > peak {
                 peak = now;
                 peak_op = op;
+                peak_layer = layer;
                 peak_phase = phase;
                 peak_step = step.max(1);
             }
@@ -97,6 +103,11 @@ pub(super) fn replay(
     } else {
         ffi::name(peak_op)?.unwrap_or_else(|| crate::names::MISSING.to_string())
     };
+    let peak_layer = if peak_layer < 0 {
+        None
+    } else {
+        ffi::name(peak_layer)?
+    };
     Ok(Estimate {
         mode: Mode::Inference,
         batch: 1,
@@ -106,6 +117,7 @@ pub(super) fn replay(
         peak_reserved: stats.peak_reserved,
         peak_requested: stats.peak_requested,
         peak_op,
+        peak_layer,
         peak_phase,
         peak_step,
         cublas_workspaces: workspaces[..2].iter().filter(|w| **w).count() as u32,

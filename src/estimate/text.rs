@@ -41,9 +41,13 @@ pub fn table(rows: &[Estimate]) -> String {
     let mut out = t.to_string();
     for e in rows {
         out.push_str(&format!(
-            "\nbatch {}: allocated peaks in {} ({}, step {}); attention ran as {}",
+            "\nbatch {}: allocated peaks in {}{} ({}, step {}); attention ran as {}",
             e.batch,
             e.peak_op,
+            e.peak_layer
+                .as_deref()
+                .map(|l| format!(" in module {l}"))
+                .unwrap_or_default(),
             e.peak_phase.name(),
             e.peak_step,
             e.attention.label()

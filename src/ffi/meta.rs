@@ -63,8 +63,8 @@ pub(crate) struct MetaEvent {
     pub name: i32,
     /// `native::MARK_*` (mark), `MARK_NONE` otherwise.
     pub mark: i32,
-    /// Explicit padding, 0.
-    pub reserved: i32,
+    /// Interned module path of a TorchScript file (op), -1 otherwise.
+    pub layer: i32,
 }
 
 /// `MpAttention`: how the dry run runs scaled_dot_product_attention.

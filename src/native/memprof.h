@@ -251,7 +251,7 @@ typedef struct MpMetaEvent {
   int32_t kind;      // MpMetaKind
   int32_t name;      // interned op name (OP, BLAS, BLASLT), -1 otherwise
   int32_t mark;      // MpMetaMark (MARK), MP_MARK_NONE otherwise
-  int32_t reserved;  // 0 (explicit padding)
+  int32_t layer;     // interned module path of a TorchScript file (OP), -1 otherwise
 } MpMetaEvent;
 
 // How the dry run runs scaled_dot_product_attention, and how often each backend ran.
@@ -534,7 +534,7 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_FIELD(MpMetaEvent, kind, 16)                      \
   MP_FIELD(MpMetaEvent, name, 20)                      \
   MP_FIELD(MpMetaEvent, mark, 24)                      \
-  MP_FIELD(MpMetaEvent, reserved, 28)                  \
+  MP_FIELD(MpMetaEvent, layer, 28)                     \
   MP_CONST(MP_ATTN_AUTO, 0)                            \
   MP_CONST(MP_ATTN_FLASH, 1)                           \
   MP_CONST(MP_ATTN_EFFICIENT, 2)                       \

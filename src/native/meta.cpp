@@ -56,13 +56,13 @@ at::CallbackHandle g_meta_callback = 0;
 thread_local int tls_meta_depth = 0;
 
 inline void meta_append(int32_t kind, uint64_t id, int64_t bytes, int32_t name,
-                        int32_t mark = MP_MARK_NONE) {
+                        int32_t mark = MP_MARK_NONE, int32_t layer = -1) {
   if (!g_meta_on.load(std::memory_order_relaxed)) {
     return;
   }
   const uint64_t i = g_meta_len.fetch_add(1, std::memory_order_relaxed);
   if (i < kMetaEvents) {
-    g_meta_log[i] = MpMetaEvent{id, bytes, kind, name, mark, 0};
+    g_meta_log[i] = MpMetaEvent{id, bytes, kind, name, mark, layer};
   }
 }
 
@@ -157,11 +157,12 @@ thread_local char tls_script_module[kNameLen] = "";
 std::unique_ptr<at::ObserverContext> meta_op_start(const at::RecordFunction& fn) {
   const char* name = fn.name();
   if (tls_meta_depth++ == 0) {
-    meta_append(MP_META_OP, 0, 0, intern(name));
     bool fits = true;
     if (!script_module_path(tls_script_module, sizeof tls_script_module, &fits) || !fits) {
       tls_script_module[0] = 0;
     }
+    const int32_t layer = tls_script_module[0] != 0 ? intern(tls_script_module) : -1;
+    meta_append(MP_META_OP, 0, 0, intern(name), MP_MARK_NONE, layer);
   }
   return nullptr;
 }
