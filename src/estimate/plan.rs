@@ -98,7 +98,7 @@ impl Plan {
         memory.saturating_sub(self.estimate.peak_reserved)
     }
 
-    /// The levers this plan pulls, in words: `bf16 autocast`, `2 micro-batches of 4`, ...
+    /// The levers this plan pulls, in words: `bf16 autocast`, `2 x micro-batch 4`, ...
     pub fn levers(&self, asked: Optimizer) -> Vec<String> {
         let mut out = Vec::new();
         if let Some(k) = self.cost.lower_precision {
@@ -106,7 +106,7 @@ impl Plan {
         }
         if self.config.accumulate > 1 {
             out.push(format!(
-                "{} micro-batches of {}",
+                "{} x micro-batch {}",
                 self.config.accumulate, self.micro_batch
             ));
         }
@@ -465,17 +465,21 @@ impl fmt::Display for Plans {
         let mut t = Table::new();
         t.load_preset(UTF8_FULL)
             .set_content_arrangement(ContentArrangement::Dynamic)
-            .set_header(vec!["#", "plan", "peak reserved", "margin", "cost"]);
+            .set_header(vec!["#", "plan", "peak reserved", "cost"]);
+        // A lever per line, so that the table reads on a narrow terminal.
         for (i, p) in self.fits.iter().enumerate() {
             t.add_row(vec![
                 (i + 1).to_string(),
-                p.levers(self.optimizer).join(", "),
-                bytes(p.estimate.peak_reserved),
-                bytes(p.margin(self.memory)),
-                p.cost.describe(),
+                p.levers(self.optimizer).join("\n"),
+                format!(
+                    "{}\n{} left",
+                    bytes(p.estimate.peak_reserved),
+                    bytes(p.margin(self.memory))
+                ),
+                p.cost.describe().replace(", ", "\n"),
             ]);
         }
-        for c in [0, 2, 3] {
+        for c in [0, 2] {
             if let Some(col) = t.column_mut(c) {
                 col.set_cell_alignment(CellAlignment::Right);
             }
