@@ -154,9 +154,21 @@ bool uses_cublaslt(const char* name, const at::RecordFunction& fn) {
 // a dry run that fails inside the file).
 thread_local char tls_script_module[kNameLen] = "";
 
+// The cuBLAS kind of each op open on this thread, by nesting depth: decided at the op's
+// start, where its inputs are valid (the dispatcher destroys the boxed inputs after the
+// start callbacks), and logged at its end.
+constexpr int kMaxDepth = 64;
+thread_local int8_t tls_blas_kind[kMaxDepth];
+
 std::unique_ptr<at::ObserverContext> meta_op_start(const at::RecordFunction& fn) {
   const char* name = fn.name();
-  if (tls_meta_depth++ == 0) {
+  const int depth = tls_meta_depth++;
+  if (depth < kMaxDepth) {
+    tls_blas_kind[depth] = !is_cublas_op(name)   ? int8_t(0)
+                           : uses_cublaslt(name, fn) ? int8_t(MP_META_BLASLT)
+                                                     : int8_t(MP_META_BLAS);
+  }
+  if (depth == 0) {
     bool fits = true;
     if (!script_module_path(tls_script_module, sizeof tls_script_module, &fits) || !fits) {
       tls_script_module[0] = 0;
@@ -167,14 +179,50 @@ std::unique_ptr<at::ObserverContext> meta_op_start(const at::RecordFunction& fn)
   return nullptr;
 }
 
+// A meta kernel that sizes its output by resizing an empty tensor (`arange`, `out=`
+// variants) sets the storage's size without the allocator: its bytes would be missing
+// from the trace, though a CUDA run allocates them. Such an output (a meta storage of
+// some bytes and no address) gets a block of the trace allocator here, logged as the
+// op's allocation and freed with the storage.
+void adopt_resized(const at::Tensor& t) {
+  if (!t.defined() || !t.is_meta() || !t.has_storage()) {
+    return;
+  }
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->data_ptr().get() != nullptr || s->nbytes() == 0) {
+    return;
+  }
+  s->set_data_ptr_noswap(meta_allocator()->allocate(s->nbytes()));
+}
+
+void adopt_outputs(const at::RecordFunction& fn) {
+  for (const c10::IValue& v : fn.outputs()) {
+    if (v.isTensor()) {
+      adopt_resized(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) {
+        adopt_resized(t);
+      }
+    } else if (v.isTuple()) {
+      for (const c10::IValue& e : v.toTupleRef().elements()) {
+        if (e.isTensor()) {
+          adopt_resized(e.toTensor());
+        }
+      }
+    }
+  }
+}
+
 // The workspaces are taken inside the op, after its output is allocated: logged at
 // the op's end.
 void meta_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   const char* name = fn.name();
-  if (is_cublas_op(name)) {
-    meta_append(uses_cublaslt(name, fn) ? MP_META_BLASLT : MP_META_BLAS, 0, 0, intern(name));
+  const int depth = --tls_meta_depth;
+  if (depth >= 0 && depth < kMaxDepth && tls_blas_kind[depth] != 0) {
+    meta_append(tls_blas_kind[depth], 0, 0, intern(name));
   }
-  if (--tls_meta_depth == 0) {
+  if (depth == 0) {
+    adopt_outputs(fn);
     meta_append(MP_META_OP_END, 0, 0, intern(name));
   }
 }
@@ -237,6 +285,7 @@ bool meta_begin() {
   g_meta_callback = at::addGlobalCallback(
       at::RecordFunctionCallback(&meta_op_start, &meta_op_end)
           .needsInputs(true)
+          .needsOutputs(true)
           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
   g_meta_on.store(true);
   return true;
