@@ -1,0 +1,374 @@
+//! A small GPT-style decoder written in tch with plain ops (embeddings, linear layers,
+//! layer norm, GELU, causal attention written out with matmul and a masked softmax,
+//! cross-entropy), run for real on the CPU under the profiler's step timeline and
+//! dry-run on the meta device, and the op-by-op comparison of the two runs' live bytes.
+//! Shared by `tests/dry_run_vs_cpu.rs` (the dry run against the CPU run) and
+//! `tests/plan_levers.rs` (the plan's levers against the CPU run). Included with
+//! `#[path = "common/gpt.rs"] mod gpt;` next to `mod common;`.
+#![allow(dead_code)]
+
+use tch::nn::{self, Module, OptimizerConfig};
+use tch::{Device, Kind, Tensor};
+use tch_memprof::estimate::trace::{dry_run_trace, DryRunTrace, Lists, TraceOp};
+use tch_memprof::estimate::{Input, Mode, Model, Optimizer, Options};
+use tch_memprof::{MemoryProfiler, StepProfile};
+
+pub const VOCAB: i64 = 97;
+pub const CONTEXT: i64 = 16;
+pub const DIM: i64 = 32;
+pub const HEADS: i64 = 4;
+pub const LAYERS: i64 = 2;
+
+/// Training steps of both runs; the last one is the one compared (it runs with the
+/// optimizer's state there, as the estimate's second step).
+pub const STEPS: u32 = 2;
+
+#[derive(Debug)]
+struct Block {
+    ln1: nn::LayerNorm,
+    qkv: nn::Linear,
+    proj: nn::Linear,
+    ln2: nn::LayerNorm,
+    fc: nn::Linear,
+    out: nn::Linear,
+}
+
+impl Block {
+    fn new(p: &nn::Path) -> Block {
+        let c = nn::LinearConfig::default();
+        Block {
+            ln1: nn::layer_norm(p / "ln1", vec![DIM], Default::default()),
+            qkv: nn::linear(p / "qkv", DIM, 3 * DIM, c),
+            proj: nn::linear(p / "proj", DIM, DIM, c),
+            ln2: nn::layer_norm(p / "ln2", vec![DIM], Default::default()),
+            fc: nn::linear(p / "fc", DIM, 4 * DIM, c),
+            out: nn::linear(p / "out", 4 * DIM, DIM, c),
+        }
+    }
+
+    fn attention(&self, x: &Tensor) -> Tensor {
+        let (b, t, _) = x.size3().unwrap();
+        let hd = DIM / HEADS;
+        let qkv = self
+            .qkv
+            .forward(x)
+            .view([b, t, 3, HEADS, hd])
+            .permute([2, 0, 3, 1, 4]);
+        let (q, k, v) = (qkv.get(0), qkv.get(1), qkv.get(2));
+        let scores = q.matmul(&k.transpose(-2, -1)) * (1.0 / (hd as f64).sqrt());
+        // True above the diagonal: the future tokens each position must not see.
+        let future = Tensor::ones([t, t], (Kind::Bool, x.device())).triu(1);
+        let scores = scores.masked_fill(&future, f64::NEG_INFINITY);
+        let probs = scores.softmax(-1, None::<Kind>);
+        let y = probs
+            .matmul(&v)
+            .transpose(1, 2)
+            .contiguous()
+            .view([b, t, DIM]);
+        self.proj.forward(&y)
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let x = x + self.attention(&self.ln1.forward(x));
+        let h = self.fc.forward(&self.ln2.forward(&x)).gelu("none");
+        &x + self.out.forward(&h)
+    }
+}
+
+#[derive(Debug)]
+pub struct Gpt {
+    wte: nn::Embedding,
+    wpe: nn::Embedding,
+    blocks: Vec<Block>,
+    ln_f: nn::LayerNorm,
+    head: nn::Linear,
+}
+
+impl Gpt {
+    pub fn new(p: &nn::Path) -> Gpt {
+        Gpt {
+            wte: nn::embedding(p / "wte", VOCAB, DIM, Default::default()),
+            wpe: nn::embedding(p / "wpe", CONTEXT, DIM, Default::default()),
+            blocks: (0..LAYERS).map(|i| Block::new(&(p / "h" / i))).collect(),
+            ln_f: nn::layer_norm(p / "ln_f", vec![DIM], Default::default()),
+            head: nn::linear(
+                p / "head",
+                DIM,
+                VOCAB,
+                nn::LinearConfig {
+                    bias: false,
+                    ..Default::default()
+                },
+            ),
+        }
+    }
+}
+
+impl Module for Gpt {
+    /// Token ids `[batch, tokens]` to logits `[batch * tokens, vocab]`.
+    fn forward(&self, idx: &Tensor) -> Tensor {
+        let (b, t) = idx.size2().unwrap();
+        let pos = Tensor::arange(t, (Kind::Int64, idx.device()));
+        let mut x = self.wte.forward(idx) + self.wpe.forward(&pos);
+        for block in &self.blocks {
+            x = block.forward(&x);
+        }
+        self.head
+            .forward(&self.ln_f.forward(&x))
+            .view([b * t, VOCAB])
+    }
+}
+
+/// Parameters of the decoder by hand.
+pub fn params() -> u64 {
+    let d = DIM as u64;
+    let block =
+        2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d);
+    VOCAB as u64 * d + CONTEXT as u64 * d + LAYERS as u64 * block + 2 * d + d * VOCAB as u64
+}
+
+/// One configuration of the step, run for real and dry-run alike.
+#[derive(Clone, Copy, Debug)]
+pub struct Run {
+    /// Inference, or training with an optimizer.
+    pub mode: Mode,
+    /// The (micro-)batch: sequences of `CONTEXT` tokens per forward pass.
+    pub batch: i64,
+    /// Micro-batches per optimizer step (gradient accumulation; 1: none).
+    pub accumulate: u32,
+    /// CPU autocast's dtype over forward and loss, or none.
+    pub autocast: Option<Kind>,
+}
+
+impl Run {
+    /// Training with `optimizer`, no accumulation, no autocast.
+    pub fn train(optimizer: Optimizer, batch: i64) -> Run {
+        Run {
+            mode: Mode::Train(optimizer),
+            batch,
+            accumulate: 1,
+            autocast: None,
+        }
+    }
+
+    /// Inference at `batch`, no autocast.
+    pub fn inference(batch: i64) -> Run {
+        Run {
+            mode: Mode::Inference,
+            batch,
+            accumulate: 1,
+            autocast: None,
+        }
+    }
+
+    /// The profiled step: the last optimizer step (1 for inference).
+    fn step(&self) -> u32 {
+        match self.mode {
+            Mode::Inference => 1,
+            Mode::Train(_) => STEPS,
+        }
+    }
+
+    /// The dry trace's steps (1-based) that make up the profiled step: the trace counts
+    /// a step per forward pass, so with accumulation an optimizer step is `accumulate`
+    /// trace steps, the optimizer's own ops in the last of them.
+    fn trace_steps(&self) -> std::ops::RangeInclusive<u32> {
+        let k = self.accumulate.max(1);
+        let s = self.step();
+        (s - 1) * k + 1..=s * k
+    }
+}
+
+/// `f` under CPU autocast in `dtype`, or plainly.
+pub fn maybe_autocast<T>(dtype: Option<Kind>, f: impl FnOnce() -> T) -> T {
+    match dtype {
+        Some(k) => tch_memprof::autocast(Device::Cpu, k, f).unwrap(),
+        None => f(),
+    }
+}
+
+/// The optimizer the dry run builds for `o` (`Optimizer::build`, with the same
+/// hyperparameters: momentum 0.9 for SGD with momentum, AdamW's default weight decay).
+fn optimizer(o: Optimizer, vs: &nn::VarStore) -> nn::Optimizer {
+    match o {
+        Optimizer::Sgd => nn::Sgd::default().build(vs, 1e-2),
+        Optimizer::SgdMomentum => nn::Sgd {
+            momentum: 0.9,
+            ..Default::default()
+        }
+        .build(vs, 1e-2),
+        Optimizer::Adam => nn::Adam::default().build(vs, 1e-3),
+        Optimizer::AdamW => nn::AdamW::default().build(vs, 1e-3),
+    }
+    .unwrap()
+}
+
+/// The real CPU run: `STEPS` training steps (or one inference), the last one profiled
+/// with the step timeline.
+///
+/// The loop is the loop the dry run models (`Model::dry_run`): per micro-batch the batch
+/// made, forward and loss (the targets made inside the loss; under autocast when it is
+/// on), `zero_grad` before the first micro-batch's backward only, `backward`; then
+/// `step`. Without accumulation the batch, output and loss live through the optimizer
+/// step and are dropped after it; with accumulation each micro-batch's are dropped right
+/// after its backward (the dry run keeps nothing of a micro-batch across micro-batches
+/// but the gradients).
+pub fn cpu_run(run: &Run) -> StepProfile {
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let gpt = Gpt::new(&vs.root());
+    let steps = run.step();
+    let mut prof = MemoryProfiler::builder(&vs)
+        .print(false)
+        .timeline_step(steps as u64)
+        .build()
+        .unwrap();
+    let tokens = || Tensor::randint(VOCAB, [run.batch, CONTEXT], (Kind::Int64, Device::Cpu));
+    match run.mode {
+        Mode::Train(o) => {
+            let mut opt = optimizer(o, &vs);
+            let k = run.accumulate.max(1);
+            for _ in 0..steps {
+                let mut held = None;
+                for micro in 0..k {
+                    let xs = tokens();
+                    let (loss, out) = maybe_autocast(run.autocast, || {
+                        let out = gpt.forward(&xs);
+                        let loss = {
+                            let target = Tensor::randint(
+                                VOCAB,
+                                [run.batch * CONTEXT],
+                                (Kind::Int64, Device::Cpu),
+                            );
+                            out.cross_entropy_for_logits(&target)
+                        };
+                        (loss, out)
+                    });
+                    if micro == 0 {
+                        opt.zero_grad();
+                    }
+                    loss.backward();
+                    if k == 1 {
+                        held = Some((loss, out, xs));
+                    } else {
+                        drop(loss);
+                        drop(out);
+                        drop(xs);
+                    }
+                }
+                opt.step();
+                drop(held);
+                prof.record_stats();
+            }
+        }
+        Mode::Inference => {
+            let xs = tokens();
+            let y = tch::no_grad(|| maybe_autocast(run.autocast, || gpt.forward(&xs)));
+            drop(y);
+            drop(xs);
+            prof.record_stats();
+        }
+    }
+    assert_eq!(prof.failures(), 0);
+    prof.step_profile().expect("the step was profiled").clone()
+}
+
+/// The dry run of `run`, with CPU autocast's op lists (the real run's).
+pub fn dry_run(run: &Run) -> DryRunTrace {
+    let model = Model::build_on_meta(Gpt::new).unwrap();
+    let options = Options {
+        autocast: run.autocast,
+        accumulate: run.accumulate,
+        steps: STEPS,
+        ..Options::default()
+    };
+    let input = Input::new(&[run.batch, CONTEXT], Kind::Int64);
+    dry_run_trace(&model, &[input], run.mode, &options, Lists::Cpu).unwrap()
+}
+
+/// The ops of the profiled step in both runs, side by side, for the failure messages.
+fn side_by_side(cpu: &StepProfile, dry: &[&TraceOp]) -> String {
+    let n = cpu.rows.len().max(dry.len());
+    (0..n)
+        .map(|i| {
+            let c = cpu.rows.get(i).map_or(String::from("-"), |r| {
+                format!("{} {} {}", r.op, r.phase.name(), r.allocated_bytes)
+            });
+            let d = dry.get(i).map_or(String::from("-"), |o| {
+                format!("{} {} {}", o.op, o.phase.name(), o.live_bytes)
+            });
+            format!("{i:4} | {c:<50} | {d}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The two runs' peaks of the profiled step.
+#[derive(Clone, Debug)]
+pub struct Compared {
+    /// The profiler's peak allocated bytes of the CPU step (weights included).
+    pub cpu: u64,
+    /// The op the CPU's peak was reached in.
+    pub cpu_op: String,
+    /// The dry run's live-byte peak of the same step (weights included; no caching
+    /// allocator).
+    pub dry: u64,
+    /// The highest live bytes the CPU had when an op returned, over the step.
+    pub cpu_op_ends: u64,
+}
+
+/// The dry run against the CPU run of `run`, op by op: every op of the profiled step the
+/// same in both, with the same live bytes when it returned (`arange`'s output included:
+/// on meta it is sized by a resize, which the trace adopts at the op's end); the peaks of
+/// the step in both runs.
+pub fn compare(run: &Run) -> Compared {
+    let _serial = crate::common::serial();
+    let dry = dry_run(run);
+    assert_eq!(dry.weights_bytes, 4 * params());
+    let cpu = cpu_run(run);
+    let steps = run.trace_steps();
+    let dry_ops: Vec<&TraceOp> = dry.ops.iter().filter(|o| steps.contains(&o.step)).collect();
+    let table = side_by_side(&cpu, &dry_ops);
+    // The batch and the targets: `randint` on the CPU, `empty` in the dry run (a meta
+    // tensor of the input's shape; the batch of the step is made before its first mark,
+    // so only the targets' `empty` falls in the step, with a 0-byte `empty` on the CPU
+    // that gives their dtype; with accumulation the later micro-batches' batches too).
+    let cpu_rows: Vec<_> = cpu
+        .rows
+        .iter()
+        .filter(|r| r.op != "aten::randint")
+        .collect();
+    let mut dry_rows: Vec<_> = dry_ops
+        .into_iter()
+        .filter(|o| o.op != "aten::empty")
+        .collect();
+    let train = matches!(run.mode, Mode::Train(_));
+    // After the last step the dry run sets the gradients to none (`zero_grad`), which
+    // the profiled CPU step does not include.
+    if train {
+        let extra = dry_rows.split_off(cpu_rows.len().min(dry_rows.len()));
+        assert!(
+            !extra.is_empty() && extra.iter().all(|o| o.op == "aten::detach_"),
+            "{table}"
+        );
+    }
+    assert_eq!(cpu_rows.len(), dry_rows.len(), "{table}");
+    for (i, (c, d)) in cpu_rows.iter().zip(&dry_rows).enumerate() {
+        // Ops by name only: the phases are drawn differently (the dry run marks backward
+        // before `zero_grad`, the profiler when the first autograd node runs).
+        assert_eq!(c.op, d.op, "op {i}\n{table}");
+        assert_eq!(c.allocated_bytes, d.live_bytes, "op {i} {}\n{table}", c.op);
+    }
+    let dry_peak = steps.map(|s| dry.step_peaks[s as usize - 1]).max().unwrap();
+    let compared = Compared {
+        cpu: cpu.peak.bytes,
+        cpu_op: cpu.peak.op.clone(),
+        dry: dry_peak,
+        cpu_op_ends: cpu.rows.iter().map(|r| r.allocated_bytes).max().unwrap(),
+    };
+    eprintln!(
+        "{run:?}: CPU peak {} B in {} (highest at an op's end {} B); dry run {} B",
+        compared.cpu, compared.cpu_op, compared.cpu_op_ends, compared.dry
+    );
+    compared
+}
