@@ -136,6 +136,13 @@ fn the_exit_status_says_whether_a_plan_fits() {
         assert!(err.contains(says), "{err}");
     }
 
+    // CSV with nothing that fits: no row, the reason on standard error, exit 1.
+    let none_csv = cli(&[&base[..], &["--memory", "20MiB", "--csv"]].concat());
+    assert_eq!(none_csv.status.code(), Some(1));
+    let err = text(&none_csv.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("nothing fits in 20.00 MiB"), "{err}");
+
     let csv = cli(&[&base[..], &["--memory", "4GiB", "--csv"]].concat());
     assert_eq!(csv.status.code(), Some(0));
     let mut r = csv::Reader::from_reader(csv.stdout.as_slice());

@@ -422,7 +422,7 @@ pub struct NotModelled {
 }
 
 /// The CUDA allocations that are not modelled, with their likely size.
-pub const NOT_MODELLED: [NotModelled; 3] = [
+pub const NOT_MODELLED: [NotModelled; 4] = [
     NotModelled {
         what: "cuDNN convolution workspaces",
         likely: "chosen by cuDNN's heuristics at run time, allocated through the caching \
@@ -433,6 +433,14 @@ pub const NOT_MODELLED: [NotModelled; 3] = [
     NotModelled {
         what: "cuDNN batch-norm reserve space and workspace (training)",
         likely: "sized by cuDNN at run time; usually zero or small next to the activations",
+    },
+    NotModelled {
+        what: "attention workspaces",
+        likely: "the memory-efficient kernel's backward workspace (set by the kernel \
+                 picked for the GPU and head size; for f16/bf16 about an f32 copy of the \
+                 query's gradient), cuDNN attention's workspace and flash attention's \
+                 split-KV buffers (inference at small batch x heads): taken inside the \
+                 attention call and freed",
     },
     NotModelled {
         what: "the CUDA context",

@@ -34,6 +34,8 @@ pub struct Model {
     weights_bytes: u64,
     /// The model's name in messages: its file name, its built-in name, or `tch model`.
     label: String,
+    /// The attention calls of the last dry run, by backend.
+    last_attention: std::cell::Cell<AttentionRuns>,
 }
 
 impl std::fmt::Debug for Model {
@@ -189,6 +191,7 @@ impl Model {
             weights,
             weights_bytes,
             label: "tch model".to_string(),
+            last_attention: Default::default(),
         })
     }
 
@@ -249,6 +252,7 @@ impl Model {
             weights,
             weights_bytes,
             label: "tch model".to_string(),
+            last_attention: Default::default(),
         })
     }
 
@@ -284,6 +288,7 @@ impl Model {
             label: path
                 .file_name()
                 .map_or(path.display().to_string(), |f| f.to_string_lossy().into()),
+            last_attention: Default::default(),
         })
     }
 
@@ -367,8 +372,17 @@ impl Model {
                 reason: "the model needs at least one input shape".into(),
             });
         }
-        ffi::meta_attention_set(options.gpu.sm as i32, options.attention.native())?;
+        if !(10..=199).contains(&options.gpu.sm) {
+            return Err(Error::InvalidInput {
+                name: "GPU compute capability",
+                value: options.gpu.sm.to_string(),
+                reason: "write it as major * 10 + minor (80 for 8.0, 90 for 9.0)".into(),
+            });
+        }
+        // Set once this trace is ours (one trace per process at a time), read before it
+        // ends: no other dry run can change them in between.
         let trace = Trace::begin()?;
+        ffi::meta_attention_set(options.gpu.sm as i32, options.attention.native())?;
         match mode {
             Mode::Inference => {
                 self.set_train(false)?;
@@ -432,6 +446,13 @@ impl Model {
                 result?;
             }
         }
+        let [flash, efficient, cudnn, math] = ffi::meta_attention_runs()?;
+        self.last_attention.set(AttentionRuns {
+            flash,
+            efficient,
+            cudnn,
+            math,
+        });
         trace.finish()
     }
 
@@ -460,6 +481,7 @@ impl Model {
                 e.batch = inputs.first().map_or(1, Input::batch);
                 e.weights_bytes = self.weights_bytes;
                 e.elapsed = traced + replayed.elapsed();
+                e.attention = self.last_attention.get();
                 Ok(e)
             })
             .collect()
@@ -470,14 +492,8 @@ impl Model {
     pub fn estimate(&self, inputs: &[Input], mode: Mode, options: &Options) -> Result<Estimate> {
         let start = Instant::now();
         let run = self.dry_run(inputs, mode, options)?;
-        let [flash, efficient, cudnn, math] = ffi::meta_attention_runs()?;
         let mut e = replay(&self.weights, &run, options)?;
-        e.attention = AttentionRuns {
-            flash,
-            efficient,
-            cudnn,
-            math,
-        };
+        e.attention = self.last_attention.get();
         e.mode = mode;
         e.batch = inputs.first().map_or(1, Input::batch);
         e.weights_bytes = self.weights_bytes;

@@ -100,19 +100,13 @@ impl Plan {
 
     /// The levers this plan pulls, in words: `bf16 autocast`, `2 x micro-batch 4`, ...
     pub fn levers(&self, asked: Optimizer) -> Vec<String> {
-        let mut out = Vec::new();
-        if let Some(k) = self.cost.lower_precision {
-            out.push(format!("{} autocast", dtype_name(k)));
-        }
-        if self.config.accumulate > 1 {
-            out.push(format!(
-                "{} x micro-batch {}",
-                self.config.accumulate, self.micro_batch
-            ));
-        }
-        if self.config.optimizer != asked {
-            out.push(format!("optimizer {}", self.config.optimizer.name()));
-        }
+        let mut out = lever_words(
+            self.cost.lower_precision,
+            self.config.accumulate,
+            self.micro_batch,
+            self.config.optimizer,
+            asked,
+        );
         if !self.config.allocator_conf.is_empty() {
             out.push(self.config.allocator_conf.clone());
         }
@@ -120,6 +114,23 @@ impl Plan {
             out.push("as is".to_string());
         }
         out
+    }
+
+    fn describe_levers(
+        autocast: Option<Kind>,
+        accumulate: u32,
+        micro: i64,
+        optimizer: Optimizer,
+        asked: Optimizer,
+        asked_autocast: Option<Kind>,
+    ) -> String {
+        let lower = autocast.filter(|_| asked_autocast.is_none());
+        let words = lever_words(lower, accumulate, micro, optimizer, asked);
+        if words.is_empty() {
+            "as is".to_string()
+        } else {
+            words.join(", ")
+        }
     }
 
     /// How to apply it in a tch training loop, a line per lever.
@@ -137,9 +148,13 @@ impl Plan {
             ));
         }
         if self.config.accumulate > 1 {
+            // The loop the estimate ran: one micro-batch on the GPU at a time, gradients
+            // set to none at the first backward, one optimizer step per batch.
             out.push(format!(
-                "opt.zero_grad(); for xs in batch.split({}, 0) {{ (loss(&xs) / {}.).backward(); }} opt.step();",
-                self.micro_batch, self.config.accumulate
+                "for (i, xs) in micro_batches.enumerate() {{ let loss = loss_fn(&model.forward_t(&xs, true)) / {k}.; if i % {k} == 0 {{ opt.zero_grad(); }} loss.backward(); if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}",
+                k = self.config.accumulate,
+                last = self.config.accumulate - 1,
+                micro = self.micro_batch
             ));
         }
         if self.config.optimizer != asked {
@@ -150,6 +165,26 @@ impl Plan {
         }
         out
     }
+}
+
+fn lever_words(
+    lower_precision: Option<Kind>,
+    accumulate: u32,
+    micro: i64,
+    optimizer: Optimizer,
+    asked: Optimizer,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(k) = lower_precision {
+        out.push(format!("{} autocast", dtype_name(k)));
+    }
+    if accumulate > 1 {
+        out.push(format!("{accumulate} x micro-batch {micro}"));
+    }
+    if optimizer != asked {
+        out.push(format!("optimizer {}", optimizer.name()));
+    }
+    out
 }
 
 fn dtype_name(k: Kind) -> &'static str {
@@ -227,6 +262,9 @@ pub struct Plans {
     pub smallest: Option<Plan>,
     /// Dry runs made.
     pub dry_runs: u32,
+    /// Configurations whose dry run failed (an op the autocast dtype refuses), with why:
+    /// left out of the search.
+    pub skipped: Vec<String>,
 }
 
 /// How many plans that fit a search returns at most.
@@ -331,6 +369,7 @@ impl Model {
         let mut fits: Vec<Plan> = Vec::new();
         let mut smallest: Option<Plan> = None;
         let mut dry_runs = 0;
+        let mut skipped = Vec::new();
         for (o, k, a) in configs {
             if fits.len() >= MAX_PLANS {
                 break;
@@ -344,8 +383,19 @@ impl Model {
             };
             let settings: Vec<AllocatorConfig> =
                 allocators.iter().map(|(_, c)| c.clone()).collect();
-            let estimates = self.estimate_each(&xs, Mode::Train(o), &opts, &settings)?;
+            let first = dry_runs == 0;
             dry_runs += 1;
+            let estimates = match self.estimate_each(&xs, Mode::Train(o), &opts, &settings) {
+                Ok(e) => e,
+                // The step as asked fails: the model does, say so. A lever's
+                // configuration fails (an op autocast refuses): skip it, say why.
+                Err(e) if first => return Err(e),
+                Err(e) => {
+                    let what = Plan::describe_levers(a, k, micro, o, optimizer, options.autocast);
+                    skipped.push(format!("{what}: {e}"));
+                    continue;
+                }
+            };
             let mut tried: Vec<Plan> = allocators
                 .iter()
                 .zip(estimates)
@@ -399,6 +449,7 @@ impl Model {
             smallest: if fits.is_empty() { smallest } else { None },
             fits,
             dry_runs,
+            skipped,
         })
     }
 }
@@ -426,6 +477,40 @@ impl Cost {
     }
 }
 
+impl Plans {
+    /// When no plan fits: one line with the smallest peak reserved any plan reached, its
+    /// levers and what dominates its peak allocated (weights, gradients, optimizer state,
+    /// activations). `None` when a plan fits.
+    pub fn nothing_fits(&self) -> Option<String> {
+        use crate::format::bytes;
+
+        if !self.fits.is_empty() {
+            return None;
+        }
+        let mut line = format!("nothing fits in {}", bytes(self.memory));
+        if let Some(p) = &self.smallest {
+            let parts = breakdown(p);
+            let (what, _) = parts
+                .iter()
+                .max_by_key(|(_, b)| *b)
+                .copied()
+                .unwrap_or((Dominant::Activations, 0));
+            let list: Vec<String> = parts
+                .iter()
+                .map(|(d, b)| format!("{d} {}", bytes(*b)))
+                .collect();
+            line.push_str(&format!(
+                ": the smallest peak reserved of any plan is {} ({}), dominated by {what} ({} of {} allocated)",
+                bytes(p.estimate.peak_reserved),
+                p.levers(self.optimizer).join(", "),
+                list.join(", "),
+                bytes(p.estimate.peak_allocated)
+            ));
+        }
+        Some(line)
+    }
+}
+
 impl fmt::Display for Plans {
     /// The plans that fit as a table (cheapest first) and the code of the first; or,
     /// when none fits, the smallest peak reached and what dominates it.
@@ -434,33 +519,11 @@ impl fmt::Display for Plans {
 
         use crate::format::bytes;
 
-        if self.fits.is_empty() {
-            write!(f, "nothing fits in {}", bytes(self.memory))?;
-            if let Some(p) = &self.smallest {
-                let parts = breakdown(p);
-                let (what, _) = parts
-                    .iter()
-                    .max_by_key(|(_, b)| *b)
-                    .copied()
-                    .unwrap_or((Dominant::Activations, 0));
-                write!(
-                    f,
-                    ": the smallest peak reserved of any plan is {} ({}), dominated by {what}",
-                    bytes(p.estimate.peak_reserved),
-                    p.levers(self.optimizer).join(", "),
-                )?;
-                let list: Vec<String> = parts
-                    .iter()
-                    .map(|(d, b)| format!("{d} {}", bytes(*b)))
-                    .collect();
-                write!(
-                    f,
-                    " ({} of {} allocated)",
-                    list.join(", "),
-                    bytes(p.estimate.peak_allocated)
-                )?;
-            }
-            return writeln!(f);
+        for why in &self.skipped {
+            writeln!(f, "skipped ({why})")?;
+        }
+        if let Some(line) = self.nothing_fits() {
+            return writeln!(f, "{line}");
         }
         let mut t = Table::new();
         t.load_preset(UTF8_FULL)

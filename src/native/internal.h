@@ -2,7 +2,10 @@
 // FFI: the contract with Rust is memprof.h.
 //
 // Hot-path rules (the allocation hooks and op callbacks run millions of times):
-// - atomics only: no lock, no heap allocation, no I/O, no unbounded wait;
+// - atomics only: no lock, no heap allocation, no I/O, no unbounded wait (one exception:
+//   while TorchScript runs in the profiled step or a dry run, the op callback asks the
+//   interpreter for the module path, a malloc'd vector of strings, never through the
+//   watched allocator);
 // - never allocate through the allocator being watched (HookScope counts re-entries,
 //   and the tests require the count to stay 0);
 // - the CUDA reporter runs under the caching allocator's lock: it never calls back

@@ -18,7 +18,10 @@
 //   values (a traced `size // heads` divides by one).
 //
 // The trace is for the estimator's dry runs, never for a user's training loop; its
-// allocator and op callback still keep the hot-path rules (atomics, no lock, no heap).
+// allocator and op callback still keep the hot-path rules (atomics, no lock, no heap),
+// with one exception: while a TorchScript file runs, the op callback asks the
+// interpreter for its module path (a vector of strings, malloc'd, never through the
+// watched allocator; nothing when no TorchScript runs).
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>

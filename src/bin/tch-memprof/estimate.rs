@@ -39,8 +39,9 @@ pub struct EstimateArgs {
     /// Batch sizes to estimate (they replace the first size of every input): 1,8,32.
     #[arg(long, value_delimiter = ',')]
     batch_sizes: Vec<i64>,
-    /// The GPU (its cuBLAS workspace, and its memory for --memory): h100, a100-80gb,
-    /// rtx4090, ... Default: a GPU before Hopper of unknown memory.
+    /// The GPU (its cuBLAS workspace, its compute capability, which picks the attention
+    /// kernels, and its memory for --memory): h100, a100-80gb, rtx4090, ... Default: a
+    /// GPU before Hopper of unknown memory, compute capability 8.0.
     #[arg(long)]
     gpu: Option<String>,
     /// Find the largest batch whose predicted peak reserved fits: a size (80GiB, 24GB)

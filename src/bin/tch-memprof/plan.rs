@@ -31,7 +31,8 @@ pub struct PlanArgs {
     /// a GPU name (its memory less 1 GiB for the CUDA context).
     #[arg(long)]
     memory: String,
-    /// The GPU (cuBLAS workspace, bfloat16 or not); default: the one --memory names.
+    /// The GPU (its cuBLAS workspace, its attention kernels, bfloat16 or not); default:
+    /// the one --memory names, else a GPU of compute capability 8.0.
     #[arg(long)]
     gpu: Option<String>,
     /// The effective batch to keep (replaces the first size of every input).
@@ -112,7 +113,12 @@ pub fn run(a: &PlanArgs) -> ExitCode {
     let label = model.label().to_string();
     if a.csv {
         return match write_csv(&label, &plans) {
-            Ok(()) if plans.fits.is_empty() => ExitCode::from(1),
+            Ok(()) if plans.fits.is_empty() => {
+                if let Some(line) = plans.nothing_fits() {
+                    eprintln!("tch-memprof: {line}");
+                }
+                ExitCode::from(1)
+            }
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(format!("writing CSV to standard output: {e}")),
         };
@@ -151,7 +157,7 @@ fn row<'a>(label: &'a str, rank: usize, p: &'a Plan, plans: &Plans) -> CsvRow<'a
         autocast: match p.config.autocast {
             Some(tch::Kind::BFloat16) => "bf16",
             Some(tch::Kind::Half) => "f16",
-            _ => "",
+            _ => "off",
         },
         optimizer: p.config.optimizer.name(),
         pytorch_cuda_alloc_conf: &p.config.allocator_conf,
