@@ -7,20 +7,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::{cli, text};
 use tch::Kind;
 use tch_memprof::estimate::{Input, Mode, Model, Options};
-
-fn cli(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tch-memprof"))
-        .args(args)
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-        .output()
-        .expect("runs tch-memprof")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// torchvision's published `num_params` of `alexnet` (no buffers: no batch norm).
 const ALEXNET_NUM_PARAMS: u64 = 61_100_840;

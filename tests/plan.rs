@@ -4,22 +4,9 @@
 
 mod common;
 
-use std::process::{Command, Output};
-
+use common::{cli, text};
 use tch::Kind;
 use tch_memprof::estimate::{Input, Mode, Model, Optimizer, Options};
-
-fn cli(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tch-memprof"))
-        .args(args)
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-        .output()
-        .expect("runs tch-memprof")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 const MIB: u64 = 1 << 20;
 

@@ -126,3 +126,17 @@ pub fn gpu_not_run(what: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "NOT RUN: {what}");
 }
+
+/// Runs the `tch-memprof` command with `args` (without `PYTORCH_CUDA_ALLOC_CONF`).
+pub fn cli(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_tch-memprof"))
+        .args(args)
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .output()
+        .expect("runs tch-memprof")
+}
+
+/// Bytes of a command's output as text.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
