@@ -31,6 +31,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <array>
 #include <cstring>
@@ -102,6 +103,9 @@ const Entry kCuda[] = {
     {"tan", "", kFp32}, {"pow", "Tensor_Scalar", kFp32}, {"pow", "Tensor_Tensor", kFp32},
     {"pow", "Scalar", kFp32}, {"softplus", "", kFp32}, {"layer_norm", "", kFp32},
     {"native_layer_norm", "", kFp32}, {"group_norm", "", kFp32},
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+    {"rms_norm", "", kFp32},  // CUDA's fp32 list from 2.13 on
+#endif
     {"frobenius_norm", "dim", kFp32}, {"nuclear_norm", "", kFp32},
     {"nuclear_norm", "dim", kFp32}, {"cosine_similarity", "", kFp32},
     {"poisson_nll_loss", "", kFp32}, {"cosine_embedding_loss", "", kFp32},
@@ -488,7 +492,13 @@ std::string listing(int32_t which) {
   std::string out;
   if (which == MP_AUTOCAST_LIST_CUDA || which == MP_AUTOCAST_LIST_CPU) {
     const List l = list_of(which);
+    auto& d = c10::Dispatcher::singleton();
     for (size_t i = 0; i < l.n; ++i) {
+      // Overloads this libtorch no longer has (the named-tensor ones, gone in 2.13).
+      if (!d.findSchema({std::string("aten::") + l.begin[i].name, l.begin[i].overload})
+               .has_value()) {
+        continue;
+      }
       out += op_name(l.begin[i]);
       out += ' ';
       out += policy_name(l.begin[i].policy);
