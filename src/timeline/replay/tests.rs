@@ -1,0 +1,173 @@
+//! Tests of the step replay: block categories, an incomplete profile, TorchScript module paths.
+
+use super::*;
+
+#[test]
+fn torchscript_paths_find_back_the_containers_never_called() {
+    let vars: Vec<VarEntry> = [
+        "embeddings",
+        "encoder.layer.0.attention.query",
+        "encoder.layer.1.attention.query",
+        "layer1.0.conv1",
+        "heads.a.proj",
+        "heads.b.proj",
+    ]
+    .iter()
+    .map(|l| VarEntry {
+        layer: l.to_string(),
+        bytes: 4,
+    })
+    .collect();
+    let m = module_paths(&vars);
+    for (interpreter, named) in [
+        (
+            "encoder.0.attention.query",
+            "encoder.layer.0.attention.query",
+        ),
+        ("encoder.1.attention", "encoder.layer.1.attention"),
+        // Called modules, and modules without variables below a known one.
+        ("layer1.0", "layer1.0"),
+        ("layer1.0.relu", "layer1.0.relu"),
+        ("embeddings", "embeddings"),
+        // A ModuleDict's entry is found by its key.
+        ("heads.b.proj", "heads.b.proj"),
+        ("b.proj", "heads.b.proj"),
+        // Nothing fits: the interpreter's name.
+        ("decoder.0", "decoder.0"),
+    ] {
+        assert_eq!(module_path(interpreter, &m), named, "{interpreter}");
+    }
+}
+
+fn alloc(ptr: u64, bytes: i64, generation: u32, phase: u8, op: i32) -> TlEvent {
+    TlEvent {
+        kind: ev::ALLOC,
+        phase,
+        generation,
+        op,
+        ptr,
+        value: bytes,
+        ..TlEvent::default()
+    }
+}
+fn free(ptr: u64, bytes: i64, generation: u32, phase: u8, op: i32) -> TlEvent {
+    TlEvent {
+        kind: ev::FREE,
+        phase,
+        generation,
+        op,
+        ptr,
+        value: -bytes,
+        ..TlEvent::default()
+    }
+}
+fn begin(op: i32, phase: u8, var: i64) -> TlEvent {
+    TlEvent {
+        kind: ev::OP_BEGIN,
+        phase,
+        op,
+        aux: -1,
+        value: var,
+        ..TlEvent::default()
+    }
+}
+fn end(op: i32, phase: u8, live: i64) -> TlEvent {
+    TlEvent {
+        kind: ev::OP_END,
+        phase,
+        op,
+        aux: -1,
+        value: live,
+        ..TlEvent::default()
+    }
+}
+fn phase(generation: u32, p: u8) -> TlEvent {
+    TlEvent {
+        kind: ev::PHASE,
+        phase: p,
+        generation,
+        op: -1,
+        ..TlEvent::default()
+    }
+}
+
+/// A hand-made iteration: weights 100 B at start, grads 10 B from the last
+/// iteration (freed in forward), forward keeps 40 B and frees a 5 B temporary,
+/// backward makes a 100 B gradient and a 7 B activation gradient, the optimizer
+/// makes 200 B of state and a 3 B temporary.
+#[test]
+fn replay_classifies_blocks_by_what_became_of_them() {
+    let start = StepStart {
+        generation: 10,
+        live: 100 + 10 + 1,
+        param: HashMap::from([(1, 100)]),
+        grad: HashMap::from([(2, 10)]),
+        ..StepStart::default()
+    };
+    let events = vec![
+        begin(0, 0, 0),
+        alloc(10, 40, 10, 0, 0),
+        alloc(11, 5, 10, 0, 0),
+        free(11, 5, 10, 0, 0),
+        free(2, 10, 5, 1, 0),
+        end(0, 0, 141),
+        phase(11, 1),
+        begin(1, 1, -1),
+        alloc(20, 100, 11, 1, 1),
+        alloc(21, 7, 11, 1, 1),
+        free(21, 7, 11, 1, 1),
+        free(10, 40, 10, 0, 1),
+        end(1, 1, 201),
+        phase(12, 2),
+        begin(2, 2, 0),
+        alloc(30, 200, 12, 2, 2),
+        alloc(31, 3, 12, 2, 2),
+        free(31, 3, 12, 2, 2),
+        end(2, 2, 401),
+    ];
+    let vars = vec![VarEntry {
+        layer: "fc".into(),
+        bytes: 100,
+    }];
+    let p = replay(&events, false, &start, 0, &vars, &mut Names::default());
+    assert!(p.complete);
+    assert_eq!(p.rows.len(), 3);
+    let r0 = &p.rows[0].bytes;
+    assert_eq!(r0.get(Category::Param), 100);
+    assert_eq!(r0.get(Category::Act), 40);
+    assert_eq!(r0.get(Category::Grad), 0);
+    assert_eq!(r0.get(Category::Other), 1);
+    assert_eq!(r0.total(), 141);
+    let r1 = &p.rows[1].bytes;
+    assert_eq!(r1.get(Category::Grad), 100);
+    assert_eq!(r1.get(Category::Act), 0);
+    assert_eq!(r1.total(), 201);
+    let r2 = &p.rows[2].bytes;
+    assert_eq!(r2.get(Category::Opt), 200);
+    assert_eq!(r2.total(), 401);
+    // Peak: 100 + 100 + 1 + 200 + 3 during the optimizer op.
+    assert_eq!(p.peak.bytes, 404);
+    assert_eq!(p.peak.breakdown.get(Category::Temp), 3);
+    assert_eq!(p.peak.op_index, Some(2));
+    assert_eq!(p.peak.phase, Some(Phase::Optimizer));
+    // Category maxima: TEMP saw 7 B in backward.
+    assert_eq!(p.category_max.get(Category::Temp), 7);
+    assert_eq!(p.category_max.get(Category::Act), 40);
+    assert_eq!(p.category_max.get(Category::Grad), 100);
+    // Layers: op 0 read variable 0 ("fc"); op 1 has no link and follows op 0.
+    let fc = p.layers.iter().find(|l| l.layer == "fc").unwrap();
+    assert_eq!(fc.activation_bytes, 40);
+    assert_eq!(fc.parameters_bytes, 100);
+    assert_eq!(p.phase_boundaries(), (Some(1), Some(2)));
+}
+
+#[test]
+fn a_freed_block_of_unknown_birth_marks_the_profile_incomplete() {
+    let start = StepStart {
+        generation: 10,
+        ..StepStart::default()
+    };
+    let events = vec![free(99, 8, 10, 0, -1)];
+    let p = replay(&events, false, &start, 0, &[], &mut Names::default());
+    assert!(!p.complete);
+}
