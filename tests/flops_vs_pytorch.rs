@@ -108,6 +108,10 @@ fn a_gpt_training_step_counts_the_flops_pytorch_counts_within_1_percent() {
         ("backward", backward, torch_backward),
     ] {
         let off = (ours - theirs).abs() / theirs;
+        eprintln!(
+            "{what}: step anatomy {ours} FLOPs, FlopCounterMode {theirs} ({:+.2}%)",
+            100.0 * (ours - theirs) / theirs
+        );
         assert!(
             off < 0.01,
             "{what}: step anatomy {ours} vs FlopCounterMode {theirs} ({:.2}% off)",
