@@ -85,6 +85,30 @@ pub fn autocast<T>(device: Device, dtype: Kind, f: impl FnOnce() -> T) -> Result
     Ok(f())
 }
 
+/// Runs `f` in the estimator's autocast on the meta device, with the op lists `list`
+/// (`native::AUTOCAST_LIST_*`), for the dry run of a mixed-precision step.
+pub(crate) fn meta_autocast<T>(list: i32, dtype: Kind, f: impl FnOnce() -> T) -> Result<T> {
+    struct Region;
+    impl Drop for Region {
+        fn drop(&mut self) {
+            if let Err(e) = ffi::meta_autocast_end() {
+                log::error!("tch-memprof: ending the dry run's autocast failed: {e}");
+            }
+        }
+    }
+    let code = scalar_type(dtype).ok_or_else(|| Error::InvalidInput {
+        name: "autocast",
+        value: format!("{dtype:?}"),
+        reason: "autocast computes in BFloat16 or Half".into(),
+    })?;
+    ffi::meta_autocast_begin(list, code)?;
+    let _region = Region;
+    Ok(f())
+}
+
+/// The dry run's hook that marks where backward begins.
+type Mark<'a> = Box<dyn Fn() -> Result<()> + 'a>;
+
 type Segment<'a> = Box<dyn Fn(&Tensor, bool) -> Tensor + 'a>;
 
 /// A model run as a chain of segments (each takes one tensor and returns one), trained
@@ -119,10 +143,15 @@ type Segment<'a> = Box<dyn Fn(&Tensor, bool) -> Tensor + 'a>;
 /// recomputation, then set to where the plain run would have left it.
 pub struct Checkpointed<'a> {
     segments: Vec<Segment<'a>>,
+    /// Per segment: kept (run with its graph, not recomputed) rather than checkpointed.
+    kept: Vec<bool>,
     buffers: Vec<Tensor>,
     device: Device,
     mixed_precision: Option<Kind>,
     preserve_rng: bool,
+    /// In the estimator's dry run on the meta device: autocast's op lists to apply there
+    /// (`native::AUTOCAST_LIST_*`), and the hook that marks where backward begins.
+    dry_run: Option<(i32, Mark<'a>)>,
 }
 
 impl<'a> Checkpointed<'a> {
@@ -141,16 +170,41 @@ impl<'a> Checkpointed<'a> {
             .collect();
         Checkpointed {
             segments: Vec::new(),
+            kept: Vec::new(),
             buffers,
             device: vs.device(),
             mixed_precision: None,
             preserve_rng: true,
+            dry_run: None,
         }
     }
 
-    /// Appends a segment: `f(input, train)` returns its output.
+    /// Appends a segment: `f(input, train)` returns its output. Checkpointed unless it
+    /// is the last: its activations are dropped after the forward pass and recomputed
+    /// in backward.
     pub fn segment(mut self, f: impl Fn(&Tensor, bool) -> Tensor + 'a) -> Self {
         self.segments.push(Box::new(f));
+        self.kept.push(false);
+        self
+    }
+
+    /// Appends a segment that is not checkpointed: it runs with its graph in the forward
+    /// pass and keeps its activations for backward, as without checkpointing (no
+    /// recomputation). Mixing kept and checkpointed segments (every second block
+    /// checkpointed, say) trades memory for compute between the two extremes.
+    pub fn segment_kept(mut self, f: impl Fn(&Tensor, bool) -> Tensor + 'a) -> Self {
+        self.segments.push(Box::new(f));
+        self.kept.push(true);
+        self
+    }
+
+    /// The estimator's dry run: the segments run on the meta device, under the meta
+    /// trace's autocast with the op lists `list` when mixed precision is on; `mark` is
+    /// called once, right before the first backward call; no generator state is saved
+    /// (a CUDA run saves it on the host).
+    pub(crate) fn for_dry_run(mut self, list: i32, mark: impl Fn() -> Result<()> + 'a) -> Self {
+        self.dry_run = Some((list, Box::new(mark)));
+        self.preserve_rng = false;
         self
     }
 
@@ -179,9 +233,10 @@ impl<'a> Checkpointed<'a> {
     }
 
     fn amp<T>(&self, f: impl FnOnce() -> T) -> Result<T> {
-        match self.mixed_precision {
-            Some(dtype) => autocast(self.device, dtype, f),
-            None => Ok(f()),
+        match (self.mixed_precision, &self.dry_run) {
+            (Some(dtype), Some((list, _))) => meta_autocast(*list, dtype, f),
+            (Some(dtype), None) => autocast(self.device, dtype, f),
+            (None, _) => Ok(f()),
         }
     }
 
@@ -195,6 +250,16 @@ impl<'a> Checkpointed<'a> {
             }
             h
         })
+    }
+
+    /// The input of segment `i` with a graph: `x` itself for the first, else boundary
+    /// `i` detached, requiring a gradient.
+    fn boundary(&self, x: &Tensor, bounds: &[Tensor], i: usize) -> Tensor {
+        if i == 0 {
+            x.shallow_clone()
+        } else {
+            bounds[i].detach().set_requires_grad(true)
+        }
     }
 
     /// One training step's forward and backward with checkpointing: gradients are
@@ -215,16 +280,27 @@ impl<'a> Checkpointed<'a> {
             });
         }
         // 1. Forward without graphs, keeping the boundaries (and the generator state
-        //    each checkpointed segment started from).
+        //    each checkpointed segment started from); a kept segment runs with its graph
+        //    from a detached input, its input and output held for step 3.
         let mut bounds: Vec<Tensor> = vec![x.shallow_clone()];
         let mut rng: Vec<Option<Tensor>> = Vec::with_capacity(n);
+        let mut kept: Vec<Option<(Tensor, Tensor)>> = Vec::with_capacity(n);
         for i in 0..n - 1 {
+            if self.kept[i] {
+                rng.push(None);
+                let input = self.boundary(x, &bounds, i);
+                let y = self.amp(|| (self.segments[i])(&input, true))?;
+                bounds.push(y.detach());
+                kept.push(Some((input, y)));
+                continue;
+            }
             rng.push(match self.preserve_rng {
                 true => Some(ffi::rng_state(self.device)?),
                 false => None,
             });
             let y = tch::no_grad(|| self.amp(|| (self.segments[i])(&bounds[i], true)))?;
             bounds.push(y);
+            kept.push(None);
         }
 
         // 2. The last segment and the loss, with a graph.
@@ -240,6 +316,9 @@ impl<'a> Checkpointed<'a> {
                 value: format!("a tensor of shape {:?}", loss.size()),
                 reason: "the loss closure must return a scalar".into(),
             });
+        }
+        if let Some((_, mark)) = &self.dry_run {
+            mark()?;
         }
         loss.f_backward()
             .map_err(|e| Error::Native(format!("backward of the last segment: {e}")))?;
@@ -262,15 +341,17 @@ impl<'a> Checkpointed<'a> {
                 // Nothing upstream of this boundary depends on a parameter.
                 break;
             }
-            if let Some(state) = &rng[i] {
-                ffi::set_rng_state(self.device, state)?;
-            }
-            let input = if i == 0 {
-                x.shallow_clone()
-            } else {
-                bounds[i].detach().set_requires_grad(true)
+            let (input, out) = match kept[i].take() {
+                Some(held) => held,
+                None => {
+                    if let Some(state) = &rng[i] {
+                        ffi::set_rng_state(self.device, state)?;
+                    }
+                    let input = self.boundary(x, &bounds, i);
+                    let out = self.amp(|| (self.segments[i])(&input, true))?;
+                    (input, out)
+                }
             };
-            let out = self.amp(|| (self.segments[i])(&input, true))?;
             bounds.truncate(i);
             if out.requires_grad() {
                 (out * &g)

@@ -406,3 +406,47 @@ fn without_rng_replay_dropout_gradients_differ() {
     eprintln!("largest relative gradient difference without RNG replay: {worst:e}");
     assert!(worst > 1e-3, "{worst:e}");
 }
+
+/// Kept segments (`segment_kept`) between checkpointed ones: every second block keeps
+/// its activations, the others are recomputed. Gradients equal the plain run's, and the
+/// step keeps more than checkpointing every block and less than no checkpointing (the
+/// dry run's byte-exact comparison of the same loop is `tests/plan_levers.rs`).
+#[test]
+fn kept_segments_between_checkpointed_ones_give_the_plain_gradients() {
+    let _s = common::serial();
+    tch::manual_seed(3);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let bl = blocks(&vs);
+    let mixed = bl
+        .iter()
+        .enumerate()
+        .fold(Checkpointed::new(&vs), |c, (i, b)| {
+            let f = move |x: &Tensor, _train: bool| b.forward(x);
+            if i % 2 == 0 {
+                c.segment(f)
+            } else {
+                c.segment_kept(f)
+            }
+        });
+    let x = Tensor::randn([B, D], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let y = Tensor::randint(D, [B], (Kind::Int64, Device::Cpu));
+
+    let loss = mixed
+        .forward_t(&x, true)
+        .unwrap()
+        .cross_entropy_for_logits(&y);
+    loss.backward();
+    let plain = grads(&vs);
+    let plain_x = x.grad().copy();
+    zero_grads(&vs);
+    let _ = x.grad().zero_();
+    let loss_ck = mixed
+        .forward_backward(&x, |out| out.cross_entropy_for_logits(&y))
+        .unwrap();
+    assert_eq!(loss.double_value(&[]), loss_ck.double_value(&[]));
+    assert_eq!(plain.len(), 4 * N);
+    assert_same_grads(&plain, &grads(&vs), 1e-6);
+    // The input's gradient too: it flows through the first (checkpointed) segment.
+    let scale = plain_x.abs().max().double_value(&[]);
+    assert!(max_abs_diff(&plain_x, &x.grad()) <= 1e-6 * scale);
+}

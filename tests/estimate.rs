@@ -275,4 +275,18 @@ fn bad_input_is_an_error_that_names_it() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("/nonexistent/model.pt"), "{err}");
+    // Checkpointing a model that is no chain of segments, or every 0th segment.
+    let train = Mode::Train(tch_memprof::estimate::Optimizer::Sgd);
+    for (checkpoint, says) in [(1, "chain of segments"), (0, "k >= 1")] {
+        let options = Options {
+            checkpoint: Some(checkpoint),
+            ..Options::default()
+        };
+        let err = model
+            .estimate(&[Input::new(&[8, IN], Kind::Float)], train, &options)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("checkpoint") && err.contains(says), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
 }

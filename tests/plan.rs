@@ -143,3 +143,82 @@ fn the_exit_status_says_whether_a_plan_fits() {
         assert!(row[reserved].parse::<u64>().unwrap() <= 4 << 30);
     }
 }
+
+/// Where neither the step as it is nor any allocator setting fits, a model given as a
+/// chain (GPT-2 here, one sequence, SGD, already in bf16: checkpointing and the
+/// allocator are the only levers) is planned with checkpointing: every plan checkpoints,
+/// each one's peak is the estimate of its configuration, the first checkpoints the fewest
+/// segments that fit, and its recomputed share is the FLOPs of the two estimates, with
+/// and without checkpointing.
+#[test]
+fn checkpointing_is_planned_when_nothing_cheaper_fits() {
+    use tch_memprof::estimate::AllocatorConfig;
+
+    let _serial = common::serial();
+    let model = Model::builtin("gpt2").unwrap();
+    assert_eq!(model.segments(), Some(14));
+    let input = Input::new(&[1, 1024], Kind::Int64);
+    let base = Options {
+        autocast: Some(Kind::BFloat16),
+        ..Options::default()
+    };
+    let allocators = [
+        "",
+        "expandable_segments:True",
+        "max_split_size_mb:128",
+        "roundup_power2_divisions:4",
+    ];
+    let estimate = |checkpoint: Option<u32>, conf: &str| {
+        let options = Options {
+            checkpoint,
+            allocator: AllocatorConfig::parse(conf).unwrap(),
+            ..base.clone()
+        };
+        model
+            .estimate(
+                std::slice::from_ref(&input),
+                Mode::Train(Optimizer::Sgd),
+                &options,
+            )
+            .unwrap()
+    };
+    let smallest = |checkpoint: Option<u32>| {
+        allocators
+            .iter()
+            .map(|c| estimate(checkpoint, c).peak_reserved)
+            .min()
+            .unwrap()
+    };
+    let (plain, every_2nd, every) = (smallest(None), smallest(Some(2)), smallest(Some(1)));
+    eprintln!("smallest peak reserved: as is {plain}, every 2nd segment {every_2nd}, every segment {every}");
+    assert!(every < every_2nd && every_2nd < plain);
+    let budget = plain - 1;
+    let plans = model
+        .plan(std::slice::from_ref(&input), Optimizer::Sgd, &base, budget)
+        .unwrap();
+    assert!(!plans.fits.is_empty());
+    for p in &plans.fits {
+        let k = p.config.checkpoint.expect("only checkpointing fits");
+        let e = estimate(Some(k), &p.config.allocator_conf);
+        assert_eq!(p.estimate.peak_reserved, e.peak_reserved, "{:?}", p.config);
+        assert!(p.estimate.peak_reserved <= budget);
+    }
+    let first = &plans.fits[0];
+    assert_eq!(first.config.checkpoint, Some(2), "{:?}", first.config);
+    let (with, without) = (
+        estimate(Some(2), "").step_flops,
+        estimate(None, "").step_flops,
+    );
+    let share = (with - without) as f64 / without as f64;
+    eprintln!(
+        "every 2nd segment recomputes {:.1}% of the step's FLOPs",
+        share * 100.0
+    );
+    assert!((first.cost.recompute - share).abs() < 1e-12);
+    assert!(first.cost.recompute > 0.0 && first.cost.recompute < 1.0 / 3.0);
+    assert!(first
+        .code(Optimizer::Sgd)
+        .iter()
+        .any(|l| l.contains("Checkpointed::new(&vs)")
+            && l.contains("mixed_precision(Kind::BFloat16)")));
+}

@@ -58,7 +58,7 @@ use crate::phase::Phase;
 pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator};
 pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, GENERIC_SM};
 pub(crate) use model::loss;
-pub use model::Model;
+pub use model::{Model, Segment};
 pub use plan::{breakdown, Config, Cost, Dominant, Plan, Plans, MAX_PLANS};
 pub use text::table;
 
@@ -359,6 +359,13 @@ pub struct Options {
     /// step outside it; weights, gradients and optimizer state stay float32. `None`
     /// (default): no autocast.
     pub autocast: Option<Kind>,
+    /// Activation checkpointing of a training step, as [`crate::Checkpointed`] runs it:
+    /// `Some(k)` checkpoints every `k`-th segment of the model's chain (segments 0, k,
+    /// 2k, ...; the last segment never), the others kept; `Some(1)` every segment but
+    /// the last. Needs a model given as a chain (a built-in transformer or ResNet,
+    /// [`Model::from_segments`], [`Model::build_chain_on_meta`]). `None` (default): no
+    /// checkpointing.
+    pub checkpoint: Option<u32>,
 }
 
 /// The autocast dtypes of [`Options::autocast`] by their command-line names.
@@ -398,6 +405,7 @@ impl Default for Options {
             accumulate: 1,
             attention: Attention::Auto,
             autocast: None,
+            checkpoint: None,
         }
     }
 }
@@ -501,6 +509,11 @@ pub struct Estimate {
     pub not_modelled: &'static [NotModelled],
     /// The dry run's attention calls, by the backend that ran them.
     pub attention: AttentionRuns,
+    /// FLOPs of one step (training: forward, loss, backward and optimizer step, the
+    /// recomputation of checkpointed segments included; inference: the forward pass), as
+    /// the step anatomy counts them (docs/step-anatomy.md): the dry run's FLOPs divided
+    /// by its steps.
+    pub step_flops: u64,
 }
 
 /// The largest batch that fits (see [`Model::largest_batch`]).

@@ -3,17 +3,39 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::rc::Rc;
 use std::time::Instant;
 
 use tch::nn;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
+use super::models::{self, Chain};
 use super::replay::replay;
-use super::{models, AttentionRuns, Estimate, Fit, Input, Mode, Options};
+
+mod dry_run;
+use super::{AttentionRuns, Estimate, Fit, Input, Mode, Options};
 use crate::error::{catching, torch_message, Error, Result};
 use crate::ffi::{self, native, MetaEvent};
+pub(crate) use dry_run::loss;
 
 type ForwardFn = Box<dyn Fn(&[Tensor], bool) -> Tensor>;
+
+/// A segment of a model given as a chain ([`Model::from_segments`]): `f(input, train)`
+/// returns its output.
+pub type Segment = Box<dyn Fn(&Tensor, bool) -> Tensor>;
+
+/// A user's segments as a chain.
+struct Segments(Vec<Segment>);
+
+impl Chain for Segments {
+    fn segments(&self) -> usize {
+        self.0.len()
+    }
+
+    fn segment(&self, i: usize, x: &Tensor, train: bool) -> Tensor {
+        (self.0[i])(x, train)
+    }
+}
 
 enum Runner {
     Code {
@@ -36,6 +58,9 @@ pub struct Model {
     label: String,
     /// The attention calls of the last dry run, by backend.
     last_attention: std::cell::Cell<AttentionRuns>,
+    /// The model as a chain of segments, when it is given as one: what activation
+    /// checkpointing ([`Options::checkpoint`]) runs.
+    chain: Option<Rc<dyn Chain>>,
 }
 
 impl std::fmt::Debug for Model {
@@ -78,35 +103,6 @@ impl Drop for Trace {
     }
 }
 
-/// The dry run's autocast region (forward pass and loss): begun on creation when
-/// [`Options::autocast`] is set, ended on drop (also when the model's code panics).
-struct AutocastRegion(bool);
-
-impl AutocastRegion {
-    fn begin(dtype: Option<Kind>, list: i32) -> Result<AutocastRegion> {
-        let Some(kind) = dtype else {
-            return Ok(AutocastRegion(false));
-        };
-        let code = crate::optim::scalar_type(kind).ok_or_else(|| Error::InvalidInput {
-            name: "autocast",
-            value: format!("{kind:?}"),
-            reason: "autocast computes in BFloat16 or Half".into(),
-        })?;
-        ffi::meta_autocast_begin(list, code)?;
-        Ok(AutocastRegion(true))
-    }
-}
-
-impl Drop for AutocastRegion {
-    fn drop(&mut self) {
-        if self.0 {
-            if let Err(e) = ffi::meta_autocast_end() {
-                log::error!("tch-memprof: ending the dry run's autocast failed: {e}");
-            }
-        }
-    }
-}
-
 /// The variables of `vs` in the order tch created them: trainable variables keep their
 /// creation order; each buffer goes just before the first trainable variable of its
 /// module (tch's batch norm creates its running statistics first), and buffers of
@@ -145,6 +141,19 @@ fn creation_order(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
         .into_iter()
         .filter_map(|n| named.get(&n).map(|t| (n.clone(), t.shallow_clone())))
         .collect()
+}
+
+/// `build` run on a VarStore whose variables are made on the meta device, under a meta
+/// trace: the VarStore, what `build` made, and the weights' trace.
+fn meta_build<T>(build: impl FnOnce(&nn::Path) -> T) -> Result<(nn::VarStore, T, Vec<MetaEvent>)> {
+    let trace = Trace::begin()?;
+    let vs = nn::VarStore::new(Device::Mps);
+    let made = catching(|| build(&vs.root())).map_err(|reason| Error::DryRun {
+        model: "tch model".into(),
+        reason: format!("building the model on the meta device failed: {reason}"),
+    })?;
+    let weights = trace.finish()?;
+    Ok((vs, made, weights))
 }
 
 fn live_bytes(events: &[MetaEvent]) -> u64 {
@@ -192,6 +201,7 @@ impl Model {
             weights_bytes,
             label: "tch model".to_string(),
             last_attention: Default::default(),
+            chain: None,
         })
     }
 
@@ -236,24 +246,78 @@ impl Model {
         M: nn::ModuleT + 'static,
         F: FnOnce(&nn::Path) -> M,
     {
-        let trace = Trace::begin()?;
-        let vs = nn::VarStore::new(Device::Mps);
-        let module = catching(|| build(&vs.root())).map_err(|reason| Error::DryRun {
-            model: "tch model".into(),
-            reason: format!("building the model on the meta device failed: {reason}"),
-        })?;
-        let weights = trace.finish()?;
-        let weights_bytes = live_bytes(&weights);
-        Ok(Model {
-            runner: Runner::Code {
-                vs,
-                forward: Box::new(move |xs, train| module.forward_t(&xs[0], train)),
-            },
+        let (vs, module, weights) = meta_build(build)?;
+        Ok(Model::code(
+            vs,
+            Box::new(move |xs, train| module.forward_t(&xs[0], train)),
             weights,
-            weights_bytes,
+            None,
+        ))
+    }
+
+    /// A tch model given as a chain of segments, each one tensor in and one out (the
+    /// embedding, each block, the head), over its `VarStore` built on the CPU (moved to
+    /// the meta device as [`Model::from_var_store`] does): estimates run the segments in
+    /// order, and [`Options::checkpoint`] runs them as [`crate::Checkpointed`] does, so
+    /// the plan can try activation checkpointing. `segments[0]` takes the first input.
+    pub fn from_segments(vs: nn::VarStore, segments: Vec<Segment>) -> Result<Model> {
+        if segments.is_empty() {
+            return Err(Error::InvalidInput {
+                name: "segments",
+                value: "0".into(),
+                reason: "a chain needs at least one segment".into(),
+            });
+        }
+        let chain: Rc<dyn Chain> = Rc::new(Segments(segments));
+        let run = Rc::clone(&chain);
+        let mut model =
+            Model::from_var_store(vs, move |xs, train| run.forward_plain(&xs[0], train))?;
+        model.chain = Some(chain);
+        Ok(model)
+    }
+
+    /// A chain of segments ([`models::Chain`]) built straight on the meta device, as
+    /// [`Model::build_on_meta`] builds a module: estimates run its plain forward pass,
+    /// [`Options::checkpoint`] its segments as [`crate::Checkpointed`] does.
+    pub fn build_chain_on_meta<C, F>(build: F) -> Result<Model>
+    where
+        C: Chain + 'static,
+        F: FnOnce(&nn::Path) -> C,
+    {
+        let (vs, chain, weights) = meta_build(build)?;
+        let chain: Rc<dyn Chain> = Rc::new(chain);
+        Ok(Model::chained(vs, chain, weights))
+    }
+
+    fn chained(vs: nn::VarStore, chain: Rc<dyn Chain>, weights: Vec<MetaEvent>) -> Model {
+        let run = Rc::clone(&chain);
+        Model::code(
+            vs,
+            Box::new(move |xs, train| run.forward_plain(&xs[0], train)),
+            weights,
+            Some(chain),
+        )
+    }
+
+    fn code(
+        vs: nn::VarStore,
+        forward: ForwardFn,
+        weights: Vec<MetaEvent>,
+        chain: Option<Rc<dyn Chain>>,
+    ) -> Model {
+        Model {
+            runner: Runner::Code { vs, forward },
+            weights_bytes: live_bytes(&weights),
+            weights,
             label: "tch model".to_string(),
             last_attention: Default::default(),
-        })
+            chain,
+        }
+    }
+
+    /// Segments of the model's chain, when it is given as one.
+    pub fn segments(&self) -> Option<usize> {
+        self.chain.as_ref().map(|c| c.segments())
     }
 
     /// A TorchScript file (`torch.jit.trace` / `torch.jit.script`, saved with
@@ -289,6 +353,7 @@ impl Model {
                 .file_name()
                 .map_or(path.display().to_string(), |f| f.to_string_lossy().into()),
             last_attention: Default::default(),
+            chain: None,
         })
     }
 
@@ -296,11 +361,17 @@ impl Model {
     /// Built on the meta device ([`Model::build_on_meta`]): no host memory.
     pub fn builtin(name: &str) -> Result<Model> {
         models::check(name)?;
+        let label = name.to_string();
+        let (vs, chain, weights) = meta_build(|p| models::build_chain(name, p, 1000))?;
+        if let Some(chain) = chain? {
+            return Ok(Model::chained(vs, Rc::from(chain), weights).with_label(label));
+        }
+        drop((vs, weights));
         let name_owned = name.to_string();
         Ok(Model::build_on_meta(move |p| {
             Boxed(models::build(&name_owned, p, 1000).expect("a known built-in model"))
         })?
-        .with_label(name))
+        .with_label(label))
     }
 
     /// Bytes of the model's variables.
@@ -342,118 +413,6 @@ impl Model {
                 ffi::meta_empty(&i.shape, &like)
             })
             .collect()
-    }
-
-    /// The dry run: the meta trace of `mode` at these inputs, under `options` (the
-    /// settings that change what a CUDA run allocates, not the allocator's).
-    pub(crate) fn dry_run(
-        &self,
-        inputs: &[Input],
-        mode: Mode,
-        options: &Options,
-    ) -> Result<Vec<MetaEvent>> {
-        self.dry_run_lists(inputs, mode, options, native::AUTOCAST_LIST_CUDA)
-    }
-
-    /// The dry run with autocast's op lists of `autocast_list` (`native::AUTOCAST_LIST_*`:
-    /// CUDA's for an estimate, CPU's to check the dry run against a real CPU run).
-    pub(super) fn dry_run_lists(
-        &self,
-        inputs: &[Input],
-        mode: Mode,
-        options: &Options,
-        autocast_list: i32,
-    ) -> Result<Vec<MetaEvent>> {
-        let steps = options.steps;
-        if inputs.is_empty() {
-            return Err(Error::InvalidInput {
-                name: "input",
-                value: "(none)".into(),
-                reason: "the model needs at least one input shape".into(),
-            });
-        }
-        if !(10..=199).contains(&options.gpu.sm) {
-            return Err(Error::InvalidInput {
-                name: "GPU compute capability",
-                value: options.gpu.sm.to_string(),
-                reason: "write it as major * 10 + minor (80 for 8.0, 90 for 9.0)".into(),
-            });
-        }
-        // Set once this trace is ours (one trace per process at a time), read before it
-        // ends: no other dry run can change them in between.
-        let trace = Trace::begin()?;
-        ffi::meta_attention_set(options.gpu.sm as i32, options.attention.native())?;
-        match mode {
-            Mode::Inference => {
-                self.set_train(false)?;
-                let xs = Model::make_inputs(inputs)?;
-                ffi::meta_mark(native::MARK_BASELINE)?;
-                ffi::meta_mark(native::MARK_FORWARD)?;
-                let region = AutocastRegion::begin(options.autocast, autocast_list)?;
-                let y = tch::no_grad(|| self.forward(&xs, false))?;
-                drop(region);
-                drop(y);
-                drop(xs);
-            }
-            Mode::Train(opt) => {
-                self.set_train(true)?;
-                let mut o = opt
-                    .build(self.var_store())
-                    .map_err(|e| Error::Native(format!("building the optimizer: {e}")))?;
-                let result = (|| -> Result<()> {
-                    let accumulate = options.accumulate.max(1);
-                    for step in 0..steps.max(1) {
-                        // A plain loop holds its batch, output and loss through the
-                        // optimizer step; an accumulation loop drops each micro-batch's
-                        // at the end of its inner loop.
-                        let mut held = None;
-                        for micro in 0..accumulate {
-                            let xs = Model::make_inputs(inputs)?;
-                            if step == 0 && micro == 0 {
-                                ffi::meta_mark(native::MARK_BASELINE)?;
-                            }
-                            ffi::meta_mark(native::MARK_FORWARD)?;
-                            // Forward and loss under autocast, backward and step outside.
-                            let region = AutocastRegion::begin(options.autocast, autocast_list)?;
-                            let out = self.forward(&xs, true)?;
-                            let loss = loss(&out, |n| {
-                                let like = Tensor::empty([0], (Kind::Int64, Device::Cpu));
-                                ffi::meta_empty(&[n], &like)
-                            })
-                            .map_err(|e| self.failed("the loss failed", e))?;
-                            drop(region);
-                            ffi::meta_mark(native::MARK_BACKWARD)?;
-                            if micro == 0 {
-                                o.zero_grad();
-                            }
-                            catching(|| loss.backward())
-                                .map_err(|e| self.failed("the backward pass failed", e))?;
-                            if accumulate == 1 {
-                                held = Some((loss, out, xs));
-                            }
-                        }
-                        ffi::meta_mark(native::MARK_OPTIMIZER)?;
-                        catching(|| o.step())
-                            .map_err(|e| self.failed("the optimizer step failed", e))?;
-                        drop(held);
-                    }
-                    Ok(())
-                })();
-                // Gradients back to none, state dropped, whatever happened.
-                o.zero_grad();
-                drop(o);
-                self.set_train(false)?;
-                result?;
-            }
-        }
-        let [flash, efficient, cudnn, math] = ffi::meta_attention_runs()?;
-        self.last_attention.set(AttentionRuns {
-            flash,
-            efficient,
-            cudnn,
-            math,
-        });
-        trace.finish()
     }
 
     /// One dry run replayed under each allocator setting of `allocators` (the trace does
@@ -569,41 +528,6 @@ impl Model {
             too_big,
             tries,
         })
-    }
-}
-
-/// The loss of a training step when the model is a file: cross-entropy against one
-/// class per row for a 2-D output (class scores), against one class per token for a 3-D
-/// output (a token model's `[batch, tokens, vocab]` logits, as a language model trains),
-/// the mean otherwise. `target(n)` makes
-/// `n` int64 class indices on the output's device. Used by the estimate's dry run and by
-/// a real profiled step of a TorchScript file, so both run the same step.
-pub(crate) fn loss(
-    out: &Tensor,
-    target: impl FnOnce(i64) -> Result<Tensor>,
-) -> std::result::Result<Tensor, String> {
-    if !matches!(
-        out.kind(),
-        Kind::Float | Kind::Half | Kind::BFloat16 | Kind::Double
-    ) {
-        return Err(format!(
-            "the model's output has dtype {:?}: training needs a floating-point output",
-            out.kind()
-        ));
-    }
-    if out.dim() == 2 {
-        let target = target(out.size()[0]).map_err(|e| e.to_string())?;
-        catching(|| out.cross_entropy_for_logits(&target))
-    } else if out.dim() == 3 {
-        let size = out.size();
-        let rows = size[0] * size[1];
-        let target = target(rows).map_err(|e| e.to_string())?;
-        catching(|| {
-            out.reshape([rows, size[2]])
-                .cross_entropy_for_logits(&target)
-        })
-    } else {
-        catching(|| out.mean(out.kind()))
     }
 }
 

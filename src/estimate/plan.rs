@@ -6,6 +6,9 @@
 //!   allocated, and cost nothing; every dry run is replayed under each candidate setting
 //!   (the trace does not depend on them);
 //! - **mixed precision** (autocast in bfloat16, float16 on GPUs without bfloat16);
+//! - **activation checkpointing** of every second segment or of every segment of a model
+//!   given as a chain ([`crate::Checkpointed`]; cost: the recomputed FLOPs, counted in
+//!   the dry run);
 //! - **gradient accumulation**: the batch split into micro-batches, the effective batch
 //!   kept (cost: more, smaller steps);
 //! - **the optimizer** (AdamW or Adam to SGD with momentum, to SGD): it changes training,
@@ -20,6 +23,7 @@ use std::fmt;
 
 use tch::Kind;
 
+use super::text::every_segment;
 use super::{AllocatorConfig, Estimate, Input, Mode, Model, Optimizer, Options};
 use crate::error::{Error, Result};
 
@@ -33,6 +37,9 @@ pub struct Config {
     pub accumulate: u32,
     /// The optimizer.
     pub optimizer: Optimizer,
+    /// Activation checkpointing ([`Options::checkpoint`]): every k-th segment of the
+    /// model's chain, or none.
+    pub checkpoint: Option<u32>,
     /// The caching allocator's settings.
     pub allocator: AllocatorConfig,
     /// The allocator settings as `PYTORCH_CUDA_ALLOC_CONF` reads them (empty: the
@@ -41,14 +48,20 @@ pub struct Config {
 }
 
 /// What a plan costs, compared in this order: a change of optimizer (changes
-/// training), then extra compute, then micro-batches per step, then lower precision,
-/// then allocator settings (free).
+/// training; the further from the one asked for, the costlier), then recomputation (the segments checkpointed), then micro-batches per
+/// step, then lower precision, then allocator settings (free).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cost {
     /// The optimizer differs from the one asked for.
     pub changes_training: bool,
-    /// Forward FLOPs recomputed, as a share of the step's FLOPs (activation
-    /// checkpointing; 0 without).
+    /// How far the optimizer is from the one asked for, in the order they are tried
+    /// (AdamW or Adam, SGD with momentum, SGD): 0 for the one asked for.
+    pub optimizer_rank: u32,
+    /// Segments checkpointed (recomputed in backward; 0 without checkpointing).
+    pub checkpointed: u32,
+    /// FLOPs the checkpointed step adds to the same step without checkpointing (the
+    /// recomputed forward passes), as a share of that step's FLOPs, both counted in the
+    /// dry run; 0 without checkpointing.
     pub recompute: f64,
     /// Micro-batches per step.
     pub accumulate: u32,
@@ -59,10 +72,12 @@ pub struct Cost {
 }
 
 impl Cost {
-    fn key(&self) -> (bool, u64, u32, bool, bool) {
+    /// Known before the dry run (the recomputed share is measured by it, and grows
+    /// with the segments checkpointed), so the search can go cheapest first.
+    fn key(&self) -> (u32, u32, u32, bool, bool) {
         (
-            self.changes_training,
-            (self.recompute * 1e6).round() as u64,
+            self.optimizer_rank,
+            self.checkpointed,
             self.accumulate,
             self.lower_precision.is_some(),
             self.allocator_changed,
@@ -101,11 +116,10 @@ impl Plan {
     /// The levers this plan pulls, in words: `bf16 autocast`, `2 x micro-batch 4`, ...
     pub fn levers(&self, asked: Optimizer) -> Vec<String> {
         let mut out = lever_words(
-            self.cost.lower_precision,
-            self.config.accumulate,
+            &self.config,
             self.micro_batch,
-            self.config.optimizer,
             asked,
+            self.cost.lower_precision,
         );
         if !self.config.allocator_conf.is_empty() {
             out.push(self.config.allocator_conf.clone());
@@ -116,16 +130,15 @@ impl Plan {
         out
     }
 
+    /// The levers of a configuration that was not planned (a failed dry run), in words.
     fn describe_levers(
-        autocast: Option<Kind>,
-        accumulate: u32,
+        config: &Config,
         micro: i64,
-        optimizer: Optimizer,
         asked: Optimizer,
         asked_autocast: Option<Kind>,
     ) -> String {
-        let lower = autocast.filter(|_| asked_autocast.is_none());
-        let words = lever_words(lower, accumulate, micro, optimizer, asked);
+        let lower = config.autocast.filter(|_| asked_autocast.is_none());
+        let words = lever_words(config, micro, asked, lower);
         if words.is_empty() {
             "as is".to_string()
         } else {
@@ -142,20 +155,46 @@ impl Plan {
                 self.config.allocator_conf
             ));
         }
-        if let Some(k) = self.cost.lower_precision {
-            out.push(format!(
-                "let loss = tch_memprof::autocast(Device::Cuda(0), Kind::{k:?}, || loss_fn(&model.forward_t(&xs, true)))?;"
-            ));
-        }
-        if self.config.accumulate > 1 {
-            // The loop the estimate ran: one micro-batch on the GPU at a time, gradients
-            // set to none at the first backward, one optimizer step per batch.
-            out.push(format!(
-                "for (i, xs) in micro_batches.enumerate() {{ let loss = loss_fn(&model.forward_t(&xs, true)) / {k}.; if i % {k} == 0 {{ opt.zero_grad(); }} loss.backward(); if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}",
-                k = self.config.accumulate,
-                last = self.config.accumulate - 1,
-                micro = self.micro_batch
-            ));
+        let k = self.config.accumulate;
+        let last = k.saturating_sub(1);
+        let micro = self.micro_batch;
+        match self.config.checkpoint {
+            // The chain under `Checkpointed`, which runs autocast itself; one call does
+            // forward and backward, so gradients go to none before it.
+            Some(every) => {
+                let wrap = if every <= 1 {
+                    "c.segment(move |x: &Tensor, t: bool| segment(i, x, t))".to_string()
+                } else {
+                    format!("{{ let f = move |x: &Tensor, t: bool| segment(i, x, t); if i % {every} == 0 {{ c.segment(f) }} else {{ c.segment_kept(f) }} }}")
+                };
+                let amp = self
+                    .config
+                    .autocast
+                    .map_or(String::new(), |d| format!(".mixed_precision(Kind::{d:?})"));
+                out.push(format!(
+                    "let model = (0..segments).fold(Checkpointed::new(&vs), |c, i| {wrap}){amp};  // segment(i, ..): segment i of the chain (Chain::segment for a built-in)"
+                ));
+                out.push(if k > 1 {
+                    format!("for (i, xs) in micro_batches.enumerate() {{ if i % {k} == 0 {{ opt.zero_grad(); }} model.forward_backward(&xs, |out| loss_fn(out) / {k}.)?; if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}")
+                } else {
+                    "opt.zero_grad(); let loss = model.forward_backward(&xs, |out| loss_fn(out))?; opt.step();".to_string()
+                });
+            }
+            None => {
+                if let Some(d) = self.cost.lower_precision {
+                    out.push(format!(
+                        "let loss = tch_memprof::autocast(Device::Cuda(0), Kind::{d:?}, || loss_fn(&model.forward_t(&xs, true)))?;"
+                    ));
+                }
+                if k > 1 {
+                    // The loop the estimate ran: one micro-batch on the GPU at a time,
+                    // gradients set to none at the first backward, one optimizer step
+                    // per batch.
+                    out.push(format!(
+                        "for (i, xs) in micro_batches.enumerate() {{ let loss = loss_fn(&model.forward_t(&xs, true)) / {k}.; if i % {k} == 0 {{ opt.zero_grad(); }} loss.backward(); if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}"
+                    ));
+                }
+            }
         }
         if self.config.optimizer != asked {
             out.push(format!(
@@ -168,21 +207,23 @@ impl Plan {
 }
 
 fn lever_words(
-    lower_precision: Option<Kind>,
-    accumulate: u32,
+    config: &Config,
     micro: i64,
-    optimizer: Optimizer,
     asked: Optimizer,
+    lower_precision: Option<Kind>,
 ) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(k) = lower_precision {
         out.push(format!("{} autocast", dtype_name(k)));
     }
-    if accumulate > 1 {
-        out.push(format!("{accumulate} x micro-batch {micro}"));
+    if let Some(k) = config.checkpoint {
+        out.push(format!("checkpoint {}", every_segment(k)));
     }
-    if optimizer != asked {
-        out.push(format!("optimizer {}", optimizer.name()));
+    if config.accumulate > 1 {
+        out.push(format!("{} x micro-batch {micro}", config.accumulate));
+    }
+    if config.optimizer != asked {
+        out.push(format!("optimizer {}", config.optimizer.name()));
     }
     out
 }
@@ -300,6 +341,37 @@ fn optimizer_candidates(asked: Optimizer) -> Vec<Optimizer> {
     }
 }
 
+/// A step's optimizer, micro-batches and autocast: what its FLOPs depend on besides
+/// checkpointing.
+type StepKey = (Optimizer, u32, Option<Kind>);
+
+/// The checkpointing tried for a chain of `segments` segments: the one asked for (none
+/// by default), then every second segment and every segment (a chain of 2 has one
+/// segment to checkpoint; a model that is no chain has none).
+fn checkpoint_candidates(segments: usize, asked: Option<u32>) -> Vec<Option<u32>> {
+    let mut out = vec![asked];
+    if asked.is_none() {
+        if segments > 2 {
+            out.push(Some(2));
+        }
+        if segments > 1 {
+            out.push(Some(1));
+        }
+    }
+    out
+}
+
+/// Segments that checkpointing every `every`-th segment of a chain of `segments`
+/// recomputes: 0, k, 2k, ... below the last.
+fn checkpointed(segments: usize, every: Option<u32>) -> u32 {
+    match every {
+        None => 0,
+        Some(k) => (0..segments.saturating_sub(1))
+            .filter(|i| i % k.max(1) as usize == 0)
+            .count() as u32,
+    }
+}
+
 /// Micro-batches per step that split `batch` evenly, fewest first.
 fn accumulate_candidates(batch: i64) -> Vec<u32> {
     (1..=batch)
@@ -344,45 +416,68 @@ impl Model {
             });
         }
         let allocators = allocator_candidates(&options.allocator)?;
+        let segments = self.segments().unwrap_or(0);
         // Every configuration but the allocator's, cheapest first (the allocator's
         // settings are free, so each is tried with all of them).
         let mut configs = Vec::new();
         for o in optimizer_candidates(optimizer) {
-            for k in accumulate_candidates(batch) {
-                for a in autocast_candidates(options) {
-                    configs.push((o, k, a));
+            for c in checkpoint_candidates(segments, options.checkpoint) {
+                for k in accumulate_candidates(batch) {
+                    for a in autocast_candidates(options) {
+                        configs.push(Config {
+                            autocast: a,
+                            accumulate: k,
+                            optimizer: o,
+                            checkpoint: c,
+                            allocator: options.allocator.clone(),
+                            allocator_conf: String::new(),
+                        });
+                    }
                 }
             }
         }
-        let cost = |o: Optimizer, k: u32, a: Option<Kind>, alloc: bool| Cost {
-            changes_training: o != optimizer,
-            recompute: 0.0,
-            accumulate: k,
-            lower_precision: a.filter(|_| options.autocast.is_none()),
-            allocator_changed: alloc,
+        let cost = |c: &Config, recompute: f64| Cost {
+            changes_training: c.optimizer != optimizer,
+            optimizer_rank: optimizer_candidates(optimizer)
+                .iter()
+                .position(|o| *o == c.optimizer)
+                .unwrap_or(0) as u32,
+            checkpointed: match c.checkpoint == options.checkpoint {
+                true => 0,
+                false => checkpointed(segments, c.checkpoint),
+            },
+            recompute,
+            accumulate: c.accumulate,
+            lower_precision: c.autocast.filter(|_| options.autocast.is_none()),
+            allocator_changed: !c.allocator_conf.is_empty(),
         };
         configs.sort_by(|x, y| {
-            cost(x.0, x.1, x.2, false)
-                .partial_cmp(&cost(y.0, y.1, y.2, false))
+            cost(x, 0.0)
+                .partial_cmp(&cost(y, 0.0))
                 .unwrap_or(Ordering::Equal)
         });
         let mut fits: Vec<Plan> = Vec::new();
         let mut smallest: Option<Plan> = None;
         let mut dry_runs = 0;
         let mut skipped = Vec::new();
-        for (o, k, a) in configs {
+        // FLOPs of each step without checkpointing, by (optimizer, micro-batches,
+        // autocast): what a checkpointed step's recomputation is measured against. The
+        // search reaches a checkpointed configuration after the same one without.
+        let mut plain_flops: Vec<(StepKey, u64)> = Vec::new();
+        let settings: Vec<AllocatorConfig> = allocators.iter().map(|(_, c)| c.clone()).collect();
+        for config in configs {
             if fits.len() >= MAX_PLANS {
                 break;
             }
+            let (o, k, a) = (config.optimizer, config.accumulate, config.autocast);
             let micro = batch / i64::from(k);
             let xs: Vec<Input> = inputs.iter().map(|i| i.with_batch(micro)).collect();
             let opts = Options {
                 accumulate: k,
                 autocast: a,
+                checkpoint: config.checkpoint,
                 ..options.clone()
             };
-            let settings: Vec<AllocatorConfig> =
-                allocators.iter().map(|(_, c)| c.clone()).collect();
             let first = dry_runs == 0;
             dry_runs += 1;
             let estimates = match self.estimate_each(&xs, Mode::Train(o), &opts, &settings) {
@@ -391,26 +486,49 @@ impl Model {
                 // configuration fails (an op autocast refuses): skip it, say why.
                 Err(e) if first => return Err(e),
                 Err(e) => {
-                    let what = Plan::describe_levers(a, k, micro, o, optimizer, options.autocast);
+                    let what = Plan::describe_levers(&config, micro, optimizer, options.autocast);
                     skipped.push(format!("{what}: {e}"));
                     continue;
+                }
+            };
+            let flops = estimates[0].step_flops;
+            let recompute = match config.checkpoint {
+                None => {
+                    plain_flops.push(((o, k, a), flops));
+                    0.0
+                }
+                Some(_) if config.checkpoint == options.checkpoint => 0.0,
+                Some(_) => {
+                    let plain = match plain_flops.iter().find(|(c, _)| *c == (o, k, a)) {
+                        Some((_, f)) => *f,
+                        None => {
+                            dry_runs += 1;
+                            let plain = Options {
+                                checkpoint: None,
+                                ..opts.clone()
+                            };
+                            self.estimate(&xs, Mode::Train(o), &plain)?.step_flops
+                        }
+                    };
+                    flops.saturating_sub(plain) as f64 / plain.max(1) as f64
                 }
             };
             let mut tried: Vec<Plan> = allocators
                 .iter()
                 .zip(estimates)
-                .map(|((conf, c), e)| Plan {
-                    config: Config {
-                        autocast: a,
-                        accumulate: k,
-                        optimizer: o,
+                .map(|((conf, c), e)| {
+                    let config = Config {
                         allocator: c.clone(),
                         allocator_conf: conf.clone(),
-                    },
-                    micro_batch: micro,
-                    cost: cost(o, k, a, !conf.is_empty()),
-                    estimate: e,
-                    allocator_alternatives: Vec::new(),
+                        ..config.clone()
+                    };
+                    Plan {
+                        micro_batch: micro,
+                        cost: cost(&config, recompute),
+                        config,
+                        estimate: e,
+                        allocator_alternatives: Vec::new(),
+                    }
                 })
                 .collect();
             let alternatives: Vec<(String, u64)> = tried
@@ -508,83 +626,5 @@ impl Plans {
             ));
         }
         Some(line)
-    }
-}
-
-impl fmt::Display for Plans {
-    /// The plans that fit as a table (cheapest first) and the code of the first; or,
-    /// when none fits, the smallest peak reached and what dominates it.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
-
-        use crate::format::bytes;
-
-        for why in &self.skipped {
-            writeln!(f, "skipped ({why})")?;
-        }
-        if let Some(line) = self.nothing_fits() {
-            return writeln!(f, "{line}");
-        }
-        let mut t = Table::new();
-        t.load_preset(UTF8_FULL)
-            .set_content_arrangement(ContentArrangement::Dynamic)
-            .set_header(vec!["#", "plan", "peak reserved", "cost"]);
-        // A lever per line, so that the table reads on a narrow terminal.
-        for (i, p) in self.fits.iter().enumerate() {
-            t.add_row(vec![
-                (i + 1).to_string(),
-                p.levers(self.optimizer).join("\n"),
-                format!(
-                    "{}\n{} left",
-                    bytes(p.estimate.peak_reserved),
-                    bytes(p.margin(self.memory))
-                ),
-                p.cost.describe().replace(", ", "\n"),
-            ]);
-        }
-        for c in [0, 2] {
-            if let Some(col) = t.column_mut(c) {
-                col.set_cell_alignment(CellAlignment::Right);
-            }
-        }
-        writeln!(f, "{t}")?;
-        writeln!(
-            f,
-            "{} plan(s) fit in {} ({} dry run(s)).",
-            self.fits.len(),
-            bytes(self.memory),
-            self.dry_runs
-        )?;
-        let first = &self.fits[0];
-        let others: Vec<String> = first
-            .allocator_alternatives
-            .iter()
-            .filter(|(conf, _)| *conf != first.config.allocator_conf)
-            .map(|(conf, reserved)| {
-                let name = if conf.is_empty() {
-                    "your settings"
-                } else {
-                    conf
-                };
-                format!("{name} {}", bytes(*reserved))
-            })
-            .collect();
-        if !others.is_empty() {
-            writeln!(
-                f,
-                "Plan 1's peak reserved under other allocator settings: {}.",
-                others.join(", ")
-            )?;
-        }
-        let code = first.code(self.optimizer);
-        if code.is_empty() {
-            writeln!(f, "Plan 1 is the step as it is: nothing to change.")
-        } else {
-            writeln!(f, "Plan 1 in a tch loop:")?;
-            for line in code {
-                writeln!(f, "    {line}")?;
-            }
-            Ok(())
-        }
     }
 }

@@ -41,6 +41,7 @@ pub(super) fn replay(
     let mut peak_phase = Phase::Forward;
     let mut peak_step = 1;
     let mut allocations = 0u64;
+    let mut flops = 0u64;
     for e in run {
         match e.kind {
             native::META_ALLOC => {
@@ -64,6 +65,7 @@ pub(super) fn replay(
                 }
             }
             native::META_FREE => alloc.free(e.id),
+            native::META_FLOPS => flops += e.bytes.max(0) as u64,
             native::META_OP => {
                 op = e.name;
                 layer = e.layer;
@@ -130,5 +132,6 @@ pub(super) fn replay(
         host_peak_rss: None,
         not_modelled: &NOT_MODELLED,
         attention: Default::default(),
+        step_flops: flops / u64::from(step.max(1)),
     })
 }

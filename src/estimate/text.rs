@@ -1,11 +1,11 @@
 //! Estimates as a person reads them: the terminal table of `tch-memprof estimate`, the
-//! largest-batch line, the settings line. Sizes in the crate's units (`1.50 MiB`).
+//! largest-batch line, the settings line, the plans of `tch-memprof plan`. Sizes in the crate's units (`1.50 MiB`).
 
 use std::fmt;
 
 use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 
-use super::{AllocatorConfig, Estimate, Fit, Mode, Options};
+use super::{AllocatorConfig, Estimate, Fit, Mode, Options, Plans};
 use crate::format::bytes;
 
 /// The estimates as a table (batch, weights, baseline, peak allocated, peak reserved,
@@ -60,10 +60,13 @@ impl Options {
     /// One line: the mode, the autocast dtype if any, the GPU with its cuBLAS workspace
     /// and compute capability, the attention setting, the allocator settings.
     pub fn describe(&self, mode: Mode) -> String {
-        let accumulate = match (mode, self.accumulate) {
+        let mut accumulate = match (mode, self.accumulate) {
             (Mode::Train(_), k) if k > 1 => format!(" ({k} micro-batches a step)"),
             _ => String::new(),
         };
+        if let (Mode::Train(_), Some(k)) = (mode, self.checkpoint) {
+            accumulate.push_str(&format!(", checkpointing {}", every_segment(k)));
+        }
         format!(
             "{}{accumulate}{}, GPU {} (cuBLAS workspace {}, compute capability {}.{}), attention {}, {}",
             mode.label(),
@@ -126,5 +129,94 @@ impl Estimate {
                 bytes(rss)
             )
         })
+    }
+}
+
+/// `every segment`, `every 2nd segment`, `every 3rd segment`, `every 4th segment`, ...
+pub(super) fn every_segment(k: u32) -> String {
+    let suffix = match (k % 10, k % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    match k {
+        0 | 1 => "every segment".to_string(),
+        k => format!("every {k}{suffix} segment"),
+    }
+}
+
+impl fmt::Display for Plans {
+    /// The plans that fit as a table (cheapest first) and the code of the first; or,
+    /// when none fits, the smallest peak reached and what dominates it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for why in &self.skipped {
+            writeln!(f, "skipped ({why})")?;
+        }
+        if let Some(line) = self.nothing_fits() {
+            return writeln!(f, "{line}");
+        }
+        let mut t = Table::new();
+        t.load_preset(UTF8_FULL)
+            .set_content_arrangement(ContentArrangement::Dynamic)
+            .set_header(vec!["#", "plan", "peak reserved", "cost"]);
+        // A lever per line, so that the table reads on a narrow terminal.
+        for (i, p) in self.fits.iter().enumerate() {
+            t.add_row(vec![
+                (i + 1).to_string(),
+                p.levers(self.optimizer).join("\n"),
+                format!(
+                    "{}\n{} left",
+                    bytes(p.estimate.peak_reserved),
+                    bytes(p.margin(self.memory))
+                ),
+                p.cost.describe().replace(", ", "\n"),
+            ]);
+        }
+        for c in [0, 2] {
+            if let Some(col) = t.column_mut(c) {
+                col.set_cell_alignment(CellAlignment::Right);
+            }
+        }
+        writeln!(f, "{t}")?;
+        writeln!(
+            f,
+            "{} plan(s) fit in {} ({} dry run(s)).",
+            self.fits.len(),
+            bytes(self.memory),
+            self.dry_runs
+        )?;
+        let first = &self.fits[0];
+        let others: Vec<String> = first
+            .allocator_alternatives
+            .iter()
+            .filter(|(conf, _)| *conf != first.config.allocator_conf)
+            .map(|(conf, reserved)| {
+                let name = if conf.is_empty() {
+                    "your settings"
+                } else {
+                    conf
+                };
+                format!("{name} {}", bytes(*reserved))
+            })
+            .collect();
+        if !others.is_empty() {
+            writeln!(
+                f,
+                "Plan 1's peak reserved under other allocator settings: {}.",
+                others.join(", ")
+            )?;
+        }
+        let code = first.code(self.optimizer);
+        if code.is_empty() {
+            writeln!(f, "Plan 1 is the step as it is: nothing to change.")
+        } else {
+            writeln!(f, "Plan 1 in a tch loop:")?;
+            for line in code {
+                writeln!(f, "    {line}")?;
+            }
+            Ok(())
+        }
     }
 }

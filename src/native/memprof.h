@@ -64,6 +64,7 @@ enum MpMetaKind {
   MP_META_MARK = 5,   // a mark set by the caller: mark
   MP_META_BLASLT = 6, // an op that runs on cuBLASLt on CUDA ends: name
   MP_META_OP_END = 7, // the outermost op of a thread ends: name
+  MP_META_FLOPS = 8,  // FLOPs of an op, counted as the step timeline counts them: bytes = FLOPs, name
 };
 
 // Marks the estimator's dry run puts into its meta trace (MpMetaEvent.mark).
@@ -519,6 +520,7 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_CONST(MP_META_MARK, 5)                            \
   MP_CONST(MP_META_BLASLT, 6)                          \
   MP_CONST(MP_META_OP_END, 7)                          \
+  MP_CONST(MP_META_FLOPS, 8)                           \
   MP_CONST(MP_AUTOCAST_LIST_CUDA, 0)                   \
   MP_CONST(MP_AUTOCAST_LIST_CPU, 1)                    \
   MP_CONST(MP_AUTOCAST_REGISTERED_CUDA, 2)             \

@@ -162,6 +162,10 @@ thread_local char tls_script_module[kNameLen] = "";
 // start callbacks), and logged at its end.
 constexpr int kMaxDepth = 64;
 thread_local int8_t tls_blas_kind[kMaxDepth];
+// 1 + the depth of the op whose FLOPs were counted on this thread, 0 when none is open:
+// an op is counted once, at the outermost op with a formula (linear counts at addmm), as
+// the step timeline counts (ops.cpp).
+thread_local int tls_meta_counted_depth1 = 0;
 
 std::unique_ptr<at::ObserverContext> meta_op_start(const at::RecordFunction& fn) {
   const char* name = fn.name();
@@ -171,13 +175,21 @@ std::unique_ptr<at::ObserverContext> meta_op_start(const at::RecordFunction& fn)
                            : uses_cublaslt(name, fn) ? int8_t(MP_META_BLASLT)
                                                      : int8_t(MP_META_BLAS);
   }
+  const int32_t id = intern(name);
+  if (tls_meta_counted_depth1 == 0 && id >= 0) {
+    const memprof_flops::Kind k = kind_of(id);
+    if (memprof_flops::counted(k)) {
+      tls_meta_counted_depth1 = depth + 1;
+      meta_append(MP_META_FLOPS, 0, memprof_flops::count(k, fn.inputs()), id);
+    }
+  }
   if (depth == 0) {
     bool fits = true;
     if (!script_module_path(tls_script_module, sizeof tls_script_module, &fits) || !fits) {
       tls_script_module[0] = 0;
     }
     const int32_t layer = tls_script_module[0] != 0 ? intern(tls_script_module) : -1;
-    meta_append(MP_META_OP, 0, 0, intern(name), MP_MARK_NONE, layer);
+    meta_append(MP_META_OP, 0, 0, id, MP_MARK_NONE, layer);
   }
   return nullptr;
 }
@@ -221,6 +233,9 @@ void adopt_outputs(const at::RecordFunction& fn) {
 void meta_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   const char* name = fn.name();
   const int depth = --tls_meta_depth;
+  if (tls_meta_counted_depth1 == depth + 1) {
+    tls_meta_counted_depth1 = 0;
+  }
   if (depth >= 0 && depth < kMaxDepth && tls_blas_kind[depth] != 0) {
     meta_append(tls_blas_kind[depth], 0, 0, intern(name));
   }

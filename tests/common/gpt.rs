@@ -9,9 +9,10 @@
 
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
+use tch_memprof::estimate::models::Chain;
 use tch_memprof::estimate::trace::{dry_run_trace, DryRunTrace, Lists, TraceOp};
 use tch_memprof::estimate::{Input, Mode, Model, Optimizer, Options};
-use tch_memprof::{MemoryProfiler, StepProfile};
+use tch_memprof::{Checkpointed, MemoryProfiler, StepProfile};
 
 pub const VOCAB: i64 = 97;
 pub const CONTEXT: i64 = 16;
@@ -119,6 +120,43 @@ impl Module for Gpt {
     }
 }
 
+/// The decoder as a chain of segments, for checkpointing: the embeddings, each block,
+/// the head (the same ops as `forward`).
+impl Chain for Gpt {
+    fn segments(&self) -> usize {
+        self.blocks.len() + 2
+    }
+
+    fn segment(&self, i: usize, x: &Tensor, _train: bool) -> Tensor {
+        if i == 0 {
+            let (_, t) = x.size2().unwrap();
+            let pos = Tensor::arange(t, (Kind::Int64, x.device()));
+            self.wte.forward(x) + self.wpe.forward(&pos)
+        } else if i <= self.blocks.len() {
+            self.blocks[i - 1].forward(x)
+        } else {
+            let (b, t, _) = x.size3().unwrap();
+            self.head
+                .forward(&self.ln_f.forward(x))
+                .view([b * t, VOCAB])
+        }
+    }
+}
+
+/// `gpt`'s chain under `Checkpointed` (no generator state saved, as the dry run), every
+/// `every`-th segment checkpointed and the others kept, as `Options::checkpoint` runs
+/// it.
+pub fn checkpointed<'a>(vs: &nn::VarStore, gpt: &'a Gpt, every: u32) -> Checkpointed<'a> {
+    (0..gpt.segments()).fold(Checkpointed::new(vs).preserve_rng(false), |c, i| {
+        let f = move |x: &Tensor, train: bool| gpt.segment(i, x, train);
+        if i % every as usize == 0 {
+            c.segment(f)
+        } else {
+            c.segment_kept(f)
+        }
+    })
+}
+
 /// Parameters of the decoder by hand.
 pub fn params() -> u64 {
     let d = DIM as u64;
@@ -138,6 +176,8 @@ pub struct Run {
     pub accumulate: u32,
     /// CPU autocast's dtype over forward and loss, or none.
     pub autocast: Option<Kind>,
+    /// Activation checkpointing of every k-th segment (`Checkpointed`), or none.
+    pub checkpoint: Option<u32>,
 }
 
 impl Run {
@@ -148,6 +188,7 @@ impl Run {
             batch,
             accumulate: 1,
             autocast: None,
+            checkpoint: None,
         }
     }
 
@@ -158,6 +199,7 @@ impl Run {
             batch,
             accumulate: 1,
             autocast: None,
+            checkpoint: None,
         }
     }
 
@@ -232,6 +274,31 @@ pub fn cpu_run(run: &Run) -> StepProfile {
                 let mut held = None;
                 for micro in 0..k {
                     let xs = tokens();
+                    if let Some(every) = run.checkpoint {
+                        // The loop `Checkpointed` takes: gradients to none first, then
+                        // forward and backward in one call.
+                        let mut c = checkpointed(&vs, &gpt, every);
+                        if let Some(dtype) = run.autocast {
+                            c = c.mixed_precision(dtype);
+                        }
+                        if micro == 0 {
+                            opt.zero_grad();
+                        }
+                        let loss = c
+                            .forward_backward(&xs, |out| {
+                                let target = Tensor::randint(
+                                    VOCAB,
+                                    [run.batch * CONTEXT],
+                                    (Kind::Int64, Device::Cpu),
+                                );
+                                out.cross_entropy_for_logits(&target)
+                            })
+                            .unwrap();
+                        if k == 1 {
+                            held = Some((loss, Tensor::new(), xs));
+                        }
+                        continue;
+                    }
                     let (loss, out) = maybe_autocast(run.autocast, || {
                         let out = gpt.forward(&xs);
                         let loss = {
@@ -275,10 +342,14 @@ pub fn cpu_run(run: &Run) -> StepProfile {
 
 /// The dry run of `run`, with CPU autocast's op lists (the real run's).
 pub fn dry_run(run: &Run) -> DryRunTrace {
-    let model = Model::build_on_meta(Gpt::new).unwrap();
+    let model = match run.checkpoint {
+        Some(_) => Model::build_chain_on_meta(Gpt::new).unwrap(),
+        None => Model::build_on_meta(Gpt::new).unwrap(),
+    };
     let options = Options {
         autocast: run.autocast,
         accumulate: run.accumulate,
+        checkpoint: run.checkpoint,
         steps: STEPS,
         ..Options::default()
     };

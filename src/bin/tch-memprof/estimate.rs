@@ -64,6 +64,12 @@ pub struct EstimateArgs {
     /// gradients and optimizer state stay f32.
     #[arg(long)]
     autocast: Option<String>,
+    /// Activation checkpointing (with --train): every K-th segment of the model's chain
+    /// (embedding or stem, blocks, head) recomputed in backward as
+    /// tch_memprof::Checkpointed runs it, the others kept; 1 checkpoints every segment
+    /// but the last. Built-in transformers and ResNets.
+    #[arg(long, value_name = "K")]
+    checkpoint: Option<u32>,
     /// Print CSV to standard output: model, batch, mode, weights_bytes,
     /// peak_allocated_bytes, peak_reserved_bytes, largest_batch (true on the row of the
     /// largest batch that fits --memory), attention (the backends that ran), autocast
@@ -114,6 +120,12 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
             a.accumulate
         ));
     }
+    if a.checkpoint.is_some() && !a.train {
+        return fail("invalid checkpoint: activation checkpointing needs --train");
+    }
+    if a.checkpoint == Some(0) {
+        return fail("invalid checkpoint 0: checkpoint every K-th segment takes K >= 1");
+    }
     if let Some(b) = a.batch_sizes.iter().find(|b| **b <= 0) {
         return fail(format!("invalid batch size {b}: must be positive"));
     }
@@ -145,6 +157,7 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         accumulate: a.accumulate,
         attention,
         autocast,
+        checkpoint: a.checkpoint,
     };
     let batches: Vec<i64> = if a.batch_sizes.is_empty() {
         vec![inputs[0].batch()]

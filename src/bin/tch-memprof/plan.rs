@@ -61,6 +61,10 @@ struct CsvRow<'a> {
     accumulate: u32,
     autocast: &'static str,
     optimizer: &'static str,
+    /// Every k-th segment checkpointed (`1`, `2`), or `off`.
+    checkpoint: String,
+    /// FLOPs recomputed, as a share of the step's (0 without checkpointing).
+    recompute: f64,
     pytorch_cuda_alloc_conf: &'a str,
     peak_allocated_bytes: u64,
     peak_reserved_bytes: u64,
@@ -160,6 +164,11 @@ fn row<'a>(label: &'a str, rank: usize, p: &'a Plan, plans: &Plans) -> CsvRow<'a
             _ => "off",
         },
         optimizer: p.config.optimizer.name(),
+        checkpoint: p
+            .config
+            .checkpoint
+            .map_or("off".to_string(), |k| k.to_string()),
+        recompute: (p.cost.recompute * 1e4).round() / 1e4,
         pytorch_cuda_alloc_conf: &p.config.allocator_conf,
         peak_allocated_bytes: p.estimate.peak_allocated,
         peak_reserved_bytes: p.estimate.peak_reserved,

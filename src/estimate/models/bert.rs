@@ -10,6 +10,7 @@ use tch::nn::{self, Module, ModuleT};
 use tch::{Kind, Tensor};
 
 use super::blocks::{layer_norm, SelfAttention};
+use super::{run_chain, Chain};
 
 const VOCAB: i64 = 30522;
 const POSITIONS: i64 = 512;
@@ -92,17 +93,32 @@ pub fn bert_base(p: &nn::Path) -> Bert {
     }
 }
 
+/// Segments: the embeddings, each layer, the pooler.
+impl Chain for Bert {
+    fn segments(&self) -> usize {
+        self.layers.len() + 2
+    }
+
+    fn segment(&self, i: usize, x: &Tensor, train: bool) -> Tensor {
+        if i == 0 {
+            let ids = x;
+            let (_, t) = ids.size2().expect("BERT takes token ids [batch, tokens]");
+            let pos = Tensor::arange(t, (Kind::Int64, ids.device()));
+            let types = ids.zeros_like();
+            let x = self.word.forward(ids)
+                + self.position.forward(&pos)
+                + self.token_type.forward(&types);
+            self.norm.forward(&x).dropout(0.1, train)
+        } else if i <= self.layers.len() {
+            self.layers[i - 1].forward_t(x, train)
+        } else {
+            self.pooler.forward(&x.select(1, 0)).tanh()
+        }
+    }
+}
+
 impl ModuleT for Bert {
     fn forward_t(&self, ids: &Tensor, train: bool) -> Tensor {
-        let (_, t) = ids.size2().expect("BERT takes token ids [batch, tokens]");
-        let pos = Tensor::arange(t, (Kind::Int64, ids.device()));
-        let types = ids.zeros_like();
-        let x =
-            self.word.forward(ids) + self.position.forward(&pos) + self.token_type.forward(&types);
-        let mut x = self.norm.forward(&x).dropout(0.1, train);
-        for layer in &self.layers {
-            x = layer.forward_t(&x, train);
-        }
-        self.pooler.forward(&x.select(1, 0)).tanh()
+        run_chain(self, ids, train)
     }
 }

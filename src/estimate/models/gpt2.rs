@@ -11,6 +11,7 @@ use tch::nn::{self, Module, ModuleT};
 use tch::{Kind, Tensor};
 
 use super::blocks::{layer_norm, Mlp, PreNormBlock, SelfAttention};
+use super::{run_chain, Chain};
 
 /// The sizes of a GPT-2.
 #[derive(Debug, Clone, Copy)]
@@ -81,18 +82,31 @@ impl Gpt2 {
     }
 }
 
+/// Segments: the embeddings, each block, the head.
+impl Chain for Gpt2 {
+    fn segments(&self) -> usize {
+        self.blocks.len() + 2
+    }
+
+    fn segment(&self, i: usize, x: &Tensor, train: bool) -> Tensor {
+        if i == 0 {
+            let (_, t) = x.size2().expect("GPT-2 takes token ids [batch, tokens]");
+            let pos = Tensor::arange(t, (Kind::Int64, x.device()));
+            (self.wte.forward(x) + self.wpe.forward(&pos)).dropout(0.1, train)
+        } else if i <= self.blocks.len() {
+            self.blocks[i - 1].forward_t(x, train)
+        } else {
+            let x = self.ln_f.forward(x);
+            // The LM head is the token embedding, transposed (tied weights).
+            let logits = x.matmul(&self.wte.ws.tr());
+            logits.view([-1, logits.size()[2]])
+        }
+    }
+}
+
 impl ModuleT for Gpt2 {
     fn forward_t(&self, idx: &Tensor, train: bool) -> Tensor {
-        let (_, t) = idx.size2().expect("GPT-2 takes token ids [batch, tokens]");
-        let pos = Tensor::arange(t, (Kind::Int64, idx.device()));
-        let mut x = (self.wte.forward(idx) + self.wpe.forward(&pos)).dropout(0.1, train);
-        for block in &self.blocks {
-            x = block.forward_t(&x, train);
-        }
-        let x = self.ln_f.forward(&x);
-        // The LM head is the token embedding, transposed (tied weights).
-        let logits = x.matmul(&self.wte.ws.tr());
-        logits.view([-1, logits.size()[2]])
+        run_chain(self, idx, train)
     }
 }
 

@@ -11,6 +11,7 @@ use tch::nn::{self, Module, ModuleT};
 use tch::{Kind, Tensor};
 
 use super::blocks::{apply_rotary, rotary, RmsNorm};
+use super::Chain;
 
 /// The sizes of a Llama 3.
 #[derive(Debug, Clone, Copy)]
@@ -181,7 +182,37 @@ impl ModuleT for Llama {
         for layer in &self.layers {
             x = layer.forward(&x, &cos, &sin);
         }
-        let x = self.norm.forward(&x);
+        self.head(&x)
+    }
+}
+
+/// Segments: the embedding, each layer (its rotary tables made anew inside, a few KiB
+/// where the plain forward pass makes them once), the head.
+impl Chain for Llama {
+    fn segments(&self) -> usize {
+        self.layers.len() + 2
+    }
+
+    fn segment(&self, i: usize, x: &Tensor, _train: bool) -> Tensor {
+        if i == 0 {
+            self.embed.forward(x)
+        } else if i <= self.layers.len() {
+            let (_, t, _) = x.size3().expect("[batch, tokens, dim]");
+            let (cos, sin) = rotary(t, self.head_dim, THETA, x);
+            self.layers[i - 1].forward(x, &cos, &sin)
+        } else {
+            self.head(x)
+        }
+    }
+
+    fn forward_plain(&self, x: &Tensor, train: bool) -> Tensor {
+        self.forward_t(x, train)
+    }
+}
+
+impl Llama {
+    fn head(&self, x: &Tensor) -> Tensor {
+        let x = self.norm.forward(x);
         let logits = match &self.lm_head {
             Some(head) => head.forward(&x),
             None => x.matmul(&self.embed.ws.tr()),

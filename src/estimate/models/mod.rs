@@ -23,7 +23,7 @@ mod mobilenet;
 mod resnet;
 mod vit;
 
-use tch::{nn, Kind};
+use tch::{nn, Kind, Tensor};
 
 use super::Input;
 use crate::error::{Error, Result};
@@ -62,6 +62,48 @@ pub fn default_input(name: &str) -> Input {
         "gpt2" | "gpt2-medium" | "llama3.2-1b" | "llama3-8b" => Input::new(&[1, 1024], Kind::Int64),
         _ => Input::new(&[1, 3, 224, 224], Kind::Float),
     }
+}
+
+/// A model that runs as a chain of segments, each one tensor in and one out (the
+/// embedding or stem, each block, the head): the shape gradient checkpointing
+/// ([`crate::Checkpointed`]) takes.
+pub trait Chain {
+    /// Number of segments.
+    fn segments(&self) -> usize;
+    /// Runs segment `i` (`0..segments()`) on `x`.
+    fn segment(&self, i: usize, x: &Tensor, train: bool) -> Tensor;
+    /// The forward pass without checkpointing (default: every segment in order).
+    fn forward_plain(&self, x: &Tensor, train: bool) -> Tensor {
+        run_chain(self, x, train)
+    }
+}
+
+/// Every segment of `chain` in order: its forward pass.
+pub fn run_chain<C: Chain + ?Sized>(chain: &C, x: &Tensor, train: bool) -> Tensor {
+    let mut h = x.shallow_clone();
+    for i in 0..chain.segments() {
+        h = chain.segment(i, &h, train);
+    }
+    h
+}
+
+/// The built-in model `name` as a chain of segments, on `p` (`None` for the models
+/// without one: AlexNet, VGG-16, MobileNet v3).
+pub fn build_chain(name: &str, p: &nn::Path, num_classes: i64) -> Result<Option<Box<dyn Chain>>> {
+    check(name)?;
+    Ok(Some(match name {
+        "resnet18" => Box::new(resnet18(p, num_classes)),
+        "resnet50" => Box::new(resnet50(p, num_classes)),
+        "resnet101" => Box::new(resnet101(p, num_classes)),
+        "resnet152" => Box::new(resnet152(p, num_classes)),
+        "vit-b16" => Box::new(vit_b16(p, num_classes)),
+        "bert-base" => Box::new(bert_base(p)),
+        "gpt2" => Box::new(gpt2(p)),
+        "gpt2-medium" => Box::new(gpt2_medium(p)),
+        "llama3.2-1b" => Box::new(llama3_2_1b(p)),
+        "llama3-8b" => Box::new(llama3_8b(p)),
+        _ => return Ok(None),
+    }))
 }
 
 /// Builds the built-in model `name` on `p`; the image models with `num_classes`

@@ -11,6 +11,8 @@
 use tch::nn::{self, ModuleT};
 use tch::Tensor;
 
+use super::Chain;
+
 /// A convolution without bias followed by batch norm (torchvision's `conv` + `bn`).
 #[derive(Debug)]
 struct ConvBn {
@@ -126,6 +128,41 @@ impl ResNet {
     }
 }
 
+/// Segments: the stem, each residual block, the head.
+impl Chain for ResNet {
+    fn segments(&self) -> usize {
+        self.stages.iter().map(Vec::len).sum::<usize>() + 2
+    }
+
+    fn segment(&self, i: usize, x: &Tensor, train: bool) -> Tensor {
+        let blocks = self.segments() - 2;
+        if i == 0 {
+            let mut x = self.stem.forward(x, train);
+            let _ = x.relu_();
+            x.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false)
+        } else if i <= blocks {
+            let block = self
+                .stages
+                .iter()
+                .flatten()
+                .nth(i - 1)
+                .expect("a block per segment");
+            block.forward(x, train)
+        } else {
+            let x = x.adaptive_avg_pool2d([1, 1]);
+            let x = x.flatten(1, -1);
+            x.apply(&self.fc)
+        }
+    }
+
+    fn forward_plain(&self, x: &Tensor, train: bool) -> Tensor {
+        self.forward_t(x, train)
+    }
+}
+
+/// As torchvision runs it: each feature map dropped where torchvision drops it (the
+/// last block's output before the head's linear layer, which the chain keeps to the end
+/// of its segment).
 impl ModuleT for ResNet {
     fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
         let mut x = self.stem.forward(xs, train);

@@ -9,6 +9,7 @@ use tch::nn::{self, Module, ModuleT};
 use tch::Tensor;
 
 use super::blocks::{layer_norm, Mlp, PreNormBlock, SelfAttention};
+use super::{run_chain, Chain};
 
 const PATCH: i64 = 16;
 const DIM: i64 = 768;
@@ -78,16 +79,29 @@ pub fn vit_b16(p: &nn::Path, num_classes: i64) -> Vit {
     }
 }
 
+/// Segments: the patch embedding, each block, the head.
+impl Chain for Vit {
+    fn segments(&self) -> usize {
+        self.blocks.len() + 2
+    }
+
+    fn segment(&self, i: usize, x: &Tensor, train: bool) -> Tensor {
+        if i == 0 {
+            let b = x.size()[0];
+            let x = self.conv_proj.forward(x).flatten(2, 3).transpose(1, 2);
+            let cls = self.class_token.expand([b, 1, DIM], false);
+            (Tensor::cat(&[&cls, &x], 1) + &self.pos_embedding).dropout(0.0, train)
+        } else if i <= self.blocks.len() {
+            self.blocks[i - 1].forward_t(x, train)
+        } else {
+            let x = self.ln.forward(x);
+            self.head.forward(&x.select(1, 0))
+        }
+    }
+}
+
 impl ModuleT for Vit {
     fn forward_t(&self, images: &Tensor, train: bool) -> Tensor {
-        let b = images.size()[0];
-        let x = self.conv_proj.forward(images).flatten(2, 3).transpose(1, 2);
-        let cls = self.class_token.expand([b, 1, DIM], false);
-        let mut x = (Tensor::cat(&[&cls, &x], 1) + &self.pos_embedding).dropout(0.0, train);
-        for block in &self.blocks {
-            x = block.forward_t(&x, train);
-        }
-        let x = self.ln.forward(&x);
-        self.head.forward(&x.select(1, 0))
+        run_chain(self, images, train)
     }
 }

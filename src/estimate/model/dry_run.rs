@@ -1,0 +1,252 @@
+//! The dry run: the meta trace of an inference or of training steps, run as the loop a
+//! tch user writes (plain, with gradient accumulation, under autocast, or through
+//! `Checkpointed`).
+
+use std::rc::Rc;
+
+use tch::{Device, Kind, Tensor};
+
+use super::{Model, Trace};
+use crate::error::{catching, Error, Result};
+use crate::estimate::{AttentionRuns, Input, Mode, Options};
+use crate::ffi::{self, native, MetaEvent};
+use crate::optim::{meta_autocast, Checkpointed};
+
+/// `f` under the dry run's autocast in `dtype` with the op lists `list`, or plainly.
+fn autocasting<T>(dtype: Option<Kind>, list: i32, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match dtype {
+        Some(k) => meta_autocast(list, k, f)?,
+        None => f(),
+    }
+}
+
+impl Model {
+    /// The dry run: the meta trace of `mode` at these inputs, under `options` (the
+    /// settings that change what a CUDA run allocates, not the allocator's).
+    pub(crate) fn dry_run(
+        &self,
+        inputs: &[Input],
+        mode: Mode,
+        options: &Options,
+    ) -> Result<Vec<MetaEvent>> {
+        self.dry_run_lists(inputs, mode, options, native::AUTOCAST_LIST_CUDA)
+    }
+
+    /// The dry run with autocast's op lists of `autocast_list` (`native::AUTOCAST_LIST_*`:
+    /// CUDA's for an estimate, CPU's to check the dry run against a real CPU run).
+    pub(in crate::estimate) fn dry_run_lists(
+        &self,
+        inputs: &[Input],
+        mode: Mode,
+        options: &Options,
+        autocast_list: i32,
+    ) -> Result<Vec<MetaEvent>> {
+        let steps = options.steps;
+        if inputs.is_empty() {
+            return Err(Error::InvalidInput {
+                name: "input",
+                value: "(none)".into(),
+                reason: "the model needs at least one input shape".into(),
+            });
+        }
+        if !(10..=199).contains(&options.gpu.sm) {
+            return Err(Error::InvalidInput {
+                name: "GPU compute capability",
+                value: options.gpu.sm.to_string(),
+                reason: "write it as major * 10 + minor (80 for 8.0, 90 for 9.0)".into(),
+            });
+        }
+        // Set once this trace is ours (one trace per process at a time), read before it
+        // ends: no other dry run can change them in between.
+        let trace = Trace::begin()?;
+        ffi::meta_attention_set(options.gpu.sm as i32, options.attention.native())?;
+        match mode {
+            Mode::Inference => {
+                self.set_train(false)?;
+                let xs = Model::make_inputs(inputs)?;
+                ffi::meta_mark(native::MARK_BASELINE)?;
+                ffi::meta_mark(native::MARK_FORWARD)?;
+                let y = autocasting(options.autocast, autocast_list, || {
+                    tch::no_grad(|| self.forward(&xs, false))
+                })?;
+                drop(y);
+                drop(xs);
+            }
+            Mode::Train(opt) => {
+                let checkpointed = self.checkpointed(inputs, options, autocast_list)?;
+                self.set_train(true)?;
+                let mut o = opt
+                    .build(self.var_store())
+                    .map_err(|e| Error::Native(format!("building the optimizer: {e}")))?;
+                let result = (|| -> Result<()> {
+                    let accumulate = options.accumulate.max(1);
+                    for step in 0..steps.max(1) {
+                        // A plain loop holds its batch, output and loss through the
+                        // optimizer step; an accumulation loop drops each micro-batch's
+                        // at the end of its inner loop.
+                        let mut held = Vec::new();
+                        for micro in 0..accumulate {
+                            let xs = Model::make_inputs(inputs)?;
+                            if step == 0 && micro == 0 {
+                                ffi::meta_mark(native::MARK_BASELINE)?;
+                            }
+                            ffi::meta_mark(native::MARK_FORWARD)?;
+                            let kept = match &checkpointed {
+                                // The loop `Checkpointed` takes: gradients set to none
+                                // first, then forward and backward in one call, which
+                                // marks where backward begins; it keeps no output.
+                                Some(c) => {
+                                    if micro == 0 {
+                                        o.zero_grad();
+                                    }
+                                    let loss = catching(|| {
+                                        c.forward_backward(&xs[0], |out| {
+                                            loss(out, meta_targets)
+                                                .unwrap_or_else(|e| panic!("the loss failed: {e}"))
+                                        })
+                                    })
+                                    .map_err(|e| self.failed("the checkpointed step failed", e))?
+                                    .map_err(|e| self.failed("the checkpointed step failed", e))?;
+                                    vec![loss]
+                                }
+                                None => {
+                                    // Forward and loss under autocast, backward and step
+                                    // outside.
+                                    let (out, loss) =
+                                        autocasting(options.autocast, autocast_list, || {
+                                            let out = self.forward(&xs, true)?;
+                                            let loss = loss(&out, meta_targets)
+                                                .map_err(|e| self.failed("the loss failed", e))?;
+                                            Ok((out, loss))
+                                        })?;
+                                    ffi::meta_mark(native::MARK_BACKWARD)?;
+                                    if micro == 0 {
+                                        o.zero_grad();
+                                    }
+                                    catching(|| loss.backward())
+                                        .map_err(|e| self.failed("the backward pass failed", e))?;
+                                    vec![loss, out]
+                                }
+                            };
+                            if accumulate == 1 {
+                                held = kept;
+                                held.extend(xs);
+                            }
+                        }
+                        ffi::meta_mark(native::MARK_OPTIMIZER)?;
+                        catching(|| o.step())
+                            .map_err(|e| self.failed("the optimizer step failed", e))?;
+                        drop(held);
+                    }
+                    Ok(())
+                })();
+                // Gradients back to none, state dropped, whatever happened.
+                o.zero_grad();
+                drop(o);
+                drop(checkpointed);
+                self.set_train(false)?;
+                result?;
+            }
+        }
+        let [flash, efficient, cudnn, math] = ffi::meta_attention_runs()?;
+        self.last_attention.set(AttentionRuns {
+            flash,
+            efficient,
+            cudnn,
+            math,
+        });
+        trace.finish()
+    }
+
+    /// The model's chain as [`Checkpointed`] runs it for [`Options::checkpoint`] in the
+    /// dry run (autocast's op lists `list`), or `None` without checkpointing.
+    fn checkpointed(
+        &self,
+        inputs: &[Input],
+        options: &Options,
+        list: i32,
+    ) -> Result<Option<Checkpointed<'static>>> {
+        let Some(every) = options.checkpoint else {
+            return Ok(None);
+        };
+        let invalid = |value: String, reason: &str| Error::InvalidInput {
+            name: "checkpoint",
+            value,
+            reason: reason.to_string(),
+        };
+        if every == 0 {
+            return Err(invalid(
+                "0".into(),
+                "checkpoint every k-th segment takes k >= 1",
+            ));
+        }
+        let Some(chain) = &self.chain else {
+            return Err(invalid(
+                format!("every {every}"),
+                "checkpointing needs the model as a chain of segments (a built-in transformer or ResNet, Model::from_segments); a TorchScript file or a module is not one",
+            ));
+        };
+        if inputs.len() != 1 {
+            return Err(invalid(
+                format!("{} inputs", inputs.len()),
+                "a chain of segments takes one input",
+            ));
+        }
+        let mut c = Checkpointed::new(self.var_store())
+            .for_dry_run(list, || ffi::meta_mark(native::MARK_BACKWARD));
+        for i in 0..chain.segments() {
+            let chain = Rc::clone(chain);
+            let f = move |x: &Tensor, train: bool| chain.segment(i, x, train);
+            c = if i % every as usize == 0 {
+                c.segment(f)
+            } else {
+                c.segment_kept(f)
+            };
+        }
+        if let Some(k) = options.autocast {
+            c = c.mixed_precision(k);
+        }
+        Ok(Some(c))
+    }
+}
+
+/// The loss of a training step when the model is a file: cross-entropy against one
+/// class per row for a 2-D output (class scores), against one class per token for a 3-D
+/// output (a token model's `[batch, tokens, vocab]` logits, as a language model trains),
+/// the mean otherwise. `target(n)` makes
+/// `n` int64 class indices on the output's device. Used by the estimate's dry run and by
+/// a real profiled step of a TorchScript file, so both run the same step.
+pub(crate) fn loss(
+    out: &Tensor,
+    target: impl FnOnce(i64) -> Result<Tensor>,
+) -> std::result::Result<Tensor, String> {
+    if !matches!(
+        out.kind(),
+        Kind::Float | Kind::Half | Kind::BFloat16 | Kind::Double
+    ) {
+        return Err(format!(
+            "the model's output has dtype {:?}: training needs a floating-point output",
+            out.kind()
+        ));
+    }
+    if out.dim() == 2 {
+        let target = target(out.size()[0]).map_err(|e| e.to_string())?;
+        catching(|| out.cross_entropy_for_logits(&target))
+    } else if out.dim() == 3 {
+        let size = out.size();
+        let rows = size[0] * size[1];
+        let target = target(rows).map_err(|e| e.to_string())?;
+        catching(|| {
+            out.reshape([rows, size[2]])
+                .cross_entropy_for_logits(&target)
+        })
+    } else {
+        catching(|| out.mean(out.kind()))
+    }
+}
+
+/// `n` int64 class indices on the meta device: the targets of the dry run's loss.
+fn meta_targets(n: i64) -> Result<Tensor> {
+    let like = Tensor::empty([0], (Kind::Int64, Device::Cpu));
+    ffi::meta_empty(&[n], &like)
+}
