@@ -198,3 +198,76 @@ fn checkpointing_every_segment() {
 fn checkpointing_every_second_segment() {
     checkpointing(2);
 }
+
+/// The GPU check of the levers (`scripts/gpu/plan_levers.py`) measures checkpointing
+/// through a PyTorch mirror of `Checkpointed`: on the CPU, that mirror gives the plain
+/// step's loss and gradients (GPT-2's tiny config, dropout on), so what the GPU measures
+/// is checkpointing as `Checkpointed` runs it.
+#[test]
+fn the_gpu_checks_checkpointing_mirror_trains_as_the_plain_step() {
+    let Some(py) = common::torch_python() else {
+        common::cannot_run("the GPU check's Checkpointed mirror (no torch Python found)");
+        return;
+    };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gpu/plan_levers.py");
+    let out = std::process::Command::new(py)
+        .args([script, "--check-cpu"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for every in [1, 2] {
+        assert!(
+            said.contains(&format!(
+                "checkpoint every {every}: loss and 28 gradients equal"
+            )),
+            "{said}"
+        );
+    }
+}
+
+/// A user's chain built on the CPU (`Model::from_segments`, the way docs/plan.md shows)
+/// predicts what the same chain built on the meta device does, with and without
+/// checkpointing: the same peak allocated and the same FLOPs.
+#[test]
+fn a_users_segments_on_the_cpu_estimate_as_the_chain_built_on_meta() {
+    use std::rc::Rc;
+    use tch::{nn, Device, Tensor};
+    use tch_memprof::estimate::models::Chain;
+    use tch_memprof::estimate::Segment;
+
+    let _serial = common::serial();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = Rc::new(gpt::Gpt::new(&vs.root()));
+    let segments: Vec<Segment> = (0..net.segments())
+        .map(|i| {
+            let net = Rc::clone(&net);
+            Box::new(move |x: &Tensor, train: bool| net.segment(i, x, train)) as Segment
+        })
+        .collect();
+    let user = Model::from_segments(vs, segments).unwrap();
+    let meta = Model::build_chain_on_meta(gpt::Gpt::new).unwrap();
+    assert_eq!(user.segments(), Some(4));
+    assert_eq!(user.weights_bytes(), meta.weights_bytes());
+    let input = Input::new(&[BATCH, gpt::CONTEXT], Kind::Int64);
+    for checkpoint in [None, Some(1), Some(2)] {
+        let options = Options {
+            checkpoint,
+            ..Options::default()
+        };
+        let [a, b] = [&user, &meta].map(|m| {
+            m.estimate(
+                std::slice::from_ref(&input),
+                Mode::Train(Optimizer::AdamW),
+                &options,
+            )
+            .unwrap()
+        });
+        assert_eq!(a.peak_allocated, b.peak_allocated, "{checkpoint:?}");
+        assert_eq!(a.step_flops, b.step_flops, "{checkpoint:?}");
+    }
+}

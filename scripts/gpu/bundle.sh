@@ -19,5 +19,5 @@ for e in quickstart resnet_profile leak_hunt optimizations deployment_peak; do
 done
 cp target/release/tch-memprof gpu_bundle/
 cp scripts/gpu/run.sh scripts/gpu/viewer_check.py scripts/gpu/transformers.py \
-  scripts/gpu/transformers_join.py gpu_bundle/
+  scripts/gpu/transformers_join.py scripts/gpu/plan_levers.py gpu_bundle/
 echo "gpu_bundle/ is ready: copy it to the GPU machine and run ./run.sh there"

@@ -69,5 +69,8 @@ step "transformers measured on cuda (PyTorch)" \
 step "transformers predicted beside measured" python3 transformers_join.py \
   --measured out/transformers_measured.csv --estimates out/estimate --out out/transformers_joined.csv
 
+step "plan levers (allocator settings, checkpointing) measured and estimated" \
+  python3 plan_levers.py --estimate ./tch-memprof ${EST_GPU:+--gpu "$EST_GPU"} --out out/plan_levers.csv
+
 echo; echo "=== summary"
 for i in "${!names[@]}"; do printf '%-55s %s\n' "${names[$i]}" "${results[$i]}"; done
