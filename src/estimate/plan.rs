@@ -171,8 +171,12 @@ impl Plan {
                     .config
                     .autocast
                     .map_or(String::new(), |d| format!(".mixed_precision(Kind::{d:?})"));
+                out.push(
+                    "// segment(i, x, train): segment i of your chain (Chain::segment for a built-in)"
+                        .to_string(),
+                );
                 out.push(format!(
-                    "let model = (0..segments).fold(Checkpointed::new(&vs), |c, i| {wrap}){amp};  // segment(i, ..): segment i of the chain (Chain::segment for a built-in)"
+                    "let model = (0..segments).fold(Checkpointed::new(&vs), |c, i| {wrap}){amp};"
                 ));
                 out.push(if k > 1 {
                     format!("for (i, xs) in micro_batches.enumerate() {{ if i % {k} == 0 {{ opt.zero_grad(); }} model.forward_backward(&xs, |out| loss_fn(out) / {k}.)?; if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}")
