@@ -4,17 +4,19 @@
 //! so the helper drives backward itself, segment by segment, with the autograd tch
 //! offers:
 //!
-//! 1. forward: every segment but the last runs under `no_grad`; only its output (the
-//!    next segment's input, a *boundary*) is kept, not the activations inside it;
+//! 1. forward: every checkpointed segment (all but the last, unless added with
+//!    [`Checkpointed::segment_kept`]) runs under `no_grad`; only its output (the next
+//!    segment's input, a *boundary*) is kept, not the activations inside it; a kept
+//!    segment runs with its graph from its detached input boundary;
 //! 2. the last segment runs with a graph, the loss is computed and `backward()` runs;
 //!    the gradient of its input boundary is read from the detached input's `.grad`;
-//! 3. for each earlier segment, last to first: its input boundary is detached, marked
-//!    as requiring a gradient, the segment is run again with a graph (the
-//!    *recomputation*), and `sum(output * g).backward()` propagates the boundary
-//!    gradient `g` into it: the gradient of `sum(output * g)` with respect to `output`
+//! 3. for each earlier segment, last to first: a checkpointed segment's input boundary
+//!    is detached, marked as requiring a gradient, and the segment is run again with a
+//!    graph (the *recomputation*; a kept segment uses the graph of step 1), and
+//!    `sum(output * g).backward()` propagates the boundary gradient `g` into it: the gradient of `sum(output * g)` with respect to `output`
 //!    is `g` exactly, so every parameter receives what the plain backward would give.
 //!
-//! Cost: one more forward pass of every segment but the last. Savings: the activations
+//! Cost: one more forward pass of every checkpointed segment. Savings: the activations
 //! each checkpointed segment keeps for backward, minus its output, which stays as the next
 //! boundary (see docs/optimizations.md for the measured table).
 //!
@@ -112,8 +114,9 @@ type Mark<'a> = Box<dyn Fn() -> Result<()> + 'a>;
 type Segment<'a> = Box<dyn Fn(&Tensor, bool) -> Tensor + 'a>;
 
 /// A model run as a chain of segments (each takes one tensor and returns one), trained
-/// with gradient checkpointing: every segment but the last keeps only its output during
-/// the forward pass and is recomputed during backward.
+/// with gradient checkpointing: every segment added with [`Checkpointed::segment`] but
+/// the last keeps only its output during the forward pass and is recomputed during
+/// backward; one added with [`Checkpointed::segment_kept`] keeps its activations.
 ///
 /// ```no_run
 /// use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
@@ -216,7 +219,8 @@ impl<'a> Checkpointed<'a> {
     }
 
     /// Whether to replay the random generator's state in recomputations (default
-    /// true; off saves a few kilobytes per segment where no segment is random).
+    /// true; off saves a few kilobytes per checkpointed segment where no segment is
+    /// random).
     pub fn preserve_rng(mut self, on: bool) -> Self {
         self.preserve_rng = on;
         self

@@ -413,6 +413,12 @@ fn without_rng_replay_dropout_gradients_differ() {
 /// dry run's byte-exact comparison of the same loop is `tests/plan_levers.rs`).
 #[test]
 fn kept_segments_between_checkpointed_ones_give_the_plain_gradients() {
+    // The first segment checkpointed, then kept.
+    kept_segments(0);
+    kept_segments(1);
+}
+
+fn kept_segments(checkpointed_parity: usize) {
     let _s = common::serial();
     tch::manual_seed(3);
     let vs = nn::VarStore::new(Device::Cpu);
@@ -422,7 +428,7 @@ fn kept_segments_between_checkpointed_ones_give_the_plain_gradients() {
         .enumerate()
         .fold(Checkpointed::new(&vs), |c, (i, b)| {
             let f = move |x: &Tensor, _train: bool| b.forward(x);
-            if i % 2 == 0 {
+            if i % 2 == checkpointed_parity {
                 c.segment(f)
             } else {
                 c.segment_kept(f)
@@ -446,7 +452,7 @@ fn kept_segments_between_checkpointed_ones_give_the_plain_gradients() {
     assert_eq!(loss.double_value(&[]), loss_ck.double_value(&[]));
     assert_eq!(plain.len(), 4 * N);
     assert_same_grads(&plain, &grads(&vs), 1e-6);
-    // The input's gradient too: it flows through the first (checkpointed) segment.
+    // The input's gradient too: it flows through the first segment, checkpointed or kept.
     let scale = plain_x.abs().max().double_value(&[]);
     assert!(max_abs_diff(&plain_x, &x.grad()) <= 1e-6 * scale);
 }

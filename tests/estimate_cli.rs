@@ -36,16 +36,21 @@ fn csv_rows_are_the_librarys_estimates() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines[0],
-        "model,batch,mode,weights_bytes,peak_allocated_bytes,peak_reserved_bytes,largest_batch,attention,autocast"
+        "model,batch,mode,weights_bytes,peak_allocated_bytes,peak_reserved_bytes,largest_batch,attention,autocast,idle_bytes,peak_if_dropped_bytes"
     );
-    assert!(lines[1..].iter().all(|l| l.ends_with(",off")), "{stdout}");
+    assert!(
+        lines[1..]
+            .iter()
+            .all(|l| l.split(',').nth(8) == Some("off")),
+        "{stdout}"
+    );
     // The two batches asked for, then the largest batch that fits in 2 GiB, marked.
     assert_eq!(lines.len(), 4, "{stdout}");
     let last: Vec<&str> = lines[3].split(',').collect();
     assert_eq!(last[6], "true", "{stdout}");
     // AlexNet has no attention layer: no backend ran.
     assert_eq!(last[7], "none", "{stdout}");
-    assert_eq!(last.len(), 9, "{stdout}");
+    assert_eq!(last.len(), 11, "{stdout}");
     assert!(last[5].parse::<u64>().unwrap() <= 2 << 30, "{stdout}");
     let lines = &lines[..3];
     let model = Model::builtin("alexnet").unwrap();
@@ -77,14 +82,18 @@ fn csv_rows_are_the_librarys_estimates() {
                 &Options::default(),
             )
             .unwrap();
+        let idle = e.idle.clone().expect("the estimate looks for idle blocks");
+        assert!(idle.peak_if_dropped <= e.peak_allocated);
         assert_eq!(
             *line,
             format!(
-                "alexnet,{b},inference,{},{},{},false,{},off",
+                "alexnet,{b},inference,{},{},{},false,{},off,{},{}",
                 e.weights_bytes,
                 e.peak_allocated,
                 e.peak_reserved,
-                e.attention.label()
+                e.attention.label(),
+                idle.bytes,
+                idle.peak_if_dropped
             )
         );
     }

@@ -145,8 +145,8 @@ fn the_exit_status_says_whether_a_plan_fits() {
 }
 
 /// Where neither the step as it is nor any allocator setting fits, a model given as a
-/// chain (GPT-2 here, one sequence, SGD, already in bf16: checkpointing and the
-/// allocator are the only levers) is planned with checkpointing: every plan checkpoints,
+/// chain (GPT-2 here, one sequence, SGD, already in bf16 with the gradients set to none
+/// first: checkpointing and the allocator are the only levers) is planned with checkpointing: every plan checkpoints,
 /// each one's peak is the estimate of its configuration, the first checkpoints the fewest
 /// segments that fit, and its recomputed share is the FLOPs of the two estimates, with
 /// and without checkpointing.
@@ -160,6 +160,7 @@ fn checkpointing_is_planned_when_nothing_cheaper_fits() {
     let input = Input::new(&[1, 1024], Kind::Int64);
     let base = Options {
         autocast: Some(Kind::BFloat16),
+        zero_grad_first: true,
         ..Options::default()
     };
     let allocators = [

@@ -271,3 +271,21 @@ fn a_users_segments_on_the_cpu_estimate_as_the_chain_built_on_meta() {
         assert_eq!(a.step_flops, b.step_flops, "{checkpoint:?}");
     }
 }
+
+/// Gradients set to none before the forward pass (`opt.zero_grad()` first) instead of
+/// after it, before backward (tch's `backward_step`): the last step's gradients are gone
+/// while the activations grow. Measured on a 2-core x86-64 machine: CPU and dry run
+/// 880264 -> 800648 B, both -79616 B: byte-exact.
+#[test]
+fn gradients_to_none_before_the_forward_pass() {
+    let off = compare(&baseline());
+    let on = compare(&Run {
+        zero_grad_first: true,
+        ..baseline()
+    });
+    assert_f32_peaks(&off);
+    assert_f32_peaks(&on);
+    let (real, predicted) = deltas("zero_grad first", &off, &on);
+    assert_moves(predicted, &off);
+    assert_eq!(real, predicted);
+}

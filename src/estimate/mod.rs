@@ -36,6 +36,7 @@
 
 pub mod allocator;
 mod gpu;
+mod idle;
 mod model;
 pub mod models;
 mod plan;
@@ -366,6 +367,11 @@ pub struct Options {
     /// [`Model::from_segments`], [`Model::build_chain_on_meta`]). `None` (default): no
     /// checkpointing.
     pub checkpoint: Option<u32>,
+    /// Training: the gradients are set to none before the forward pass
+    /// (`opt.zero_grad()` first, as PyTorch's canonical loop and `Checkpointed`'s do), so
+    /// the last step's gradients are gone while the activations grow. `false` (default):
+    /// after the forward pass, before backward, as tch's `backward_step` does.
+    pub zero_grad_first: bool,
 }
 
 /// The autocast dtypes of [`Options::autocast`] by their command-line names.
@@ -406,6 +412,7 @@ impl Default for Options {
             attention: Attention::Auto,
             autocast: None,
             checkpoint: None,
+            zero_grad_first: false,
         }
     }
 }
@@ -514,6 +521,50 @@ pub struct Estimate {
     /// the step anatomy counts them (docs/step-anatomy.md): the dry run's FLOPs divided
     /// by its steps.
     pub step_flops: u64,
+    /// What a `drop` would save: the blocks live at the predicted peak that no op reads
+    /// again (see [`IdleAtPeak`]); `None` where it was not analysed (the plan's
+    /// configurations).
+    pub idle: Option<IdleAtPeak>,
+}
+
+/// The blocks live at the predicted peak allocated whose last read came before it: what
+/// the step holds though no op reads it again (a binding left in scope, a temporary
+/// kept to the end of its statement, the loop's output held through backward).
+/// docs/step-anatomy.md defines "idle at the peak".
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct IdleAtPeak {
+    /// Bytes of the idle blocks.
+    pub bytes: u64,
+    /// Idle blocks.
+    pub blocks: usize,
+    /// The predicted peak allocated had every idle block been freed right after the op
+    /// of its last read returned, and the blocks made and read the same way in the other
+    /// steps too (a `drop` in the loop acts in every step); the peak may move elsewhere,
+    /// so the saving is often less than the idle bytes.
+    pub peak_if_dropped: u64,
+    /// The predicted peak reserved in the same case (0 when nothing is idle).
+    pub reserved_if_dropped: u64,
+    /// The largest groups (by the op that made the blocks, its module, the op that read
+    /// them last), largest first.
+    pub groups: Vec<IdleGroup>,
+}
+
+/// Idle blocks made by one op (in one module) and last read by one op.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct IdleGroup {
+    /// Their bytes.
+    pub bytes: u64,
+    /// How many.
+    pub blocks: usize,
+    /// The op that made them (`aten::mm`).
+    pub op: String,
+    /// The TorchScript module it ran in, when the model is a file.
+    pub layer: Option<String>,
+    /// The op that read them last (`(never read)` when none did).
+    pub last_read_op: String,
+    /// The predicted peak allocated had these (and the blocks made and read the same way
+    /// in the other steps) been freed right after their last read.
+    pub peak_if_dropped: u64,
 }
 
 /// The largest batch that fits (see [`Model::largest_batch`]).

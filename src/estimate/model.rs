@@ -9,8 +9,9 @@ use std::time::Instant;
 use tch::nn;
 use tch::{Device, Tensor};
 
+use super::idle::idle_at_peak;
 use super::models::{self, Chain};
-use super::replay::replay;
+use super::replay::{replay, replay_at};
 
 mod dry_run;
 use super::{AttentionRuns, Estimate, Fit, Input, Mode, Options};
@@ -451,7 +452,14 @@ impl Model {
     pub fn estimate(&self, inputs: &[Input], mode: Mode, options: &Options) -> Result<Estimate> {
         let start = Instant::now();
         let run = self.dry_run(inputs, mode, options)?;
-        let mut e = replay(&self.weights, &run, options)?;
+        let (mut e, peak_at) = replay_at(&self.weights, &run, options)?;
+        e.idle = Some(idle_at_peak(
+            &self.weights,
+            &run,
+            options,
+            peak_at,
+            e.peak_allocated,
+        )?);
         e.attention = self.last_attention.get();
         e.mode = mode;
         e.batch = inputs.first().map_or(1, Input::batch);

@@ -5,12 +5,14 @@
 //! - **allocator settings** (`PYTORCH_CUDA_ALLOC_CONF`): they change reserved, never
 //!   allocated, and cost nothing; every dry run is replayed under each candidate setting
 //!   (the trace does not depend on them);
+//! - **gradients to none first** (`opt.zero_grad()` before the forward pass instead of
+//!   after it): free;
 //! - **mixed precision** (autocast in bfloat16, float16 on GPUs without bfloat16);
+//! - **gradient accumulation**: the batch split into micro-batches, the effective batch
+//!   kept (cost: more, smaller steps);
 //! - **activation checkpointing** of every second segment or of every segment of a model
 //!   given as a chain ([`crate::Checkpointed`]; cost: the recomputed FLOPs, counted in
 //!   the dry run);
-//! - **gradient accumulation**: the batch split into micro-batches, the effective batch
-//!   kept (cost: more, smaller steps);
 //! - **the optimizer** (AdamW or Adam to SGD with momentum, to SGD): it changes training,
 //!   so it comes last and is marked.
 //!
@@ -40,6 +42,9 @@ pub struct Config {
     /// Activation checkpointing ([`Options::checkpoint`]): every k-th segment of the
     /// model's chain, or none.
     pub checkpoint: Option<u32>,
+    /// Gradients set to none before the forward pass ([`Options::zero_grad_first`]);
+    /// always with checkpointing, which runs forward and backward in one call.
+    pub zero_grad_first: bool,
     /// The caching allocator's settings.
     pub allocator: AllocatorConfig,
     /// The allocator settings as `PYTORCH_CUDA_ALLOC_CONF` reads them (empty: the
@@ -48,9 +53,12 @@ pub struct Config {
 }
 
 /// What a plan costs, compared in this order: a change of optimizer (changes
-/// training; the further from the one asked for, the costlier), then recomputation (the segments checkpointed), then micro-batches per
-/// step, then lower precision, then allocator settings (free).
-#[derive(Clone, Debug, PartialEq)]
+/// training; the further from the one asked for, the costlier), then recomputation (the
+/// segments checkpointed), then micro-batches per step, then lower precision, then the
+/// free levers (gradients to none first, allocator settings). Two costs are equal when
+/// they compare equal: the recomputed share is measured, and follows the segments
+/// checkpointed.
+#[derive(Clone, Debug)]
 pub struct Cost {
     /// The optimizer differs from the one asked for.
     pub changes_training: bool,
@@ -67,6 +75,8 @@ pub struct Cost {
     pub accumulate: u32,
     /// Autocast dtype, if any.
     pub lower_precision: Option<Kind>,
+    /// `opt.zero_grad()` moved before the forward pass.
+    pub zero_grad_moved: bool,
     /// Allocator settings changed.
     pub allocator_changed: bool,
 }
@@ -74,14 +84,21 @@ pub struct Cost {
 impl Cost {
     /// Known before the dry run (the recomputed share is measured by it, and grows
     /// with the segments checkpointed), so the search can go cheapest first.
-    fn key(&self) -> (u32, u32, u32, bool, bool) {
+    fn key(&self) -> (u32, u32, u32, bool, bool, bool) {
         (
             self.optimizer_rank,
             self.checkpointed,
             self.accumulate,
             self.lower_precision.is_some(),
+            self.zero_grad_moved,
             self.allocator_changed,
         )
+    }
+}
+
+impl PartialEq for Cost {
+    fn eq(&self, other: &Cost) -> bool {
+        self.key() == other.key()
     }
 }
 
@@ -115,12 +132,7 @@ impl Plan {
 
     /// The levers this plan pulls, in words: `bf16 autocast`, `2 x micro-batch 4`, ...
     pub fn levers(&self, asked: Optimizer) -> Vec<String> {
-        let mut out = lever_words(
-            &self.config,
-            self.micro_batch,
-            asked,
-            self.cost.lower_precision,
-        );
+        let mut out = lever_words(&self.config, self.micro_batch, asked, &self.cost);
         if !self.config.allocator_conf.is_empty() {
             out.push(self.config.allocator_conf.clone());
         }
@@ -130,29 +142,20 @@ impl Plan {
         out
     }
 
-    /// The levers of a configuration that was not planned (a failed dry run), in words.
-    fn describe_levers(
-        config: &Config,
-        micro: i64,
-        asked: Optimizer,
-        asked_autocast: Option<Kind>,
-    ) -> String {
-        let lower = config.autocast.filter(|_| asked_autocast.is_none());
-        let words = lever_words(config, micro, asked, lower);
-        if words.is_empty() {
-            "as is".to_string()
-        } else {
-            words.join(", ")
-        }
-    }
-
-    /// How to apply it in a tch training loop, a line per lever.
+    /// How to apply it in a tch training loop, a line per lever: the optimizer first
+    /// (the loop uses it), then the loop.
     pub fn code(&self, asked: Optimizer) -> Vec<String> {
         let mut out = Vec::new();
         if !self.config.allocator_conf.is_empty() {
             out.push(format!(
                 "export PYTORCH_CUDA_ALLOC_CONF={}",
                 self.config.allocator_conf
+            ));
+        }
+        if self.config.optimizer != asked {
+            out.push(format!(
+                "let mut opt = {}.build(&vs, lr)?;",
+                optimizer_code(self.config.optimizer)
             ));
         }
         let k = self.config.accumulate;
@@ -172,11 +175,11 @@ impl Plan {
                     .autocast
                     .map_or(String::new(), |d| format!(".mixed_precision(Kind::{d:?})"));
                 out.push(
-                    "// segment(i, x, train): segment i of your chain (Chain::segment for a built-in)"
-                        .to_string(),
+                    "// segment(i, x, train): segment i of your chain, segments: how many (a built-in: Chain::segment, Chain::segments)".to_string(),
                 );
+                out.push("let segment = &segment;".to_string());
                 out.push(format!(
-                    "let model = (0..segments).fold(Checkpointed::new(&vs), |c, i| {wrap}){amp};"
+                    "let model = (0..segments).fold(tch_memprof::Checkpointed::new(&vs), |c, i| {wrap}){amp};"
                 ));
                 out.push(if k > 1 {
                     format!("for (i, xs) in micro_batches.enumerate() {{ if i % {k} == 0 {{ opt.zero_grad(); }} model.forward_backward(&xs, |out| loss_fn(out) / {k}.)?; if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}")
@@ -185,43 +188,53 @@ impl Plan {
                 });
             }
             None => {
-                if let Some(d) = self.cost.lower_precision {
-                    out.push(format!(
-                        "let loss = tch_memprof::autocast(Device::Cuda(0), Kind::{d:?}, || loss_fn(&model.forward_t(&xs, true)))?;"
-                    ));
-                }
+                let forward = match self.cost.lower_precision {
+                    Some(d) => format!("tch_memprof::autocast(Device::Cuda(0), Kind::{d:?}, || loss_fn(&model.forward_t(&xs, true)))?"),
+                    None if self.config.autocast.is_some() => "/* your autocast */ loss_fn(&model.forward_t(&xs, true))".to_string(),
+                    None => "loss_fn(&model.forward_t(&xs, true))".to_string(),
+                };
+                // The loop the estimate ran: gradients set to none before the forward
+                // pass or after it, one micro-batch on the GPU at a time, one optimizer
+                // step per batch.
+                let changed = self.cost.lower_precision.is_some() || self.cost.zero_grad_moved;
                 if k > 1 {
-                    // The loop the estimate ran: one micro-batch on the GPU at a time,
-                    // gradients set to none at the first backward, one optimizer step
-                    // per batch.
-                    out.push(format!(
-                        "for (i, xs) in micro_batches.enumerate() {{ let loss = loss_fn(&model.forward_t(&xs, true)) / {k}.; if i % {k} == 0 {{ opt.zero_grad(); }} loss.backward(); if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}"
-                    ));
+                    out.push(if self.config.zero_grad_first {
+                        format!("for (i, xs) in micro_batches.enumerate() {{ if i % {k} == 0 {{ opt.zero_grad(); }} let loss = {forward} / {k}.; loss.backward(); if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}")
+                    } else {
+                        format!("for (i, xs) in micro_batches.enumerate() {{ let loss = {forward} / {k}.; if i % {k} == 0 {{ opt.zero_grad(); }} loss.backward(); if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}")
+                    });
+                } else if changed {
+                    out.push(if self.config.zero_grad_first {
+                        format!("opt.zero_grad(); let loss = {forward}; loss.backward(); opt.step();  // gradients to none before the forward pass")
+                    } else {
+                        format!("let loss = {forward}; opt.backward_step(&loss);")
+                    });
                 }
             }
-        }
-        if self.config.optimizer != asked {
-            out.push(format!(
-                "let opt = {}.build(&vs, lr)?;",
-                optimizer_code(self.config.optimizer)
-            ));
         }
         out
     }
 }
 
-fn lever_words(
-    config: &Config,
-    micro: i64,
-    asked: Optimizer,
-    lower_precision: Option<Kind>,
-) -> Vec<String> {
+/// The levers of a configuration, in words (`as is` for none).
+fn describe(config: &Config, micro: i64, asked: Optimizer, cost: &Cost) -> String {
+    let words = lever_words(config, micro, asked, cost);
+    if words.is_empty() {
+        "as is".to_string()
+    } else {
+        words.join(", ")
+    }
+}
+
+fn lever_words(config: &Config, micro: i64, asked: Optimizer, cost: &Cost) -> Vec<String> {
     let mut out = Vec::new();
-    if let Some(k) = lower_precision {
+    if let Some(k) = cost.lower_precision {
         out.push(format!("{} autocast", dtype_name(k)));
     }
     if let Some(k) = config.checkpoint {
         out.push(format!("checkpoint {}", every_segment(k)));
+    } else if cost.zero_grad_moved {
+        out.push("gradients to none first".to_string());
     }
     if config.accumulate > 1 {
         out.push(format!("{} x micro-batch {micro}", config.accumulate));
@@ -428,14 +441,23 @@ impl Model {
             for c in checkpoint_candidates(segments, options.checkpoint) {
                 for k in accumulate_candidates(batch) {
                     for a in autocast_candidates(options) {
-                        configs.push(Config {
-                            autocast: a,
-                            accumulate: k,
-                            optimizer: o,
-                            checkpoint: c,
-                            allocator: options.allocator.clone(),
-                            allocator_conf: String::new(),
-                        });
+                        // Checkpointing sets the gradients to none first by itself.
+                        let zero_grad = match c {
+                            Some(_) => vec![true],
+                            None if options.zero_grad_first => vec![true],
+                            None => vec![false, true],
+                        };
+                        for z in zero_grad {
+                            configs.push(Config {
+                                autocast: a,
+                                accumulate: k,
+                                optimizer: o,
+                                checkpoint: c,
+                                zero_grad_first: z,
+                                allocator: options.allocator.clone(),
+                                allocator_conf: String::new(),
+                            });
+                        }
                     }
                 }
             }
@@ -453,6 +475,7 @@ impl Model {
             recompute,
             accumulate: c.accumulate,
             lower_precision: c.autocast.filter(|_| options.autocast.is_none()),
+            zero_grad_moved: c.zero_grad_first && !options.zero_grad_first,
             allocator_changed: !c.allocator_conf.is_empty(),
         };
         configs.sort_by(|x, y| {
@@ -480,6 +503,7 @@ impl Model {
                 accumulate: k,
                 autocast: a,
                 checkpoint: config.checkpoint,
+                zero_grad_first: config.zero_grad_first,
                 ..options.clone()
             };
             let first = dry_runs == 0;
@@ -490,8 +514,10 @@ impl Model {
                 // configuration fails (an op autocast refuses): skip it, say why.
                 Err(e) if first => return Err(e),
                 Err(e) => {
-                    let what = Plan::describe_levers(&config, micro, optimizer, options.autocast);
-                    skipped.push(format!("{what}: {e}"));
+                    skipped.push(format!(
+                        "{}: {e}",
+                        describe(&config, micro, optimizer, &cost(&config, 0.0))
+                    ));
                     continue;
                 }
             };
@@ -502,20 +528,20 @@ impl Model {
                     0.0
                 }
                 Some(_) if config.checkpoint == options.checkpoint => 0.0,
-                Some(_) => {
-                    let plain = match plain_flops.iter().find(|(c, _)| *c == (o, k, a)) {
-                        Some((_, f)) => *f,
-                        None => {
-                            dry_runs += 1;
-                            let plain = Options {
-                                checkpoint: None,
-                                ..opts.clone()
-                            };
-                            self.estimate(&xs, Mode::Train(o), &plain)?.step_flops
-                        }
-                    };
-                    flops.saturating_sub(plain) as f64 / plain.max(1) as f64
-                }
+                // The same step without checkpointing ran first (it costs less); when
+                // its dry run failed, so would this one's measure: skip it, say why.
+                Some(_) => match plain_flops.iter().find(|(c, _)| *c == (o, k, a)) {
+                    Some((_, plain)) => {
+                        flops.saturating_sub(*plain) as f64 / (*plain).max(1) as f64
+                    }
+                    None => {
+                        skipped.push(format!(
+                            "{}: the same step without checkpointing failed, so its recomputed FLOPs are unknown",
+                            describe(&config, micro, optimizer, &cost(&config, 0.0))
+                        ));
+                        continue;
+                    }
+                },
             };
             let mut tried: Vec<Plan> = allocators
                 .iter()
@@ -556,7 +582,13 @@ impl Model {
                 ..chosen
             };
             if chosen.estimate.peak_reserved <= memory {
-                fits.push(chosen);
+                // A cheaper plan (found before) with a peak no higher beats it.
+                if !fits
+                    .iter()
+                    .any(|f| f.estimate.peak_reserved <= chosen.estimate.peak_reserved)
+                {
+                    fits.push(chosen);
+                }
             } else if smallest.as_ref().map_or(true, |s| {
                 chosen.estimate.peak_reserved < s.estimate.peak_reserved
             }) {

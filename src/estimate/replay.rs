@@ -19,6 +19,16 @@ pub(super) fn replay(
     run: &[MetaEvent],
     options: &Options,
 ) -> Result<Estimate> {
+    Ok(replay_at(weights, run, options)?.0)
+}
+
+/// [`replay`], with the index in `run` of the event that reached the peak allocated
+/// (`run.len()` when the weights alone reach it).
+pub(super) fn replay_at(
+    weights: &[MetaEvent],
+    run: &[MetaEvent],
+    options: &Options,
+) -> Result<(Estimate, usize)> {
     let mut alloc = CachingAllocator::new(options.allocator.clone());
     for e in weights {
         match e.kind {
@@ -40,9 +50,10 @@ pub(super) fn replay(
     let mut peak_layer = -1;
     let mut peak_phase = Phase::Forward;
     let mut peak_step = 1;
+    let mut peak_at = run.len();
     let mut allocations = 0u64;
     let mut flops = 0u64;
-    for e in run {
+    for (i, e) in run.iter().enumerate() {
         match e.kind {
             native::META_ALLOC => {
                 allocations += 1;
@@ -96,6 +107,7 @@ pub(super) fn replay(
                 peak_layer = layer;
                 peak_phase = phase;
                 peak_step = step.max(1);
+                peak_at = i;
             }
         }
     }
@@ -110,7 +122,7 @@ pub(super) fn replay(
     } else {
         ffi::name(peak_layer)?
     };
-    Ok(Estimate {
+    let estimate = Estimate {
         mode: Mode::Inference,
         batch: 1,
         weights_bytes: 0,
@@ -133,5 +145,7 @@ pub(super) fn replay(
         not_modelled: &NOT_MODELLED,
         attention: Default::default(),
         step_flops: flops / u64::from(step.max(1)),
-    })
+        idle: None,
+    };
+    Ok((estimate, peak_at))
 }

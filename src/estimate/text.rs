@@ -5,7 +5,7 @@ use std::fmt;
 
 use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 
-use super::{AllocatorConfig, Estimate, Fit, Mode, Options, Plans};
+use super::{AllocatorConfig, Estimate, Fit, IdleAtPeak, Mode, Options, Plans};
 use crate::format::bytes;
 
 /// The estimates as a table (batch, weights, baseline, peak allocated, peak reserved,
@@ -52,6 +52,43 @@ pub fn table(rows: &[Estimate]) -> String {
             e.peak_step,
             e.attention.label()
         ));
+        if let Some(idle) = e.idle.as_ref().filter(|i| i.blocks > 0) {
+            out.push_str(&idle_lines(idle, e.peak_allocated));
+        }
+    }
+    out
+}
+
+/// What a `drop` would save at the peak: the idle bytes, the peak had they been freed
+/// after their last read, the largest groups (three at most).
+fn idle_lines(idle: &IdleAtPeak, peak: u64) -> String {
+    let mut out = format!(
+        "\n  idle at the peak: {} in {} block(s) no op reads again; freed after their last \
+         read, the peak would be {} (from {})",
+        bytes(idle.bytes),
+        idle.blocks,
+        bytes(idle.peak_if_dropped),
+        bytes(peak)
+    );
+    // The three largest, each at least 1% of the idle bytes.
+    for g in idle
+        .groups
+        .iter()
+        .take(3)
+        .filter(|g| g.bytes * 100 >= idle.bytes)
+    {
+        out.push_str(&format!(
+            "\n    {} in {} block(s) made by {}{}, last read by {}: peak {} if dropped",
+            bytes(g.bytes),
+            g.blocks,
+            g.op,
+            g.layer
+                .as_deref()
+                .map(|l| format!(" in module {l}"))
+                .unwrap_or_default(),
+            g.last_read_op,
+            bytes(g.peak_if_dropped)
+        ));
     }
     out
 }
@@ -60,15 +97,18 @@ impl Options {
     /// One line: the mode, the autocast dtype if any, the GPU with its cuBLAS workspace
     /// and compute capability, the attention setting, the allocator settings.
     pub fn describe(&self, mode: Mode) -> String {
-        let mut accumulate = match (mode, self.accumulate) {
+        let mut loop_words = match (mode, self.accumulate) {
             (Mode::Train(_), k) if k > 1 => format!(" ({k} micro-batches a step)"),
             _ => String::new(),
         };
         if let (Mode::Train(_), Some(k)) = (mode, self.checkpoint) {
-            accumulate.push_str(&format!(", checkpointing {}", every_segment(k)));
+            loop_words.push_str(&format!(", checkpointing {}", every_segment(k)));
+        }
+        if let (Mode::Train(_), true) = (mode, self.zero_grad_first) {
+            loop_words.push_str(", gradients to none before the forward pass");
         }
         format!(
-            "{}{accumulate}{}, GPU {} (cuBLAS workspace {}, compute capability {}.{}), attention {}, {}",
+            "{}{loop_words}{}, GPU {} (cuBLAS workspace {}, compute capability {}.{}), attention {}, {}",
             mode.label(),
             match self.autocast {
                 None => String::new(),

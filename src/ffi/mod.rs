@@ -67,6 +67,7 @@ pub(crate) mod native {
     pub const META_BLASLT: i32 = 6;
     pub const META_OP_END: i32 = 7;
     pub const META_FLOPS: i32 = 8;
+    pub const META_READ: i32 = 9;
     pub const AUTOCAST_LIST_CUDA: i32 = 0;
     pub const AUTOCAST_LIST_CPU: i32 = 1;
     pub const AUTOCAST_REGISTERED_CUDA: i32 = 2;

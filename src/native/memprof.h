@@ -65,6 +65,7 @@ enum MpMetaKind {
   MP_META_BLASLT = 6, // an op that runs on cuBLASLt on CUDA ends: name
   MP_META_OP_END = 7, // the outermost op of a thread ends: name
   MP_META_FLOPS = 8,  // FLOPs of an op, counted as the step timeline counts them: bytes = FLOPs, name
+  MP_META_READ = 9,   // an op (at any depth, backward nodes' kernels included) took block id as an input
 };
 
 // Marks the estimator's dry run puts into its meta trace (MpMetaEvent.mark).
@@ -521,6 +522,7 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_CONST(MP_META_BLASLT, 6)                          \
   MP_CONST(MP_META_OP_END, 7)                          \
   MP_CONST(MP_META_FLOPS, 8)                           \
+  MP_CONST(MP_META_READ, 9)                            \
   MP_CONST(MP_AUTOCAST_LIST_CUDA, 0)                   \
   MP_CONST(MP_AUTOCAST_LIST_CPU, 1)                    \
   MP_CONST(MP_AUTOCAST_REGISTERED_CUDA, 2)             \

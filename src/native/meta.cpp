@@ -167,6 +167,45 @@ thread_local int8_t tls_blas_kind[kMaxDepth];
 // the step timeline counts (ops.cpp).
 thread_local int tls_meta_counted_depth1 = 0;
 
+// The block of a meta tensor's storage, 0 for none (no storage, no bytes, not ours).
+uint64_t meta_block(const at::Tensor& t) {
+  if (!t.defined() || !t.is_meta() || !t.has_storage()) {
+    return 0;
+  }
+  const uint64_t p = uint64_t(t.storage().data_ptr().get());
+  if (p < kFakeBase || (p - kFakeBase) % kFakeAlign != 0) {
+    return 0;
+  }
+  const uint64_t id = (p - kFakeBase) / kFakeAlign;
+  return id < kMetaIds ? id : 0;
+}
+
+// Every block an op takes as an input (a tensor, a list of tensors, an optional one):
+// the reads that tell when a block was last needed.
+void log_reads(const at::RecordFunction& fn) {
+  auto read = [](const at::Tensor& t) {
+    const uint64_t id = meta_block(t);
+    if (id != 0) {
+      meta_append(MP_META_READ, id, 0, -1);
+    }
+  };
+  for (const c10::IValue& v : fn.inputs()) {
+    if (v.isTensor()) {
+      read(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) {
+        read(t);
+      }
+    } else if (v.isOptionalTensorList()) {
+      for (std::optional<at::Tensor> t : v.toOptionalTensorList()) {
+        if (t.has_value()) {
+          read(*t);
+        }
+      }
+    }
+  }
+}
+
 std::unique_ptr<at::ObserverContext> meta_op_start(const at::RecordFunction& fn) {
   const char* name = fn.name();
   const int depth = tls_meta_depth++;
@@ -191,6 +230,7 @@ std::unique_ptr<at::ObserverContext> meta_op_start(const at::RecordFunction& fn)
     const int32_t layer = tls_script_module[0] != 0 ? intern(tls_script_module) : -1;
     meta_append(MP_META_OP, 0, 0, id, MP_MARK_NONE, layer);
   }
+  log_reads(fn);
   return nullptr;
 }
 

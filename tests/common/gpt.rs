@@ -178,6 +178,12 @@ pub struct Run {
     pub autocast: Option<Kind>,
     /// Activation checkpointing of every k-th segment (`Checkpointed`), or none.
     pub checkpoint: Option<u32>,
+    /// Gradients set to none before the forward pass instead of before backward.
+    pub zero_grad_first: bool,
+    /// The real loop drops its output right after its last read (the loss's
+    /// `log_softmax`) instead of holding it through the optimizer step (the dry run
+    /// always holds it).
+    pub drop_output: bool,
 }
 
 impl Run {
@@ -189,6 +195,8 @@ impl Run {
             accumulate: 1,
             autocast: None,
             checkpoint: None,
+            zero_grad_first: false,
+            drop_output: false,
         }
     }
 
@@ -200,6 +208,8 @@ impl Run {
             accumulate: 1,
             autocast: None,
             checkpoint: None,
+            zero_grad_first: false,
+            drop_output: false,
         }
     }
 
@@ -299,8 +309,23 @@ pub fn cpu_run(run: &Run) -> StepProfile {
                         }
                         continue;
                     }
+                    if run.zero_grad_first && micro == 0 {
+                        opt.zero_grad();
+                    }
                     let (loss, out) = maybe_autocast(run.autocast, || {
                         let out = gpt.forward(&xs);
+                        if run.drop_output {
+                            // cross_entropy_for_logits written out, the output dropped
+                            // right after its last read.
+                            let target = Tensor::randint(
+                                VOCAB,
+                                [run.batch * CONTEXT],
+                                (Kind::Int64, Device::Cpu),
+                            );
+                            let logp = out.log_softmax(-1, Kind::Float);
+                            drop(out);
+                            return (logp.nll_loss(&target), Tensor::new());
+                        }
                         let loss = {
                             let target = Tensor::randint(
                                 VOCAB,
@@ -311,7 +336,7 @@ pub fn cpu_run(run: &Run) -> StepProfile {
                         };
                         (loss, out)
                     });
-                    if micro == 0 {
+                    if !run.zero_grad_first && micro == 0 {
                         opt.zero_grad();
                     }
                     loss.backward();
@@ -350,6 +375,7 @@ pub fn dry_run(run: &Run) -> DryRunTrace {
         autocast: run.autocast,
         accumulate: run.accumulate,
         checkpoint: run.checkpoint,
+        zero_grad_first: run.zero_grad_first,
         steps: STEPS,
         ..Options::default()
     };

@@ -70,10 +70,16 @@ pub struct EstimateArgs {
     /// but the last. Built-in transformers and ResNets.
     #[arg(long, value_name = "K")]
     checkpoint: Option<u32>,
+    /// Training: the gradients set to none before the forward pass (opt.zero_grad()
+    /// first) instead of after it, before backward (tch's backward_step).
+    #[arg(long)]
+    zero_grad_first: bool,
     /// Print CSV to standard output: model, batch, mode, weights_bytes,
     /// peak_allocated_bytes, peak_reserved_bytes, largest_batch (true on the row of the
     /// largest batch that fits --memory), attention (the backends that ran), autocast
-    /// (bf16, f16 or off).
+    /// (bf16, f16 or off), idle_bytes (live at the peak, never read again),
+    /// peak_if_dropped_bytes (the peak allocated had those been freed after their last
+    /// read).
     #[arg(long)]
     csv: bool,
 }
@@ -93,6 +99,10 @@ struct CsvRow<'a> {
     attention: String,
     /// `bf16`, `f16` or `off`.
     autocast: &'static str,
+    /// Bytes live at the predicted peak that no op reads again.
+    idle_bytes: u64,
+    /// The predicted peak allocated had they been freed after their last read.
+    peak_if_dropped_bytes: u64,
 }
 
 pub fn run(a: &EstimateArgs) -> ExitCode {
@@ -120,11 +130,16 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
             a.accumulate
         ));
     }
-    if a.checkpoint.is_some() && !a.train {
-        return fail("invalid checkpoint: activation checkpointing needs --train");
+    if let (Some(k), false) = (a.checkpoint, a.train) {
+        return fail(format!(
+            "invalid --checkpoint {k}: activation checkpointing needs --train"
+        ));
     }
     if a.checkpoint == Some(0) {
-        return fail("invalid checkpoint 0: checkpoint every K-th segment takes K >= 1");
+        return fail("invalid --checkpoint 0: checkpoint every K-th segment takes K >= 1");
+    }
+    if a.zero_grad_first && !a.train {
+        return fail("invalid --zero-grad-first: it needs --train");
     }
     if let Some(b) = a.batch_sizes.iter().find(|b| **b <= 0) {
         return fail(format!("invalid batch size {b}: must be positive"));
@@ -158,6 +173,7 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         attention,
         autocast,
         checkpoint: a.checkpoint,
+        zero_grad_first: a.zero_grad_first,
     };
     let batches: Vec<i64> = if a.batch_sizes.is_empty() {
         vec![inputs[0].batch()]
@@ -283,6 +299,11 @@ fn write_csv<'a>(
             largest_batch,
             attention: e.attention.label(),
             autocast,
+            idle_bytes: e.idle.as_ref().map_or(0, |i| i.bytes),
+            peak_if_dropped_bytes: e
+                .idle
+                .as_ref()
+                .map_or(e.peak_allocated, |i| i.peak_if_dropped),
         })?;
     }
     w.flush()?;

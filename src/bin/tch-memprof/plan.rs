@@ -65,6 +65,8 @@ struct CsvRow<'a> {
     checkpoint: String,
     /// FLOPs recomputed, as a share of the step's (0 without checkpointing).
     recompute: f64,
+    /// Gradients set to none before the forward pass.
+    zero_grad_first: bool,
     pytorch_cuda_alloc_conf: &'a str,
     peak_allocated_bytes: u64,
     peak_reserved_bytes: u64,
@@ -169,6 +171,7 @@ fn row<'a>(label: &'a str, rank: usize, p: &'a Plan, plans: &Plans) -> CsvRow<'a
             .checkpoint
             .map_or("off".to_string(), |k| k.to_string()),
         recompute: (p.cost.recompute * 1e4).round() / 1e4,
+        zero_grad_first: p.config.zero_grad_first,
         pytorch_cuda_alloc_conf: &p.config.allocator_conf,
         peak_allocated_bytes: p.estimate.peak_allocated,
         peak_reserved_bytes: p.estimate.peak_reserved,

@@ -91,14 +91,18 @@ impl Model {
                                 ffi::meta_mark(native::MARK_BASELINE)?;
                             }
                             ffi::meta_mark(native::MARK_FORWARD)?;
+                            // Gradients to none before the forward pass: asked for, or
+                            // the loop `Checkpointed` takes (forward and backward are one
+                            // call); otherwise after it, before backward, as tch's
+                            // `backward_step` does.
+                            let first = options.zero_grad_first || checkpointed.is_some();
+                            if first && micro == 0 {
+                                o.zero_grad();
+                            }
                             let kept = match &checkpointed {
-                                // The loop `Checkpointed` takes: gradients set to none
-                                // first, then forward and backward in one call, which
-                                // marks where backward begins; it keeps no output.
+                                // Forward and backward in one call, which marks where
+                                // backward begins; it keeps no output.
                                 Some(c) => {
-                                    if micro == 0 {
-                                        o.zero_grad();
-                                    }
                                     let loss = catching(|| {
                                         c.forward_backward(&xs[0], |out| {
                                             loss(out, meta_targets)
@@ -120,7 +124,7 @@ impl Model {
                                             Ok((out, loss))
                                         })?;
                                     ffi::meta_mark(native::MARK_BACKWARD)?;
-                                    if micro == 0 {
+                                    if !first && micro == 0 {
                                         o.zero_grad();
                                     }
                                     catching(|| loss.backward())
@@ -187,10 +191,11 @@ impl Model {
             ));
         };
         if inputs.len() != 1 {
-            return Err(invalid(
-                format!("{} inputs", inputs.len()),
-                "a chain of segments takes one input",
-            ));
+            return Err(Error::InvalidInput {
+                name: "input",
+                value: format!("{} inputs", inputs.len()),
+                reason: "a chain of segments (checkpointing) takes one input".into(),
+            });
         }
         let mut c = Checkpointed::new(self.var_store())
             .for_dry_run(list, || ffi::meta_mark(native::MARK_BACKWARD));

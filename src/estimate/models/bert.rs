@@ -10,7 +10,7 @@ use tch::nn::{self, Module, ModuleT};
 use tch::{Kind, Tensor};
 
 use super::blocks::{layer_norm, SelfAttention};
-use super::{run_chain, Chain};
+use super::Chain;
 
 const VOCAB: i64 = 30522;
 const POSITIONS: i64 = 512;
@@ -115,10 +115,26 @@ impl Chain for Bert {
             self.pooler.forward(&x.select(1, 0)).tanh()
         }
     }
+
+    fn forward_plain(&self, x: &Tensor, train: bool) -> Tensor {
+        self.forward_t(x, train)
+    }
 }
 
+/// As a tch user writes it in one function: the embeddings' sum, its positions and
+/// token types live to the end of the forward pass (each `let` shadows, none drops),
+/// where the chain frees them when its first segment returns.
 impl ModuleT for Bert {
     fn forward_t(&self, ids: &Tensor, train: bool) -> Tensor {
-        run_chain(self, ids, train)
+        let (_, t) = ids.size2().expect("BERT takes token ids [batch, tokens]");
+        let pos = Tensor::arange(t, (Kind::Int64, ids.device()));
+        let types = ids.zeros_like();
+        let x =
+            self.word.forward(ids) + self.position.forward(&pos) + self.token_type.forward(&types);
+        let mut x = self.norm.forward(&x).dropout(0.1, train);
+        for layer in &self.layers {
+            x = layer.forward_t(&x, train);
+        }
+        self.pooler.forward(&x.select(1, 0)).tanh()
     }
 }

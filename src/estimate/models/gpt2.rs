@@ -11,7 +11,7 @@ use tch::nn::{self, Module, ModuleT};
 use tch::{Kind, Tensor};
 
 use super::blocks::{layer_norm, Mlp, PreNormBlock, SelfAttention};
-use super::{run_chain, Chain};
+use super::Chain;
 
 /// The sizes of a GPT-2.
 #[derive(Debug, Clone, Copy)]
@@ -102,11 +102,26 @@ impl Chain for Gpt2 {
             logits.view([-1, logits.size()[2]])
         }
     }
+
+    fn forward_plain(&self, x: &Tensor, train: bool) -> Tensor {
+        self.forward_t(x, train)
+    }
 }
 
+/// As a tch user writes it in one function: the positions live to the end of the
+/// forward pass, where the chain frees them when its first segment returns.
 impl ModuleT for Gpt2 {
     fn forward_t(&self, idx: &Tensor, train: bool) -> Tensor {
-        run_chain(self, idx, train)
+        let (_, t) = idx.size2().expect("GPT-2 takes token ids [batch, tokens]");
+        let pos = Tensor::arange(t, (Kind::Int64, idx.device()));
+        let mut x = (self.wte.forward(idx) + self.wpe.forward(&pos)).dropout(0.1, train);
+        for block in &self.blocks {
+            x = block.forward_t(&x, train);
+        }
+        let x = self.ln_f.forward(&x);
+        // The LM head is the token embedding, transposed (tied weights).
+        let logits = x.matmul(&self.wte.ws.tr());
+        logits.view([-1, logits.size()[2]])
     }
 }
 

@@ -9,7 +9,7 @@ use tch::nn::{self, Module, ModuleT};
 use tch::Tensor;
 
 use super::blocks::{layer_norm, Mlp, PreNormBlock, SelfAttention};
-use super::{run_chain, Chain};
+use super::Chain;
 
 const PATCH: i64 = 16;
 const DIM: i64 = 768;
@@ -98,10 +98,25 @@ impl Chain for Vit {
             self.head.forward(&x.select(1, 0))
         }
     }
+
+    fn forward_plain(&self, x: &Tensor, train: bool) -> Tensor {
+        self.forward_t(x, train)
+    }
 }
 
+/// As a tch user writes it in one function: the patch embeddings live to the end of
+/// the forward pass (the next `let` shadows them), where the chain frees them when its
+/// first segment returns.
 impl ModuleT for Vit {
     fn forward_t(&self, images: &Tensor, train: bool) -> Tensor {
-        run_chain(self, images, train)
+        let b = images.size()[0];
+        let x = self.conv_proj.forward(images).flatten(2, 3).transpose(1, 2);
+        let cls = self.class_token.expand([b, 1, DIM], false);
+        let mut x = (Tensor::cat(&[&cls, &x], 1) + &self.pos_embedding).dropout(0.0, train);
+        for block in &self.blocks {
+            x = block.forward_t(&x, train);
+        }
+        let x = self.ln.forward(&x);
+        self.head.forward(&x.select(1, 0))
     }
 }
