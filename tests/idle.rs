@@ -8,11 +8,14 @@ mod common;
 use common::*;
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::Kind;
-use tch_memprof::{IdleAtPeak, MemoryProfiler, Phase, StepProfile};
+use tch_memprof::{Category, IdleAtPeak, MemoryProfiler, Phase, StepProfile};
 
-/// Step 2 of a loop over the reference MLP with `opt`, profiled with the step detail on.
-fn profile_step2(
+/// Step `step` of a loop over the reference MLP with SGD (or Adam), profiled with the
+/// step detail on (and its CSV files in `csv`).
+fn profile(
     adam: bool,
+    step: u64,
+    csv: Option<&std::path::Path>,
     body: impl Fn(&nn::Sequential, &mut nn::Optimizer),
 ) -> (StepProfile, IdleAtPeak) {
     let _serial = serial();
@@ -31,18 +34,20 @@ fn profile_step2(
     } else {
         nn::Sgd::default().build(&vs, 1e-2).unwrap()
     };
-    let mut prof = MemoryProfiler::builder(&vs)
+    let mut builder = MemoryProfiler::builder(&vs)
         .print(false)
-        .timeline_step(2)
-        .idle_at_peak(true)
-        .build()
-        .unwrap();
-    for _ in 0..2 {
+        .timeline_step(step)
+        .idle_at_peak(true);
+    if let Some(dir) = csv {
+        builder = builder.csv(true).csv_dir(dir);
+    }
+    let mut prof = builder.build().unwrap();
+    for _ in 0..step {
         body(&net, &mut opt);
         prof.record_stats();
     }
     assert_eq!(prof.failures(), 0);
-    let p = prof.step_profile().expect("step 2 was profiled").clone();
+    let p = prof.step_profile().expect("the step was profiled").clone();
     let idle = p.idle.clone().expect("the step detail was on");
     (p, idle)
 }
@@ -89,7 +94,8 @@ fn logging_step(net: &nn::Sequential, opt: &mut nn::Optimizer, drop_it: bool) {
 
 #[test]
 fn a_tensor_kept_after_its_last_read_is_named_and_dropping_it_measures_the_prediction() {
-    let (kept, idle) = profile_step2(false, |n, o| logging_step(n, o, false));
+    let dir = tempfile::tempdir().unwrap();
+    let (kept, idle) = profile(false, 2, Some(dir.path()), |n, o| logging_step(n, o, false));
     eprintln!("kept:\n{}", show(&idle));
     let x_bytes = F32 * (B * IN) as u64;
     let site = format!(
@@ -107,7 +113,23 @@ fn a_tensor_kept_after_its_last_read_is_named_and_dropping_it_measures_the_predi
     assert_eq!(idle.peak, kept.peak.bytes);
     assert!(l.peak_if_dropped < kept.peak.bytes, "{}", show(&idle));
 
-    let (dropped, idle_after) = profile_step2(false, |n, o| logging_step(n, o, true));
+    // The CSV file: one row per idle block, as the profile has them.
+    let run = tch_memprof::runs::Run::open(dir.path()).unwrap();
+    assert_eq!(run.idle.len(), idle.blocks.len());
+    for (row, b) in run.idle.iter().zip(&idle.blocks) {
+        assert_eq!(
+            (
+                row.bytes,
+                &row.op,
+                &row.last_read_op,
+                &row.site,
+                row.peak_if_dropped
+            ),
+            (b.bytes, &b.op, &b.last_read_op, &b.site, b.peak_if_dropped)
+        );
+    }
+
+    let (dropped, idle_after) = profile(false, 2, None, |n, o| logging_step(n, o, true));
     eprintln!("dropped:\n{}", show(&idle_after));
     assert_eq!(dropped.peak.bytes, l.peak_if_dropped);
     assert!(
@@ -117,5 +139,107 @@ fn a_tensor_kept_after_its_last_read_is_named_and_dropping_it_measures_the_predi
             .all(|b| b.site != site && b.bytes < x_bytes),
         "{}",
         show(&idle_after)
+    );
+}
+
+/// The plain loop, gradients cleared before the forward pass.
+fn plain_step(net: &nn::Sequential, opt: &mut nn::Optimizer) {
+    let b = batch();
+    opt.zero_grad();
+    let loss = net.forward(&b.x).cross_entropy_for_logits(&b.y);
+    loss.backward();
+    opt.step();
+}
+
+/// Small blocks the loop's expressions hold to the statement's end, idle for real: the
+/// logits (read last by log_softmax), the loss and the gradient seed (scalars).
+fn only_expression_temporaries(idle: &IdleAtPeak) -> bool {
+    idle.blocks
+        .iter()
+        .all(|b| b.bytes <= F32 * (B * OUT) as u64 && b.site != tch_memprof::UNKNOWN_SITE)
+}
+
+#[test]
+fn tensors_saved_for_backward_are_not_idle_at_a_backward_peak() {
+    let (p, idle) = profile(false, 2, None, plain_step);
+    eprintln!("{}", show(&idle));
+    // The peak is in backward. The inputs x were read in the forward pass only by the
+    // first layer's addmm, which saved them for its AddmmBackward0: the backward node reads
+    // them (through the mm it runs) at or after the peak.
+    assert_eq!(p.peak.phase, Some(Phase::Backward), "{}", p.peak.location());
+    let x = F32 * (B * IN) as u64;
+    assert!(p.peak.breakdown.get(Category::Act) >= x);
+    assert!(
+        idle.blocks
+            .iter()
+            .all(|b| b.op != "aten::randn" && b.bytes < x),
+        "{}",
+        show(&idle)
+    );
+    assert!(only_expression_temporaries(&idle), "{}", show(&idle));
+}
+
+#[test]
+fn gradients_and_optimizer_state_are_not_idle_at_an_optimizer_peak() {
+    // Step 1 with Adam: the gradients are made by this step's backward and its state by
+    // this step's optimizer, which updates one variable after another, so at its peak
+    // the gradients and state of the variables updated first were read for the last time
+    // in this step. They are kept for the next one.
+    let (p, idle) = profile(true, 1, None, plain_step);
+    eprintln!("{}", show(&idle));
+    assert_eq!(
+        p.peak.phase,
+        Some(Phase::Optimizer),
+        "{}",
+        p.peak.location()
+    );
+    // Every gradient and the state made so far are live at the peak.
+    assert_eq!(p.peak.breakdown.get(Category::Grad), mlp_weight_bytes());
+    assert!(p.peak.breakdown.get(Category::Opt) > 0);
+    assert!(
+        idle.blocks
+            .iter()
+            .all(|b| b.phase != Phase::Optimizer && b.phase != Phase::Backward),
+        "{}",
+        show(&idle)
+    );
+}
+
+#[test]
+fn the_batch_read_after_the_peak_is_not_idle_and_the_part_read_before_it_is() {
+    // At the backward peak the inputs x are still to be read by the first layer's
+    // AddmmBackward0 (its weight gradient); the targets were read last by
+    // NllLossBackward0, before the peak, and the loop holds them to its end.
+    let (p, idle) = profile(false, 2, None, plain_step);
+    eprintln!("{}", show(&idle));
+    assert_eq!(p.peak.phase, Some(Phase::Backward), "{}", p.peak.location());
+    let batch: Vec<_> = idle
+        .blocks
+        .iter()
+        .filter(|b| b.op.starts_with("aten::rand"))
+        .collect();
+    assert_eq!(batch.len(), 1, "{}", show(&idle));
+    assert_eq!(batch[0].op, "aten::randint");
+    assert_eq!(batch[0].bytes, 8 * B as u64);
+    assert_eq!(batch[0].last_read_op, "NllLossBackward0");
+    assert!(
+        batch[0].site.starts_with("tests/common/mod.rs:"),
+        "{}",
+        batch[0].site
+    );
+}
+
+#[test]
+fn idle_at_peak_needs_the_step_it_examines() {
+    let _serial = serial();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let err = MemoryProfiler::builder(&vs)
+        .idle_at_peak(true)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("idle_at_peak") && err.contains("timeline_step"),
+        "{err}"
     );
 }
