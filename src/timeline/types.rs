@@ -304,6 +304,65 @@ pub struct IdleAtPeak {
     pub blocks: Vec<IdleBlock>,
     /// The same grouped by source line, most bytes first.
     pub sites: Vec<IdleSite>,
+    #[serde(skip)]
+    pub(crate) replay: IdleReplay,
+}
+
+impl IdleAtPeak {
+    /// The step's peak had the blocks `pick` chooses been freed right after their last
+    /// reads (found again by replaying the step that way).
+    pub fn peak_if_dropped_where(&self, mut pick: impl FnMut(&IdleBlock) -> bool) -> u64 {
+        let drops: Vec<_> = self
+            .blocks
+            .iter()
+            .zip(&self.replay.drops)
+            .filter(|(b, _)| pick(b))
+            .map(|(_, d)| *d)
+            .collect();
+        self.replay.curve.peak_with(&drops)
+    }
+}
+
+/// What [`IdleAtPeak::peak_if_dropped_where`] replays: the step's live bytes, and each
+/// idle block's (from event, to event, bytes), in the order of `blocks`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct IdleReplay {
+    pub curve: LiveCurve,
+    pub drops: Vec<(usize, usize, i64)>,
+}
+
+/// The step's live bytes after each allocation and free of the profiled device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct LiveCurve {
+    pub start: i64,
+    /// (event index, live bytes after it, whether it is an allocation)
+    pub points: Vec<(usize, i64, bool)>,
+}
+
+impl LiveCurve {
+    /// The highest live bytes of the step (the start included) with each block of
+    /// `drops` (from event, to event, bytes) gone between those two events.
+    pub fn peak_with(&self, drops: &[(usize, usize, i64)]) -> u64 {
+        let n = self.points.len();
+        let mut diff = vec![0i64; n + 1];
+        for &(from, to, bytes) in drops {
+            let lo = self.points.partition_point(|p| p.0 <= from);
+            let hi = self.points.partition_point(|p| p.0 < to);
+            if lo < hi {
+                diff[lo] += bytes;
+                diff[hi] -= bytes;
+            }
+        }
+        let mut best = self.start;
+        let mut gone = 0i64;
+        for (k, &(_, live, alloc)) in self.points.iter().enumerate() {
+            gone += diff[k];
+            if alloc {
+                best = best.max(live - gone);
+            }
+        }
+        best.max(0) as u64
+    }
 }
 
 /// A VarStore variable as the replay needs it.

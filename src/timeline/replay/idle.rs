@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use crate::ffi::{ev, TlEvent};
 use crate::names::{Names, MISSING};
 
-use super::super::types::{IdleAtPeak, IdleBlock, IdleSite};
+use super::super::types::{IdleAtPeak, IdleBlock, IdleReplay, IdleSite, LiveCurve};
 use super::{layer_at, Births, Category, OpRec, Owner};
 
 /// One idle block before its site is named.
@@ -43,7 +43,7 @@ pub(super) fn idle_at_peak(
     peak_at: Option<usize>,
     site_name: &mut dyn FnMut(i32) -> String,
 ) -> IdleAtPeak {
-    let curve = Curve::of(events, births, start_live, slot);
+    let curve = curve_of(events, births, start_live, slot);
     let peak = curve.peak_with(&[]);
     let Some(peak_at) = peak_at else {
         return IdleAtPeak {
@@ -110,7 +110,7 @@ pub(super) fn idle_at_peak(
         Some(o) if o >= 0 && (o as usize) < ops.len() => names.get(ops[o as usize].name),
         _ => MISSING.to_string(),
     };
-    let mut blocks: Vec<IdleBlock> = found
+    let blocks: Vec<IdleBlock> = found
         .iter()
         .map(|f| {
             let b = &births.born[f.id as usize];
@@ -143,61 +143,33 @@ pub(super) fn idle_at_peak(
     sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));
     let all: Vec<_> = found.iter().map(drop_of).collect();
     let bytes = blocks.iter().map(|b| b.bytes).sum();
-    blocks.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));
+    let peak_if_dropped = curve.peak_with(&all);
+    let mut pairs: Vec<_> = blocks.into_iter().zip(all).collect();
+    pairs.sort_by(|(a, _), (b, _)| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));
+    let (blocks, drops) = pairs.into_iter().unzip();
     IdleAtPeak {
         bytes,
         peak,
-        peak_if_dropped: curve.peak_with(&all),
+        peak_if_dropped,
         blocks,
         sites,
+        replay: IdleReplay { curve, drops },
     }
 }
 
 /// The step's live bytes after each allocation and free of the profiled device.
-struct Curve {
-    start: i64,
-    /// (event index, live bytes after it, whether it is an allocation)
-    points: Vec<(usize, i64, bool)>,
-}
-
-impl Curve {
-    fn of(events: &[TlEvent], births: &Births, start: i64, slot: u8) -> Curve {
-        let mut live = start;
-        let mut points = Vec::new();
-        for (i, e) in events.iter().enumerate() {
-            if !matches!(e.kind, ev::ALLOC | ev::FREE) || e.device != slot {
-                continue;
-            }
-            if matches!(births.owner[i], Owner::None) {
-                continue;
-            }
-            live += e.value;
-            points.push((i, live, e.value > 0));
+fn curve_of(events: &[TlEvent], births: &Births, start: i64, slot: u8) -> LiveCurve {
+    let mut live = start;
+    let mut points = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        if !matches!(e.kind, ev::ALLOC | ev::FREE) || e.device != slot {
+            continue;
         }
-        Curve { start, points }
+        if matches!(births.owner[i], Owner::None) {
+            continue;
+        }
+        live += e.value;
+        points.push((i, live, e.value > 0));
     }
-
-    /// The highest live bytes of the step (the start included) with each block of
-    /// `drops` (from event, to event, bytes) gone between those two events.
-    fn peak_with(&self, drops: &[(usize, usize, i64)]) -> u64 {
-        let n = self.points.len();
-        let mut diff = vec![0i64; n + 1];
-        for &(from, to, bytes) in drops {
-            let lo = self.points.partition_point(|p| p.0 <= from);
-            let hi = self.points.partition_point(|p| p.0 < to);
-            if lo < hi {
-                diff[lo] += bytes;
-                diff[hi] -= bytes;
-            }
-        }
-        let mut best = self.start;
-        let mut gone = 0i64;
-        for (k, &(_, live, alloc)) in self.points.iter().enumerate() {
-            gone += diff[k];
-            if alloc {
-                best = best.max(live - gone);
-            }
-        }
-        best.max(0) as u64
-    }
+    LiveCurve { start, points }
 }

@@ -250,6 +250,9 @@ fn idle_blocks_are_those_whose_last_read_returned_before_the_peak() {
         .map(|s| (s.site.as_str(), s.bytes, s.blocks, s.peak_if_dropped))
         .collect();
     assert_eq!(sites, [("site1", 100, 1, 554), ("site2", 4, 1, 650)]);
+    assert_eq!(idle.peak_if_dropped_where(|b| b.site == "site1"), 554);
+    assert_eq!(idle.peak_if_dropped_where(|_| true), 550);
+    assert_eq!(idle.peak_if_dropped_where(|_| false), 654);
     // Without the detail there is no idle analysis.
     let p = replay(&events, false, &start, 0, &[], &mut Names::default(), None);
     assert!(p.idle.is_none());
