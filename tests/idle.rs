@@ -447,3 +447,60 @@ fn resnet50_training_holds_nothing_idle_in_resnet_rs_at_its_backward_peak() {
     );
     assert_eq!(predicted, idle.peak);
 }
+
+#[test]
+fn tch_memprof_profile_writes_the_idle_blocks_of_a_torchscript_inference() {
+    let dir = tempfile::tempdir().unwrap();
+    let pt = dir.path().join("m.pt");
+    {
+        let mut vs = nn::VarStore::new(tch::Device::Cpu);
+        let l1 = nn::linear(vs.root() / "l1", 64, 256, Default::default());
+        let l2 = nn::linear(vs.root() / "l2", 256, 10, Default::default());
+        // Traced weights are constants of the file: no gradient.
+        vs.freeze();
+        let x = tch::Tensor::randn([8, 64], (Kind::Float, tch::Device::Cpu));
+        let mut f = |xs: &[tch::Tensor]| vec![xs[0].apply(&l1).relu().apply(&l2)];
+        let m = tch::CModule::create_by_tracing("M", "forward", &[x], &mut f).unwrap();
+        m.save(&pt).unwrap();
+    }
+    let results = dir.path().join("results");
+    let out = cli(&[
+        "profile",
+        pt.to_str().unwrap(),
+        "--input",
+        "8x64",
+        "--output-dir",
+        results.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("idle.csv"),
+        "{}",
+        text(&out.stdout)
+    );
+    let mut r = csv::Reader::from_path(results.join("idle.csv")).unwrap();
+    let header: Vec<String> = r.headers().unwrap().iter().map(String::from).collect();
+    assert_eq!(
+        header,
+        [
+            "bytes",
+            "op",
+            "layer",
+            "phase",
+            "last_read_op",
+            "freed_at_op",
+            "site",
+            "peak_if_dropped"
+        ]
+    );
+    let rows: Vec<csv::StringRecord> = r.records().map(|r| r.unwrap()).collect();
+    let summary = std::fs::read_to_string(results.join("summary.txt")).unwrap();
+    let line = summary
+        .lines()
+        .find(|l| l.starts_with("idle at the peak: "))
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert!(
+        line.contains(&format!(" in {} blocks;", rows.len())),
+        "{line} vs {rows:?}"
+    );
+}
