@@ -16,19 +16,11 @@ fn profile(
     adam: bool,
     step: u64,
     csv: Option<&std::path::Path>,
-    body: impl Fn(&nn::Sequential, &mut nn::Optimizer),
+    body: impl Fn(&dyn Module, &mut nn::Optimizer),
 ) -> (StepProfile, IdleAtPeak) {
     let _serial = serial();
     let vs = nn::VarStore::new(tch::Device::Cpu);
-    let net = nn::seq()
-        .add(nn::linear(vs.root() / "l1", IN, HIDDEN, Default::default()))
-        .add_fn(|x| x.relu())
-        .add(nn::linear(
-            vs.root() / "l2",
-            HIDDEN,
-            OUT,
-            Default::default(),
-        ));
+    let net = mlp(&vs);
     let mut opt = if adam {
         nn::Adam::default().build(&vs, 1e-3).unwrap()
     } else {
@@ -78,7 +70,7 @@ static LOGGED_LINE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32:
 
 /// One step that scales its input for logging, reads it once with a `mean` under
 /// `no_grad`, and keeps the binding to the end of the step (or drops it after the mean).
-fn logging_step(net: &nn::Sequential, opt: &mut nn::Optimizer, drop_it: bool) {
+fn logging_step(net: &dyn Module, opt: &mut nn::Optimizer, drop_it: bool) {
     let b = batch();
     let (logged, line) = (b.x.g_mul_scalar(2.0), line!());
     LOGGED_LINE.store(line, std::sync::atomic::Ordering::Relaxed);
@@ -143,7 +135,7 @@ fn a_tensor_kept_after_its_last_read_is_named_and_dropping_it_measures_the_predi
 }
 
 /// The plain loop, gradients cleared before the forward pass.
-fn plain_step(net: &nn::Sequential, opt: &mut nn::Optimizer) {
+fn plain_step(net: &dyn Module, opt: &mut nn::Optimizer) {
     let b = batch();
     opt.zero_grad();
     let loss = net.forward(&b.x).cross_entropy_for_logits(&b.y);
