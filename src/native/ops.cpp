@@ -227,6 +227,7 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
     // A new iteration: whatever this thread had open belongs to the last one.
     t.step = step;
     t.n_open = 0;
+    t.read_op = -1;
   }
   const int d = t.depth++;
   if (d >= kMaxDepth) {
