@@ -134,6 +134,25 @@ fn a_tensor_kept_after_its_last_read_is_named_and_dropping_it_measures_the_predi
     );
 }
 
+#[test]
+fn a_read_through_a_tensor_list_counts() {
+    // `cat` takes its inputs as one list: the scaled input's last reader is that op.
+    let (_, idle) = profile(false, 2, None, |net, opt| {
+        let b = batch();
+        let scaled = b.x.g_mul_scalar(2.0);
+        let total = tch::no_grad(|| tch::Tensor::cat(&[&scaled, &b.x], 0).sum(Kind::Float));
+        assert!(total.double_value(&[]).is_finite());
+        drop(total);
+        opt.zero_grad();
+        net.forward(&b.x).cross_entropy_for_logits(&b.y).backward();
+        opt.step();
+    });
+    let scaled: Vec<_> = idle.blocks.iter().filter(|b| b.op == "aten::mul").collect();
+    assert_eq!(scaled.len(), 1, "{}", show(&idle));
+    assert_eq!(scaled[0].bytes, F32 * (B * IN) as u64);
+    assert_eq!(scaled[0].last_read_op, "aten::cat");
+}
+
 /// The plain loop, gradients cleared before the forward pass.
 fn plain_step(net: &dyn Module, opt: &mut nn::Optimizer) {
     let b = batch();
