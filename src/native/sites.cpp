@@ -24,7 +24,7 @@ std::atomic<uint64_t> g_sites_len{0};
 struct Walk {
   uint64_t* ips;
   uint32_t n;
-  uint32_t skip;  // the unwinder's and the hook's own frames
+  uint32_t skip;  // frames left out at the top: take_site's own
 };
 
 _Unwind_Reason_Code on_frame(_Unwind_Context* ctx, void* arg) {
