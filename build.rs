@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 const NATIVE: &str = "src/native";
-const SOURCES: [&str; 17] = [
+const SOURCES: [&str; 18] = [
     "amp.cpp",
     "api.cpp",
     "attention.cpp",
@@ -27,6 +27,7 @@ const SOURCES: [&str; 17] = [
     "process.cpp",
     "registry.cpp",
     "session.cpp",
+    "sites.cpp",
 ];
 
 fn main() {

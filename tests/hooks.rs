@@ -24,6 +24,8 @@ fn no_hook_reenters_itself_in_a_loop_with_every_feature_on_and_the_check_can_fai
             .csv(true)
             .csv_dir(dir.path())
             .timeline(true)
+            .timeline_step(3)
+            .idle_at_peak(true)
             .build()
             .unwrap();
         p.start_memory_history(1 << 16).unwrap();
@@ -38,6 +40,8 @@ fn no_hook_reenters_itself_in_a_loop_with_every_feature_on_and_the_check_can_fai
         p.write_memory_snapshot(dir.path().join("s.pickle"))
             .unwrap();
         assert_eq!(p.failures(), 0);
+        // The detailed step ran, with its reads and allocation sites.
+        assert!(p.step_profile().and_then(|s| s.idle.as_ref()).is_some());
     }
     assert_eq!(
         __private::hook_reentries(),

@@ -108,6 +108,8 @@ fn the_report_of_a_real_run_renders_its_figures_and_escapes_names() {
         .csv_dir(dir.path())
         .html(true)
         .timeline(true)
+        .timeline_step(8)
+        .idle_at_peak(true)
         .build()
         .unwrap();
     let mut peak = 0;
@@ -125,6 +127,9 @@ fn the_report_of_a_real_run_renders_its_figures_and_escapes_names() {
         profiler.epoch_end();
     }
     assert_eq!(profiler.failures(), 0);
+    // The examined step's idle blocks: the loop holds its batch and loss to its end.
+    let idle = profiler.step_profile().unwrap().idle.clone().unwrap();
+    let first_idle = idle.blocks.first().expect("an idle block").clone();
     let page = profiler.html_path().unwrap().to_path_buf();
     drop(profiler);
     let html = std::fs::read_to_string(&page).unwrap();
@@ -174,6 +179,9 @@ fn the_report_of_a_real_run_renders_its_figures_and_escapes_names() {
         "Layers of the profiled step",
         "conv1",
         "backward",
+        "Idle at the peak of the examined step",
+        &first_idle.site,
+        &first_idle.last_read_op,
     ] {
         assert!(dom.contains(text), "{text} not rendered");
     }

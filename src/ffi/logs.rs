@@ -17,6 +17,8 @@ extern "C" {
     fn memprof_read_timeline(out: *mut TlEvent, cap: u64, total: *mut u64) -> i32;
     fn memprof_read_history(out: *mut HistEvent, cap: u64, total: *mut u64, ring: *mut u64) -> i32;
     fn memprof_history(on: i32, max_entries: u64) -> i32;
+    fn memprof_set_detail(on: i32) -> i32;
+    fn memprof_site(id: u64, out: *mut Site) -> i32;
 }
 
 /// `MpLogEvent`: one birth (+size) or death (-size) of a block during backward.
@@ -43,6 +45,22 @@ pub(crate) struct TlEvent {
     pub aux: i32,
     pub ptr: u64,
     pub value: i64,
+}
+
+/// `MpSite`: the call stack of one allocation of the detailed step, innermost first.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Site {
+    pub frames: u32,
+    pub pad: u32,
+    pub ips: [u64; super::native::SITE_DEPTH],
+}
+
+impl Site {
+    /// Its return addresses.
+    pub(crate) fn addresses(&self) -> &[u64] {
+        &self.ips[..(self.frames as usize).min(self.ips.len())]
+    }
 }
 
 /// `MpTimelineHeader`.
@@ -99,6 +117,25 @@ pub(crate) fn read_timeline(into: &mut Vec<TlEvent>) -> Result<bool> {
     check(unsafe { memprof_read_timeline(into.as_mut_ptr(), n as u64, &mut total) })?;
     into.truncate((total.min(h.capacity) as usize).min(n));
     Ok(total > h.capacity)
+}
+
+/// Turns the step detail (op reads and allocation sites) on or off for the iteration that
+/// begins now.
+pub(crate) fn set_detail(on: bool) -> Result<()> {
+    // SAFETY: plain call.
+    check(unsafe { memprof_set_detail(on as i32) })
+}
+
+/// The call stack of site `id` (an alloc event's `aux - 1`) of the detailed step.
+pub(crate) fn site(id: u64) -> Result<Site> {
+    let mut s = Site {
+        frames: 0,
+        pad: 0,
+        ips: [0; super::native::SITE_DEPTH],
+    };
+    // SAFETY: `s` is a valid, writable Site with the C layout.
+    check(unsafe { memprof_site(id, &mut s) })?;
+    Ok(s)
 }
 
 /// The memory history's length: (events appended since it started, ring size). The

@@ -54,6 +54,8 @@ pub(crate) mod native {
     pub const EV_FLOPS: u8 = 6;
     pub const EV_UNCOUNTED: u8 = 7;
     pub const EV_PHASE: u8 = 8;
+    pub const EV_READ: u8 = 9;
+    pub const SITE_DEPTH: usize = 96;
     pub const DEVICE_CPU: i32 = 0;
     pub const DEVICE_CUDA: i32 = 1;
     pub const CUDA_RESET_PEAKS: i32 = 0;
@@ -89,7 +91,8 @@ pub(crate) use native::MAX_DEVICES;
 pub(crate) mod ev {
     pub use super::native::{
         EV_ALLOC as ALLOC, EV_FLOPS as FLOPS, EV_FREE as FREE, EV_LINK as LINK,
-        EV_OP_BEGIN as OP_BEGIN, EV_OP_END as OP_END, EV_PHASE as PHASE, EV_UNCOUNTED as UNCOUNTED,
+        EV_OP_BEGIN as OP_BEGIN, EV_OP_END as OP_END, EV_PHASE as PHASE, EV_READ as READ,
+        EV_UNCOUNTED as UNCOUNTED,
     };
 }
 

@@ -43,6 +43,7 @@ struct Init {
     init_slots();
     g_log = reserve<MpLogEvent>(kLogCapacity);
     g_steplog = reserve<MpTlEvent>(kStepLogCapacity);
+    g_sites = reserve<MpSite>(kSiteCapacity);
     g_reg = reserve<RegEntry>(kRegCapacity);  // zero pages: every entry starts free
     g_hist = reserve<MpHistEvent>(kHistMax);
     if (!getenv("TCH_MEMPROF_DISABLE")) {
@@ -223,6 +224,19 @@ int memprof_read_log(MpLogEvent* out, uint64_t cap, uint64_t* total) noexcept {
     }
     read_log(out, cap, total);
     return 0;
+  });
+}
+
+int memprof_set_detail(int32_t on) noexcept {
+  return guarded("memprof_set_detail", [&]() -> int { return set_detail(on != 0); });
+}
+
+int memprof_site(uint64_t id, MpSite* out) noexcept {
+  return guarded("memprof_site", [&]() -> int {
+    if (!given(out, "memprof_site")) {
+      return -1;
+    }
+    return read_site(id, out);
   });
 }
 

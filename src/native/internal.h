@@ -249,6 +249,20 @@ inline void steplog_append(const MpTlEvent& e) {
 // Empties the step log for a new iteration whose first generation is `gen`.
 void begin_steplog(uint32_t gen);
 
+// The step detail (sites.cpp; off unless asked for, one profiled step): every op's
+// tensor inputs (MP_EV_READ) and the call stack of every allocation of the timeline
+// device, kept as raw return addresses in a reserved table and symbolised by the Rust
+// side after the step.
+constexpr uint64_t kSiteCapacity = uint64_t(1) << 16;
+extern std::atomic<bool> g_detail_on;
+extern MpSite* g_sites;
+// The call stack of the allocation running now, as a site id + 1 (0: the table is full).
+int32_t take_site();
+// Logs the storages of an op's tensor inputs (tensor lists included) as read by `op`.
+void log_reads(c10::ArrayRef<const c10::IValue> inputs, int32_t op, uint32_t phase);
+int set_detail(bool on);
+int read_site(uint64_t id, MpSite* out);
+
 // The memory history (off unless asked for): births and deaths with their origin and
 // a timestamp, in a ring of the last g_hist_cap events.
 constexpr uint64_t kHistMax = uint64_t(1) << 24;
@@ -288,6 +302,10 @@ struct OpStack {
   int32_t open_name[kMaxOpenOps];
   int32_t open_layer1[kMaxOpenOps];
   int32_t last_layer1;
+  // The step detail: storages already logged as read by timeline op read_op.
+  int32_t read_op;
+  int n_read;
+  uint64_t read_ptrs[8];
 };
 extern thread_local OpStack tls_ops;
 
@@ -381,8 +399,13 @@ int selftest_block_table(uint64_t n, uint64_t* errors);
 inline void steplog_block_event(
     uint8_t kind, int dev, uint64_t ptr, int64_t delta, uint32_t gen, uint32_t phase) {
   if (g_steplog_on.load(std::memory_order_relaxed)) {
+    int32_t site = 0;
+    if (kind == MP_EV_ALLOC && g_detail_on.load(std::memory_order_relaxed) &&
+        dev == g_steplog_device.load(std::memory_order_relaxed)) {
+      site = take_site();
+    }
     steplog_append(MpTlEvent{
-        kind, uint8_t(phase), uint8_t(dev), 0, gen, current_op(), 0, ptr, delta});
+        kind, uint8_t(phase), uint8_t(dev), 0, gen, current_op(), site, ptr, delta});
   }
 }
 

@@ -53,7 +53,11 @@ enum MpEventKind {
   MP_EV_FLOPS = 6,
   MP_EV_UNCOUNTED = 7,
   MP_EV_PHASE = 8,
+  MP_EV_READ = 9,
 };
+
+// Frames kept of an allocation's call stack (MpSite.ips), with the step detail on.
+#define MP_SITE_DEPTH 96
 
 // Kinds of meta-trace events (MpMetaEvent.kind): the estimator's dry run.
 enum MpMetaKind {
@@ -183,7 +187,8 @@ typedef struct MpCudaStats {
 
 // One event of the step log; the meaning of the fields depends on kind:
 //   alloc/free: phase = birth phase, device = slot, generation = birth generation,
-//               op = timeline op, ptr = block, value = +/- bytes;
+//               op = timeline op, ptr = block, value = +/- bytes; aux (alloc, with the
+//               step detail on) = its call stack's site id + 1 (memprof_site), 0 none;
 //   op begin:   generation = scope name id + 1 (0 none), aux = name id, value = index
 //               of the first VarStore variable among the inputs (-1 none), ptr = in
 //               TorchScript, the running module's path name id + 2 (1: the root
@@ -191,7 +196,9 @@ typedef struct MpCudaStats {
 //   op end:     aux = name id, value = live bytes of the timeline device;
 //   link:       aux = forward op index, ptr = autograd sequence number;
 //   flops:      aux = name id, value = FLOPs;   uncounted: aux = name id;
-//   phase:      phase = the new phase, generation = the new generation.
+//   phase:      phase = the new phase, generation = the new generation;
+//   read:       (the step detail on) op = timeline op, ptr = the storage of a tensor
+//               that op (or an op nested in it) took as an input.
 typedef struct MpTlEvent {
   uint8_t kind;  // MpEventKind
   uint8_t phase;
@@ -203,6 +210,14 @@ typedef struct MpTlEvent {
   uint64_t ptr;
   int64_t value;
 } MpTlEvent;
+
+// The call stack of one allocation of the detailed step: return addresses, innermost
+// first, from the allocation hook's caller on (the hook's own frames left out).
+typedef struct MpSite {
+  uint32_t frames;  // addresses in ips
+  uint32_t pad;
+  uint64_t ips[MP_SITE_DEPTH];
+} MpSite;
 
 typedef struct MpTimelineHeader {
   uint64_t len;  // events logged this iteration (more than capacity: overflow)
@@ -296,6 +311,13 @@ int memprof_timeline_header(MpTimelineHeader* out) MP_NOEXCEPT;
 // many were logged in all (more than cap or the capacity: some were not copied).
 int memprof_read_log(MpLogEvent* out, uint64_t cap, uint64_t* total) MP_NOEXCEPT;
 int memprof_read_timeline(MpTlEvent* out, uint64_t cap, uint64_t* total) MP_NOEXCEPT;
+// The step detail, for the iteration that begins now (call right after
+// memprof_begin_iteration, before any op; needs the timeline on): every op's tensor inputs
+// are logged (MP_EV_READ) and every allocation of the timeline device keeps its call stack
+// (a site). Off again at the next call with on = 0. Costly: for one profiled step.
+int memprof_set_detail(int32_t on) MP_NOEXCEPT;
+// The call stack of site `id` (an alloc event's aux - 1) of the detailed step.
+int memprof_site(uint64_t id, MpSite* out) MP_NOEXCEPT;
 // The history's newest min(len, ring, cap) events, oldest first; *total: appended since
 // the start, *ring: the ring's size.
 int memprof_read_history(MpHistEvent* out, uint64_t cap, uint64_t* total, uint64_t* ring)
@@ -414,6 +436,11 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_CONST(MP_EV_FLOPS, 6)                             \
   MP_CONST(MP_EV_UNCOUNTED, 7)                         \
   MP_CONST(MP_EV_PHASE, 8)                             \
+  MP_CONST(MP_EV_READ, 9)                              \
+  MP_CONST(MP_SITE_DEPTH, 96)                          \
+  MP_SIZE(MpSite, 776)                                 \
+  MP_FIELD(MpSite, frames, 0)                          \
+  MP_FIELD(MpSite, ips, 8)                             \
   MP_CONST(MP_DEVICE_CPU, 0)                           \
   MP_CONST(MP_DEVICE_CUDA, 1)                          \
   MP_CONST(MP_CUDA_RESET_PEAKS, 0)                     \

@@ -227,6 +227,7 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
     // A new iteration: whatever this thread had open belongs to the last one.
     t.step = step;
     t.n_open = 0;
+    t.read_op = -1;
   }
   const int d = t.depth++;
   if (d >= kMaxDepth) {
@@ -281,6 +282,9 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
     }
   }
   const int32_t cur = t.n_open > 0 ? t.open_op[t.n_open - 1] : -1;
+  if (steplog && g_detail_on.load(std::memory_order_relaxed)) {
+    log_reads(fn.inputs(), cur, phase);
+  }
   if (node) {
     const int64_t seq = fn.seqNr();
     if (steplog) {

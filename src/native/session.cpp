@@ -104,6 +104,7 @@ void session_stop() {
     g_session.callback = 0;
   }
   g_steplog_on.store(false);
+  g_detail_on.store(false);
   g_origin_on.store(false);
   clear_params();
   g_genphase.store(genphase(cur_gen(g_genphase.load()) + 1, kIdle));

@@ -40,6 +40,7 @@ pub struct MemoryProfilerBuilder {
     top_variables: usize,
     timeline: bool,
     timeline_step: Option<u64>,
+    idle_at_peak: bool,
     leak_check: bool,
     leak_threshold: u64,
     leak_warmup_epochs: u64,
@@ -118,6 +119,19 @@ impl MemoryProfilerBuilder {
         self
     }
 
+    /// Finds, in the step asked for with [`timeline_step`](Self::timeline_step), the
+    /// blocks idle at its peak: made in the step, live at the peak, but read by no op
+    /// after it ([`StepProfile::idle`](crate::StepProfile::idle)): their bytes, the op
+    /// that made each, its last reader, the source line that allocated it, and the
+    /// step's peak had each (and all) been freed right after its last read. Off by
+    /// default: that step logs every op's inputs and the call stack of every allocation
+    /// (see docs/step-anatomy.md for its cost). Needs `timeline_step`; refused at
+    /// `build` without it.
+    pub fn idle_at_peak(mut self, on: bool) -> Self {
+        self.idle_at_peak = on;
+        self
+    }
+
     /// Hunts for leaks at each `epoch_end` (default true): live blocks that are not
     /// weights or gradients, grouped by the op, phase and layer that made them, are
     /// compared with the previous epoch end; groups that keep growing are reported
@@ -162,6 +176,13 @@ impl MemoryProfilerBuilder {
                 name: "timeline_step",
                 value: "0".into(),
                 reason: "steps are counted from 1 (the first record_stats call ends step 1)".into(),
+            });
+        }
+        if self.idle_at_peak && self.timeline_step.is_none() {
+            return Err(Error::InvalidConfig {
+                name: "idle_at_peak",
+                value: "true".into(),
+                reason: "needs timeline_step(n): the step whose peak is examined".into(),
             });
         }
         if self.leak_warmup_epochs == 0 {
@@ -227,14 +248,15 @@ impl MemoryProfilerBuilder {
             self.leak_check,
         )?;
         let mut params = ParamSync::default();
-        let mut recorder = timeline.then(|| Recorder::new(slot, self.timeline_step));
+        let mut recorder =
+            timeline.then(|| Recorder::new(slot, self.timeline_step, self.idle_at_peak));
         if self.leak_check || timeline {
             // Layers of the first iteration's ops, and what is live when it begins.
             let store = vars::lock(&self.variables);
             let walk = vars::walk(&store)?;
             params.update(&walk)?;
             if let Some(r) = recorder.as_mut() {
-                r.begin(&walk)?;
+                r.begin(&walk, 1)?;
             }
         }
 
@@ -340,6 +362,7 @@ impl MemoryProfiler {
             top_variables: DEFAULT_TOP_VARIABLES,
             timeline: false,
             timeline_step: None,
+            idle_at_peak: false,
             leak_check: true,
             leak_threshold: crate::leaks::DEFAULT_LEAK_THRESHOLD,
             leak_warmup_epochs: crate::leaks::DEFAULT_WARMUP_EPOCHS,

@@ -203,7 +203,7 @@ impl MemoryProfiler {
         let walk = vars::walk(&store)?;
         self.params.update(&walk)?;
         match &mut self.recorder {
-            Some(r) => r.begin(&walk),
+            Some(r) => r.begin(&walk, self.step + 1),
             None => Ok(()),
         }
     }

@@ -18,14 +18,15 @@ pub struct ProfiledStep {
     /// The step, op by op.
     pub profile: StepProfile,
     /// The files written, in the output folder: `step.png`, `step.svg`, `timeline.csv`,
-    /// `layers.csv`, `summary.txt` (the profiler's own run files are beside them).
+    /// `layers.csv`, `idle.csv`, `summary.txt` (the profiler's own run files are beside
+    /// them).
     pub files: Vec<PathBuf>,
 }
 
 /// Loads the TorchScript file `path` on `device`, runs one step (inference, or for
 /// `train` a forward pass, the loss the estimate uses and a backward pass) on random
-/// inputs of these shapes under a profiler with the step timeline, and writes the plot,
-/// the CSV files and a summary into `output_dir`.
+/// inputs of these shapes under a profiler with the step timeline and the blocks idle at
+/// its peak, and writes the plot, the CSV files and a summary into `output_dir`.
 pub fn profile_torchscript(
     path: &Path,
     inputs: &[Input],
@@ -76,6 +77,7 @@ pub fn profile_torchscript(
     crate::fs::create_dir_all(output_dir)?;
     let mut profiler = super::MemoryProfiler::builder(&vs)
         .timeline_step(1)
+        .idle_at_peak(true)
         .csv(true)
         .csv_dir(output_dir)
         .build()?;
@@ -124,6 +126,7 @@ pub fn profile_torchscript(
     p.plot(&file("step.svg"), Some(&title))?;
     p.write_timeline_csv(&file("timeline.csv"))?;
     p.write_layers_csv(&file("layers.csv"))?;
+    p.write_idle_csv(&file("idle.csv"))?;
     let summary = file("summary.txt");
     write_summary(&summary, &p).map_err(|source| Error::Io {
         path: summary.clone(),
@@ -136,6 +139,7 @@ pub fn profile_torchscript(
             "step.svg",
             "timeline.csv",
             "layers.csv",
+            "idle.csv",
             "summary.txt",
         ]
         .iter()
@@ -170,5 +174,15 @@ fn write_summary(path: &Path, p: &StepProfile) -> std::io::Result<()> {
         "FLOPs: forward {}, backward {}",
         p.forward_flops, p.backward_flops
     )?;
+    if let Some(idle) = &p.idle {
+        writeln!(
+            f,
+            "idle at the peak: {} in {} blocks; freed after their last reads: peak {} -> {}",
+            bytes(idle.bytes),
+            idle.blocks.len(),
+            bytes(idle.peak),
+            bytes(idle.peak_if_dropped)
+        )?;
+    }
     f.flush()
 }

@@ -18,7 +18,7 @@ use crate::format;
 use crate::fs;
 use crate::leaks::LeakReport;
 use crate::runs::schema::{
-    EpochRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow,
+    EpochRow, IdleRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow, IDLE,
 };
 use crate::stats::{EpochStats, IterationStats};
 use crate::timeline::{Category, StepFiles, StepKind, StepProfile};
@@ -328,6 +328,9 @@ impl Report for CsvReport {
         };
         p.write_timeline_csv(&files.timeline_csv)?;
         p.write_layers_csv(&files.layers_csv)?;
+        if let (StepKind::Requested(_), Some(_)) = (kind, &p.idle) {
+            p.write_idle_csv(&self.dir.join(format!("{}{IDLE}", self.stem)))?;
+        }
         let title = format!(
             "Live memory by category, step {} ({}), peak {}",
             p.step,
@@ -363,6 +366,27 @@ impl StepProfile {
                     opt_bytes: b.get(Category::Opt),
                     other_bytes: b.get(Category::Other),
                     total_bytes: b.total(),
+                })?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Writes the blocks idle at the peak as CSV (nothing without the step detail):
+    /// `bytes, op, layer, phase, last_read_op, freed_at_op, site, peak_if_dropped`,
+    /// largest first. Replaces the file atomically.
+    pub fn write_idle_csv(&self, path: &Path) -> Result<()> {
+        write_atomically(path, |w| {
+            for b in self.idle.iter().flat_map(|i| &i.blocks) {
+                w.serialize(IdleRow {
+                    bytes: b.bytes,
+                    op: b.op.clone(),
+                    layer: b.layer.clone(),
+                    phase: b.phase,
+                    last_read_op: b.last_read_op.clone(),
+                    freed_at_op: b.freed_at_op.clone(),
+                    site: b.site.clone(),
+                    peak_if_dropped: b.peak_if_dropped,
                 })?;
             }
             Ok(())

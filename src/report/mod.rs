@@ -4,7 +4,8 @@
 //! timeline, leaks, oom) only compute.
 //!
 //! - `terminal`: tables on standard output, and the text of leak and OOM reports;
-//! - `csv`: the run's CSV files, and a profiled step's timeline and layers CSV;
+//! - `csv`: the run's CSV files, and a profiled step's timeline, layers and idle CSV;
+//! - `idle_text`: the terminal section of the blocks idle at a step's peak;
 //! - `html`: the run's HTML report, rebuilt from its CSV files;
 //! - `plot`: a profiled step's plot (PNG or SVG);
 //! - `snapshot`: memory snapshots in the pickle format of PyTorch's memory viewer;
@@ -12,6 +13,7 @@
 
 pub(crate) mod csv;
 pub(crate) mod html_page;
+mod idle_text;
 pub(crate) mod oom_files;
 pub(crate) mod plot;
 pub(crate) mod snapshot;

@@ -60,14 +60,14 @@ pub(crate) fn write_stdout(text: &str) -> Result<()> {
         })
 }
 
-fn table() -> Table {
+pub(super) fn table() -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Dynamic);
     t
 }
 
-fn right(text: String) -> Cell {
+pub(super) fn right(text: String) -> Cell {
     Cell::new(text).set_alignment(CellAlignment::Right)
 }
 
@@ -101,6 +101,9 @@ pub(crate) fn render_step(p: &StepProfile, why: &str, top: usize) -> String {
     }
     out.push_str(&t.to_string());
     out.push('\n');
+    if let Some(idle) = &p.idle {
+        out.push_str(&super::idle_text::render_idle(idle, top));
+    }
 
     let mut by_act: Vec<_> = p.layers.iter().filter(|l| l.activation_bytes > 0).collect();
     by_act.sort_by_key(|l| std::cmp::Reverse(l.activation_bytes));

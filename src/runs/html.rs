@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::runs::{EpochRow, LayerRow, LeakRow, Run, SummaryRow, TimelineRow};
+use crate::runs::{EpochRow, IdleRow, LayerRow, LeakRow, Run, SummaryRow, TimelineRow};
 
 /// Points of the memory-over-steps curve kept per run: longer runs are cut into buckets
 /// of steps and each bucket keeps its lowest and highest point, so no peak is lost.
@@ -49,6 +49,7 @@ struct RunData<'a> {
     layers: &'a [LayerRow],
     timeline: Vec<&'a TimelineRow>,
     leaks: &'a [LeakRow],
+    idle: &'a [IdleRow],
     ooms: &'a [(String, String)],
     warnings: &'a [String],
 }
@@ -135,6 +136,7 @@ fn run_data(run: &Run, name: String) -> RunData<'_> {
         layers: &run.layers,
         timeline: downsample(&run.timeline, 2 * MAX_POINTS, |r| r.total_bytes),
         leaks: &run.leaks,
+        idle: &run.idle,
         ooms: &run.ooms,
         warnings: &run.warnings,
     }

@@ -22,8 +22,10 @@ pub mod schema;
 
 pub use naming::{check_label, names};
 
-pub use schema::{EpochRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow};
-use schema::{EPOCHS, LAYERS, LEAKS, META, PARAMETERS, SUMMARY, TIMELINE};
+pub use schema::{
+    EpochRow, IdleRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow,
+};
+use schema::{EPOCHS, IDLE, LAYERS, LEAKS, META, PARAMETERS, SUMMARY, TIMELINE};
 
 /// One run's files, as read.
 #[derive(Debug, Clone)]
@@ -43,6 +45,8 @@ pub struct Run {
     pub timeline: Vec<TimelineRow>,
     /// Leak suspects (empty when none was found).
     pub leaks: Vec<LeakRow>,
+    /// The blocks idle at the profiled step's peak (empty without `idle_at_peak`).
+    pub idle: Vec<IdleRow>,
     /// Out-of-memory reports: each `<run>_oom<N>.txt`'s file name and text.
     pub ooms: Vec<(String, String)>,
     /// `<run>_run.csv`: what made the run (`tch_memprof` and `libtorch` versions,
@@ -83,6 +87,7 @@ impl Run {
             layers: read_rows(&with_suffix(&stem, LAYERS), false, &mut warnings)?,
             timeline: read_rows(&with_suffix(&stem, TIMELINE), false, &mut warnings)?,
             leaks: read_rows(&with_suffix(&stem, LEAKS), false, &mut warnings)?,
+            idle: read_rows(&with_suffix(&stem, IDLE), false, &mut warnings)?,
             ooms: read_ooms(&stem)?,
             summary,
             stem,
@@ -228,7 +233,9 @@ fn resolve(arg: &Path) -> Result<PathBuf> {
         };
     }
     let text = arg.to_string_lossy();
-    for suffix in [SUMMARY, EPOCHS, PARAMETERS, LAYERS, TIMELINE, LEAKS, META] {
+    for suffix in [
+        SUMMARY, EPOCHS, PARAMETERS, LAYERS, TIMELINE, LEAKS, IDLE, META,
+    ] {
         if let Some(stem) = text.strip_suffix(suffix) {
             return Ok(PathBuf::from(stem));
         }

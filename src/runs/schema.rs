@@ -17,6 +17,8 @@ pub const PARAMETERS: &str = "_parameters.csv";
 pub const LAYERS: &str = "_layers.csv";
 /// `<run>_timeline.csv`: the profiled step op by op (with the step timeline on).
 pub const TIMELINE: &str = "_timeline.csv";
+/// `<run>_idle.csv`: the blocks idle at the profiled step's peak (with `idle_at_peak`).
+pub const IDLE: &str = "_idle.csv";
 /// `<run>_leaks.csv`: leak suspects, once there is one.
 pub const LEAKS: &str = "_leaks.csv";
 /// `<run>_run.csv`: what made the run, as `key,value` rows.
@@ -213,6 +215,31 @@ pub struct TimelineRow {
     pub other_bytes: u64,
     /// The sum: the allocator's live bytes after the op.
     pub total_bytes: u64,
+}
+
+/// A row of `<run>_idle.csv`: one block live at the profiled step's peak whose last read
+/// came before it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct IdleRow {
+    /// Its size.
+    pub bytes: u64,
+    /// The op that made it.
+    pub op: String,
+    /// That op's layer.
+    pub layer: String,
+    /// The phase it was made in.
+    pub phase: Phase,
+    /// The last op that read it (`(none)`: none did).
+    pub last_read_op: String,
+    /// The op running (or the last begun) when it was freed (`(none)`: it outlived the
+    /// step).
+    pub freed_at_op: String,
+    /// The source line that allocated it, `file:line` (`(unknown)`: no frame of the
+    /// model's code).
+    pub site: String,
+    /// The step's peak had it been freed right after its last read.
+    pub peak_if_dropped: u64,
 }
 
 /// A row of `<run>_run.csv`: `tch_memprof`, `libtorch`, `device`, `started`,

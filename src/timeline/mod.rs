@@ -10,11 +10,13 @@
 mod recorder;
 mod replay;
 mod scope;
+mod sites;
 mod types;
 
 pub use crate::phase::Phase;
 pub(crate) use recorder::{Recorder, StepKind};
 pub use scope::{scope, Scope};
 pub use types::{
-    Category, CategoryBytes, LayerProfile, Peak, StepFiles, StepProfile, StepRow, UncountedOp,
+    Category, CategoryBytes, IdleAtPeak, IdleBlock, IdleSite, LayerProfile, Peak, StepFiles,
+    StepProfile, StepRow, UncountedOp, UNKNOWN_SITE,
 };

@@ -11,6 +11,7 @@ use crate::names::{layer_of, Names};
 use crate::vars::Var;
 
 use super::replay::replay;
+use super::sites::SiteNames;
 use super::types::{StepProfile, StepStart, VarEntry};
 
 /// Why a profile is reported.
@@ -27,6 +28,11 @@ pub(crate) enum StepKind {
 pub(crate) struct Recorder {
     slot: usize,
     requested_step: Option<u64>,
+    /// The requested step is profiled with its detail (op reads, allocation sites): the
+    /// blocks idle at its peak.
+    idle: bool,
+    /// Whether the iteration running now has its detail on.
+    detail: bool,
     events: Vec<TlEvent>,
     start: StepStart,
     vars: Vec<VarEntry>,
@@ -38,10 +44,12 @@ pub(crate) struct Recorder {
 }
 
 impl Recorder {
-    pub(crate) fn new(slot: usize, requested_step: Option<u64>) -> Self {
+    pub(crate) fn new(slot: usize, requested_step: Option<u64>, idle: bool) -> Self {
         Recorder {
             slot,
             requested_step,
+            idle: idle && requested_step.is_some(),
+            detail: false,
             events: Vec::new(),
             start: StepStart::default(),
             vars: Vec::new(),
@@ -53,9 +61,16 @@ impl Recorder {
         }
     }
 
-    /// Classifies what is live at the start of an iteration. Call right after the
-    /// native iteration began, before any op runs, with the store's variables.
-    pub(crate) fn begin(&mut self, vars: &[Var<'_>]) -> Result<()> {
+    /// Classifies what is live at the start of an iteration (step `step`, from 1) and
+    /// turns its detail on or off. Call right after the native iteration began, before
+    /// any op runs, with the store's variables.
+    pub(crate) fn begin(&mut self, vars: &[Var<'_>], step: u64) -> Result<()> {
+        let detail = self.idle && self.requested_step == Some(step);
+        if detail || self.detail {
+            self.detail = false;
+            ffi::set_detail(detail)?;
+            self.detail = detail;
+        }
         let header = ffi::timeline_header()?;
         let mut start = StepStart {
             generation: header.start_generation,
@@ -109,6 +124,8 @@ impl Recorder {
             return Ok(None);
         }
         let overflow = ffi::read_timeline(&mut self.events)?;
+        let mut sites = (requested && self.detail).then(SiteNames::new);
+        let mut name = |aux: i32| sites.as_mut().map_or_else(String::new, |s| s.name(aux));
         let mut p = replay(
             &self.events,
             overflow,
@@ -116,6 +133,7 @@ impl Recorder {
             self.slot as u8,
             &self.vars,
             &mut self.names,
+            (requested && self.detail).then_some(&mut name as &mut dyn FnMut(i32) -> String),
         );
         p.step = step;
         p.epoch = epoch;

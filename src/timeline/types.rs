@@ -237,6 +237,132 @@ pub struct StepProfile {
     /// False when the step log overflowed and events were dropped: the numbers are then
     /// incomplete.
     pub complete: bool,
+    /// The blocks idle at the peak, with the step detail on
+    /// ([`idle_at_peak`](crate::MemoryProfilerBuilder::idle_at_peak)); `None` otherwise.
+    pub idle: Option<IdleAtPeak>,
+}
+
+/// A block live at the step's peak that no op read after it: made during the step, not
+/// a weight gradient or optimizer state, and its last read (the last op that took it
+/// as an input, backward nodes included) returned before the allocation that reached
+/// the peak (a block never read: the op that made it returned before it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct IdleBlock {
+    /// Its size.
+    pub bytes: u64,
+    /// The op that made it.
+    pub op: String,
+    /// That op's layer.
+    pub layer: String,
+    /// The phase it was made in.
+    pub phase: Phase,
+    /// The last op that read it ([`MISSING`](crate::names::MISSING): none did).
+    pub last_read_op: String,
+    /// The op during which it was freed ([`MISSING`](crate::names::MISSING): it outlived
+    /// the step).
+    pub freed_at_op: String,
+    /// The source line that allocated it, `file:line`: the first frame of its call stack
+    /// in Rust source that is not the standard library, tch-memprof, torch-sys or tch's
+    /// tensor and layer code (tch's own models, `tch::vision`, count as the model's
+    /// code); [`UNKNOWN_SITE`] when no frame is.
+    pub site: String,
+    /// The step's peak had it been freed right after its last read.
+    pub peak_if_dropped: u64,
+}
+
+/// The site of a block whose call stack has no frame of the model's code.
+pub const UNKNOWN_SITE: &str = "(unknown)";
+
+/// The idle blocks of one source line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct IdleSite {
+    /// `file:line`, as in [`IdleBlock::site`].
+    pub site: String,
+    /// Bytes of its idle blocks.
+    pub bytes: u64,
+    /// How many idle blocks it holds.
+    pub blocks: usize,
+    /// The step's peak had all of them been freed right after their last reads.
+    pub peak_if_dropped: u64,
+}
+
+/// What is idle at the peak of a step with the step detail on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct IdleAtPeak {
+    /// The step's peak (as [`Peak::bytes`]).
+    pub peak: u64,
+    /// Bytes of all idle blocks.
+    pub bytes: u64,
+    /// The step's peak had all of them been freed right after their last reads: the peak
+    /// is found again by replaying the step that way, so it may move to another moment
+    /// and fall by less than `bytes`.
+    pub peak_if_dropped: u64,
+    /// The idle blocks, largest first.
+    pub blocks: Vec<IdleBlock>,
+    /// The same grouped by source line, most bytes first.
+    pub sites: Vec<IdleSite>,
+    #[serde(skip)]
+    pub(crate) replay: IdleReplay,
+}
+
+impl IdleAtPeak {
+    /// The step's peak had the blocks `pick` chooses been freed right after their last
+    /// reads (found again by replaying the step that way).
+    pub fn peak_if_dropped_where(&self, mut pick: impl FnMut(&IdleBlock) -> bool) -> u64 {
+        let drops: Vec<_> = self
+            .blocks
+            .iter()
+            .zip(&self.replay.drops)
+            .filter(|(b, _)| pick(b))
+            .map(|(_, d)| *d)
+            .collect();
+        self.replay.curve.peak_with(&drops)
+    }
+}
+
+/// What [`IdleAtPeak::peak_if_dropped_where`] replays: the step's live bytes, and each
+/// idle block's (from event, to event, bytes), in the order of `blocks`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct IdleReplay {
+    pub curve: LiveCurve,
+    pub drops: Vec<(usize, usize, i64)>,
+}
+
+/// The step's live bytes after each allocation and free of the profiled device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct LiveCurve {
+    pub start: i64,
+    /// (event index, live bytes after it, whether it is an allocation)
+    pub points: Vec<(usize, i64, bool)>,
+}
+
+impl LiveCurve {
+    /// The highest live bytes of the step (the start included) with each block of
+    /// `drops` (from event, to event, bytes) gone between those two events.
+    pub fn peak_with(&self, drops: &[(usize, usize, i64)]) -> u64 {
+        let n = self.points.len();
+        let mut diff = vec![0i64; n + 1];
+        for &(from, to, bytes) in drops {
+            let lo = self.points.partition_point(|p| p.0 <= from);
+            let hi = self.points.partition_point(|p| p.0 < to);
+            if lo < hi {
+                diff[lo] += bytes;
+                diff[hi] -= bytes;
+            }
+        }
+        let mut best = self.start;
+        let mut gone = 0i64;
+        for (k, &(_, live, alloc)) in self.points.iter().enumerate() {
+            gone += diff[k];
+            if alloc {
+                best = best.max(live - gone);
+            }
+        }
+        best.max(0) as u64
+    }
 }
 
 /// A VarStore variable as the replay needs it.

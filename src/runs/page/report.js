@@ -256,6 +256,14 @@ function details(r) {
       r.layers.map(l => ({cells: [l.layer, bytes(l.parameters_bytes), bytes(l.activation_bytes), l.forward_flops.toLocaleString("en-US"), l.backward_flops.toLocaleString("en-US")], keys: [l.layer, l.parameters_bytes, l.activation_bytes, l.forward_flops, l.backward_flops]})),
       {sortable: [0, 1, 2, 3, 4]});
   }
+  if (r.idle.length) {
+    section("Idle at the peak of the examined step: live, but read by no op after it");
+    const idle = r.idle.reduce((a, b) => a + b.bytes, 0);
+    out.appendChild(el("p", bytes(idle) + " in " + r.idle.length + " blocks; each row's last column is the step's peak had that block been freed right after its last read", "muted"));
+    table(["bytes", "made by", "layer", "phase", "last read by", "freed during", "line", "peak if dropped"],
+      r.idle.map(b => ({cells: [bytes(b.bytes), b.op, b.layer, b.phase, b.last_read_op, b.freed_at_op, b.site, bytes(b.peak_if_dropped)], keys: [b.bytes, b.op, b.layer, b.phase, b.last_read_op, b.freed_at_op, b.site, b.peak_if_dropped]})),
+      {sortable: [0, 1, 6, 7], left: [1, 2, 3, 4, 5, 6]});
+  }
   if (r.leaks.length) {
     section("Leak suspects");
     table(["op", "phase", "layer", "epoch", "iterations", "count", "bytes"],

@@ -8,7 +8,8 @@
 //! 3. [`attribute_layers`]: the layer of every op;
 //! 4. [`live_by_category`]: live bytes by category after every op, the peak and each
 //!    category's maximum;
-//! 5. [`layer_table`] and [`count_flops`]: per-layer parameters, activations, FLOPs.
+//! 5. [`layer_table`] and [`count_flops`]: per-layer parameters, activations, FLOPs;
+//! 6. [`idle::idle_at_peak`] (with the step detail on): the blocks idle at the peak.
 //!
 //! Nothing here runs while the model does.
 
@@ -77,7 +78,8 @@ fn in_step(generation: u32, start: u32) -> bool {
     (generation.wrapping_sub(start) as i32) >= 0
 }
 
-/// Replays one iteration's step log into a profile.
+/// Replays one iteration's step log into a profile; with `site_name` (the step detail
+/// was on), the blocks idle at its peak too, their sites named by it.
 pub(crate) fn replay(
     events: &[TlEvent],
     overflow: bool,
@@ -85,12 +87,13 @@ pub(crate) fn replay(
     slot: u8,
     vars: &[VarEntry],
     names: &mut Names,
+    site_name: Option<&mut dyn FnMut(i32) -> String>,
 ) -> StepProfile {
     let mut consistent = !overflow;
     let ops = collect_ops(events);
     let births = classify_blocks(events, start, slot, &mut consistent);
     let op_layer = attribute_layers(&ops, vars, names);
-    let (rows, peak, category_max) = live_by_category(
+    let (rows, peak, category_max, peak_at) = live_by_category(
         events,
         &births,
         start,
@@ -103,6 +106,11 @@ pub(crate) fn replay(
     let mut layers = layer_table(&ops, &op_layer, vars, &births.act_passes);
     let (forward_flops, backward_flops, optimizer_flops, uncounted_ops) =
         count_flops(events, &ops, &op_layer, &mut layers, names);
+    let idle = site_name.map(|site_name| {
+        idle::idle_at_peak(
+            events, &births, start.live, slot, &ops, &op_layer, names, peak_at, site_name,
+        )
+    });
     StepProfile {
         start_bytes: start.live.max(0) as u64,
         rows,
@@ -114,6 +122,7 @@ pub(crate) fn replay(
         optimizer_flops,
         uncounted_ops,
         complete: consistent,
+        idle,
         ..StepProfile::default()
     }
 }
@@ -362,7 +371,8 @@ fn phase_at(ops: &[OpRec], op: i32) -> Option<Phase> {
     }
 }
 
-/// Pass 4: live bytes by category after every op; the peak; category maxima.
+/// Pass 4: live bytes by category after every op; the peak; category maxima; the index
+/// of the event that reached the peak (`None`: the step's start).
 #[allow(clippy::too_many_arguments)]
 fn live_by_category(
     events: &[TlEvent],
@@ -373,7 +383,7 @@ fn live_by_category(
     op_layer: &[String],
     names: &mut Names,
     consistent: &mut bool,
-) -> (Vec<StepRow>, Peak, CategoryBytes) {
+) -> (Vec<StepRow>, Peak, CategoryBytes, Option<usize>) {
     let mut cur = [0i64; 7];
     for (map, c) in [
         (&start.param, Category::Param),
@@ -395,6 +405,7 @@ fn live_by_category(
         ..Peak::default()
     };
     let mut peak_op: Option<i32> = None;
+    let mut peak_at: Option<usize> = None;
     let mut category_max = CategoryBytes::from_signed(&cur);
     let mut rows = Vec::with_capacity(ops.len());
     for (i, e) in events.iter().enumerate() {
@@ -414,6 +425,7 @@ fn live_by_category(
                         peak.bytes = total as u64;
                         peak.breakdown = now;
                         peak_op = Some(e.op);
+                        peak_at = Some(i);
                     }
                 }
             }
@@ -438,7 +450,7 @@ fn live_by_category(
             peak.layer = layer_at(op_layer, op);
         }
     }
-    (rows, peak, category_max)
+    (rows, peak, category_max, peak_at)
 }
 
 /// Layers in the order they first ran, looked up by name.
@@ -540,5 +552,6 @@ fn count_flops(
     (fwd, bwd, opt, uncounted_ops)
 }
 
+mod idle;
 #[cfg(test)]
 mod tests;

@@ -129,7 +129,15 @@ fn replay_classifies_blocks_by_what_became_of_them() {
         layer: "fc".into(),
         bytes: 100,
     }];
-    let p = replay(&events, false, &start, 0, &vars, &mut Names::default());
+    let p = replay(
+        &events,
+        false,
+        &start,
+        0,
+        &vars,
+        &mut Names::default(),
+        None,
+    );
     assert!(p.complete);
     assert_eq!(p.rows.len(), 3);
     let r0 = &p.rows[0].bytes;
@@ -168,6 +176,124 @@ fn a_freed_block_of_unknown_birth_marks_the_profile_incomplete() {
         ..StepStart::default()
     };
     let events = vec![free(99, 8, 10, 0, -1)];
-    let p = replay(&events, false, &start, 0, &[], &mut Names::default());
+    let p = replay(&events, false, &start, 0, &[], &mut Names::default(), None);
     assert!(!p.complete);
+}
+
+fn read(op: i32, ptr: u64) -> TlEvent {
+    TlEvent {
+        kind: ev::READ,
+        op,
+        ptr,
+        ..TlEvent::default()
+    }
+}
+
+/// Forward: op 0 makes A (100 B, site 1), op 1 reads A and makes M (4 B, never read).
+/// Backward: op 2 makes C (200 B) and a gradient G (50 B, never read, outlives the step);
+/// op 3 reads C and reaches the peak with D (300 B), then frees C and D; A is freed by op 4.
+/// Peak 654 at D. Idle: A (last read op 1) and M (op 1 made it); G is a gradient, C is
+/// read at the peak's own op.
+#[test]
+fn idle_blocks_are_those_whose_last_read_returned_before_the_peak() {
+    let start = StepStart {
+        generation: 10,
+        ..StepStart::default()
+    };
+    let with_site = |mut e: TlEvent, site: i32| {
+        e.aux = site;
+        e
+    };
+    let events = vec![
+        begin(0, 0, -1),
+        with_site(alloc(0xa, 100, 10, 0, 0), 1),
+        end(0, 0, 100),
+        begin(1, 0, -1),
+        read(1, 0xa),
+        with_site(alloc(0xb, 4, 10, 0, 1), 2),
+        end(1, 0, 104),
+        phase(11, 1),
+        begin(2, 1, -1),
+        alloc(0xc, 200, 11, 1, 2),
+        alloc(0xd, 50, 11, 1, 2),
+        end(2, 1, 354),
+        begin(3, 1, -1),
+        read(3, 0xc),
+        alloc(0xe, 300, 11, 1, 3),
+        free(0xe, 300, 11, 1, 3),
+        free(0xc, 200, 11, 1, 3),
+        end(3, 1, 154),
+        begin(4, 1, -1),
+        free(0xa, 100, 10, 0, 4),
+        end(4, 1, 54),
+    ];
+    let mut names = Names::default();
+    let mut site = |aux: i32| format!("site{aux}");
+    let p = replay(&events, false, &start, 0, &[], &mut names, Some(&mut site));
+    assert_eq!(p.peak.bytes, 654);
+    let idle = p.idle.expect("detail on");
+    assert_eq!(idle.peak, 654);
+    assert_eq!(idle.bytes, 104);
+    let sizes: Vec<u64> = idle.blocks.iter().map(|b| b.bytes).collect();
+    assert_eq!(sizes, [100, 4]);
+    let a = &idle.blocks[0];
+    assert_eq!(a.site, "site1");
+    assert_eq!(a.phase, Phase::Forward);
+    // Without A from the end of op 1: 654 - 100 at D; M alone: 650; both: 550.
+    assert_eq!(a.peak_if_dropped, 554);
+    assert_eq!(idle.blocks[1].site, "site2");
+    assert_eq!(idle.blocks[1].peak_if_dropped, 650);
+    assert_eq!(idle.peak_if_dropped, 550);
+    let sites: Vec<(&str, u64, usize, u64)> = idle
+        .sites
+        .iter()
+        .map(|s| (s.site.as_str(), s.bytes, s.blocks, s.peak_if_dropped))
+        .collect();
+    assert_eq!(sites, [("site1", 100, 1, 554), ("site2", 4, 1, 650)]);
+    assert_eq!(idle.peak_if_dropped_where(|b| b.site == "site1"), 554);
+    assert_eq!(idle.peak_if_dropped_where(|_| true), 550);
+    assert_eq!(idle.peak_if_dropped_where(|_| false), 654);
+    // Without the detail there is no idle analysis.
+    let p = replay(&events, false, &start, 0, &[], &mut Names::default(), None);
+    assert!(p.idle.is_none());
+}
+
+/// The peak moves: dropping a block that is idle at the first peak uncovers a second
+/// moment almost as high, so the saving is less than the block.
+#[test]
+fn the_peak_if_dropped_is_found_again_and_may_move() {
+    let start = StepStart {
+        generation: 10,
+        ..StepStart::default()
+    };
+    let events = vec![
+        begin(0, 0, -1),
+        alloc(0xa, 100, 10, 0, 0),
+        end(0, 0, 100),
+        // A second moment: 100 + 90, before A's last read.
+        begin(1, 0, -1),
+        read(1, 0xa),
+        alloc(0xb, 90, 10, 0, 1),
+        free(0xb, 90, 10, 0, 1),
+        end(1, 0, 100),
+        // The peak: 100 + 120, A idle.
+        begin(2, 0, -1),
+        alloc(0xc, 120, 10, 0, 2),
+        free(0xc, 120, 10, 0, 2),
+        end(2, 0, 100),
+    ];
+    let mut site = |_: i32| String::from("s");
+    let p = replay(
+        &events,
+        false,
+        &start,
+        0,
+        &[],
+        &mut Names::default(),
+        Some(&mut site),
+    );
+    let idle = p.idle.unwrap();
+    assert_eq!(idle.peak, 220);
+    assert_eq!(idle.blocks.len(), 1);
+    assert_eq!(idle.blocks[0].peak_if_dropped, 190);
 }

@@ -1,0 +1,124 @@
+// The step detail, for one profiled step (off unless asked for): which blocks each op
+// reads, and where in the program each block of the timeline device was allocated.
+//
+// Reads: every op record (nested ones too: a backward node reads its saved tensors
+// through the ops it calls) logs the storages of its tensor inputs as read by the
+// timeline op it runs in, once per timeline op and storage among its last few.
+//
+// Sites: at every allocation, the call stack's return addresses are copied into a
+// table reserved at load (kSiteCapacity stacks of MP_SITE_DEPTH frames, touched as
+// used) with libgcc's unwinder, which neither allocates through the watched allocator
+// nor takes a lock of ours; the Rust side symbolises the few it needs after the step.
+
+#include <unwind.h>
+
+#include "internal.h"
+
+namespace memprof {
+
+std::atomic<bool> g_detail_on{false};
+MpSite* g_sites = nullptr;
+namespace {
+std::atomic<uint64_t> g_sites_len{0};
+
+struct Walk {
+  uint64_t* ips;
+  uint32_t n;
+  uint32_t skip;  // frames left out at the top: take_site's own
+};
+
+_Unwind_Reason_Code on_frame(_Unwind_Context* ctx, void* arg) {
+  Walk* w = static_cast<Walk*>(arg);
+  const uintptr_t ip = _Unwind_GetIP(ctx);
+  if (ip == 0) {
+    return _URC_END_OF_STACK;
+  }
+  if (w->skip > 0) {
+    --w->skip;
+    return _URC_NO_REASON;
+  }
+  w->ips[w->n++] = uint64_t(ip);
+  return w->n < MP_SITE_DEPTH ? _URC_NO_REASON : _URC_END_OF_STACK;
+}
+
+inline void log_read(OpStack& t, const at::Tensor& x, int32_t op, uint32_t phase) {
+  if (!x.defined() || !x.has_storage()) {
+    return;
+  }
+  const uint64_t ptr = uint64_t(x.storage().data());
+  if (ptr == 0) {
+    return;
+  }
+  if (t.read_op != op) {
+    t.read_op = op;
+    t.n_read = 0;
+  }
+  const int kept = t.n_read < 8 ? t.n_read : 8;
+  for (int k = 0; k < kept; ++k) {
+    if (t.read_ptrs[k] == ptr) {
+      return;
+    }
+  }
+  t.read_ptrs[t.n_read % 8] = ptr;
+  ++t.n_read;
+  steplog_append(MpTlEvent{MP_EV_READ, uint8_t(phase), 0, 0, 0, op, 0, ptr, 0});
+}
+}  // namespace
+
+int32_t take_site() {
+  const uint64_t i = g_sites_len.fetch_add(1, std::memory_order_relaxed);
+  if (!g_sites || i >= kSiteCapacity) {
+    return 0;
+  }
+  MpSite& s = g_sites[i];
+  Walk w{s.ips, 0, 1};
+  _Unwind_Backtrace(&on_frame, &w);
+  s.frames = w.n;
+  return int32_t(i + 1);
+}
+
+void log_reads(c10::ArrayRef<const c10::IValue> inputs, int32_t op, uint32_t phase) {
+  if (op < 0) {
+    return;
+  }
+  OpStack& t = tls_ops;
+  for (const auto& v : inputs) {
+    if (v.isTensor()) {
+      log_read(t, v.toTensor(), op, phase);
+    } else if (v.isTensorList()) {
+      const c10::List<at::Tensor> list = v.toTensorList();
+      for (size_t k = 0; k < list.size(); ++k) {
+        log_read(t, list.get(k), op, phase);
+      }
+    }
+  }
+}
+
+int set_detail(bool on) {
+  if (on && !g_steplog_on.load()) {
+    set_error("the step detail needs the timeline on");
+    return -1;
+  }
+  if (on && !g_sites) {
+    set_error("the site table could not be reserved (mmap failed)");
+    return -1;
+  }
+  g_detail_on.store(false);
+  g_sites_len.store(0);
+  tls_ops.read_op = -1;
+  tls_ops.n_read = 0;
+  g_detail_on.store(on);
+  return 0;
+}
+
+int read_site(uint64_t id, MpSite* out) {
+  const uint64_t n = g_sites_len.load(std::memory_order_acquire);
+  if (!g_sites || id >= n || id >= kSiteCapacity) {
+    set_error("memprof_site: no such site in this step");
+    return -1;
+  }
+  *out = g_sites[id];
+  return 0;
+}
+
+}  // namespace memprof
