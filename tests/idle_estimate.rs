@@ -2,7 +2,8 @@
 //! run runs holds its output through the optimizer step, as a tch loop that binds it
 //! does; no op reads the output after the loss's `log_softmax`. A classifier with a wide
 //! head (256 rows of 4096 logits: 4 MiB) peaks in backward, where those logits are dead
-//! weight: the estimate names them, and the same loop run for real on the CPU, dropping
+//! weight: the estimate names them and the line of the model's code that made them, and
+//! the same loop run for real on the CPU, dropping
 //! the output right after `log_softmax`, measures the saving the estimate predicted.
 
 mod common;
@@ -17,11 +18,34 @@ const IN: i64 = 64;
 const HIDDEN: i64 = 256;
 const CLASSES: i64 = 4096;
 
-fn net(p: &nn::Path) -> nn::Sequential {
-    nn::seq()
-        .add(nn::linear(p / "fc1", IN, HIDDEN, Default::default()))
-        .add_fn(|x| x.relu())
-        .add(nn::linear(p / "fc2", HIDDEN, CLASSES, Default::default()))
+#[derive(Debug)]
+struct Net {
+    fc1: nn::Linear,
+    fc2: nn::Linear,
+}
+
+impl Module for Net {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let h = self.fc1.forward(x).relu();
+        self.fc2.forward(&h) // the logits' line
+    }
+}
+
+fn net(p: &nn::Path) -> Net {
+    Net {
+        fc1: nn::linear(p / "fc1", IN, HIDDEN, Default::default()),
+        fc2: nn::linear(p / "fc2", HIDDEN, CLASSES, Default::default()),
+    }
+}
+
+/// `tests/idle_estimate.rs:N`, N the line of this file that makes the logits.
+fn logits_line() -> String {
+    let n = include_str!("idle_estimate.rs")
+        .lines()
+        .position(|l| l.ends_with("// the logits' line"))
+        .expect("the marked line")
+        + 1;
+    format!("tests/idle_estimate.rs:{n}")
 }
 
 /// The CPU loop of the dry run (`Model::estimate`, training): 2 AdamW steps, the batch,
@@ -86,8 +110,8 @@ fn the_held_output_is_idle_and_dropping_it_measures_the_predicted_saving() {
         .expect("the estimate looks for idle blocks");
     for g in &idle.groups {
         eprintln!(
-            "{} B in {} block(s) made by {}, last read by {}: peak {} B if dropped",
-            g.bytes, g.blocks, g.op, g.last_read_op, g.peak_if_dropped
+            "{} B in {} block(s) made by {} at {:?}, last read by {}: peak {} B if dropped",
+            g.bytes, g.blocks, g.op, g.site, g.last_read_op, g.peak_if_dropped
         );
     }
     // The logits, [256, 4096] f32, made by the head's linear layer, last read by the
@@ -97,6 +121,8 @@ fn the_held_output_is_idle_and_dropping_it_measures_the_predicted_saving() {
     assert_eq!((top.bytes, top.blocks), (logits, 1));
     assert_eq!(top.op, "aten::linear");
     assert_eq!(top.last_read_op, "aten::log_softmax");
+    // The line of this file that made them: the model is the user's tch code.
+    assert_eq!(top.site.as_deref(), Some(logits_line().as_str()));
     assert_eq!(estimate.peak_phase.name(), "backward");
     let predicted = estimate.peak_allocated - idle.peak_if_dropped;
     assert!(predicted > 0 && predicted <= logits);

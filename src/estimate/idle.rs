@@ -17,6 +17,7 @@ use super::{IdleAtPeak, IdleGroup, Options};
 use crate::error::Result;
 use crate::ffi::{self, native, MetaEvent};
 use crate::names::MISSING;
+use crate::timeline::sites::SiteNames;
 
 /// How many groups are named (each costs one replay); the rest count in the total.
 const MAX_GROUPS: usize = 8;
@@ -30,6 +31,8 @@ type GroupKey = (i32, i32, i32);
 struct Block {
     born: usize,
     bytes: i64,
+    /// The site (call stack) of its allocation + 1, 0 when none was kept.
+    site: i32,
     /// Interned op and module of the outermost op that made it.
     op: i32,
     layer: i32,
@@ -99,9 +102,15 @@ pub(super) fn idle_at_peak(
         let e = replay(weights, &dropped_early(run, drop), options)?;
         Ok((e.peak_allocated, e.peak_reserved))
     };
+    let mut sites = SiteNames::new();
     let mut named = Vec::new();
     for (bytes, (op, layer, read), bs) in groups.iter().take(MAX_GROUPS) {
+        // The line of the group's largest block that has one.
+        let mut located: Vec<&&Block> = bs.iter().filter(|b| b.site > 0).collect();
+        located.sort_by_key(|b| std::cmp::Reverse(b.bytes));
+        let site = located.iter().find_map(|b| sites.name_in_model(b.site));
         named.push(IdleGroup {
+            site,
             bytes: *bytes,
             blocks: bs.len(),
             op: name(*op)?,
@@ -151,6 +160,7 @@ fn blocks(run: &[MetaEvent]) -> HashMap<u64, Block> {
                     Block {
                         born: i,
                         bytes: e.bytes,
+                        site: e.name.max(0),
                         op,
                         layer,
                         freed: run.len(),

@@ -562,6 +562,10 @@ pub struct IdleGroup {
     pub layer: Option<String>,
     /// The op that read them last (`(never read)` when none did).
     pub last_read_op: String,
+    /// The line of the user's tch code that made them (`src/main.rs:42`), when the model
+    /// is tch code and the line can be read (a build with line tables); `None` for a
+    /// built-in or a TorchScript file.
+    pub site: Option<String>,
     /// The predicted peak allocated had these (and the blocks made and read the same way
     /// in the other steps) been freed right after their last read.
     pub peak_if_dropped: u64,

@@ -62,6 +62,12 @@ pub struct Model {
     /// The model as a chain of segments, when it is given as one: what activation
     /// checkpointing ([`Options::checkpoint`]) runs.
     chain: Option<Rc<dyn Chain>>,
+    /// The model is the user's tch code: the idle blocks of its dry run are located in
+    /// that code (the last step's allocations keep their call stacks).
+    user_code: bool,
+    /// The next dry run keeps the call stacks of its last step's allocations (set by
+    /// [`Model::estimate`], which names the idle blocks' lines).
+    sites: std::cell::Cell<bool>,
 }
 
 impl std::fmt::Debug for Model {
@@ -203,6 +209,8 @@ impl Model {
             label: "tch model".to_string(),
             last_attention: Default::default(),
             chain: None,
+            user_code: true,
+            sites: Default::default(),
         })
     }
 
@@ -313,6 +321,8 @@ impl Model {
             label: "tch model".to_string(),
             last_attention: Default::default(),
             chain,
+            user_code: true,
+            sites: Default::default(),
         }
     }
 
@@ -355,6 +365,8 @@ impl Model {
                 .map_or(path.display().to_string(), |f| f.to_string_lossy().into()),
             last_attention: Default::default(),
             chain: None,
+            user_code: false,
+            sites: Default::default(),
         })
     }
 
@@ -364,15 +376,19 @@ impl Model {
         models::check(name)?;
         let label = name.to_string();
         let (vs, chain, weights) = meta_build(|p| models::build_chain(name, p, 1000))?;
-        if let Some(chain) = chain? {
-            return Ok(Model::chained(vs, Rc::from(chain), weights).with_label(label));
-        }
-        drop((vs, weights));
-        let name_owned = name.to_string();
-        Ok(Model::build_on_meta(move |p| {
-            Boxed(models::build(&name_owned, p, 1000).expect("a known built-in model"))
-        })?
-        .with_label(label))
+        // Not the user's code: no sites (they would point into this crate).
+        let mut model = match chain? {
+            Some(chain) => Model::chained(vs, Rc::from(chain), weights),
+            None => {
+                drop((vs, weights));
+                let name_owned = name.to_string();
+                Model::build_on_meta(move |p| {
+                    Boxed(models::build(&name_owned, p, 1000).expect("a known built-in model"))
+                })?
+            }
+        };
+        model.user_code = false;
+        Ok(model.with_label(label))
     }
 
     /// Bytes of the model's variables.
@@ -451,7 +467,10 @@ impl Model {
     /// the first input).
     pub fn estimate(&self, inputs: &[Input], mode: Mode, options: &Options) -> Result<Estimate> {
         let start = Instant::now();
-        let run = self.dry_run(inputs, mode, options)?;
+        self.sites.set(self.user_code);
+        let run = self.dry_run(inputs, mode, options);
+        self.sites.set(false);
+        let run = run?;
         let (mut e, peak_at) = replay_at(&self.weights, &run, options)?;
         e.idle = Some(idle_at_peak(
             &self.weights,

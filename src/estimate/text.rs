@@ -78,13 +78,17 @@ fn idle_lines(idle: &IdleAtPeak, peak: u64) -> String {
         .filter(|g| g.bytes * 100 >= idle.bytes)
     {
         out.push_str(&format!(
-            "\n    {} in {} block(s) made by {}{}, last read by {}: peak {} if dropped",
+            "\n    {} in {} block(s) made by {}{}{}, last read by {}: peak {} if dropped",
             bytes(g.bytes),
             g.blocks,
             g.op,
             g.layer
                 .as_deref()
                 .map(|l| format!(" in module {l}"))
+                .unwrap_or_default(),
+            g.site
+                .as_deref()
+                .map(|s| format!(" at {s}"))
                 .unwrap_or_default(),
             g.last_read_op,
             bytes(g.peak_if_dropped)

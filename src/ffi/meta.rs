@@ -15,6 +15,7 @@ extern "C" {
     fn memprof_meta_begin() -> i32;
     fn memprof_meta_end() -> i32;
     fn memprof_meta_mark(value: i32) -> i32;
+    fn memprof_meta_sites(on: i32) -> i32;
     fn memprof_meta_read(out: *mut MetaEvent, cap: u64, total: *mut u64) -> i32;
     fn memprof_meta_empty(
         sizes: *const i64,
@@ -112,6 +113,13 @@ pub(crate) fn meta_begin() -> Result<()> {
 pub(crate) fn meta_end() -> Result<()> {
     // SAFETY: plain call.
     check(unsafe { memprof_meta_end() })
+}
+
+/// From now on, the meta trace's allocations keep their call stacks (sites), the site
+/// table started anew; `false`: no more.
+pub(crate) fn meta_sites(on: bool) -> Result<()> {
+    // SAFETY: plain call.
+    check(unsafe { memprof_meta_sites(i32::from(on)) })
 }
 
 /// Puts a mark with `value` into the meta trace.

@@ -441,6 +441,10 @@ int memprof_meta_end(void) noexcept {
   });
 }
 
+int memprof_meta_sites(int32_t on) noexcept {
+  return guarded("memprof_meta_sites", [&]() -> int { return meta_sites(on != 0) ? 0 : -1; });
+}
+
 int memprof_meta_mark(int32_t value) noexcept {
   return guarded("memprof_meta_mark", [&]() -> int {
     if (value < MP_MARK_FORWARD || value > MP_MARK_BASELINE) {

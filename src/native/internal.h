@@ -258,6 +258,8 @@ extern std::atomic<bool> g_detail_on;
 extern MpSite* g_sites;
 // The call stack of the allocation running now, as a site id + 1 (0: the table is full).
 int32_t take_site();
+// Starts the site table anew (the next site taken is id 0).
+void reset_sites();
 // Logs the storages of an op's tensor inputs (tensor lists included) as read by `op`.
 void log_reads(c10::ArrayRef<const c10::IValue> inputs, int32_t op, uint32_t phase);
 int set_detail(bool on);
@@ -522,6 +524,7 @@ void rng_set(int32_t device_type, int32_t index, const at::Tensor& state);
 bool meta_begin();
 void meta_end();
 void meta_mark(int32_t what);
+bool meta_sites(bool on);
 uint64_t meta_read(MpMetaEvent* out, uint64_t cap, uint64_t* total);
 bool meta_ensure_ready();
 at::Tensor* meta_empty(const int64_t* sizes, size_t n, const at::Tensor& like);

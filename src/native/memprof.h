@@ -266,7 +266,7 @@ typedef struct MpMetaEvent {
   uint64_t id;       // block id (ALLOC, FREE), 0 otherwise
   int64_t bytes;     // block size (ALLOC, FREE), 0 otherwise
   int32_t kind;      // MpMetaKind
-  int32_t name;      // interned op name (OP, BLAS, BLASLT), -1 otherwise
+  int32_t name;      // interned op name (OP, BLAS, BLASLT, FLOPS); ALLOC: site id + 1 (0: none, see memprof_meta_sites); -1 otherwise
   int32_t mark;      // MpMetaMark (MARK), MP_MARK_NONE otherwise
   int32_t layer;     // interned module path of a TorchScript file (OP), -1 otherwise
 } MpMetaEvent;
@@ -370,6 +370,11 @@ int memprof_rng_set(int32_t device_type, int32_t index, const void* state) MP_NO
 // min(total, cap) events; *total may exceed the trace's capacity (MP_META_CAPACITY), in
 // which case the trace is incomplete.
 int memprof_meta_begin(void) MP_NOEXCEPT;
+// From now on (on = 1) each allocation of the meta trace keeps its call stack as a site
+// (MpMetaEvent.name of an ALLOC: the site id + 1, memprof_site reads it), the site table
+// started anew; off (on = 0) again, and at the trace's end. Costly (an unwind per
+// allocation): for the last step of a dry run. Fails while a profiled step keeps sites.
+int memprof_meta_sites(int32_t on) MP_NOEXCEPT;
 int memprof_meta_end(void) MP_NOEXCEPT;
 int memprof_meta_mark(int32_t value) MP_NOEXCEPT;
 int memprof_meta_read(MpMetaEvent* out, uint64_t cap, uint64_t* total) MP_NOEXCEPT;

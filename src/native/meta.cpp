@@ -54,6 +54,7 @@ std::atomic<uint64_t> g_meta_next_id{1};
 MpMetaEvent* g_meta_log = nullptr;
 std::atomic<uint64_t> g_meta_len{0};
 std::atomic<bool> g_meta_on{false};
+std::atomic<bool> g_meta_sites{false};  // allocations keep their call stacks
 std::atomic<bool> g_meta_ready{false};
 at::CallbackHandle g_meta_callback = 0;
 thread_local int tls_meta_depth = 0;
@@ -90,7 +91,8 @@ struct MetaTraceAllocator final : public c10::Allocator {
         " allocations; start a new process");
     g_meta_sizes[id] = n;
     void* fake = reinterpret_cast<void*>(kFakeBase + kFakeAlign * id);
-    meta_append(MP_META_ALLOC, id, int64_t(n), -1);
+    const int32_t site = g_meta_sites.load(std::memory_order_relaxed) ? take_site() : 0;
+    meta_append(MP_META_ALLOC, id, int64_t(n), site);
     return {fake, fake, &meta_delete, c10::Device(c10::DeviceType::Meta)};
   }
   c10::DeleterFnPtr raw_deleter() const override {
@@ -182,7 +184,7 @@ uint64_t meta_block(const at::Tensor& t) {
 
 // Every block an op takes as an input (a tensor, a list of tensors, an optional one):
 // the reads that tell when a block was last needed.
-void log_reads(const at::RecordFunction& fn) {
+void log_meta_reads(const at::RecordFunction& fn) {
   auto read = [](const at::Tensor& t) {
     const uint64_t id = meta_block(t);
     if (id != 0) {
@@ -230,7 +232,7 @@ std::unique_ptr<at::ObserverContext> meta_op_start(const at::RecordFunction& fn)
     const int32_t layer = tls_script_module[0] != 0 ? intern(tls_script_module) : -1;
     meta_append(MP_META_OP, 0, 0, id, MP_MARK_NONE, layer);
   }
-  log_reads(fn);
+  log_meta_reads(fn);
   return nullptr;
 }
 
@@ -351,11 +353,29 @@ bool meta_begin() {
 
 void meta_end() {
   std::lock_guard<std::mutex> lock(g_trace_mutex);
+  g_meta_sites.store(false);
   g_meta_on.store(false);
   if (g_meta_callback != 0) {
     at::removeCallback(g_meta_callback);
     g_meta_callback = 0;
   }
+}
+
+bool meta_sites(bool on) {
+  if (on && g_detail_on.load()) {
+    set_error("a profiled step is keeping allocation sites; the dry run cannot now");
+    return false;
+  }
+  if (on && !g_sites) {
+    set_error("the site table could not be reserved (mmap failed)");
+    return false;
+  }
+  g_meta_sites.store(false);
+  if (on) {
+    reset_sites();
+  }
+  g_meta_sites.store(on);
+  return true;
 }
 
 void meta_mark(int32_t what) {

@@ -65,6 +65,10 @@ inline void log_read(OpStack& t, const at::Tensor& x, int32_t op, uint32_t phase
 }
 }  // namespace
 
+void reset_sites() {
+  g_sites_len.store(0);
+}
+
 int32_t take_site() {
   const uint64_t i = g_sites_len.fetch_add(1, std::memory_order_relaxed);
   if (!g_sites || i >= kSiteCapacity) {

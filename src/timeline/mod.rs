@@ -10,7 +10,7 @@
 mod recorder;
 mod replay;
 mod scope;
-mod sites;
+pub(crate) mod sites;
 mod types;
 
 pub use crate::phase::Phase;

@@ -18,6 +18,7 @@ use super::types::UNKNOWN_SITE;
 #[derive(Default)]
 pub(crate) struct SiteNames {
     by_address: HashMap<u64, Option<String>>,
+    frames: HashMap<u64, Frame>,
     cwd: Option<std::path::PathBuf>,
 }
 
@@ -25,6 +26,7 @@ impl SiteNames {
     pub(crate) fn new() -> Self {
         SiteNames {
             by_address: HashMap::new(),
+            frames: HashMap::new(),
             cwd: std::env::current_dir().ok(),
         }
     }
@@ -43,6 +45,54 @@ impl SiteNames {
             }
         }
         UNKNOWN_SITE.to_string()
+    }
+
+    /// The line of the model's code that made a block of the estimator's dry run (an
+    /// alloc's site id + 1): the first model-code frame inside the dry run's call of the
+    /// model. A frame of this crate's own code first ends the search: the block was made
+    /// by the dry run's loop (the loss, backward, the optimizer), not by the model.
+    pub(crate) fn name_in_model(&mut self, aux: i32) -> Option<String> {
+        if aux <= 0 {
+            return None;
+        }
+        let site = ffi::site(aux as u64 - 1).ok()?;
+        for &ip in site.addresses() {
+            match self.frame_at(ip) {
+                Frame::Model(line) => return Some(line),
+                Frame::Ours => return None,
+                Frame::Other => {}
+            }
+        }
+        None
+    }
+
+    /// What the frames at return address `ip` are, innermost first.
+    fn frame_at(&mut self, ip: u64) -> Frame {
+        if let Some(known) = self.frames.get(&ip) {
+            return known.clone();
+        }
+        let mut found = Frame::Other;
+        backtrace::resolve(
+            ip.saturating_sub(1) as usize as *mut std::ffi::c_void,
+            |sym| {
+                if found != Frame::Other {
+                    return;
+                }
+                if let (Some(file), Some(line)) = (sym.filename(), sym.lineno()) {
+                    // This crate's Rust code (its native layer, where the allocation
+                    // hook runs, is C++: passed over).
+                    if file.starts_with(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))
+                        && file.extension() == Some(std::ffi::OsStr::new("rs"))
+                    {
+                        found = Frame::Ours;
+                    } else if is_model_code(file) {
+                        found = Frame::Model(format!("{}:{line}", self.shown(file)));
+                    }
+                }
+            },
+        );
+        self.frames.insert(ip, found.clone());
+        found
     }
 
     /// The model's `file:line` among the frames at return address `ip`, if any.
@@ -91,6 +141,15 @@ impl SiteNames {
         }
         file.display().to_string()
     }
+}
+
+/// A resolved return address: in the model's code (its line), in this crate's own code,
+/// or elsewhere (std, libtorch, tch).
+#[derive(Clone, Debug, PartialEq)]
+enum Frame {
+    Model(String),
+    Ours,
+    Other,
 }
 
 /// Whether a frame's file is the model's code (see the module's documentation).
@@ -165,8 +224,8 @@ mod tests {
     #[test]
     fn registry_paths_are_shown_from_the_crate_folder() {
         let names = SiteNames {
-            by_address: HashMap::new(),
             cwd: Some("/work/proj".into()),
+            ..SiteNames::default()
         };
         assert_eq!(
             names.shown(Path::new(

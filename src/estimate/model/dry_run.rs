@@ -63,6 +63,7 @@ impl Model {
         match mode {
             Mode::Inference => {
                 self.set_train(false)?;
+                self.keep_sites();
                 let xs = Model::make_inputs(inputs)?;
                 ffi::meta_mark(native::MARK_BASELINE)?;
                 ffi::meta_mark(native::MARK_FORWARD)?;
@@ -86,6 +87,9 @@ impl Model {
                         // at the end of its inner loop.
                         let mut held = Vec::new();
                         for micro in 0..accumulate {
+                            if step + 1 == steps.max(1) && micro == 0 {
+                                self.keep_sites();
+                            }
                             let xs = Model::make_inputs(inputs)?;
                             if step == 0 && micro == 0 {
                                 ffi::meta_mark(native::MARK_BASELINE)?;
@@ -160,6 +164,17 @@ impl Model {
             math,
         });
         trace.finish()
+    }
+
+    /// From here on, the trace's allocations keep their call stacks, when this dry run
+    /// is to name the idle blocks' lines ([`Model::estimate`] of the user's tch code);
+    /// without them (a profiled step keeps sites now) the lines are unknown.
+    fn keep_sites(&self) {
+        if self.sites.get() {
+            if let Err(e) = ffi::meta_sites(true) {
+                log::debug!("tch-memprof: the dry run keeps no allocation sites: {e}");
+            }
+        }
     }
 
     /// The model's chain as [`Checkpointed`] runs it for [`Options::checkpoint`] in the
