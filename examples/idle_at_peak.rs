@@ -1,6 +1,7 @@
 //! The blocks idle at a training step's peak: a loop that scales its batch for logging,
 //! reads it once, and keeps the binding to the end of the step. Prints the step's anatomy
-//! with the idle section, and writes `<run>_idle.csv` into `idle_results/`.
+//! with the idle section, and writes `<run>_idle.csv` and `<run>_report.html` (the step's
+//! chart with the idle bytes as a hatched band) into `idle_results/`.
 //!
 //!     scripts/with-libtorch.sh cargo run --example idle_at_peak
 
@@ -16,11 +17,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .add(nn::linear(vs.root() / "l2", 4096, 10, Default::default()));
     let mut opt = nn::Sgd::default().build(&vs, 1e-2)?;
     let mut profiler = MemoryProfiler::builder(&vs)
-        .print_period(1000)
+        .print_period(2)
         .timeline_step(2)
         .idle_at_peak(true)
         .csv(true)
         .csv_dir("idle_results")
+        .html(true)
         .build()?;
     for _ in 0..2 {
         let x = Tensor::randn([256, 1024], (Kind::Float, Device::Cpu));

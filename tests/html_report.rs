@@ -128,8 +128,12 @@ fn the_report_of_a_real_run_renders_its_figures_and_escapes_names() {
     }
     assert_eq!(profiler.failures(), 0);
     // The examined step's idle blocks: the loop holds its batch and loss to its end.
-    let idle = profiler.step_profile().unwrap().idle.clone().unwrap();
+    let examined = profiler.step_profile().unwrap().clone();
+    let idle = examined.idle.clone().unwrap();
     let first_idle = idle.blocks.first().expect("an idle block").clone();
+    // The band of the examined step's chart: its largest idle bytes after an op.
+    let most_idle = examined.rows.iter().map(|r| r.idle_bytes).max().unwrap();
+    assert!(most_idle > 0 && most_idle <= idle.bytes);
     let page = profiler.html_path().unwrap().to_path_buf();
     drop(profiler);
     let html = std::fs::read_to_string(&page).unwrap();
@@ -174,8 +178,13 @@ fn the_report_of_a_real_run_renders_its_figures_and_escapes_names() {
     );
     assert!(!dom.contains("<img"), "an element was injected");
     // The profiled step and its layers are there.
+    let band = format!(
+        "idle at the peak: read by no op again (up to {})",
+        page_bytes(most_idle)
+    );
     for text in [
-        "The profiled step",
+        "The profiled step: step 8, asked for with timeline_step",
+        &band,
         "Layers of the profiled step",
         "conv1",
         "backward",

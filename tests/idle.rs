@@ -121,9 +121,67 @@ fn a_tensor_kept_after_its_last_read_is_named_and_dropping_it_measures_the_predi
         );
     }
 
+    // The examined step's timeline, with each op's idle bytes, as the profile has it; the
+    // run is found from that file too.
+    assert_eq!(run.examined_step, Some(2));
+    let mut step_file = run.stem.as_os_str().to_owned();
+    step_file.push("_step2_timeline.csv");
+    assert_eq!(
+        tch_memprof::runs::Run::open(&step_file).unwrap().stem,
+        run.stem
+    );
+    assert_eq!(run.examined.len(), kept.rows.len());
+    for (row, r) in run.examined.iter().zip(&kept.rows) {
+        assert_eq!(
+            (row.op_index, &row.op, row.total_bytes, row.idle_bytes),
+            (r.op_index, &r.op, r.bytes.total(), r.idle_bytes)
+        );
+    }
+
     let (dropped, idle_after) = profile(false, 2, None, |n, o| logging_step(n, o, true));
     eprintln!("dropped:\n{}", show(&idle_after));
     assert_eq!(dropped.peak.bytes, l.peak_if_dropped);
+
+    // The idle band, op by op: the logged tensor's bytes from the end of the `mean` that
+    // read it last to the step's end. The loop that drops it measures, at every op after
+    // its `drop` (which follows the `item` reading the mean), what the band's lower edge
+    // says.
+    assert_eq!(kept.rows.len(), dropped.rows.len());
+    let mut band = Vec::new();
+    let mut before_drop = 0;
+    for (k, d) in kept.rows.iter().zip(&dropped.rows) {
+        assert_eq!((k.op_index, &k.op), (d.op_index, &d.op));
+        let extra = k.idle_bytes - d.idle_bytes;
+        assert!(extra == 0 || extra == x_bytes, "{} at {}", extra, k.op);
+        if extra == x_bytes {
+            band.push(k.op_index);
+            let still_held = ["aten::mean", "aten::item", "aten::_local_scalar_dense"];
+            if band.len() == before_drop + 1 && still_held.contains(&k.op.as_str()) {
+                before_drop += 1;
+                assert_eq!(k.bytes.total(), d.bytes.total(), "op {}", k.op_index);
+                continue;
+            }
+            assert_eq!(
+                k.bytes.total() - x_bytes,
+                d.bytes.total(),
+                "op {} {}",
+                k.op_index,
+                k.op
+            );
+        }
+    }
+    assert!(
+        (1..=3).contains(&before_drop) && band.len() > 10 + before_drop,
+        "{before_drop} of {} band rows before the drop",
+        band.len()
+    );
+    let first = band.first().expect("the logged tensor's band");
+    assert_eq!(kept.rows[*first as usize].op, "aten::mean");
+    assert_eq!(
+        band.len(),
+        kept.rows.len() - *first as usize,
+        "the band runs from the mean to the step's end"
+    );
     assert!(
         idle_after
             .blocks

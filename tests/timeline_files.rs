@@ -77,7 +77,8 @@ fn peak_step_files_appear_at_epoch_end_and_parse() {
             "temp_bytes",
             "opt_bytes",
             "other_bytes",
-            "total_bytes"
+            "total_bytes",
+            "idle_bytes"
         ]
     );
     let mut rows = 0;
@@ -85,6 +86,8 @@ fn peak_step_files_appear_at_epoch_end_and_parse() {
         let rec = rec.unwrap();
         let cats: u64 = (4..11).map(|i| rec[i].parse::<u64>().unwrap()).sum();
         assert_eq!(cats, rec[11].parse::<u64>().unwrap());
+        // No step detail here: nothing is counted idle.
+        assert_eq!(&rec[12], "0");
         assert!(["forward", "backward", "optimizer"].contains(&&rec[2]));
         rows += 1;
     }

@@ -282,6 +282,7 @@ impl MemoryProfilerBuilder {
                     started: &start.format("%Y-%m-%dT%H:%M:%S%:z").to_string(),
                     label: self.label.as_deref(),
                     print_period: self.print_period,
+                    timeline_step: self.timeline_step,
                 },
             )?;
             csv_paths.push(meta);

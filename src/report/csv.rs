@@ -158,10 +158,12 @@ pub(crate) struct RunMeta<'a> {
     pub started: &'a str,
     pub label: Option<&'a str>,
     pub print_period: usize,
+    /// The step asked for with `timeline_step`.
+    pub timeline_step: Option<u64>,
 }
 
 /// Writes `<run>_run.csv` (what made the run: versions, device, start, the user's label,
-/// the report period), once, at build.
+/// the report period, the step asked for with `timeline_step`), once, at build.
 pub(crate) fn write_meta(path: &Path, m: &RunMeta<'_>) -> Result<()> {
     let mut rows = vec![
         MetaRow::new("tch_memprof", env!("CARGO_PKG_VERSION")),
@@ -172,6 +174,9 @@ pub(crate) fn write_meta(path: &Path, m: &RunMeta<'_>) -> Result<()> {
     ];
     if let Some(label) = m.label {
         rows.push(MetaRow::new("label", label));
+    }
+    if let Some(step) = m.timeline_step {
+        rows.push(MetaRow::new("timeline_step", step.to_string()));
     }
     write_atomically(path, |w| rows.iter().try_for_each(|r| w.serialize(r)))
 }
@@ -348,7 +353,7 @@ impl Report for CsvReport {
 
 impl StepProfile {
     /// Writes the timeline as CSV: `op_index, op, phase, layer`, one `<category>_bytes`
-    /// column per category and `total_bytes`. Replaces the file atomically.
+    /// column per category, `total_bytes` and `idle_bytes`. Replaces the file atomically.
     pub fn write_timeline_csv(&self, path: &Path) -> Result<()> {
         write_atomically(path, |w| {
             for r in &self.rows {
@@ -366,6 +371,7 @@ impl StepProfile {
                     opt_bytes: b.get(Category::Opt),
                     other_bytes: b.get(Category::Other),
                     total_bytes: b.total(),
+                    idle_bytes: r.idle_bytes,
                 })?;
             }
             Ok(())

@@ -156,6 +156,39 @@ fn draw<DB: DrawingBackend>(
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], col.filled()));
     }
 
+    // The idle band: the bytes idle at the peak that no op reads again, at the top of the
+    // stack; its lower edge is what would have been live had they been freed after their
+    // last reads.
+    let most_idle = p.rows.iter().map(|r| r.idle_bytes).max().unwrap_or(0);
+    if most_idle > 0 {
+        let top = &cumulative[cumulative.len() - 1];
+        let low = p
+            .rows
+            .iter()
+            .zip(top)
+            .map(|(r, t)| t - r.idle_bytes as f64 / scale);
+        let outline: Vec<(f64, f64)> = top
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i as f64, *v))
+            .chain(low.enumerate().rev().map(|(i, v)| (i as f64, v)))
+            .collect();
+        let ink = RGBColor(0, 0, 0);
+        chart
+            .draw_series(std::iter::once(Polygon::new(
+                outline,
+                ink.mix(0.7).filled(),
+            )))
+            .map_err(err)?
+            .label(format!(
+                "idle at the peak, read by no op again (up to {})",
+                format::bytes(most_idle)
+            ))
+            .legend(move |(x, y)| {
+                Rectangle::new([(x, y - 6), (x + 16, y + 6)], ink.mix(0.7).filled())
+            });
+    }
+
     // Phase boundaries.
     let (bwd, opt) = p.phase_boundaries();
     for (at, name) in [(bwd, "backward starts"), (opt, "optimizer starts")] {

@@ -47,7 +47,12 @@ struct RunData<'a> {
     epochs: &'a [EpochRow],
     params: Vec<Param>,
     layers: &'a [LayerRow],
+    /// The peak step's ops (empty when they are the examined step's).
     timeline: Vec<&'a TimelineRow>,
+    examined_step: Option<u64>,
+    examined: Vec<&'a TimelineRow>,
+    /// The examined step was the run's peak step too.
+    examined_is_peak: bool,
     leaks: &'a [LeakRow],
     idle: &'a [IdleRow],
     ooms: &'a [(String, String)],
@@ -80,6 +85,16 @@ fn downsample<T>(rows: &[T], max: usize, key: impl Fn(&T) -> u64) -> Vec<&T> {
         }
     }
     out
+}
+
+/// Whether the peak step's timeline is the examined step's: the same ops with the same
+/// live bytes after each (the step asked for was also the run's peak step).
+fn same_step(peak: &[TimelineRow], examined: &[TimelineRow]) -> bool {
+    peak.len() == examined.len()
+        && peak
+            .iter()
+            .zip(examined)
+            .all(|(a, b)| (a.op_index, &a.op, a.total_bytes) == (b.op_index, &b.op, b.total_bytes))
 }
 
 fn run_data(run: &Run, name: String) -> RunData<'_> {
@@ -134,7 +149,14 @@ fn run_data(run: &Run, name: String) -> RunData<'_> {
         epochs: &run.epochs,
         params,
         layers: &run.layers,
-        timeline: downsample(&run.timeline, 2 * MAX_POINTS, |r| r.total_bytes),
+        timeline: if same_step(&run.timeline, &run.examined) {
+            Vec::new()
+        } else {
+            downsample(&run.timeline, 2 * MAX_POINTS, |r| r.total_bytes)
+        },
+        examined_step: run.examined_step,
+        examined_is_peak: !run.examined.is_empty() && same_step(&run.timeline, &run.examined),
+        examined: downsample(&run.examined, 2 * MAX_POINTS, |r| r.total_bytes),
         leaks: &run.leaks,
         idle: &run.idle,
         ooms: &run.ooms,

@@ -6,7 +6,8 @@
 //! (`..._summary.csv`), or by a folder that holds exactly one run. Files written by a
 //! process that was killed may end in a row cut short: such a row is left out with a
 //! warning. A file that lacks a column this version writes is an error that names the
-//! file and the column.
+//! file and the column (but the timeline's `idle_bytes`, newer than its other columns,
+//! which reads as 0).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -43,6 +44,11 @@ pub struct Run {
     pub layers: Vec<LayerRow>,
     /// The peak step's ops (empty without the timeline).
     pub timeline: Vec<TimelineRow>,
+    /// The step asked for with `timeline_step` (the `timeline_step` row of
+    /// `<run>_run.csv`): the one examined for idle blocks.
+    pub examined_step: Option<u64>,
+    /// That step's ops, from `<run>_step<n>_timeline.csv` (empty before it ran).
+    pub examined: Vec<TimelineRow>,
     /// Leak suspects (empty when none was found).
     pub leaks: Vec<LeakRow>,
     /// The blocks idle at the profiled step's peak (empty without `idle_at_peak`).
@@ -50,8 +56,8 @@ pub struct Run {
     /// Out-of-memory reports: each `<run>_oom<N>.txt`'s file name and text.
     pub ooms: Vec<(String, String)>,
     /// `<run>_run.csv`: what made the run (`tch_memprof` and `libtorch` versions,
-    /// `device`, `started`, `print_period`, `label`); empty for runs written before it
-    /// existed.
+    /// `device`, `started`, `print_period`, `label`, `timeline_step`); empty for runs
+    /// written before it existed.
     pub meta: BTreeMap<String, String>,
     /// What the user calls the run: the profiler's `.label(...)` (the `label` row of
     /// `<run>_run.csv`), or one set after reading (`tch-memprof report --label`). See
@@ -79,7 +85,26 @@ impl Run {
                 .into_iter()
                 .map(|r| (r.key, r.value))
                 .collect();
+        let examined_step = match meta.get("timeline_step") {
+            None => None,
+            Some(v) => Some(v.parse::<u64>().map_err(|_| {
+                Error::Run(format!(
+                    "{}: timeline_step is {v:?}, not a step number",
+                    with_suffix(&stem, META).display()
+                ))
+            })?),
+        };
+        let examined = match examined_step {
+            Some(n) => read_rows(
+                &with_suffix(&stem, &format!("_step{n}{TIMELINE}")),
+                false,
+                &mut warnings,
+            )?,
+            None => Vec::new(),
+        };
         Ok(Run {
+            examined_step,
+            examined,
             label: meta.get("label").cloned(),
             meta,
             epochs: read_rows(&with_suffix(&stem, EPOCHS), false, &mut warnings)?,
@@ -202,6 +227,14 @@ fn with_suffix(stem: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// The run's stem of a requested step's files (`<run>_step3` of `<run>_step3_timeline.csv`),
+/// when that run exists.
+fn step_file_stem(stem: &str) -> Option<&str> {
+    let (run, n) = stem.rsplit_once("_step")?;
+    let numbered = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    (numbered && with_suffix(Path::new(run), SUMMARY).is_file()).then_some(run)
+}
+
 /// The stem of the run `arg` names.
 fn resolve(arg: &Path) -> Result<PathBuf> {
     if arg.is_dir() {
@@ -237,7 +270,7 @@ fn resolve(arg: &Path) -> Result<PathBuf> {
         SUMMARY, EPOCHS, PARAMETERS, LAYERS, TIMELINE, LEAKS, IDLE, META,
     ] {
         if let Some(stem) = text.strip_suffix(suffix) {
-            return Ok(PathBuf::from(stem));
+            return Ok(PathBuf::from(step_file_stem(stem).unwrap_or(stem)));
         }
     }
     if with_suffix(arg, SUMMARY).is_file() {

@@ -215,6 +215,10 @@ pub struct TimelineRow {
     pub other_bytes: u64,
     /// The sum: the allocator's live bytes after the op.
     pub total_bytes: u64,
+    /// Of the sum, the bytes of blocks idle at the step's peak that no op reads again
+    /// after this one (0 without `idle_at_peak`, and in files written before the column).
+    #[serde(default)]
+    pub idle_bytes: u64,
 }
 
 /// A row of `<run>_idle.csv`: one block live at the profiled step's peak whose last read
@@ -243,7 +247,8 @@ pub struct IdleRow {
 }
 
 /// A row of `<run>_run.csv`: `tch_memprof`, `libtorch`, `device`, `started`,
-/// `print_period`, and `label` when the run has one.
+/// `print_period`, `label` when the run has one, and `timeline_step` when one was asked
+/// for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct MetaRow {

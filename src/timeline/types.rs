@@ -120,6 +120,11 @@ pub struct StepRow {
     /// The allocator's own live-bytes counter when the op returned (equals
     /// `bytes.total()`: checked by the tests).
     pub allocated_bytes: u64,
+    /// Of `bytes`, those of the blocks idle at the step's peak that no op reads again
+    /// once this op returned: `bytes.total() - idle_bytes` is what would have been live
+    /// had every one of them been freed right after its last read (0 without the step
+    /// detail of [`idle_at_peak`](crate::MemoryProfilerBuilder::idle_at_peak)).
+    pub idle_bytes: u64,
 }
 
 /// The highest live bytes of the iteration, at allocation granularity.

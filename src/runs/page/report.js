@@ -15,6 +15,8 @@ const FEW = 12;
 const SHOWN_CURVES = 6;
 // Above this many runs, each run's own section opens on demand.
 const OPEN_SECTIONS = 4;
+// Hatch patterns made so far (each chart's band has its own id).
+let hatches = 0;
 // Where section(), table() and the charts put what they make.
 let out = app;
 function into(parent, f) { const prev = out; out = parent; try { f(); } finally { out = prev; } }
@@ -81,7 +83,8 @@ function sideLabels(svg, x, labels, top, bottom) {
 }
 function chart(opts) {
   // opts: series [{name, color, values}] stacked as areas; lines [{name, color, values, dash}];
-  // xs; markers [{x, y, label}]; vlines [{x, label}]
+  // xs; markers [{x, y, label}]; vlines [{x, label}]; band {name, values}: bytes of the
+  // stack's top drawn hatched (never more than the stack).
   const W = 1000, H = 300, L = 70, R = 10, T = 10, B = 30;
   const svg = svgEl("svg", {viewBox: `0 0 ${W} ${H}`, width: "100%", role: "img"});
   const xs = opts.xs, n = xs.length;
@@ -101,6 +104,22 @@ function chart(opts) {
     svg.appendChild(svgEl("path", {d, fill: se.color, "fill-opacity": 0.85, stroke: "none"}));
     base = top;
   }
+  const band = opts.band;
+  if (band) {
+    // Hatched, between the top of the stack and that top less the band's bytes.
+    const id = "hatch" + (++hatches);
+    const defs = svgEl("defs", {}), pat = svgEl("pattern", {id, width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)"});
+    pat.appendChild(svgEl("rect", {width: 6, height: 6, fill: "#fff", "fill-opacity": 0.55}));
+    pat.appendChild(svgEl("line", {x1: 0, y1: 0, x2: 0, y2: 6, stroke: "#222", "stroke-width": 2}));
+    defs.appendChild(pat);
+    svg.appendChild(defs);
+    const low = base.map((b, i) => b - band.values[i]);
+    let d = "M" + xs.map((x, i) => X(x) + "," + Y(base[i])).join("L");
+    d += "L" + xs.map((x, i) => X(x) + "," + Y(low[i])).reverse().join("L") + "Z";
+    svg.appendChild(tip(svgEl("path", {d, fill: `url(#${id})`, stroke: "none", class: "band"}), band.name));
+    svg.appendChild(svgEl("path", {d: "M" + xs.map((x, i) => X(x) + "," + Y(low[i])).join("L"), fill: "none", stroke: "#222", "stroke-width": 1}));
+    band.color = "repeating-linear-gradient(45deg,#222 0 2px,#fff 2px 5px)";
+  }
   for (const l of opts.lines) {
     const pts = xs.map((x, i) => l.values[i] === null ? null : [X(x), Y(l.values[i]), l.values[i], x]).filter(p => p);
     if (pts.length) svg.appendChild(svgEl("path", {d: "M" + pts.map(p => p[0] + "," + p[1]).join("L"), fill: "none", stroke: l.color, "stroke-width": 1.5, "stroke-dasharray": l.dash || ""}));
@@ -117,7 +136,7 @@ function chart(opts) {
   }
   const box = el("div", undefined, "chart");
   box.appendChild(svg);
-  box.appendChild(legend(opts.series.concat(opts.lines)));
+  box.appendChild(legend(opts.series.concat(band ? [band] : [], opts.lines)));
   out.appendChild(box);
   return box;
 }
@@ -227,6 +246,21 @@ function overview(r) {
       segs: figs.map(f => ({name: f.name, color: f.color, value: e[f.key]}))}))});
   }
 }
+// A step's live bytes after each op, stacked by category; with idle, the bytes idle at the
+// step's peak that no op reads again drawn as a hatched band at the top of the stack, whose
+// lower edge is what would have been live had they been freed right after their last reads.
+function stepChart(t, idle) {
+  const cats = ["param", "buffer", "grad", "act", "temp", "opt", "other"];
+  const names = {param: "parameters", buffer: "buffers", grad: "gradients", act: "activations", temp: "temporaries", opt: "optimizer state", other: "other"};
+  const bwd = t.find(q => q.phase === "backward"), opt = t.find(q => q.phase === "optimizer");
+  const peak = t.reduce((a, q) => q.total_bytes > a.total_bytes ? q : a, t[0]);
+  const most = Math.max(0, ...t.map(q => q.idle_bytes));
+  chart({xs: t.map(q => q.op_index), xlabel: "op", lines: [],
+    series: cats.map(c => ({name: names[c], color: COLORS[c], values: t.map(q => q[c + "_bytes"])})),
+    band: idle && most > 0 ? {name: "idle at the peak: read by no op again (up to " + bytes(most) + ")", values: t.map(q => q.idle_bytes)} : null,
+    vlines: [bwd && {x: bwd.op_index, label: "backward"}, opt && {x: opt.op_index, label: "optimizer"}].filter(v => v),
+    markers: [{x: peak.op_index, y: peak.total_bytes, label: "peak " + bytes(peak.total_bytes) + " at " + peak.op + " (" + peak.layer + ")"}]});
+}
 function details(r) {
   if (r.epochs.length) {
     section("Epochs");
@@ -239,16 +273,13 @@ function details(r) {
       r.params.map(q => ({cells: [q.name, q.kind, q.dtype, q.shape, bytes(q.bytes), bytes(q.grad_bytes)], keys: [q.name, q.kind, q.dtype, q.shape, q.bytes, q.grad_bytes]})),
       {sortable: [0, 4, 5], left: [1, 2, 3]});
   }
+  if (r.examined.length) {
+    section("The profiled step: step " + r.examined_step + ", asked for with timeline_step" + (r.examined_is_peak ? " and the run's peak step" : "") + ", op by op");
+    stepChart(r.examined, r.idle.length > 0);
+  }
   if (r.timeline.length) {
-    section("The profiled step (the run's peak step), op by op");
-    const t = r.timeline, cats = ["param", "buffer", "grad", "act", "temp", "opt", "other"];
-    const names = {param: "parameters", buffer: "buffers", grad: "gradients", act: "activations", temp: "temporaries", opt: "optimizer state", other: "other"};
-    const bwd = t.find(q => q.phase === "backward"), opt = t.find(q => q.phase === "optimizer");
-    const peak = t.reduce((a, q) => q.total_bytes > a.total_bytes ? q : a, t[0]);
-    chart({xs: t.map(q => q.op_index), xlabel: "op", lines: [],
-      series: cats.map(c => ({name: names[c], color: COLORS[c], values: t.map(q => q[c + "_bytes"])})),
-      vlines: [bwd && {x: bwd.op_index, label: "backward"}, opt && {x: opt.op_index, label: "optimizer"}].filter(v => v),
-      markers: [{x: peak.op_index, y: peak.total_bytes, label: "peak " + bytes(peak.total_bytes) + " at " + peak.op + " (" + peak.layer + ")"}]});
+    section("The profiled step: the run's peak step, op by op");
+    stepChart(r.timeline, false);
   }
   if (r.layers.length) {
     section("Layers of the profiled step");
@@ -257,7 +288,7 @@ function details(r) {
       {sortable: [0, 1, 2, 3, 4]});
   }
   if (r.idle.length) {
-    section("Idle at the peak of the examined step: live, but read by no op after it");
+    section("Idle at the peak of the examined step" + (r.examined_step ? " (step " + r.examined_step + ")" : "") + ": live, but read by no op after it");
     const idle = r.idle.reduce((a, b) => a + b.bytes, 0);
     out.appendChild(el("p", bytes(idle) + " in " + r.idle.length + " blocks; each row's last column is the step's peak had that block been freed right after its last read", "muted"));
     table(["bytes", "made by", "layer", "phase", "last read by", "freed during", "line", "peak if dropped"],

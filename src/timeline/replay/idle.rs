@@ -157,6 +157,29 @@ pub(super) fn idle_at_peak(
     }
 }
 
+/// After each row (its op-end event index in `row_at`, ascending): the bytes of the idle
+/// blocks `drops` (from event, to event, bytes) past their last read and not yet freed,
+/// the same interval [`LiveCurve::peak_with`] takes them out of.
+pub(super) fn idle_by_row(row_at: &[usize], drops: &[(usize, usize, i64)]) -> Vec<u64> {
+    let mut diff = vec![0i64; row_at.len() + 1];
+    for &(from, to, bytes) in drops {
+        let lo = row_at.partition_point(|&i| i < from);
+        let hi = row_at.partition_point(|&i| i < to);
+        if lo < hi {
+            diff[lo] += bytes;
+            diff[hi] -= bytes;
+        }
+    }
+    let mut idle = 0i64;
+    diff[..row_at.len()]
+        .iter()
+        .map(|d| {
+            idle += d;
+            idle.max(0) as u64
+        })
+        .collect()
+}
+
 /// The step's live bytes after each allocation and free of the profiled device.
 fn curve_of(events: &[TlEvent], births: &Births, start: i64, slot: u8) -> LiveCurve {
     let mut live = start;

@@ -9,7 +9,8 @@
 //! 4. [`live_by_category`]: live bytes by category after every op, the peak and each
 //!    category's maximum;
 //! 5. [`layer_table`] and [`count_flops`]: per-layer parameters, activations, FLOPs;
-//! 6. [`idle::idle_at_peak`] (with the step detail on): the blocks idle at the peak.
+//! 6. [`idle::idle_at_peak`] (with the step detail on): the blocks idle at the peak,
+//!    and [`idle::idle_by_row`]: their bytes past their last read after every op.
 //!
 //! Nothing here runs while the model does.
 
@@ -93,7 +94,7 @@ pub(crate) fn replay(
     let ops = collect_ops(events);
     let births = classify_blocks(events, start, slot, &mut consistent);
     let op_layer = attribute_layers(&ops, vars, names);
-    let (rows, peak, category_max, peak_at) = live_by_category(
+    let (mut rows, row_at, peak, category_max, peak_at) = live_by_category(
         events,
         &births,
         start,
@@ -111,6 +112,14 @@ pub(crate) fn replay(
             events, &births, start.live, slot, &ops, &op_layer, names, peak_at, site_name,
         )
     });
+    if let Some(idle) = &idle {
+        for (row, bytes) in rows
+            .iter_mut()
+            .zip(idle::idle_by_row(&row_at, &idle.replay.drops))
+        {
+            row.idle_bytes = bytes;
+        }
+    }
     StepProfile {
         start_bytes: start.live.max(0) as u64,
         rows,
@@ -371,8 +380,9 @@ fn phase_at(ops: &[OpRec], op: i32) -> Option<Phase> {
     }
 }
 
-/// Pass 4: live bytes by category after every op; the peak; category maxima; the index
-/// of the event that reached the peak (`None`: the step's start).
+/// Pass 4: live bytes by category after every op (and the index of each row's op-end
+/// event); the peak; category maxima; the index of the event that reached the peak
+/// (`None`: the step's start).
 #[allow(clippy::too_many_arguments)]
 fn live_by_category(
     events: &[TlEvent],
@@ -383,7 +393,7 @@ fn live_by_category(
     op_layer: &[String],
     names: &mut Names,
     consistent: &mut bool,
-) -> (Vec<StepRow>, Peak, CategoryBytes, Option<usize>) {
+) -> (Vec<StepRow>, Vec<usize>, Peak, CategoryBytes, Option<usize>) {
     let mut cur = [0i64; 7];
     for (map, c) in [
         (&start.param, Category::Param),
@@ -408,6 +418,7 @@ fn live_by_category(
     let mut peak_at: Option<usize> = None;
     let mut category_max = CategoryBytes::from_signed(&cur);
     let mut rows = Vec::with_capacity(ops.len());
+    let mut row_at = Vec::with_capacity(ops.len());
     for (i, e) in events.iter().enumerate() {
         match e.kind {
             ev::ALLOC | ev::FREE if e.device == slot => {
@@ -437,7 +448,9 @@ fn live_by_category(
                     layer: layer_at(op_layer, e.op),
                     bytes: CategoryBytes::from_signed(&cur),
                     allocated_bytes: e.value.max(0) as u64,
+                    idle_bytes: 0,
                 });
+                row_at.push(i);
             }
             _ => {}
         }
@@ -450,7 +463,7 @@ fn live_by_category(
             peak.layer = layer_at(op_layer, op);
         }
     }
-    (rows, peak, category_max, peak_at)
+    (rows, row_at, peak, category_max, peak_at)
 }
 
 /// Layers in the order they first ran, looked up by name.
