@@ -51,7 +51,8 @@ struct RunData<'a> {
     timeline: Vec<&'a TimelineRow>,
     examined_step: Option<u64>,
     examined: Vec<&'a TimelineRow>,
-    /// The examined step was the run's peak step too.
+    /// The run's peak step has the same ops and live bytes as the examined step (its
+    /// chart is left out).
     examined_is_peak: bool,
     leaks: &'a [LeakRow],
     idle: &'a [IdleRow],
@@ -88,7 +89,7 @@ fn downsample<T>(rows: &[T], max: usize, key: impl Fn(&T) -> u64) -> Vec<&T> {
 }
 
 /// Whether the peak step's timeline is the examined step's: the same ops with the same
-/// live bytes after each (the step asked for was also the run's peak step).
+/// live bytes after each (the step asked for was the run's peak step, or its twin).
 fn same_step(peak: &[TimelineRow], examined: &[TimelineRow]) -> bool {
     peak.len() == examined.len()
         && peak

@@ -132,7 +132,9 @@ function chart(opts) {
   }
   for (const m of opts.markers || []) {
     svg.appendChild(svgEl("circle", {cx: X(m.x), cy: Y(m.y), r: 4, fill: "#b00"}));
-    svg.appendChild(svgText({x: Math.min(X(m.x) + 6, W - 200), y: Math.max(Y(m.y) - 6, T + 12), "font-size": 11, fill: "#b00"}, m.label));
+    // Right of the marker in the chart's left half, left of it in the right half.
+    const right = X(m.x) > (L + W - R) / 2;
+    svg.appendChild(svgText({x: X(m.x) + (right ? -6 : 6), y: Math.max(Y(m.y) - 6, T + 12), "font-size": 11, fill: "#b00", "text-anchor": right ? "end" : "start"}, m.label));
   }
   const box = el("div", undefined, "chart");
   box.appendChild(svg);
@@ -259,7 +261,7 @@ function stepChart(t, idle) {
     series: cats.map(c => ({name: names[c], color: COLORS[c], values: t.map(q => q[c + "_bytes"])})),
     band: idle && most > 0 ? {name: "idle at the peak: read by no op again (up to " + bytes(most) + ")", values: t.map(q => q.idle_bytes)} : null,
     vlines: [bwd && {x: bwd.op_index, label: "backward"}, opt && {x: opt.op_index, label: "optimizer"}].filter(v => v),
-    markers: [{x: peak.op_index, y: peak.total_bytes, label: "peak " + bytes(peak.total_bytes) + " at " + peak.op + " (" + peak.layer + ")"}]});
+    markers: [{x: peak.op_index, y: peak.total_bytes, label: "highest at an op's end: " + bytes(peak.total_bytes) + ", " + peak.op + " (" + peak.layer + ")"}]});
 }
 function details(r) {
   if (r.epochs.length) {
@@ -274,7 +276,7 @@ function details(r) {
       {sortable: [0, 4, 5], left: [1, 2, 3]});
   }
   if (r.examined.length) {
-    section("The profiled step: step " + r.examined_step + ", asked for with timeline_step" + (r.examined_is_peak ? " and the run's peak step" : "") + ", op by op");
+    section("The profiled step: step " + r.examined_step + ", asked for with timeline_step, op by op" + (r.examined_is_peak ? " (the run's peak step is the same, op for op)" : ""));
     stepChart(r.examined, r.idle.length > 0);
   }
   if (r.timeline.length) {
