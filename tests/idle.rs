@@ -211,6 +211,26 @@ fn a_read_through_a_tensor_list_counts() {
     assert_eq!(scaled[0].last_read_op, "aten::cat");
 }
 
+#[test]
+fn a_read_through_a_list_of_optional_tensors_counts() {
+    // `index` takes its indices as `Tensor?[]`: a tensor of indices made before the peak
+    // and read by it after the peak is needed, not idle.
+    let (_, idle) = profile(false, 2, None, |net, opt| {
+        let b = batch();
+        let rows = tch::Tensor::arange_start(0, 8, (Kind::Int64, tch::Device::Cpu)).repeat([4]);
+        opt.zero_grad();
+        net.forward(&b.x).cross_entropy_for_logits(&b.y).backward();
+        opt.step();
+        let picked = tch::no_grad(|| b.x.index(&[Some(&rows)]).sum(Kind::Float));
+        assert!(picked.double_value(&[]).is_finite());
+    });
+    assert!(
+        idle.blocks.iter().all(|b| b.op != "aten::repeat"),
+        "{}",
+        show(&idle)
+    );
+}
+
 /// The plain loop, gradients cleared before the forward pass.
 fn plain_step(net: &dyn Module, opt: &mut nn::Optimizer) {
     let b = batch();

@@ -260,8 +260,33 @@ extern MpSite* g_sites;
 int32_t take_site();
 // Starts the site table anew (the next site taken is id 0).
 void reset_sites();
-// Logs the storages of an op's tensor inputs (tensor lists included) as read by `op`.
+// Logs the storages of an op's tensor inputs (see for_each_tensor) as read by `op`.
 void log_reads(c10::ArrayRef<const c10::IValue> inputs, int32_t op, uint32_t phase);
+
+// Calls f on every tensor among an op's inputs or outputs `values`: a tensor, and each
+// tensor of a list of tensors (`Tensor[]`, as `cat` takes), of a list of optional ones
+// (`Tensor?[]`, as `index` takes) or of a tuple (a multi-output op's results). Reads the
+// lists in place: allocates nothing.
+template <class Values, class F>
+void for_each_tensor(const Values& values, F&& f) {
+  for (const c10::IValue& v : values) {
+    if (v.isTensor()) {
+      f(v.toTensor());
+    } else if (v.isTensorList() || v.isOptionalTensorList()) {
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor()) {
+          f(e.toTensor());
+        }
+      }
+    } else if (v.isTuple()) {
+      for (const c10::IValue& e : v.toTupleRef().elements()) {
+        if (e.isTensor()) {
+          f(e.toTensor());
+        }
+      }
+    }
+  }
+}
 int set_detail(bool on);
 int read_site(uint64_t id, MpSite* out);
 

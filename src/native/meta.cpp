@@ -182,8 +182,8 @@ uint64_t meta_block(const at::Tensor& t) {
   return id < kMetaIds ? id : 0;
 }
 
-// Every block an op takes as an input (a tensor, a list of tensors, an optional one):
-// the reads that tell when a block was last needed.
+// Every block an op takes as an input (see for_each_tensor): the reads that tell when a
+// block was last needed.
 void log_meta_reads(const at::RecordFunction& fn) {
   auto read = [](const at::Tensor& t) {
     const uint64_t id = meta_block(t);
@@ -191,21 +191,7 @@ void log_meta_reads(const at::RecordFunction& fn) {
       meta_append(MP_META_READ, id, 0, -1);
     }
   };
-  for (const c10::IValue& v : fn.inputs()) {
-    if (v.isTensor()) {
-      read(v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) {
-        read(t);
-      }
-    } else if (v.isOptionalTensorList()) {
-      for (std::optional<at::Tensor> t : v.toOptionalTensorList()) {
-        if (t.has_value()) {
-          read(*t);
-        }
-      }
-    }
-  }
+  for_each_tensor(fn.inputs(), read);
 }
 
 std::unique_ptr<at::ObserverContext> meta_op_start(const at::RecordFunction& fn) {
@@ -253,21 +239,7 @@ void adopt_resized(const at::Tensor& t) {
 }
 
 void adopt_outputs(const at::RecordFunction& fn) {
-  for (const c10::IValue& v : fn.outputs()) {
-    if (v.isTensor()) {
-      adopt_resized(v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) {
-        adopt_resized(t);
-      }
-    } else if (v.isTuple()) {
-      for (const c10::IValue& e : v.toTupleRef().elements()) {
-        if (e.isTensor()) {
-          adopt_resized(e.toTensor());
-        }
-      }
-    }
-  }
+  for_each_tensor(fn.outputs(), adopt_resized);
 }
 
 // The workspaces are taken inside the op, after its output is allocated: logged at

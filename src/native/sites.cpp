@@ -86,16 +86,7 @@ void log_reads(c10::ArrayRef<const c10::IValue> inputs, int32_t op, uint32_t pha
     return;
   }
   OpStack& t = tls_ops;
-  for (const auto& v : inputs) {
-    if (v.isTensor()) {
-      log_read(t, v.toTensor(), op, phase);
-    } else if (v.isTensorList()) {
-      const c10::List<at::Tensor> list = v.toTensorList();
-      for (size_t k = 0; k < list.size(); ++k) {
-        log_read(t, list.get(k), op, phase);
-      }
-    }
-  }
+  for_each_tensor(inputs, [&](const at::Tensor& x) { log_read(t, x, op, phase); });
 }
 
 int set_detail(bool on) {
