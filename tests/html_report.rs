@@ -179,13 +179,13 @@ fn the_report_of_a_real_run_renders_its_figures_and_escapes_names() {
     assert!(!dom.contains("<img"), "an element was injected");
     // The profiled step and its layers are there.
     let band = format!(
-        "idle at the peak: read by no op again (up to {})",
+        "idle at the peak, read by no op again (up to {})",
         page_bytes(most_idle)
     );
     for text in [
         "The profiled step: step 8, asked for with timeline_step",
         &band,
-        "Layers of the profiled step",
+        "Layers of the run's peak step",
         "conv1",
         "backward",
         "Idle at the peak of the examined step",

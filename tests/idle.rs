@@ -147,14 +147,20 @@ fn a_tensor_kept_after_its_last_read_is_named_and_dropping_it_measures_the_predi
     // its `drop` (which follows the `item` reading the mean), what the band's lower edge
     // says.
     assert_eq!(kept.rows.len(), dropped.rows.len());
+    // Positions in the rows (the order ops returned) that carry the logged tensor.
     let mut band = Vec::new();
     let mut before_drop = 0;
-    for (k, d) in kept.rows.iter().zip(&dropped.rows) {
+    for (i, (k, d)) in kept.rows.iter().zip(&dropped.rows).enumerate() {
         assert_eq!((k.op_index, &k.op), (d.op_index, &d.op));
-        let extra = k.idle_bytes - d.idle_bytes;
-        assert!(extra == 0 || extra == x_bytes, "{} at {}", extra, k.op);
-        if extra == x_bytes {
-            band.push(k.op_index);
+        let extra = k.idle_bytes as i128 - d.idle_bytes as i128;
+        assert!(
+            extra == 0 || extra == x_bytes as i128,
+            "{} at {}",
+            extra,
+            k.op
+        );
+        if extra != 0 {
+            band.push(i);
             let still_held = ["aten::mean", "aten::item", "aten::_local_scalar_dense"];
             if band.len() == before_drop + 1 && still_held.contains(&k.op.as_str()) {
                 before_drop += 1;
@@ -162,8 +168,8 @@ fn a_tensor_kept_after_its_last_read_is_named_and_dropping_it_measures_the_predi
                 continue;
             }
             assert_eq!(
-                k.bytes.total() - x_bytes,
-                d.bytes.total(),
+                k.bytes.total() as i128 - x_bytes as i128,
+                d.bytes.total() as i128,
                 "op {} {}",
                 k.op_index,
                 k.op
@@ -175,11 +181,11 @@ fn a_tensor_kept_after_its_last_read_is_named_and_dropping_it_measures_the_predi
         "{before_drop} of {} band rows before the drop",
         band.len()
     );
-    let first = band.first().expect("the logged tensor's band");
-    assert_eq!(kept.rows[*first as usize].op, "aten::mean");
+    let first = *band.first().expect("the logged tensor's band");
+    assert_eq!(kept.rows[first].op, "aten::mean");
     assert_eq!(
-        band.len(),
-        kept.rows.len() - *first as usize,
+        band,
+        (first..kept.rows.len()).collect::<Vec<_>>(),
         "the band runs from the mean to the step's end"
     );
     assert!(

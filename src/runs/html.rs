@@ -51,6 +51,9 @@ struct RunData<'a> {
     timeline: Vec<&'a TimelineRow>,
     examined_step: Option<u64>,
     examined: Vec<&'a TimelineRow>,
+    /// The examined step's largest idle bytes after an op (over all its rows, before they
+    /// are thinned).
+    examined_idle_max: u64,
     /// The run's peak step has the same ops and live bytes as the examined step (its
     /// chart is left out).
     examined_is_peak: bool,
@@ -156,6 +159,7 @@ fn run_data(run: &Run, name: String) -> RunData<'_> {
             downsample(&run.timeline, 2 * MAX_POINTS, |r| r.total_bytes)
         },
         examined_step: run.examined_step,
+        examined_idle_max: run.examined.iter().map(|r| r.idle_bytes).max().unwrap_or(0),
         examined_is_peak: !run.examined.is_empty() && same_step(&run.timeline, &run.examined),
         examined: downsample(&run.examined, 2 * MAX_POINTS, |r| r.total_bytes),
         leaks: &run.leaks,

@@ -85,15 +85,16 @@ impl Run {
                 .into_iter()
                 .map(|r| (r.key, r.value))
                 .collect();
-        let examined_step = match meta.get("timeline_step") {
-            None => None,
-            Some(v) => Some(v.parse::<u64>().map_err(|_| {
-                Error::Run(format!(
-                    "{}: timeline_step is {v:?}, not a step number",
+        let examined_step = meta.get("timeline_step").and_then(|v| match v.parse::<u64>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                warnings.push(format!(
+                    "{}: timeline_step is {v:?}, not a step number; the step's timeline is left out",
                     with_suffix(&stem, META).display()
-                ))
-            })?),
-        };
+                ));
+                None
+            }
+        });
         let examined = match examined_step {
             Some(n) => read_rows(
                 &with_suffix(&stem, &format!("_step{n}{TIMELINE}")),
@@ -227,12 +228,13 @@ fn with_suffix(stem: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// The run's stem of a requested step's files (`<run>_step3` of `<run>_step3_timeline.csv`),
-/// when that run exists.
+/// The run's stem of a requested step's files (`<run>` of `<run>_step3`, the stem of
+/// `<run>_step3_timeline.csv`), when `<run>_step3` is no run itself and `<run>` is one.
 fn step_file_stem(stem: &str) -> Option<&str> {
     let (run, n) = stem.rsplit_once("_step")?;
     let numbered = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
-    (numbered && with_suffix(Path::new(run), SUMMARY).is_file()).then_some(run)
+    let is_run = |s: &str| with_suffix(Path::new(s), SUMMARY).is_file();
+    (numbered && !is_run(stem) && is_run(run)).then_some(run)
 }
 
 /// The stem of the run `arg` names.
@@ -270,7 +272,13 @@ fn resolve(arg: &Path) -> Result<PathBuf> {
         SUMMARY, EPOCHS, PARAMETERS, LAYERS, TIMELINE, LEAKS, IDLE, META,
     ] {
         if let Some(stem) = text.strip_suffix(suffix) {
-            return Ok(PathBuf::from(step_file_stem(stem).unwrap_or(stem)));
+            let step_file = [TIMELINE, LAYERS].contains(&suffix);
+            return Ok(PathBuf::from(
+                step_file
+                    .then(|| step_file_stem(stem))
+                    .flatten()
+                    .unwrap_or(stem),
+            ));
         }
     }
     if with_suffix(arg, SUMMARY).is_file() {
@@ -357,6 +365,38 @@ mod tests {
         assert_eq!(p["other_bytes"], 260);
         assert_eq!(run.name(), "r");
         assert_eq!(run.devices(), ["cpu"]);
+    }
+
+    #[test]
+    fn a_step_file_names_its_run_and_a_run_named_like_a_step_stays_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let summary = format!("{HEADER}{}", row(1, 100));
+        write(dir.path(), "exp_summary.csv", &summary);
+        write(dir.path(), "exp_run.csv", "key,value\ntimeline_step,3\n");
+        write(dir.path(), "exp_step3_timeline.csv", "op_index,op,phase,layer,param_bytes,buffer_bytes,grad_bytes,act_bytes,temp_bytes,opt_bytes,other_bytes,total_bytes\n0,aten::mm,forward,l1,1,0,0,0,2,0,0,3\n");
+        let run = Run::open(dir.path().join("exp_step3_timeline.csv")).unwrap();
+        assert_eq!(run.stem, dir.path().join("exp"));
+        assert_eq!(run.examined_step, Some(3));
+        // A file from before the idle column: its idle bytes read as 0.
+        assert_eq!((run.examined.len(), run.examined[0].total_bytes), (1, 3));
+        assert_eq!(run.examined[0].idle_bytes, 0);
+        // A run of its own whose stem ends like a step's.
+        write(dir.path(), "exp_step5_summary.csv", &summary);
+        let other = Run::open(dir.path().join("exp_step5_summary.csv")).unwrap();
+        assert_eq!(other.stem, dir.path().join("exp_step5"));
+        // A step number that is none is said, and the run still opens.
+        write(
+            dir.path(),
+            "exp_run.csv",
+            "key,value\ntimeline_step,three\n",
+        );
+        let run = Run::open(dir.path().join("exp")).unwrap();
+        assert_eq!(run.examined_step, None);
+        assert!(
+            run.warnings.iter().any(|w| w.contains("\"three\"")),
+            "{:?}",
+            run.warnings
+        );
     }
 
     #[test]

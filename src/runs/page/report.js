@@ -248,18 +248,18 @@ function overview(r) {
       segs: figs.map(f => ({name: f.name, color: f.color, value: e[f.key]}))}))});
   }
 }
-// A step's live bytes after each op, stacked by category; with idle, the bytes idle at the
-// step's peak that no op reads again drawn as a hatched band at the top of the stack, whose
-// lower edge is what would have been live had they been freed right after their last reads.
-function stepChart(t, idle) {
+// A step's live bytes after each op, stacked by category; with idleMax (the largest of its
+// rows' idle bytes) above 0, the bytes idle at the step's peak that no op reads again drawn
+// as a hatched band at the top of the stack, whose lower edge is what would have been live
+// had they been freed right after their last reads.
+function stepChart(t, idleMax) {
   const cats = ["param", "buffer", "grad", "act", "temp", "opt", "other"];
   const names = {param: "parameters", buffer: "buffers", grad: "gradients", act: "activations", temp: "temporaries", opt: "optimizer state", other: "other"};
   const bwd = t.find(q => q.phase === "backward"), opt = t.find(q => q.phase === "optimizer");
   const peak = t.reduce((a, q) => q.total_bytes > a.total_bytes ? q : a, t[0]);
-  const most = Math.max(0, ...t.map(q => q.idle_bytes));
   chart({xs: t.map(q => q.op_index), xlabel: "op", lines: [],
     series: cats.map(c => ({name: names[c], color: COLORS[c], values: t.map(q => q[c + "_bytes"])})),
-    band: idle && most > 0 ? {name: "idle at the peak: read by no op again (up to " + bytes(most) + ")", values: t.map(q => q.idle_bytes)} : null,
+    band: idleMax > 0 ? {name: "idle at the peak, read by no op again (up to " + bytes(idleMax) + ")", values: t.map(q => q.idle_bytes)} : null,
     vlines: [bwd && {x: bwd.op_index, label: "backward"}, opt && {x: opt.op_index, label: "optimizer"}].filter(v => v),
     markers: [{x: peak.op_index, y: peak.total_bytes, label: "highest at an op's end: " + bytes(peak.total_bytes) + ", " + peak.op + " (" + peak.layer + ")"}]});
 }
@@ -277,14 +277,14 @@ function details(r) {
   }
   if (r.examined.length) {
     section("The profiled step: step " + r.examined_step + ", asked for with timeline_step, op by op" + (r.examined_is_peak ? " (the run's peak step is the same, op for op)" : ""));
-    stepChart(r.examined, r.idle.length > 0);
+    stepChart(r.examined, r.examined_idle_max);
   }
   if (r.timeline.length) {
     section("The profiled step: the run's peak step, op by op");
-    stepChart(r.timeline, false);
+    stepChart(r.timeline, 0);
   }
   if (r.layers.length) {
-    section("Layers of the profiled step");
+    section("Layers of the run's peak step");
     table(["layer", "parameters", "activations", "forward FLOPs", "backward FLOPs"],
       r.layers.map(l => ({cells: [l.layer, bytes(l.parameters_bytes), bytes(l.activation_bytes), l.forward_flops.toLocaleString("en-US"), l.backward_flops.toLocaleString("en-US")], keys: [l.layer, l.parameters_bytes, l.activation_bytes, l.forward_flops, l.backward_flops]})),
       {sortable: [0, 1, 2, 3, 4]});
