@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use super::replay::replay;
-use super::{IdleAtPeak, IdleGroup, Options};
+use super::{IdleAtPredictedPeak, IdleGroup, Options};
 use crate::error::Result;
 use crate::ffi::{self, native, MetaEvent};
 use crate::names::MISSING;
@@ -59,7 +59,7 @@ pub(super) fn idle_at_peak(
     options: &Options,
     peak_at: usize,
     peak_allocated: u64,
-) -> Result<IdleAtPeak> {
+) -> Result<IdleAtPredictedPeak> {
     let blocks = blocks(run);
     let idle: Vec<&Block> = blocks
         .values()
@@ -128,7 +128,7 @@ pub(super) fn idle_at_peak(
         let keys: Vec<GroupKey> = groups.iter().map(|(_, k, _)| *k).collect();
         replayed(&everywhere(&keys))?
     };
-    Ok(IdleAtPeak {
+    Ok(IdleAtPredictedPeak {
         bytes: idle.iter().map(|b| b.bytes.max(0) as u64).sum(),
         blocks: idle.len(),
         peak_if_dropped,

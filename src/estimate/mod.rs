@@ -57,7 +57,7 @@ use crate::error::{Error, Result};
 use crate::phase::Phase;
 
 pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator};
-pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, GENERIC_SM};
+pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE, GENERIC_SM};
 pub(crate) use model::loss;
 pub use model::{Model, Segment};
 pub use plan::{breakdown, Config, Cost, Dominant, Plan, Plans, MAX_PLANS};
@@ -496,7 +496,7 @@ pub struct Estimate {
     /// cuBLAS workspaces charged (one per thread that ran a cuBLAS op).
     pub cublas_workspaces: u32,
     /// cuBLASLt workspaces charged (one per thread that ran an `addmm` CUDA runs on
-    /// cuBLASLt: a batched linear layer with bias), [`gpu::CUBLASLT_WORKSPACE`] each.
+    /// cuBLASLt: a batched linear layer with bias), [`CUBLASLT_WORKSPACE`] each.
     pub cublaslt_workspaces: u32,
     /// Size of one cuBLAS workspace on this GPU.
     pub cublas_workspace_bytes: u64,
@@ -522,9 +522,9 @@ pub struct Estimate {
     /// by its steps.
     pub step_flops: u64,
     /// What a `drop` would save: the blocks live at the predicted peak that no op reads
-    /// again (see [`IdleAtPeak`]); `None` where it was not analysed (the plan's
+    /// again (see [`IdleAtPredictedPeak`]); `None` where it was not analysed (the plan's
     /// configurations).
-    pub idle: Option<IdleAtPeak>,
+    pub idle: Option<IdleAtPredictedPeak>,
 }
 
 /// The blocks live at the predicted peak allocated whose last read came before it: what
@@ -532,7 +532,7 @@ pub struct Estimate {
 /// kept to the end of its statement, the loop's output held through backward).
 /// docs/step-anatomy.md defines "idle at the peak".
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct IdleAtPeak {
+pub struct IdleAtPredictedPeak {
     /// Bytes of the idle blocks.
     pub bytes: u64,
     /// Idle blocks.

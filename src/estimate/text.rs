@@ -5,7 +5,7 @@ use std::fmt;
 
 use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 
-use super::{AllocatorConfig, Estimate, Fit, IdleAtPeak, Mode, Options, Plans};
+use super::{AllocatorConfig, Estimate, Fit, IdleAtPredictedPeak, Mode, Options, Plans};
 use crate::format::bytes;
 
 /// The estimates as a table (batch, weights, baseline, peak allocated, peak reserved,
@@ -61,7 +61,7 @@ pub fn table(rows: &[Estimate]) -> String {
 
 /// What a `drop` would save at the peak: the idle bytes, the peak had they been freed
 /// after their last read, the largest groups (three at most).
-fn idle_lines(idle: &IdleAtPeak, peak: u64) -> String {
+fn idle_lines(idle: &IdleAtPredictedPeak, peak: u64) -> String {
     let mut out = format!(
         "\n  idle at the peak: {} in {} block(s) no op reads again; freed after their last \
          read, the peak would be {} (from {})",

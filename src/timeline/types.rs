@@ -208,7 +208,7 @@ pub struct UncountedOp {
 /// Layers: an op that reads a VarStore variable belongs to the layer named by the
 /// variable's path without its last component (`layer1.0.conv1.weight` ->
 /// `layer1.0.conv1`); a backward node belongs to the layer of the forward op that made
-/// it; any other op belongs to the layer that ran last. Ops inside a [`scope`] belong
+/// it; any other op belongs to the layer that ran last. Ops inside a [`scope`](crate::scope) belong
 /// to the scope.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]

@@ -101,7 +101,7 @@
 //!   out-of-memory error; here they are counted (`refused_requests`) and
 //!   allocate nothing.
 //!
-//! The model is split by concern: [`config`] (the `PYTORCH_CUDA_ALLOC_CONF` parser and
+//! The model is split by concern: `config` (the `PYTORCH_CUDA_ALLOC_CONF` parser and
 //! the rounding rules), this file (pools, best fit, split, merge, statistics) and
 //! `expandable.rs` (expandable segments); the unit tests are in `tests.rs`.
 

@@ -404,8 +404,8 @@ impl ModuleT for MobileNetV3 {
 ///
 /// Variables are created under `p` with torchvision's `state_dict` names
 /// (`features.0.0.weight` ... `classifier.3.bias`), except that tch's batch norm has no
-/// `num_batches_tracked` buffer; see the [module documentation](self) for what else
-/// differs.
+/// `num_batches_tracked` buffer (nothing reads it with a fixed momentum), and
+/// initialization draws from torchvision's distributions but not the same numbers.
 pub fn mobilenet_v3_small(p: &nn::Path, num_classes: i64) -> MobileNetV3 {
     let features = p / "features";
     let first = ConvNormActivation::new(
