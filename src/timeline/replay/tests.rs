@@ -253,9 +253,14 @@ fn idle_blocks_are_those_whose_last_read_returned_before_the_peak() {
     assert_eq!(idle.peak_if_dropped_where(|b| b.site == "site1"), 554);
     assert_eq!(idle.peak_if_dropped_where(|_| true), 550);
     assert_eq!(idle.peak_if_dropped_where(|_| false), 654);
+    // The band after each op: A (read last by op 1) and B (never read) from op 1's end;
+    // A freed in op 4 leaves B.
+    let band: Vec<u64> = p.rows.iter().map(|r| r.idle_bytes).collect();
+    assert_eq!(band, [0, 104, 104, 104, 4]);
     // Without the detail there is no idle analysis.
     let p = replay(&events, false, &start, 0, &[], &mut Names::default(), None);
     assert!(p.idle.is_none());
+    assert!(p.rows.iter().all(|r| r.idle_bytes == 0));
 }
 
 /// The peak moves: dropping a block that is idle at the first peak uncovers a second
