@@ -178,7 +178,7 @@ fn group(blocks: &[LiveBlock], exclude: &HashSet<u64>) -> HashMap<Key, Agg> {
     let mut groups: HashMap<Key, Agg> = HashMap::new();
     for b in blocks.iter().filter(|b| !exclude.contains(&b.ptr)) {
         let a = groups
-            .entry((b.op, Phase::from_native(b.phase), b.layer))
+            .entry((b.op, crate::ffi::phase(b.phase), b.layer))
             .or_insert(Agg {
                 first: u32::MAX,
                 ..Agg::default()

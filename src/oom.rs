@@ -207,7 +207,7 @@ fn summarize(st: &OomState, e: OomEvent, blocks: &[LiveBlock], names: &mut Names
         } else if st.grads.contains(&b.ptr) {
             OomCategory::Gradients
         } else {
-            match Phase::from_native(b.phase) {
+            match crate::ffi::phase(b.phase) {
                 Phase::Forward => OomCategory::Forward,
                 Phase::Backward => OomCategory::Backward,
                 Phase::Optimizer => OomCategory::AfterBackward,
@@ -254,7 +254,7 @@ fn summarize(st: &OomState, e: OomEvent, blocks: &[LiveBlock], names: &mut Names
         .take(10)
         .map(|b| OomBlock {
             op: names.get(b.op),
-            phase: Phase::from_native(b.phase),
+            phase: crate::ffi::phase(b.phase),
             layer: names.get(b.layer),
             iteration: b.iter as u64,
             bytes: b.size.max(0) as u64,

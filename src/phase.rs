@@ -2,8 +2,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ffi::native;
-
 /// Phase of an op or of a block's birth.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Phase {
@@ -19,15 +17,6 @@ pub enum Phase {
 }
 
 impl Phase {
-    /// The phase the native layer numbers `p` (its idle state reads as forward).
-    pub(crate) fn from_native(p: impl Into<u32>) -> Phase {
-        match p.into() {
-            native::PHASE_BACKWARD => Phase::Backward,
-            native::PHASE_OPTIMIZER => Phase::Optimizer,
-            _ => Phase::Forward,
-        }
-    }
-
     /// Lower-case name, as in the CSV.
     pub fn name(self) -> &'static str {
         match self {
@@ -35,23 +24,5 @@ impl Phase {
             Phase::Backward => "backward",
             Phase::Optimizer => "optimizer",
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn native_numbers_map_to_phases() {
-        assert_eq!(Phase::from_native(native::PHASE_FORWARD), Phase::Forward);
-        assert_eq!(
-            Phase::from_native(native::PHASE_BACKWARD as u8),
-            Phase::Backward
-        );
-        assert_eq!(
-            Phase::from_native(native::PHASE_OPTIMIZER),
-            Phase::Optimizer
-        );
     }
 }

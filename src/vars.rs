@@ -240,7 +240,7 @@ impl ParamSync {
             .rows()
             .map(|(e, _, _)| ffi::intern(&e.layer).unwrap_or(-1))
             .collect();
-        ffi::set_params(&ptrs, &ids, &layers)?;
+        ffi::set_params(ffi::Target::Step, &ptrs, &ids, &layers)?;
         self.ptrs = ptrs;
         Ok(())
     }
@@ -257,7 +257,7 @@ impl ParamSync {
             .iter()
             .map(|v| ffi::intern(&layer_of(v.name)).unwrap_or(-1))
             .collect();
-        ffi::set_params(&ptrs, &ids, &layers)?;
+        ffi::set_params(ffi::Target::Step, &ptrs, &ids, &layers)?;
         self.ptrs = ptrs;
         Ok(())
     }

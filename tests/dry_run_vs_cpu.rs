@@ -49,28 +49,35 @@ fn f32_inference() {
     assert_eq!(cpu, dry);
 }
 
-/// Under CPU autocast the CPU's bfloat16 `linear` (oneDNN on this machine) takes scratch
-/// memory inside the op and frees it before the op returns; the meta kernels allocate
-/// what CUDA's kernels allocate, and CUDA's matrix products take their scratch from the
-/// cuBLAS workspaces, which the estimate adds apart. So the CPU's peak, reached inside a
-/// `linear`, is above the dry run's by that scratch (5248 B for the training step and
-/// 34304 B for inference with this model, on the machine these tests were written on);
-/// every op's live bytes when it returns still match (`compare`).
-fn assert_peak_within_cpu_linear(cpu: u64, dry: u64, cpu_peak_op: &str) {
-    assert_eq!(cpu_peak_op, "aten::linear");
-    assert!(cpu > dry, "CPU {cpu} B, dry run {dry} B");
-    // Scratch of one linear of this model, never more than 64 KiB.
-    assert!(cpu - dry <= 64 << 10, "CPU {cpu} B, dry run {dry} B");
+/// Under CPU autocast some CPU kernels take scratch memory inside the op and free it
+/// before the op returns, by how much depending on the processor: the bfloat16 `linear`
+/// (oneDNN: 5248 B for the training step and 34304 B for inference with this model on
+/// the machine these tests were first written on), a mixed-dtype `add` (3968 B for
+/// inference, none for the training step, on an AMD EPYC). The meta kernels allocate
+/// what CUDA's kernels allocate, and CUDA's matrix products take their scratch from the cuBLAS workspaces,
+/// which the estimate adds apart. So the CPU's peak, reached inside such an op, is above
+/// the dry run's by that scratch; every op's live bytes when it returns still match
+/// (`compare`), and that is what the dry run is held to.
+fn assert_peak_within_cpu_scratch(cpu: u64, dry: u64, cpu_peak_op: &str) {
+    assert!(
+        cpu >= dry,
+        "CPU {cpu} B, dry run {dry} B (peak in {cpu_peak_op})"
+    );
+    // Scratch of one op of this model, never more than 64 KiB.
+    assert!(
+        cpu - dry <= 64 << 10,
+        "CPU {cpu} B, dry run {dry} B (peak in {cpu_peak_op})"
+    );
 }
 
 #[test]
 fn bf16_autocast_training_step() {
     let (cpu, dry, op) = compare_at(true, Some(Kind::BFloat16));
-    assert_peak_within_cpu_linear(cpu, dry, &op);
+    assert_peak_within_cpu_scratch(cpu, dry, &op);
 }
 
 #[test]
 fn bf16_autocast_inference() {
     let (cpu, dry, op) = compare_at(false, Some(Kind::BFloat16));
-    assert_peak_within_cpu_linear(cpu, dry, &op);
+    assert_peak_within_cpu_scratch(cpu, dry, &op);
 }

@@ -82,7 +82,10 @@ fn csv_rows_are_the_librarys_estimates() {
                 &Options::default(),
             )
             .unwrap();
-        let idle = e.idle.clone().expect("the estimate looks for idle blocks");
+        let idle = e
+            .idle()
+            .cloned()
+            .expect("the estimate looks for idle blocks");
         assert!(idle.peak_if_dropped <= e.peak_allocated);
         assert_eq!(
             *line,

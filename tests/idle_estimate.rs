@@ -1,4 +1,5 @@
-//! The estimate's blocks idle at the predicted peak (`Estimate::idle`). The loop the dry
+//! The estimate's blocks idle at the predicted peak (`Estimate::idle`, the predicted
+//! step's `IdleAtPeak`, the type a profiled step's idle blocks have). The loop the dry
 //! run runs holds its output through the optimizer step, as a tch loop that binds it
 //! does; no op reads the output after the loss's `log_softmax`. A classifier with a wide
 //! head (256 rows of 4096 logits: 4 MiB) peaks in backward, where those logits are dead
@@ -105,24 +106,27 @@ fn the_held_output_is_idle_and_dropping_it_measures_the_predicted_saving() {
             .unwrap()
     };
     let idle = estimate
-        .idle
-        .clone()
+        .idle()
+        .cloned()
         .expect("the estimate looks for idle blocks");
-    for g in &idle.groups {
+    let groups = idle.groups();
+    for g in &groups {
         eprintln!(
-            "{} B in {} block(s) made by {} at {:?}, last read by {}: peak {} B if dropped",
+            "{} B in {} block(s) made by {} at {}, last read by {}: peak {} B if dropped",
             g.bytes, g.blocks, g.op, g.site, g.last_read_op, g.peak_if_dropped
         );
     }
     // The logits, [256, 4096] f32, made by the head's linear layer, last read by the
     // loss's log_softmax; the peak in backward.
     let logits = (BATCH * CLASSES * 4) as u64;
-    let top = &idle.groups[0];
+    let top = &groups[0];
     assert_eq!((top.bytes, top.blocks), (logits, 1));
     assert_eq!(top.op, "aten::linear");
     assert_eq!(top.last_read_op, "aten::log_softmax");
     // The line of this file that made them: the model is the user's tch code.
-    assert_eq!(top.site.as_deref(), Some(logits_line().as_str()));
+    assert_eq!(top.site, logits_line());
+    // The layer of the op that made them: the head, by the variable it read.
+    assert_eq!(top.layer, "fc2");
     assert_eq!(estimate.peak_phase.name(), "backward");
     let predicted = estimate.peak_allocated - idle.peak_if_dropped;
     assert!(predicted > 0 && predicted <= logits);

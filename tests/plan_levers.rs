@@ -96,21 +96,21 @@ fn adamw_to_sgd_with_momentum() {
 
 /// CPU autocast in bf16 over forward and loss (the dry run with CPU autocast's op lists).
 ///
-/// The CPU's bf16 `linear` (oneDNN) takes scratch memory inside the op and frees it
-/// before the op returns; the dry run does not (on CUDA that scratch is the cuBLAS
-/// workspace, which the estimate adds apart). How it is accounted for: the f32 side is
-/// byte-exact (`assert_f32_peaks`), and `compare` checks the bf16 side's live bytes at
-/// every op's end byte for byte, so the whole difference between the measured and the
-/// predicted delta is what the CPU's peak op, an `aten::linear`, held inside itself on
-/// top of the dry run's peak: asserted positive and in a `linear`, then bounded by the
-/// 5% tolerance of the predicted delta.
+/// Some CPU kernels take scratch memory inside the op under bf16 and free it before the
+/// op returns (oneDNN's bf16 `linear`, by how much depending on the processor); the dry
+/// run does not (on CUDA that scratch is the cuBLAS workspace, which the estimate adds
+/// apart). How it is accounted for: the f32 side is byte-exact (`assert_f32_peaks`), and
+/// `compare` checks the bf16 side's live bytes at every op's end byte for byte, so the
+/// whole difference between the measured and the predicted delta is what the CPU's peak
+/// op held inside itself on top of the dry run's peak: asserted not negative, then
+/// bounded by the 5% tolerance of the predicted delta.
 ///
-/// Measured on a 2-core x86-64 machine: CPU 880264 -> 814656 B (-65608 B), dry run
-/// 880264 -> 814016 B (-66248 B); the CPU's bf16 peak is in `aten::linear`, 640 B of
-/// scratch above the dry run's: the deltas differ by 640 B, 0.97% of the delta (0.07% of
-/// the peak). Not tightened below 5%: the scratch is oneDNN's
-/// choice for this CPU's instruction set and shapes (5248 B at the peak of the batch-2
-/// step of `tests/dry_run_vs_cpu.rs`).
+/// Measured: on the 2-core x86-64 machine these tests were first written on, CPU
+/// 880264 -> 814656 B (-65608 B), dry run 880264 -> 814016 B (-66248 B), the CPU's bf16
+/// peak in `aten::linear` with 640 B of scratch: 0.97% of the delta; on a 2-core AMD
+/// EPYC, CPU and dry run both 880264 -> 814016 B, the peak in `aten::log_softmax`, no
+/// scratch: 0%. Not tightened below 5%: the scratch is oneDNN's choice for the CPU's
+/// instruction set and shapes.
 #[test]
 fn bf16_autocast() {
     let off = compare(&baseline());
@@ -119,11 +119,10 @@ fn bf16_autocast() {
         ..baseline()
     });
     assert_f32_peaks(&off);
-    assert_eq!(on.cpu_op, "aten::linear", "{on:?}");
-    assert!(on.cpu > on.dry, "{on:?}");
+    assert!(on.cpu >= on.dry, "{on:?}");
     let scratch = on.cpu - on.dry;
     let (real, predicted) = deltas("bf16 autocast", &off, &on);
-    eprintln!("bf16 linear scratch at the CPU's peak: {scratch} B");
+    eprintln!("scratch at the CPU's peak, in {}: {scratch} B", on.cpu_op);
     assert_moves(predicted, &off);
     assert!(predicted < 0, "bf16 autocast raises the predicted peak");
     let err = (real - predicted).unsigned_abs() as f64 / predicted.unsigned_abs() as f64;

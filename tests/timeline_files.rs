@@ -78,20 +78,29 @@ fn peak_step_files_appear_at_epoch_end_and_parse() {
             "opt_bytes",
             "other_bytes",
             "total_bytes",
+            "peak_bytes",
             "idle_bytes"
         ]
     );
     let mut rows = 0;
+    let mut highest = 0u64;
     for rec in r.records() {
         let rec = rec.unwrap();
         let cats: u64 = (4..11).map(|i| rec[i].parse::<u64>().unwrap()).sum();
-        assert_eq!(cats, rec[11].parse::<u64>().unwrap());
+        let total = rec[11].parse::<u64>().unwrap();
+        assert_eq!(cats, total);
+        // The highest point since the last row is at least what is live at this one.
+        let peak_since = rec[12].parse::<u64>().unwrap();
+        assert!(peak_since >= total, "{rec:?}");
+        highest = highest.max(peak_since);
         // No step detail here: nothing is counted idle.
-        assert_eq!(&rec[12], "0");
+        assert_eq!(&rec[13], "0");
         assert!(["forward", "backward", "optimizer"].contains(&&rec[2]));
         rows += 1;
     }
     assert_eq!(rows, peak.rows.len());
+    // The rows' highest points are the step's peak, reached inside an op.
+    assert_eq!(highest, peak.peak.bytes);
 
     let png = std::fs::read(&peak_files.png).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");

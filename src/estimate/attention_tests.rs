@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use tch::{Device, Kind, Tensor};
 
 use super::{Attention, Gpu, Input, Mode, Model, Optimizer, Options};
-use crate::ffi::{self, native};
+use crate::ffi::{self, EventKind};
 
 /// One meta trace at a time in this process.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -85,11 +85,8 @@ fn run(c: Call, backend: Attention) -> Result<(Vec<i64>, &'static str), String> 
     result?;
     let bytes = events
         .iter()
-        .filter_map(|e| match e.kind {
-            native::META_ALLOC => Some(e.bytes),
-            native::META_FREE => Some(-e.bytes),
-            _ => None,
-        })
+        .filter(|e| e.is_block())
+        .map(|e| e.value)
         .collect();
     let runs = ffi::meta_attention_runs().unwrap();
     let ran = match runs {
@@ -562,13 +559,13 @@ fn gpt2_trained_in_f32_on_an_h100_holds_no_score_block_and_math_is_the_old_upper
     // probabilities) in every layer.
     let scores = 2 * 12 * 1024 * 1024 * 4;
     let blocks = |o: &Options| {
-        let events = model
-            .dry_run(std::slice::from_ref(&input), mode, o)
+        let run = model
+            .dry_run(std::slice::from_ref(&input), mode, o, false)
             .unwrap();
-        events
+        run.events
             .iter()
-            .filter(|e| e.kind == native::META_ALLOC && e.bytes >= scores)
-            .map(|e| e.bytes)
+            .filter(|e| e.kind == EventKind::Alloc && e.value >= scores)
+            .map(|e| e.value)
             .collect::<Vec<i64>>()
     };
     let auto_blocks = blocks(&auto);

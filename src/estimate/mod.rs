@@ -36,7 +36,6 @@
 
 pub mod allocator;
 mod gpu;
-mod idle;
 mod model;
 pub mod models;
 mod plan;
@@ -55,13 +54,14 @@ use tch::Kind;
 
 use crate::error::{Error, Result};
 use crate::phase::Phase;
+use crate::timeline::{IdleAtPeak, StepProfile};
 
 pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator};
 pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE, GENERIC_SM};
 pub(crate) use model::loss;
 pub use model::{Model, Segment};
 pub use plan::{breakdown, Config, Cost, Dominant, Plan, Plans, MAX_PLANS};
-pub use text::table;
+pub use text::{anatomy, table};
 
 /// An optimizer whose step (and state) the estimate of a training step includes: tch's
 /// optimizers, which are libtorch's C++ ones.
@@ -425,6 +425,78 @@ impl Options {
             ..Options::default()
         }
     }
+
+    /// Whether these settings make sense for `mode`: the first that does not, named with
+    /// its value and why, in one line. Every estimate and plan checks them first; the
+    /// command line reports this error as it is.
+    pub fn validate(&self, mode: Mode) -> Result<()> {
+        let bad = |name: &'static str, value: String, reason: &str| {
+            Err(Error::InvalidInput {
+                name,
+                value,
+                reason: reason.to_string(),
+            })
+        };
+        let train = matches!(mode, Mode::Train(_));
+        if self.steps == 0 {
+            return bad("steps", "0".into(), "at least one step");
+        }
+        if self.accumulate == 0 {
+            return bad(
+                "accumulate",
+                "0".into(),
+                "at least one micro-batch per step",
+            );
+        }
+        if self.accumulate > 1 && !train {
+            return bad(
+                "accumulate",
+                self.accumulate.to_string(),
+                "gradient accumulation needs a training step",
+            );
+        }
+        match self.checkpoint {
+            Some(0) => {
+                return bad(
+                    "checkpoint",
+                    "0".into(),
+                    "checkpoint every k-th segment takes k >= 1",
+                )
+            }
+            Some(k) if !train => {
+                return bad(
+                    "checkpoint",
+                    k.to_string(),
+                    "activation checkpointing needs a training step",
+                )
+            }
+            _ => {}
+        }
+        if self.zero_grad_first && !train {
+            return bad(
+                "zero_grad_first",
+                "true".into(),
+                "gradients are set to none in a training step only",
+            );
+        }
+        if !(10..=199).contains(&self.gpu.sm) {
+            return bad(
+                "GPU compute capability",
+                self.gpu.sm.to_string(),
+                "write it as major * 10 + minor (80 for 8.0, 90 for 9.0)",
+            );
+        }
+        if let Some(k) = self.autocast {
+            if !AUTOCAST_DTYPES.iter().any(|(_, d)| *d == k) {
+                return bad(
+                    "autocast",
+                    format!("{k:?}"),
+                    "autocast computes in bf16 or f16",
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Something a CUDA run may allocate that the estimate does not include.
@@ -475,6 +547,10 @@ pub struct Estimate {
     pub batch: i64,
     /// Bytes of the model's variables (parameters and buffers).
     pub weights_bytes: u64,
+    /// The same variables as the caching allocator holds them: each block's size (its
+    /// request rounded up to 512 B, and the rest of a segment too small to split), what
+    /// `torch.cuda.memory_allocated()` reads once the model is on the GPU.
+    pub weights_allocated: u64,
     /// Predicted allocated bytes once the weights and the first batch are on the GPU.
     pub baseline_allocated: u64,
     /// Predicted peak allocated bytes (`torch.cuda.max_memory_allocated`).
@@ -521,54 +597,23 @@ pub struct Estimate {
     /// the step anatomy counts them (docs/step-anatomy.md): the dry run's FLOPs divided
     /// by its steps.
     pub step_flops: u64,
+    /// The predicted step, as a profiled step's anatomy reads: live bytes by category
+    /// after every op (in the bytes the caching allocator charges, the workspaces
+    /// included, so its peak is [`Estimate::peak_allocated`]), the peak's split by
+    /// category, layers with their FLOPs, and (from [`Model::estimate`]) the blocks idle
+    /// at the peak. The step is the training step whose peak is the run's peak (the last
+    /// such step), or the inference. `None` when the dry run made no step.
+    pub step: Option<StepProfile>,
+}
+
+impl Estimate {
     /// What a `drop` would save: the blocks live at the predicted peak that no op reads
-    /// again (see [`IdleAtPredictedPeak`]); `None` where it was not analysed (the plan's
+    /// again, with the predicted step's peak had they been freed right after their last
+    /// reads (docs/step-anatomy.md); `None` where it was not analysed (the plan's
     /// configurations).
-    pub idle: Option<IdleAtPredictedPeak>,
-}
-
-/// The blocks live at the predicted peak allocated whose last read came before it: what
-/// the step holds though no op reads it again (a binding left in scope, a temporary
-/// kept to the end of its statement, the loop's output held through backward).
-/// docs/step-anatomy.md defines "idle at the peak".
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct IdleAtPredictedPeak {
-    /// Bytes of the idle blocks.
-    pub bytes: u64,
-    /// Idle blocks.
-    pub blocks: usize,
-    /// The predicted peak allocated had every idle block been freed right after the op
-    /// of its last read returned, and the blocks made and read the same way in the other
-    /// steps too (a `drop` in the loop acts in every step); the peak may move elsewhere,
-    /// so the saving is often less than the idle bytes.
-    pub peak_if_dropped: u64,
-    /// The predicted peak reserved in the same case (0 when nothing is idle).
-    pub reserved_if_dropped: u64,
-    /// The largest groups (by the op that made the blocks, its module, the op that read
-    /// them last), largest first.
-    pub groups: Vec<IdleGroup>,
-}
-
-/// Idle blocks made by one op (in one module) and last read by one op.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct IdleGroup {
-    /// Their bytes.
-    pub bytes: u64,
-    /// How many.
-    pub blocks: usize,
-    /// The op that made them (`aten::mm`).
-    pub op: String,
-    /// The TorchScript module it ran in, when the model is a file.
-    pub layer: Option<String>,
-    /// The op that read them last (`(never read)` when none did).
-    pub last_read_op: String,
-    /// The line of the user's tch code that made them (`src/main.rs:42`), when the model
-    /// is tch code and the line can be read (a build with line tables); `None` for a
-    /// built-in or a TorchScript file.
-    pub site: Option<String>,
-    /// The predicted peak allocated had these (and the blocks made and read the same way
-    /// in the other steps) been freed right after their last read.
-    pub peak_if_dropped: u64,
+    pub fn idle(&self) -> Option<&IdleAtPeak> {
+        self.step.as_ref().and_then(|s| s.idle.as_ref())
+    }
 }
 
 /// The largest batch that fits (see [`Model::largest_batch`]).

@@ -1,7 +1,7 @@
 //! A model on the meta device and its dry run: the meta trace of its weights, of an
 //! inference or of training steps.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::rc::Rc;
 use std::time::Instant;
@@ -9,15 +9,18 @@ use std::time::Instant;
 use tch::nn;
 use tch::{Device, Tensor};
 
-use super::idle::idle_at_peak;
 use super::models::{self, Chain};
-use super::replay::{replay, replay_at};
+use super::replay::{peak_step, predicted_step, through_allocator, Device as Replayed, ModelVars};
 
 mod dry_run;
-use super::{AttentionRuns, Estimate, Fit, Input, Mode, Options};
+use super::{Estimate, Fit, Input, Mode, Options, NOT_MODELLED};
 use crate::error::{catching, torch_message, Error, Result};
-use crate::ffi::{self, native, MetaEvent};
-pub(crate) use dry_run::loss;
+use crate::ffi::{self, native, Event};
+use crate::names::{layer_of, Names, MISSING};
+use crate::phase::Phase;
+use crate::timeline::sites::SiteNames;
+use crate::timeline::{StepProfile, VarEntry, UNKNOWN_SITE};
+pub(crate) use dry_run::{loss, DryRun};
 
 type ForwardFn = Box<dyn Fn(&[Tensor], bool) -> Tensor>;
 
@@ -53,21 +56,16 @@ enum Runner {
 pub struct Model {
     runner: Runner,
     /// The meta trace of the weights' allocations, in the order a CUDA run makes them.
-    weights: Vec<MetaEvent>,
+    weights: Vec<Event>,
     weights_bytes: u64,
     /// The model's name in messages: its file name, its built-in name, or `tch model`.
     label: String,
-    /// The attention calls of the last dry run, by backend.
-    last_attention: std::cell::Cell<AttentionRuns>,
     /// The model as a chain of segments, when it is given as one: what activation
     /// checkpointing ([`Options::checkpoint`]) runs.
     chain: Option<Rc<dyn Chain>>,
     /// The model is the user's tch code: the idle blocks of its dry run are located in
     /// that code (the last step's allocations keep their call stacks).
     user_code: bool,
-    /// The next dry run keeps the call stacks of its last step's allocations (set by
-    /// [`Model::estimate`], which names the idle blocks' lines).
-    sites: std::cell::Cell<bool>,
 }
 
 impl std::fmt::Debug for Model {
@@ -88,7 +86,7 @@ impl Trace {
         Ok(Trace)
     }
 
-    fn finish(self) -> Result<Vec<MetaEvent>> {
+    fn finish(self) -> Result<Vec<Event>> {
         let mut events = Vec::new();
         let complete = ffi::meta_read(&mut events)?;
         drop(self);
@@ -152,7 +150,7 @@ fn creation_order(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
 
 /// `build` run on a VarStore whose variables are made on the meta device, under a meta
 /// trace: the VarStore, what `build` made, and the weights' trace.
-fn meta_build<T>(build: impl FnOnce(&nn::Path) -> T) -> Result<(nn::VarStore, T, Vec<MetaEvent>)> {
+fn meta_build<T>(build: impl FnOnce(&nn::Path) -> T) -> Result<(nn::VarStore, T, Vec<Event>)> {
     let trace = Trace::begin()?;
     let vs = nn::VarStore::new(Device::Mps);
     let made = catching(|| build(&vs.root())).map_err(|reason| Error::DryRun {
@@ -163,15 +161,12 @@ fn meta_build<T>(build: impl FnOnce(&nn::Path) -> T) -> Result<(nn::VarStore, T,
     Ok((vs, made, weights))
 }
 
-fn live_bytes(events: &[MetaEvent]) -> u64 {
-    let mut live: i64 = 0;
-    for e in events {
-        match e.kind {
-            native::META_ALLOC => live += e.bytes,
-            native::META_FREE => live -= e.bytes,
-            _ => {}
-        }
-    }
+fn live_bytes(events: &[Event]) -> u64 {
+    let live: i64 = events
+        .iter()
+        .filter(|e| e.is_block())
+        .map(|e| e.value)
+        .sum();
     live.max(0) as u64
 }
 
@@ -207,10 +202,8 @@ impl Model {
             weights,
             weights_bytes,
             label: "tch model".to_string(),
-            last_attention: Default::default(),
             chain: None,
             user_code: true,
-            sites: Default::default(),
         })
     }
 
@@ -298,7 +291,7 @@ impl Model {
         Ok(Model::chained(vs, chain, weights))
     }
 
-    fn chained(vs: nn::VarStore, chain: Rc<dyn Chain>, weights: Vec<MetaEvent>) -> Model {
+    fn chained(vs: nn::VarStore, chain: Rc<dyn Chain>, weights: Vec<Event>) -> Model {
         let run = Rc::clone(&chain);
         Model::code(
             vs,
@@ -311,7 +304,7 @@ impl Model {
     fn code(
         vs: nn::VarStore,
         forward: ForwardFn,
-        weights: Vec<MetaEvent>,
+        weights: Vec<Event>,
         chain: Option<Rc<dyn Chain>>,
     ) -> Model {
         Model {
@@ -319,10 +312,8 @@ impl Model {
             weights_bytes: live_bytes(&weights),
             weights,
             label: "tch model".to_string(),
-            last_attention: Default::default(),
             chain,
             user_code: true,
-            sites: Default::default(),
         }
     }
 
@@ -363,10 +354,8 @@ impl Model {
             label: path
                 .file_name()
                 .map_or(path.display().to_string(), |f| f.to_string_lossy().into()),
-            last_attention: Default::default(),
             chain: None,
             user_code: false,
-            sites: Default::default(),
         })
     }
 
@@ -432,8 +421,116 @@ impl Model {
             .collect()
     }
 
+    /// The model's variables as the dry run's op recorder and its replay see them: each
+    /// named variable's layer, bytes and block, and which blocks are trainable.
+    fn vars(&self) -> Result<ModelVars> {
+        let vs = self.var_store();
+        let trainable = vs
+            .trainable_variables()
+            .iter()
+            .map(|t| ffi::tensor_block(t, false).map(|b| b.base))
+            .collect::<Result<HashSet<u64>>>()?;
+        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut vars = ModelVars {
+            trainable,
+            ..ModelVars::default()
+        };
+        for (name, t) in &named {
+            let b = ffi::tensor_block(t, false)?;
+            if b.defined == 0 {
+                continue;
+            }
+            vars.entries.push(VarEntry {
+                layer: layer_of(name),
+                bytes: b.bytes.max(0) as u64,
+            });
+            vars.ptrs.push(b.base);
+        }
+        Ok(vars)
+    }
+
+    /// A dry run's events through the allocator under `options`, and its predicted step
+    /// through the step timeline's passes (with the idle blocks when `idle`).
+    fn replayed(
+        &self,
+        run: &DryRun,
+        inputs: &[Input],
+        mode: Mode,
+        options: &Options,
+        idle: bool,
+    ) -> Result<Estimate> {
+        let device = through_allocator(&self.weights, &run.events, options);
+        let vars = self.vars()?;
+        let mut names = Names::default();
+        let mut sites = (idle && self.user_code).then(SiteNames::new);
+        let mut site_name = |aux: i32| {
+            sites
+                .as_mut()
+                .and_then(|s| s.name_in_model(aux))
+                .unwrap_or_else(|| UNKNOWN_SITE.to_string())
+        };
+        let step = peak_step(&device).map(|(step, _)| {
+            let mut p = predicted_step(
+                &device,
+                step,
+                &vars,
+                &mut names,
+                idle.then_some(&mut site_name as &mut dyn FnMut(i32) -> String),
+            );
+            p.device = format!("{} (predicted)", options.gpu.name);
+            p
+        });
+        Ok(self.predicted(&device, step, run, inputs, mode, options))
+    }
+
+    /// The estimate of a replayed dry run.
+    fn predicted(
+        &self,
+        device: &Replayed,
+        step: Option<StepProfile>,
+        run: &DryRun,
+        inputs: &[Input],
+        mode: Mode,
+        options: &Options,
+    ) -> Estimate {
+        let stats = device.stats;
+        let peak = step.as_ref().map(|s| &s.peak);
+        let steps = match mode {
+            Mode::Inference => 1,
+            Mode::Train(_) => options.steps.max(1),
+        };
+        Estimate {
+            mode,
+            batch: inputs.first().map_or(1, Input::batch),
+            weights_bytes: self.weights_bytes,
+            weights_allocated: device.weights,
+            baseline_allocated: device.baseline,
+            peak_allocated: stats.peak_allocated,
+            peak_reserved: stats.peak_reserved,
+            peak_requested: stats.peak_requested,
+            peak_op: peak.map_or_else(|| MISSING.to_string(), |p| p.op.clone()),
+            peak_layer: peak.map(|p| p.layer.clone()).filter(|l| l != MISSING),
+            peak_phase: peak.and_then(|p| p.phase).unwrap_or(Phase::Forward),
+            peak_step: step.as_ref().map_or(1, |s| s.step as u32),
+            cublas_workspaces: device.workspaces[..2].iter().filter(|w| **w).count() as u32,
+            cublaslt_workspaces: device.workspaces[2..].iter().filter(|w| **w).count() as u32,
+            cublas_workspace_bytes: options.gpu.cublas_workspace,
+            allocations: device.allocations,
+            elapsed: run.elapsed,
+            unknown_frees: device.unknown_frees,
+            refused_requests: device.refused_requests,
+            host_peak_rss: None,
+            not_modelled: &NOT_MODELLED,
+            attention: run.attention,
+            step_flops: device.flops / u64::from(steps),
+            step,
+        }
+    }
+
     /// One dry run replayed under each allocator setting of `allocators` (the trace does
-    /// not depend on them): an estimate per setting, in their order.
+    /// not depend on them): an estimate per setting, in their order, without the idle
+    /// blocks.
     pub(super) fn estimate_each(
         &self,
         inputs: &[Input],
@@ -441,9 +538,7 @@ impl Model {
         options: &Options,
         allocators: &[super::AllocatorConfig],
     ) -> Result<Vec<Estimate>> {
-        let start = Instant::now();
-        let run = self.dry_run(inputs, mode, options)?;
-        let traced = start.elapsed();
+        let run = self.dry_run(inputs, mode, options, false)?;
         allocators
             .iter()
             .map(|a| {
@@ -452,37 +547,20 @@ impl Model {
                     ..options.clone()
                 };
                 let replayed = Instant::now();
-                let mut e = replay(&self.weights, &run, &options)?;
-                e.mode = mode;
-                e.batch = inputs.first().map_or(1, Input::batch);
-                e.weights_bytes = self.weights_bytes;
-                e.elapsed = traced + replayed.elapsed();
-                e.attention = self.last_attention.get();
+                let mut e = self.replayed(&run, inputs, mode, &options, false)?;
+                e.elapsed = run.elapsed + replayed.elapsed();
                 Ok(e)
             })
             .collect()
     }
 
     /// Predicts the CUDA peak of `mode` at these inputs (the batch is the first size of
-    /// the first input).
+    /// the first input), with the anatomy of the predicted step
+    /// ([`Estimate::step`]) and what is idle at its peak.
     pub fn estimate(&self, inputs: &[Input], mode: Mode, options: &Options) -> Result<Estimate> {
         let start = Instant::now();
-        self.sites.set(self.user_code);
-        let run = self.dry_run(inputs, mode, options);
-        self.sites.set(false);
-        let run = run?;
-        let (mut e, peak_at) = replay_at(&self.weights, &run, options)?;
-        e.idle = Some(idle_at_peak(
-            &self.weights,
-            &run,
-            options,
-            peak_at,
-            e.peak_allocated,
-        )?);
-        e.attention = self.last_attention.get();
-        e.mode = mode;
-        e.batch = inputs.first().map_or(1, Input::batch);
-        e.weights_bytes = self.weights_bytes;
+        let run = self.dry_run(inputs, mode, options, self.user_code)?;
+        let mut e = self.replayed(&run, inputs, mode, options, true)?;
         e.elapsed = start.elapsed();
         e.host_peak_rss = ffi::process_memory().ok().map(|(_, peak)| peak);
         if e.unknown_frees > 0 {

@@ -286,22 +286,33 @@ impl fmt::Display for Dominant {
     }
 }
 
-/// The peak of a plan split into weights, gradients (one per weight, float32 as tch
-/// keeps them), optimizer state (per weight: Adam and AdamW 2, SGD with momentum 1,
-/// SGD 0) and the rest (activations, temporaries, workspaces), in bytes.
+/// The peak allocated of a plan split into weights (parameters and buffers), gradients,
+/// optimizer state and the rest (activations, temporaries, workspaces), in bytes: the
+/// categories of the predicted step at its peak ([`Estimate::step`]), in the bytes the
+/// caching allocator charges. All in the rest when the dry run made no step.
 pub fn breakdown(plan: &Plan) -> [(Dominant, u64); 4] {
-    let w = plan.estimate.weights_bytes;
-    let state = match plan.config.optimizer {
-        Optimizer::Adam | Optimizer::AdamW => 2 * w,
-        Optimizer::SgdMomentum => w,
-        Optimizer::Sgd => 0,
+    use crate::timeline::Category;
+    let e = &plan.estimate;
+    let Some(step) = &e.step else {
+        return [
+            (Dominant::Weights, 0),
+            (Dominant::Gradients, 0),
+            (Dominant::OptimizerState, 0),
+            (Dominant::Activations, e.peak_allocated),
+        ];
     };
-    let rest = plan.estimate.peak_allocated.saturating_sub(2 * w + state);
+    let at = &step.peak.breakdown;
+    let weights = at.get(Category::Param) + at.get(Category::Buffer);
+    let grads = at.get(Category::Grad);
+    let state = at.get(Category::Opt);
     [
-        (Dominant::Weights, w),
-        (Dominant::Gradients, w),
+        (Dominant::Weights, weights),
+        (Dominant::Gradients, grads),
         (Dominant::OptimizerState, state),
-        (Dominant::Activations, rest),
+        (
+            Dominant::Activations,
+            step.peak.bytes.saturating_sub(weights + grads + state),
+        ),
     ]
 }
 
@@ -425,6 +436,7 @@ impl Model {
         memory: u64,
     ) -> Result<Plans> {
         let batch = inputs.first().map_or(1, Input::batch);
+        options.validate(Mode::Train(optimizer))?;
         if memory == 0 {
             return Err(Error::InvalidInput {
                 name: "memory",

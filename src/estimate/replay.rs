@@ -1,151 +1,236 @@
-//! The replay of a meta trace through the caching-allocator model, with the cuBLAS and
-//! cuBLASLt workspaces.
+//! The dry run replayed as a profiled step is, in two stages:
+//!
+//! 1. **The device's allocator** ([`through_allocator`]): the weights' and the run's
+//!    events go through the model of PyTorch's CUDA caching allocator, which charges
+//!    each block its size (the request rounded up, and a block's unsplit rest) and takes
+//!    the cuBLAS and cuBLASLt workspaces at a thread's first call that needs one. Out
+//!    come the same events with the device's bytes, the workspaces as allocations, the
+//!    predicted peaks and where they were reached.
+//! 2. **The step timeline's passes** ([`predicted_step`]): the step whose peak is the
+//!    run's peak is cut out of those events and replayed by the passes a profiled step
+//!    goes through (`timeline::replay`): categories, layers, FLOPs, the blocks idle at the
+//!    peak, as a [`StepProfile`].
 
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
 
-use super::allocator::CachingAllocator;
-use super::{gpu, Estimate, Mode, Options, NOT_MODELLED};
-use crate::error::Result;
-use crate::ffi::{self, native, MetaEvent};
+use super::allocator::{AllocatorStats, CachingAllocator};
+use super::{gpu, Options};
+use crate::ffi::{Event, EventKind};
+use crate::names::Names;
 use crate::phase::Phase;
+use crate::timeline::{replay_step, StepProfile, StepStart, VarEntry};
 
-/// Ids of the cuBLAS workspaces in the replay (meta block ids start at 1 and stay far
-/// below).
+/// Ids of the cuBLAS workspaces in the replay (the dry run's blocks are fake addresses
+/// far below).
 const WORKSPACE_ID: u64 = u64::MAX - 16;
 
-/// Replays the weights' and the run's meta traces through the caching allocator model.
-pub(super) fn replay(
-    weights: &[MetaEvent],
-    run: &[MetaEvent],
-    options: &Options,
-) -> Result<Estimate> {
-    Ok(replay_at(weights, run, options)?.0)
+/// The dry run as the device sees it.
+#[derive(Debug, Clone)]
+pub(super) struct Device {
+    /// The weights' and the run's events, each allocation's and free's bytes as the
+    /// allocator charges them (frees: minus), the cuBLAS workspaces as allocations
+    /// (never freed), frees of blocks the allocator never saw left out.
+    pub events: Vec<Event>,
+    /// Allocated bytes once the weights were on the device.
+    pub weights: u64,
+    /// Allocated bytes once the weights and the first batch were on the device.
+    pub baseline: u64,
+    /// The allocator's statistics at the end (peaks included).
+    pub stats: AllocatorStats,
+    /// cuBLAS workspaces taken (the training thread, the autograd thread), then
+    /// cuBLASLt ones.
+    pub workspaces: [bool; 4],
+    /// Allocations of the run.
+    pub allocations: u64,
+    /// FLOPs of the run.
+    pub flops: u64,
+    pub unknown_frees: u64,
+    pub refused_requests: u64,
 }
 
-/// [`replay`], with the index in `run` of the event that reached the peak allocated
-/// (`run.len()` when the weights alone reach it).
-pub(super) fn replay_at(
-    weights: &[MetaEvent],
-    run: &[MetaEvent],
-    options: &Options,
-) -> Result<(Estimate, usize)> {
+/// Replays the weights' and the run's events through the caching allocator under
+/// `options` (its settings, the GPU's cuBLAS workspace).
+pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Options) -> Device {
     let mut alloc = CachingAllocator::new(options.allocator.clone());
-    for e in weights {
-        match e.kind {
-            native::META_ALLOC => {
-                alloc.malloc(e.id, e.bytes as u64);
+    let mut charged: HashMap<u64, i64> = HashMap::new();
+    let mut events = Vec::with_capacity(weights.len() + run.len() + 4);
+    let mut device = |alloc: &mut CachingAllocator, events: &mut Vec<Event>, e: &Event| match e.kind
+    {
+        EventKind::Alloc => {
+            let bytes = alloc.malloc(e.ptr, e.value.max(0) as u64) as i64;
+            if bytes > 0 {
+                charged.insert(e.ptr, bytes);
+                events.push(Event { value: bytes, ..*e });
             }
-            native::META_FREE => alloc.free(e.id),
-            _ => {}
         }
-    }
-    let mut baseline = alloc.stats().allocated;
-    let mut phase = Phase::Forward;
-    let mut step = 0u32;
-    let mut op: i32 = -1;
-    let mut layer: i32 = -1;
-    let mut workspaces = [false; 4]; // cuBLAS: user, autograd thread; cuBLASLt: same
-    let mut peak = alloc.stats().allocated;
-    let mut peak_op = -1;
-    let mut peak_layer = -1;
-    let mut peak_phase = Phase::Forward;
-    let mut peak_step = 1;
-    let mut peak_at = run.len();
-    let mut allocations = 0u64;
-    let mut flops = 0u64;
-    for (i, e) in run.iter().enumerate() {
-        match e.kind {
-            native::META_ALLOC => {
-                allocations += 1;
-                alloc.malloc(e.id, e.bytes as u64);
+        EventKind::Free => {
+            alloc.free(e.ptr);
+            if let Some(bytes) = charged.remove(&e.ptr) {
+                events.push(Event {
+                    value: -bytes,
+                    ..*e
+                });
             }
-            native::META_BLAS | native::META_BLASLT => {
+        }
+        _ => events.push(*e),
+    };
+    for e in weights {
+        device(&mut alloc, &mut events, e);
+    }
+    let weights_allocated = alloc.stats().allocated;
+    let mut baseline = weights_allocated;
+    let mut workspaces = [false; 4];
+    let (mut allocations, mut flops) = (0u64, 0u64);
+    for e in run {
+        device(&mut alloc, &mut events, e);
+        match e.kind {
+            EventKind::Alloc => allocations += 1,
+            EventKind::Flops => flops += e.value.max(0) as u64,
+            EventKind::Baseline => baseline = alloc.stats().allocated,
+            EventKind::Workspace { lt } => {
                 // The autograd engine's CUDA thread runs backward with a handle (and
                 // workspaces) of its own. A cuBLASLt call gets its handle through the
                 // cuBLAS one, so it takes the cuBLAS workspace first, then its own.
-                let thread = usize::from(phase == Phase::Backward);
+                let thread = usize::from(e.phase == Phase::Backward);
                 let mut wants = vec![(thread, options.gpu.cublas_workspace)];
-                if e.kind == native::META_BLASLT {
+                if lt {
                     wants.push((2 + thread, gpu::CUBLASLT_WORKSPACE));
                 }
                 for (slot, size) in wants {
                     if !workspaces[slot] && size > 0 {
                         workspaces[slot] = true;
-                        alloc.malloc(WORKSPACE_ID + slot as u64, size);
+                        let id = WORKSPACE_ID + slot as u64;
+                        let bytes = alloc.malloc(id, size) as i64;
+                        events.push(Event {
+                            kind: EventKind::Alloc,
+                            ptr: id,
+                            value: bytes,
+                            aux: 0,
+                            ..*e
+                        });
                     }
                 }
             }
-            native::META_FREE => alloc.free(e.id),
-            native::META_FLOPS => flops += e.bytes.max(0) as u64,
-            native::META_OP => {
-                op = e.name;
-                layer = e.layer;
-            }
-            native::META_MARK => match e.mark {
-                native::MARK_BASELINE => baseline = alloc.stats().allocated,
-                native::MARK_FORWARD => {
-                    // A step's micro-batches (gradient accumulation) are one step.
-                    if step == 0 || phase == Phase::Optimizer {
-                        step += 1;
-                    }
-                    phase = Phase::Forward;
-                }
-                native::MARK_BACKWARD => phase = Phase::Backward,
-                native::MARK_OPTIMIZER => phase = Phase::Optimizer,
-                _ => {}
-            },
             _ => {}
         }
-        if matches!(
-            e.kind,
-            native::META_ALLOC | native::META_BLAS | native::META_BLASLT
-        ) {
-            let now = alloc.stats().allocated;
-            if now > peak {
-                peak = now;
-                peak_op = op;
-                peak_layer = layer;
-                peak_phase = phase;
-                peak_step = step.max(1);
-                peak_at = i;
-            }
-        }
     }
-    let stats = alloc.stats();
-    let peak_op = if peak_op < 0 {
-        crate::names::MISSING.to_string()
-    } else {
-        ffi::name(peak_op)?.unwrap_or_else(|| crate::names::MISSING.to_string())
-    };
-    let peak_layer = if peak_layer < 0 {
-        None
-    } else {
-        ffi::name(peak_layer)?
-    };
-    let estimate = Estimate {
-        mode: Mode::Inference,
-        batch: 1,
-        weights_bytes: 0,
-        baseline_allocated: baseline,
-        peak_allocated: stats.peak_allocated,
-        peak_reserved: stats.peak_reserved,
-        peak_requested: stats.peak_requested,
-        peak_op,
-        peak_layer,
-        peak_phase,
-        peak_step,
-        cublas_workspaces: workspaces[..2].iter().filter(|w| **w).count() as u32,
-        cublaslt_workspaces: workspaces[2..].iter().filter(|w| **w).count() as u32,
-        cublas_workspace_bytes: options.gpu.cublas_workspace,
+    Device {
+        events,
+        weights: weights_allocated,
+        baseline,
+        stats: alloc.stats(),
+        workspaces,
         allocations,
-        elapsed: Duration::ZERO,
+        flops,
         unknown_frees: alloc.unknown_frees(),
         refused_requests: alloc.refused_requests(),
-        host_peak_rss: None,
-        not_modelled: &NOT_MODELLED,
-        attention: Default::default(),
-        step_flops: flops / u64::from(step.max(1)),
-        idle: None,
+    }
+}
+
+/// What the model's variables are, for the replay: the layer and bytes of each (in the
+/// order the dry run's op recorder numbers them), and which blocks hold trainable
+/// variables (the other blocks the weights made and keep are buffers).
+#[derive(Debug, Clone, Default)]
+pub(super) struct ModelVars {
+    pub entries: Vec<VarEntry>,
+    /// The block of each entry.
+    pub ptrs: Vec<u64>,
+    pub trainable: HashSet<u64>,
+}
+
+/// The step of the dry run (from 1) whose peak allocated is the run's peak: the last
+/// such step (a training step that runs with the optimizer's state in memory), and its
+/// peak. `None` when the run made no step.
+pub(super) fn peak_step(device: &Device) -> Option<(u32, u64)> {
+    let mut live: i64 = 0;
+    let mut step = 0u32;
+    let mut best: Option<(u32, u64)> = None;
+    for e in &device.events {
+        match e.kind {
+            EventKind::Phase => step = step.max(e.generation),
+            EventKind::Alloc | EventKind::Free => {
+                live += e.value;
+                if e.kind == EventKind::Alloc && step > 0 {
+                    let now = live.max(0) as u64;
+                    if best.map_or(true, |(_, b)| now >= b) {
+                        best = Some((step, now));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    best
+}
+
+/// The profile of dry-run step `step`, as the step timeline replays a profiled step:
+/// what is live when it begins is classified (the weights by `vars`, gradients and
+/// optimizer state by the phase that made them in an earlier step, the rest, the cuBLAS
+/// workspaces included, other),
+/// then its events go through the timeline's passes. With `site_name` (which names an
+/// allocation's site, its `aux`), the blocks idle at the peak too.
+pub(super) fn predicted_step(
+    device: &Device,
+    step: u32,
+    vars: &ModelVars,
+    names: &mut Names,
+    site_name: Option<&mut dyn FnMut(i32) -> String>,
+) -> StepProfile {
+    let events = &device.events;
+    let begin = events
+        .iter()
+        .position(|e| e.kind == EventKind::Phase && e.generation == step)
+        .unwrap_or(events.len());
+    let end = events[begin..]
+        .iter()
+        .position(|e| e.kind == EventKind::Phase && e.generation > step)
+        .map_or(events.len(), |i| begin + i);
+    // What is live at the step's start, and what made it.
+    let mut live: HashMap<u64, (i64, Phase, u32)> = HashMap::new();
+    for e in &events[..begin] {
+        match e.kind {
+            EventKind::Alloc => {
+                live.insert(e.ptr, (e.value, e.phase, e.generation));
+            }
+            EventKind::Free => {
+                live.remove(&e.ptr);
+            }
+            _ => {}
+        }
+    }
+    let mut start = StepStart {
+        generation: step,
+        device_owned: (0..4).map(|slot| WORKSPACE_ID + slot).collect(),
+        ..StepStart::default()
     };
-    Ok((estimate, peak_at))
+    for (&ptr, &(bytes, phase, generation)) in &live {
+        start.live += bytes;
+        if start.device_owned.contains(&ptr) {
+            // A workspace: other.
+        } else if generation == 0 {
+            // Made with the model: its variables and buffers.
+            if vars.trainable.contains(&ptr) {
+                start.param.insert(ptr, bytes);
+            } else {
+                start.buffer.insert(ptr, bytes);
+            }
+        } else if phase == Phase::Backward {
+            start.grad.insert(ptr, bytes);
+        } else if phase == Phase::Optimizer {
+            start.opt += bytes;
+        }
+    }
+    let mut p = replay_step(
+        &events[begin..end],
+        false,
+        &start,
+        0,
+        &vars.entries,
+        names,
+        site_name,
+    );
+    p.step = u64::from(step);
+    p.iteration = u64::from(step);
+    p.epoch = 1;
+    p
 }

@@ -5,8 +5,10 @@ use std::fmt;
 
 use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 
-use super::{AllocatorConfig, Estimate, Fit, IdleAtPredictedPeak, Mode, Options, Plans};
+use super::{AllocatorConfig, Estimate, Fit, Mode, Options, Plans};
 use crate::format::bytes;
+use crate::names::MISSING;
+use crate::timeline::{IdleAtPeak, UNKNOWN_SITE};
 
 /// The estimates as a table (batch, weights, baseline, peak allocated, peak reserved,
 /// time; it wraps its cells to the terminal), then one line per batch naming the op,
@@ -52,27 +54,42 @@ pub fn table(rows: &[Estimate]) -> String {
             e.peak_step,
             e.attention.label()
         ));
-        if let Some(idle) = e.idle.as_ref().filter(|i| i.blocks > 0) {
-            out.push_str(&idle_lines(idle, e.peak_allocated));
+        if let Some(idle) = e.idle().filter(|i| !i.blocks.is_empty()) {
+            out.push_str(&idle_lines(idle));
         }
     }
     out
 }
 
+/// The anatomy of the predicted step, as `tch-memprof profile` shows a measured one:
+/// the categories at the peak and their own maxima, the blocks idle at the peak, the
+/// `top` layers by activations and by FLOPs. `None` when the dry run made no step.
+pub fn anatomy(e: &Estimate, top: usize) -> Option<String> {
+    let step = e.step.as_ref()?;
+    Some(crate::report::terminal::render_step(
+        step,
+        &format!(
+            "predicted at batch {}, in the bytes the caching allocator charges",
+            e.batch
+        ),
+        top,
+    ))
+}
+
 /// What a `drop` would save at the peak: the idle bytes, the peak had they been freed
 /// after their last read, the largest groups (three at most).
-fn idle_lines(idle: &IdleAtPredictedPeak, peak: u64) -> String {
+fn idle_lines(idle: &IdleAtPeak) -> String {
     let mut out = format!(
         "\n  idle at the peak: {} in {} block(s) no op reads again; freed after their last \
          read, the peak would be {} (from {})",
         bytes(idle.bytes),
-        idle.blocks,
+        idle.blocks.len(),
         bytes(idle.peak_if_dropped),
-        bytes(peak)
+        bytes(idle.peak)
     );
     // The three largest, each at least 1% of the idle bytes.
     for g in idle
-        .groups
+        .groups()
         .iter()
         .take(3)
         .filter(|g| g.bytes * 100 >= idle.bytes)
@@ -82,15 +99,21 @@ fn idle_lines(idle: &IdleAtPredictedPeak, peak: u64) -> String {
             bytes(g.bytes),
             g.blocks,
             g.op,
-            g.layer
-                .as_deref()
-                .map(|l| format!(" in module {l}"))
-                .unwrap_or_default(),
-            g.site
-                .as_deref()
-                .map(|s| format!(" at {s}"))
-                .unwrap_or_default(),
-            g.last_read_op,
+            if g.layer == MISSING {
+                String::new()
+            } else {
+                format!(" in {}", g.layer)
+            },
+            if g.site == UNKNOWN_SITE {
+                String::new()
+            } else {
+                format!(" at {}", g.site)
+            },
+            if g.last_read_op == MISSING {
+                "(never read)"
+            } else {
+                &g.last_read_op
+            },
             bytes(g.peak_if_dropped)
         ));
     }

@@ -2,9 +2,11 @@
 //! of the dry run against a real CPU run of the same tch model (`tests/dry_run_vs_cpu.rs`).
 //! Not a stable API.
 
+use std::collections::HashMap;
+
 use super::{Input, Mode, Model, Options};
 use crate::error::Result;
-use crate::ffi::{self, native, MetaEvent};
+use crate::ffi::{self, native, Event, EventKind};
 use crate::phase::Phase;
 
 /// Whose autocast op lists the dry run follows.
@@ -56,11 +58,13 @@ pub fn dry_run_trace(
         Lists::Cuda => native::AUTOCAST_LIST_CUDA,
         Lists::Cpu => native::AUTOCAST_LIST_CPU,
     };
-    let run = model.dry_run_lists(inputs, mode, options, list)?;
-    from_events(model.weights_bytes(), &run)
+    let run = model.dry_run_lists(inputs, mode, options, list, false)?;
+    from_events(model.weights_bytes(), &run.events)
 }
 
-fn from_events(weights_bytes: u64, run: &[MetaEvent]) -> Result<DryRunTrace> {
+/// The live bytes of the run's steps: a step is the dry run's training step (its
+/// micro-batches together), as the estimate's replay counts them.
+fn from_events(weights_bytes: u64, run: &[Event]) -> Result<DryRunTrace> {
     let mut t = DryRunTrace {
         weights_bytes,
         ..DryRunTrace::default()
@@ -75,37 +79,45 @@ fn from_events(weights_bytes: u64, run: &[MetaEvent]) -> Result<DryRunTrace> {
             t.step_allocations.push(Vec::new());
         }
     };
+    let mut ops: HashMap<i32, i32> = HashMap::new();
+    let mut last_step = 1u32;
     for e in run {
         match e.kind {
-            native::META_ALLOC => {
-                live += e.bytes;
+            EventKind::Alloc => {
+                live += e.value;
                 ensure(&mut t, step);
                 let i = step.max(1) as usize - 1;
                 t.step_peaks[i] = t.step_peaks[i].max(live.max(0) as u64);
-                t.step_allocations[i].push(e.bytes as u64);
+                t.step_allocations[i].push(e.value as u64);
             }
-            native::META_FREE => live -= e.bytes,
-            native::META_OP_END => t.ops.push(TraceOp {
-                op: ffi::name(e.name)?.unwrap_or_default(),
+            EventKind::Free => live += e.value,
+            EventKind::OpBegin => {
+                ops.insert(e.op, e.aux);
+                last_step = step.max(1);
+            }
+            EventKind::OpEnd => t.ops.push(TraceOp {
+                op: ffi::name(ops.get(&e.op).copied().unwrap_or(e.aux))?.unwrap_or_default(),
                 step: step.max(1),
                 phase,
                 live_bytes: live.max(0) as u64,
             }),
-            native::META_MARK => match e.mark {
-                native::MARK_FORWARD => {
-                    step += 1;
-                    phase = Phase::Forward;
+            EventKind::Phase => {
+                if e.generation > step {
+                    // A new step begins (or the loop's end: no op follows).
+                    step = e.generation;
+                    ops.clear();
                     ensure(&mut t, step);
                     let i = step as usize - 1;
                     t.step_peaks[i] = t.step_peaks[i].max(live.max(0) as u64);
                 }
-                native::MARK_BACKWARD => phase = Phase::Backward,
-                native::MARK_OPTIMIZER => phase = Phase::Optimizer,
-                _ => {}
-            },
+                phase = e.phase;
+            }
             _ => {}
         }
     }
+    // What the dry run frees after its loop is no step.
+    t.step_peaks.truncate(last_step as usize);
+    t.step_allocations.truncate(last_step as usize);
     Ok(t)
 }
 

@@ -31,8 +31,8 @@ pub(crate) struct LogEvent {
     pub device: u32,
 }
 
-/// `MpTlEvent`: one event of the step log; field meanings depend on `kind` (see
-/// memprof.h).
+/// `MpTlEvent`: one raw event of the step log or of the meta trace, decoded into an
+/// [`Event`](super::Event) before it leaves `ffi` (see memprof.h for the fields).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct TlEvent {
@@ -107,15 +107,18 @@ pub(crate) fn read_log(into: &mut Vec<LogEvent>) -> Result<bool> {
     Ok(total > st.log_capacity)
 }
 
-/// This iteration's step log; returns whether it overflowed (events were dropped).
-pub(crate) fn read_timeline(into: &mut Vec<TlEvent>) -> Result<bool> {
+/// This iteration's step log, decoded; returns whether it overflowed (events were
+/// dropped).
+pub(crate) fn read_timeline(into: &mut Vec<super::Event>) -> Result<bool> {
     let h = timeline_header()?;
     let n = h.len.min(h.capacity) as usize;
-    buffer(into, n)?;
+    let mut raw: Vec<TlEvent> = Vec::new();
+    buffer(&mut raw, n)?;
     let mut total = 0u64;
-    // SAFETY: `into` holds `n` initialised TlEvents; the callee copies at most `n`.
-    check(unsafe { memprof_read_timeline(into.as_mut_ptr(), n as u64, &mut total) })?;
-    into.truncate((total.min(h.capacity) as usize).min(n));
+    // SAFETY: `raw` holds `n` initialised TlEvents; the callee copies at most `n`.
+    check(unsafe { memprof_read_timeline(raw.as_mut_ptr(), n as u64, &mut total) })?;
+    raw.truncate((total.min(h.capacity) as usize).min(n));
+    super::events::decode(&raw, into)?;
     Ok(total > h.capacity)
 }
 

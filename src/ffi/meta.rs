@@ -16,7 +16,7 @@ extern "C" {
     fn memprof_meta_end() -> i32;
     fn memprof_meta_mark(value: i32) -> i32;
     fn memprof_meta_sites(on: i32) -> i32;
-    fn memprof_meta_read(out: *mut MetaEvent, cap: u64, total: *mut u64) -> i32;
+    fn memprof_meta_read(out: *mut super::TlEvent, cap: u64, total: *mut u64) -> i32;
     fn memprof_meta_empty(
         sizes: *const i64,
         n: usize,
@@ -48,24 +48,6 @@ extern "C" {
         len: usize,
         name_len: *mut u64,
     ) -> i32;
-}
-
-/// `MpMetaEvent`: one event of the estimator's meta trace.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct MetaEvent {
-    /// Block id (alloc, free), 0 otherwise.
-    pub id: u64,
-    /// Block size (alloc, free), 0 otherwise.
-    pub bytes: i64,
-    /// `native::META_*`.
-    pub kind: i32,
-    /// Interned op name (op, blas, blaslt), -1 otherwise.
-    pub name: i32,
-    /// `native::MARK_*` (mark), `MARK_NONE` otherwise.
-    pub mark: i32,
-    /// Interned module path of a TorchScript file (op), -1 otherwise.
-    pub layer: i32,
 }
 
 /// `MpAttention`: how the dry run runs scaled_dot_product_attention.
@@ -128,16 +110,18 @@ pub(crate) fn meta_mark(value: i32) -> Result<()> {
     check(unsafe { memprof_meta_mark(value) })
 }
 
-/// The meta trace's events; `false` when the trace overflowed its capacity.
-pub(crate) fn meta_read(into: &mut Vec<MetaEvent>) -> Result<bool> {
+/// The meta trace's events, decoded; `false` when the trace overflowed its capacity.
+pub(crate) fn meta_read(into: &mut Vec<super::Event>) -> Result<bool> {
     let mut total = 0u64;
     // SAFETY: a zero-capacity read only writes `total`.
     check(unsafe { memprof_meta_read(std::ptr::null_mut(), 0, &mut total) })?;
     let n = total.min(native::META_CAPACITY) as usize;
-    buffer(into, n)?;
+    let mut raw: Vec<super::TlEvent> = Vec::new();
+    buffer(&mut raw, n)?;
     let mut again = 0u64;
-    // SAFETY: `into` holds `n` writable events.
-    check(unsafe { memprof_meta_read(into.as_mut_ptr(), n as u64, &mut again) })?;
+    // SAFETY: `raw` holds `n` writable events.
+    check(unsafe { memprof_meta_read(raw.as_mut_ptr(), n as u64, &mut again) })?;
+    super::events::decode(&raw, into)?;
     Ok(total <= native::META_CAPACITY)
 }
 

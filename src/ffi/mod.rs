@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 mod amp;
 mod cpu_allocator;
 mod cuda;
+mod events;
 mod logs;
 mod meta;
 mod names;
@@ -27,6 +28,7 @@ mod session;
 pub(crate) use amp::*;
 pub(crate) use cpu_allocator::*;
 pub(crate) use cuda::*;
+pub(crate) use events::*;
 pub(crate) use logs::*;
 pub(crate) use meta::*;
 pub(crate) use names::*;
@@ -55,21 +57,16 @@ pub(crate) mod native {
     pub const EV_UNCOUNTED: u8 = 7;
     pub const EV_PHASE: u8 = 8;
     pub const EV_READ: u8 = 9;
+    pub const EV_BASELINE: u8 = 10;
+    pub const EV_WORKSPACE: u8 = 11;
+    pub const TARGET_STEP: i32 = 0;
+    pub const TARGET_DRY_RUN: i32 = 1;
     pub const SITE_DEPTH: usize = 96;
     pub const DEVICE_CPU: i32 = 0;
     pub const DEVICE_CUDA: i32 = 1;
     pub const CUDA_RESET_PEAKS: i32 = 0;
     pub const CUDA_EMPTY_CACHE: i32 = 1;
     pub const META_CAPACITY: u64 = 33_554_432;
-    pub const META_ALLOC: i32 = 1;
-    pub const META_FREE: i32 = 2;
-    pub const META_OP: i32 = 3;
-    pub const META_BLAS: i32 = 4;
-    pub const META_MARK: i32 = 5;
-    pub const META_BLASLT: i32 = 6;
-    pub const META_OP_END: i32 = 7;
-    pub const META_FLOPS: i32 = 8;
-    pub const META_READ: i32 = 9;
     pub const AUTOCAST_LIST_CUDA: i32 = 0;
     pub const AUTOCAST_LIST_CPU: i32 = 1;
     pub const AUTOCAST_REGISTERED_CUDA: i32 = 2;
@@ -79,6 +76,7 @@ pub(crate) mod native {
     pub const MARK_BACKWARD: i32 = 2;
     pub const MARK_OPTIMIZER: i32 = 3;
     pub const MARK_BASELINE: i32 = 4;
+    pub const MARK_END: i32 = 5;
     pub const ATTN_AUTO: i32 = 0;
     pub const ATTN_FLASH: i32 = 1;
     pub const ATTN_EFFICIENT: i32 = 2;
@@ -86,15 +84,6 @@ pub(crate) mod native {
     pub const ATTN_MATH: i32 = 4;
 }
 pub(crate) use native::MAX_DEVICES;
-
-/// Kinds of step-log events (`TlEvent::kind`).
-pub(crate) mod ev {
-    pub use super::native::{
-        EV_ALLOC as ALLOC, EV_FLOPS as FLOPS, EV_FREE as FREE, EV_LINK as LINK,
-        EV_OP_BEGIN as OP_BEGIN, EV_OP_END as OP_END, EV_PHASE as PHASE, EV_READ as READ,
-        EV_UNCOUNTED as UNCOUNTED,
-    };
-}
 
 // The compile-time layout checks generated from memprof.h.
 include!(concat!(env!("OUT_DIR"), "/layout.rs"));
@@ -132,9 +121,6 @@ fn buffer<T: Default + Clone>(into: &mut Vec<T>, n: usize) -> Result<()> {
     into.resize(n, T::default());
     Ok(())
 }
-
-// ---------------------------------------------------------------------------------
-// The estimator's dry run on the meta device.
 
 #[cfg(test)]
 mod tests {

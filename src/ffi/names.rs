@@ -14,7 +14,13 @@ use crate::error::{Error, Result};
 extern "C" {
     fn memprof_name(id: i32, buf: *mut c_char, len: usize, name_len: *mut i64) -> i32;
     fn memprof_intern(name: *const c_char, id: *mut i32) -> i32;
-    fn memprof_set_params(ptrs: *const u64, ids: *const i32, layers: *const i32, n: usize) -> i32;
+    fn memprof_set_params(
+        target: i32,
+        ptrs: *const u64,
+        ids: *const i32,
+        layers: *const i32,
+        n: usize,
+    ) -> i32;
     fn memprof_scope_push(id: i32) -> i32;
     fn memprof_scope_pop() -> i32;
 }
@@ -43,9 +49,22 @@ pub(crate) fn intern(name: &str) -> Result<i32> {
     Ok(id)
 }
 
-/// Replaces the native table of model variables (storage pointer -> variable index
-/// and the name id of its layer).
-pub(crate) fn set_params(ptrs: &[u64], ids: &[i32], layers: &[i32]) -> Result<()> {
+/// Where the op recorder's events go: the profiled step, or the dry run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// The step log of the profiled loop.
+    Step,
+    /// The meta trace of the estimator's dry run.
+    DryRun,
+}
+
+/// Replaces the table of model variables (storage pointer -> variable index and the
+/// name id of its layer) that the op recorder of `target` finds among op inputs.
+pub(crate) fn set_params(target: Target, ptrs: &[u64], ids: &[i32], layers: &[i32]) -> Result<()> {
+    let target = match target {
+        Target::Step => native::TARGET_STEP,
+        Target::DryRun => native::TARGET_DRY_RUN,
+    };
     if ptrs.len() != ids.len() || ptrs.len() != layers.len() {
         return Err(Error::Native(format!(
             "set_params: {} pointers, {} ids, {} layers",
@@ -55,7 +74,15 @@ pub(crate) fn set_params(ptrs: &[u64], ids: &[i32], layers: &[i32]) -> Result<()
         )));
     }
     // SAFETY: the three slices are valid for `len` elements for the duration of the call.
-    check(unsafe { memprof_set_params(ptrs.as_ptr(), ids.as_ptr(), layers.as_ptr(), ptrs.len()) })
+    check(unsafe {
+        memprof_set_params(
+            target,
+            ptrs.as_ptr(),
+            ids.as_ptr(),
+            layers.as_ptr(),
+            ptrs.len(),
+        )
+    })
 }
 
 pub(crate) fn scope_push(id: i32) -> Result<()> {

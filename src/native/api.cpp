@@ -290,9 +290,9 @@ int memprof_intern(const char* name, int32_t* id) noexcept {
   });
 }
 
-int memprof_set_params(const uint64_t* ptrs, const int32_t* ids, const int32_t* layers,
+int memprof_set_params(int32_t target, const uint64_t* ptrs, const int32_t* ids, const int32_t* layers,
                        size_t n) noexcept {
-  return guarded("memprof_set_params", [&]() -> int { return set_params(ptrs, ids, layers, n); });
+  return guarded("memprof_set_params", [&]() -> int { return set_params(target, ptrs, ids, layers, n); });
 }
 
 // Scopes name the layer of the ops run on this thread until the matching pop.
@@ -447,7 +447,7 @@ int memprof_meta_sites(int32_t on) noexcept {
 
 int memprof_meta_mark(int32_t value) noexcept {
   return guarded("memprof_meta_mark", [&]() -> int {
-    if (value < MP_MARK_FORWARD || value > MP_MARK_BASELINE) {
+    if (value < MP_MARK_FORWARD || value > MP_MARK_END) {
       set_error("memprof_meta_mark: not a MpMetaMark");
       return -1;
     }
@@ -456,7 +456,7 @@ int memprof_meta_mark(int32_t value) noexcept {
   });
 }
 
-int memprof_meta_read(MpMetaEvent* out, uint64_t cap, uint64_t* total) noexcept {
+int memprof_meta_read(MpTlEvent* out, uint64_t cap, uint64_t* total) noexcept {
   return guarded("memprof_meta_read", [&]() -> int {
     if (!given(total, "memprof_meta_read") || (cap > 0 && !given(out, "memprof_meta_read"))) {
       return -1;

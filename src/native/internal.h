@@ -260,8 +260,6 @@ extern MpSite* g_sites;
 int32_t take_site();
 // Starts the site table anew (the next site taken is id 0).
 void reset_sites();
-// Logs the storages of an op's tensor inputs (see for_each_tensor) as read by `op`.
-void log_reads(c10::ArrayRef<const c10::IValue> inputs, int32_t op, uint32_t phase);
 
 // Calls f on every tensor among an op's inputs or outputs `values`: a tensor, and each
 // tensor of a list of tensors (`Tensor[]`, as `cat` takes), of a list of optional ones
@@ -485,10 +483,15 @@ int scope_pop();
 // Op callbacks (ops.cpp).
 
 bool is_backward_record(const at::RecordFunction& fn);
-std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn);
-void on_op_end(const at::RecordFunction& fn, at::ObserverContext*);
-void clear_params();
-int set_params(const uint64_t* ptrs, const int32_t* ids, const int32_t* layers, size_t n);
+// The one op callback's registration: target (MpTarget) needs it (on) or not, with the
+// ops' inputs and/or outputs; registered while any target needs it, with what they need.
+void op_callback_use(int target, bool on, bool inputs, bool outputs);
+// The variables the op recorder of `target` finds among an op's inputs.
+void clear_params(int target);
+int set_params(int target, const uint64_t* ptrs, const int32_t* ids, const int32_t* layers,
+               size_t n);
+// The dry run's op stack on this thread (the meta trace's current op).
+extern thread_local OpStack tls_dry_ops;
 
 // ---------------------------------------------------------------------------------
 // Allocators.
@@ -550,7 +553,7 @@ bool meta_begin();
 void meta_end();
 void meta_mark(int32_t what);
 bool meta_sites(bool on);
-uint64_t meta_read(MpMetaEvent* out, uint64_t cap, uint64_t* total);
+uint64_t meta_read(MpTlEvent* out, uint64_t cap, uint64_t* total);
 bool meta_ensure_ready();
 at::Tensor* meta_empty(const int64_t* sizes, size_t n, const at::Tensor& like);
 void meta_convert(at::Tensor* t);
@@ -565,6 +568,18 @@ int script_tensor(void* m, int32_t which, uint64_t index, uint64_t* n, void** te
 void register_meta_kernels();
 // Whether a meta trace (an estimate's dry run) is on.
 bool meta_trace_on();
+// The dry run's side of the op recorder (ops.cpp's DryRunSink): its phase (set by its
+// marks), its training step (from 1), the trace's live bytes, a new op number in the
+// step, an event appended to the trace, the hooks at an op's start and end (depth: its
+// nesting on this thread), and the buffer the module path of the op running goes to.
+uint32_t meta_phase();
+uint32_t meta_step();
+int64_t meta_live();
+int32_t meta_next_op();
+void meta_append(const MpTlEvent& e);
+void dry_run_op_started(const at::RecordFunction& fn, int depth);
+void dry_run_op_ended(const at::RecordFunction& fn, int depth);
+char* dry_run_module_buf();
 // Whether a TorchScript interpreter runs on this thread; if so, buf (cap bytes) gets the
 // innermost module's path as named_modules() names it (`layer4.0.conv2`; empty for the
 // root module's own ops) and *fits whether it fitted.

@@ -43,7 +43,8 @@ enum MpPhase {
   MP_PHASE_IDLE = 3,  // no profiling session
 };
 
-// Kinds of step-log events (MpTlEvent.kind).
+// Kinds of events (MpTlEvent.kind), in both logs the op recorder writes: the step log
+// of a profiled step and the meta trace of a dry run.
 enum MpEventKind {
   MP_EV_ALLOC = 1,
   MP_EV_FREE = 2,
@@ -54,31 +55,28 @@ enum MpEventKind {
   MP_EV_UNCOUNTED = 7,
   MP_EV_PHASE = 8,
   MP_EV_READ = 9,
+  MP_EV_BASELINE = 10,   // dry run only: the weights and the first batch are on the device
+  MP_EV_WORKSPACE = 11,  // dry run only: an op CUDA runs on cuBLAS (value 1) or cuBLASLt (2) ended
+};
+
+// Where the op recorder's events go (memprof_set_params' target).
+enum MpTarget {
+  MP_TARGET_STEP = 0,     // the step log of the profiled loop
+  MP_TARGET_DRY_RUN = 1,  // the meta trace of the estimator's dry run
 };
 
 // Frames kept of an allocation's call stack (MpSite.ips), with the step detail on.
 #define MP_SITE_DEPTH 96
 
-// Kinds of meta-trace events (MpMetaEvent.kind): the estimator's dry run.
-enum MpMetaKind {
-  MP_META_ALLOC = 1,  // a meta block born: id, bytes
-  MP_META_FREE = 2,   // a meta block freed: id, bytes
-  MP_META_OP = 3,     // the outermost op of a thread begins: name
-  MP_META_BLAS = 4,   // an op that runs on cuBLAS on CUDA ends: name
-  MP_META_MARK = 5,   // a mark set by the caller: mark
-  MP_META_BLASLT = 6, // an op that runs on cuBLASLt on CUDA ends: name
-  MP_META_OP_END = 7, // the outermost op of a thread ends: name
-  MP_META_FLOPS = 8,  // FLOPs of an op, counted as the step timeline counts them: bytes = FLOPs, name
-  MP_META_READ = 9,   // an op (at any depth, backward nodes' kernels included) took block id as an input
-};
-
-// Marks the estimator's dry run puts into its meta trace (MpMetaEvent.mark).
+// Marks the estimator's dry run sets (memprof_meta_mark): they become the trace's phase
+// and baseline events.
 enum MpMetaMark {
   MP_MARK_NONE = 0,       // not a mark
   MP_MARK_FORWARD = 1,    // a step's forward pass begins
   MP_MARK_BACKWARD = 2,   // its backward pass begins
   MP_MARK_OPTIMIZER = 3,  // its optimizer step begins
   MP_MARK_BASELINE = 4,   // the first step's inputs are on the device: the baseline
+  MP_MARK_END = 5,        // the dry run's loop is over (what it frees after belongs to no step)
 };
 
 // Attention backends of the dry run's scaled_dot_product_attention (MpAttention.backend).
@@ -185,20 +183,27 @@ typedef struct MpCudaStats {
   int64_t total_bytes;
 } MpCudaStats;
 
-// One event of the step log; the meaning of the fields depends on kind:
+// One event of a log the op recorder writes: the step log of a profiled step, or the
+// meta trace of a dry run (device slot 0 there, blocks named by their fake addresses,
+// generation = the dry run's training step from 1). The meaning of the fields depends
+// on kind:
 //   alloc/free: phase = birth phase, device = slot, generation = birth generation,
 //               op = timeline op, ptr = block, value = +/- bytes; aux (alloc, with the
-//               step detail on) = its call stack's site id + 1 (memprof_site), 0 none;
+//               step detail on or a dry run keeping sites) = its call stack's site id
+//               + 1 (memprof_site), 0 none;
 //   op begin:   generation = scope name id + 1 (0 none), aux = name id, value = index
-//               of the first VarStore variable among the inputs (-1 none), ptr = in
+//               of the first variable among the inputs (-1 none), ptr = in
 //               TorchScript, the running module's path name id + 2 (1: the root
 //               module), 0 outside TorchScript;
 //   op end:     aux = name id, value = live bytes of the timeline device;
 //   link:       aux = forward op index, ptr = autograd sequence number;
 //   flops:      aux = name id, value = FLOPs;   uncounted: aux = name id;
 //   phase:      phase = the new phase, generation = the new generation;
-//   read:       (the step detail on) op = timeline op, ptr = the storage of a tensor
-//               that op (or an op nested in it) took as an input.
+//   read:       (the step detail on; always in a dry run) op = timeline op, ptr = the
+//               storage of a tensor that op (or an op nested in it) took as an input;
+//   baseline:   (dry run) the weights and the first batch are on the device;
+//   workspace:  (dry run) op = timeline op, aux = name id of an op CUDA runs on cuBLAS
+//               (value 1) or on cuBLASLt (value 2), at its end.
 typedef struct MpTlEvent {
   uint8_t kind;  // MpEventKind
   uint8_t phase;
@@ -260,16 +265,6 @@ typedef struct MpHistEvent {
   int32_t layer;      // its layer's name id, -1 unknown
   uint64_t time_dev;  // microseconds (CLOCK_MONOTONIC) << 8 | device slot
 } MpHistEvent;
-
-// One event of the meta trace, in the order the dry run made them.
-typedef struct MpMetaEvent {
-  uint64_t id;       // block id (ALLOC, FREE), 0 otherwise
-  int64_t bytes;     // block size (ALLOC, FREE), 0 otherwise
-  int32_t kind;      // MpMetaKind
-  int32_t name;      // interned op name (OP, BLAS, BLASLT, FLOPS); ALLOC: site id + 1 (0: none, see memprof_meta_sites); -1 otherwise
-  int32_t mark;      // MpMetaMark (MARK), MP_MARK_NONE otherwise
-  int32_t layer;     // interned module path of a TorchScript file (OP), -1 otherwise
-} MpMetaEvent;
 
 // How the dry run runs scaled_dot_product_attention, and how often each backend ran.
 typedef struct MpAttention {
@@ -335,7 +330,9 @@ int memprof_tensor_blocks(const void* const* tensors, size_t n, MpBlock* blocks,
 // Names of ops, layers and scopes.
 int memprof_name(int32_t id, char* buf, size_t len, int64_t* name_len) MP_NOEXCEPT;  // -1: unknown id
 int memprof_intern(const char* name, int32_t* id) MP_NOEXCEPT;
-int memprof_set_params(const uint64_t* ptrs, const int32_t* ids, const int32_t* layers,
+// The variables the op recorder of `target` (MpTarget) finds among an op's inputs, by
+// storage pointer: their index and their layer's name id (-1 none).
+int memprof_set_params(int32_t target, const uint64_t* ptrs, const int32_t* ids, const int32_t* layers,
                        size_t n) MP_NOEXCEPT;
 int memprof_scope_push(int32_t id) MP_NOEXCEPT;
 int memprof_scope_pop(void) MP_NOEXCEPT;
@@ -371,13 +368,13 @@ int memprof_rng_set(int32_t device_type, int32_t index, const void* state) MP_NO
 // which case the trace is incomplete.
 int memprof_meta_begin(void) MP_NOEXCEPT;
 // From now on (on = 1) each allocation of the meta trace keeps its call stack as a site
-// (MpMetaEvent.name of an ALLOC: the site id + 1, memprof_site reads it), the site table
+// (an alloc event's aux: the site id + 1, memprof_site reads it), the site table
 // started anew; off (on = 0) again, and at the trace's end. Costly (an unwind per
 // allocation): for the last step of a dry run. Fails while a profiled step keeps sites.
 int memprof_meta_sites(int32_t on) MP_NOEXCEPT;
 int memprof_meta_end(void) MP_NOEXCEPT;
 int memprof_meta_mark(int32_t value) MP_NOEXCEPT;
-int memprof_meta_read(MpMetaEvent* out, uint64_t cap, uint64_t* total) MP_NOEXCEPT;
+int memprof_meta_read(MpTlEvent* out, uint64_t cap, uint64_t* total) MP_NOEXCEPT;
 // A new meta tensor (an at::Tensor* the caller owns) of the given sizes, with the dtype
 // of the tensor `like` (an at::Tensor*).
 int memprof_meta_empty(const int64_t* sizes, size_t n, const void* like, void** out) MP_NOEXCEPT;
@@ -442,6 +439,10 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_CONST(MP_EV_UNCOUNTED, 7)                         \
   MP_CONST(MP_EV_PHASE, 8)                             \
   MP_CONST(MP_EV_READ, 9)                              \
+  MP_CONST(MP_EV_BASELINE, 10)                         \
+  MP_CONST(MP_EV_WORKSPACE, 11)                        \
+  MP_CONST(MP_TARGET_STEP, 0)                          \
+  MP_CONST(MP_TARGET_DRY_RUN, 1)                       \
   MP_CONST(MP_SITE_DEPTH, 96)                          \
   MP_SIZE(MpSite, 776)                                 \
   MP_FIELD(MpSite, frames, 0)                          \
@@ -546,15 +547,6 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_FIELD(MpHistEvent, layer, 20)                     \
   MP_FIELD(MpHistEvent, time_dev, 24)                  \
   MP_CONST(MP_META_CAPACITY, 33554432)                 \
-  MP_CONST(MP_META_ALLOC, 1)                           \
-  MP_CONST(MP_META_FREE, 2)                            \
-  MP_CONST(MP_META_OP, 3)                              \
-  MP_CONST(MP_META_BLAS, 4)                            \
-  MP_CONST(MP_META_MARK, 5)                            \
-  MP_CONST(MP_META_BLASLT, 6)                          \
-  MP_CONST(MP_META_OP_END, 7)                          \
-  MP_CONST(MP_META_FLOPS, 8)                           \
-  MP_CONST(MP_META_READ, 9)                            \
   MP_CONST(MP_AUTOCAST_LIST_CUDA, 0)                   \
   MP_CONST(MP_AUTOCAST_LIST_CPU, 1)                    \
   MP_CONST(MP_AUTOCAST_REGISTERED_CUDA, 2)             \
@@ -564,13 +556,7 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_CONST(MP_MARK_BACKWARD, 2)                        \
   MP_CONST(MP_MARK_OPTIMIZER, 3)                       \
   MP_CONST(MP_MARK_BASELINE, 4)                        \
-  MP_SIZE(MpMetaEvent, 32)                             \
-  MP_FIELD(MpMetaEvent, id, 0)                         \
-  MP_FIELD(MpMetaEvent, bytes, 8)                      \
-  MP_FIELD(MpMetaEvent, kind, 16)                      \
-  MP_FIELD(MpMetaEvent, name, 20)                      \
-  MP_FIELD(MpMetaEvent, mark, 24)                      \
-  MP_FIELD(MpMetaEvent, layer, 28)                     \
+  MP_CONST(MP_MARK_END, 5)                             \
   MP_CONST(MP_ATTN_AUTO, 0)                            \
   MP_CONST(MP_ATTN_FLASH, 1)                           \
   MP_CONST(MP_ATTN_EFFICIENT, 2)                       \

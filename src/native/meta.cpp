@@ -7,10 +7,11 @@
 //   kernels touch no data) and logs every allocation and free with its size into the
 //   meta trace, in order: the same (size, order, lifetime) sequence a CUDA run gives
 //   the caching allocator, without memory.
-// - An op callback (RecordFunction, installed for the span of a trace) logs the
-//   outermost op of each thread, its start (for the peak's op) and its end, and
-//   every cuBLAS-backed op (the estimator charges the cuBLAS workspace at the first one of each thread, and the
-//   cuBLASLt one at the first that CUDA would run on cuBLASLt).
+// - The op recorder (ops.cpp, the one the profiled step uses) logs the dry run's ops
+//   into the same trace, in the step log's event model; the hooks here add every
+//   cuBLAS-backed op (the estimator charges the cuBLAS workspace at the first one of
+//   each thread, and the cuBLASLt one at the first that CUDA would run on cuBLASLt) and
+//   adopt outputs sized without the allocator.
 // - Kernels libtorch's C++ lacks on the meta device are registered at the first trace
 //   (meta_kernels.cpp: each allocates what the CUDA kernel allocates).
 // - TorchScript modules loaded straight onto the meta device (the weights' bytes are
@@ -18,8 +19,8 @@
 //   values (a traced `size // heads` divides by one).
 //
 // The trace is for the estimator's dry runs, never for a user's training loop; its
-// allocator and op callback still keep the hot-path rules (atomics, no lock, no heap),
-// with one exception: while a TorchScript file runs, the op callback asks the
+// allocator and the op recorder still keep the hot-path rules (atomics, no lock, no
+// heap), with one exception: while a TorchScript file runs, the recorder asks the
 // interpreter for its module path (a vector of strings, malloc'd, never through the
 // watched allocator; nothing when no TorchScript runs).
 
@@ -50,24 +51,25 @@ constexpr uint64_t kFakeBase = uint64_t(1) << 44;    // fake addresses: base + 6
 constexpr uint64_t kFakeAlign = 64;
 
 uint64_t* g_meta_sizes = nullptr;  // bytes of each block id
+uint32_t* g_meta_tags = nullptr;   // birth of each block id: step << 2 | phase
 std::atomic<uint64_t> g_meta_next_id{1};
-MpMetaEvent* g_meta_log = nullptr;
+MpTlEvent* g_meta_log = nullptr;
 std::atomic<uint64_t> g_meta_len{0};
 std::atomic<bool> g_meta_on{false};
 std::atomic<bool> g_meta_sites{false};  // allocations keep their call stacks
 std::atomic<bool> g_meta_ready{false};
-at::CallbackHandle g_meta_callback = 0;
-thread_local int tls_meta_depth = 0;
+// The dry run's state, set by its marks: phase, training step (0 before the first),
+// op numbers within the step; and the live bytes of every meta block of the process.
+std::atomic<uint32_t> g_meta_phase{kForward};
+std::atomic<uint32_t> g_meta_step{0};
+std::atomic<int32_t> g_meta_ops{0};
+std::atomic<int64_t> g_meta_live{0};
 
-inline void meta_append(int32_t kind, uint64_t id, int64_t bytes, int32_t name,
-                        int32_t mark = MP_MARK_NONE, int32_t layer = -1) {
-  if (!g_meta_on.load(std::memory_order_relaxed)) {
-    return;
-  }
-  const uint64_t i = g_meta_len.fetch_add(1, std::memory_order_relaxed);
-  if (i < kMetaEvents) {
-    g_meta_log[i] = MpMetaEvent{id, bytes, kind, name, mark, layer};
-  }
+inline int32_t dry_run_current_op() {
+  const OpStack& t = tls_dry_ops;
+  return t.n_open > 0 && t.step == g_meta_step.load(std::memory_order_relaxed)
+      ? t.open_op[t.n_open - 1]
+      : -1;
 }
 
 void meta_delete(void* ctx) {
@@ -75,7 +77,11 @@ void meta_delete(void* ctx) {
   if (id == 0 || id >= kMetaIds) {
     return;
   }
-  meta_append(MP_META_FREE, id, int64_t(g_meta_sizes[id]), -1);
+  const int64_t n = int64_t(g_meta_sizes[id]);
+  const uint32_t tag = g_meta_tags[id];
+  g_meta_live.fetch_sub(n, std::memory_order_relaxed);
+  meta_append(MpTlEvent{
+      MP_EV_FREE, uint8_t(tag & 3), 0, 0, tag >> 2, dry_run_current_op(), 0, uint64_t(ctx), -n});
 }
 
 struct MetaTraceAllocator final : public c10::Allocator {
@@ -89,10 +95,16 @@ struct MetaTraceAllocator final : public c10::Allocator {
         "tch-memprof: the meta dry runs of this process made more than ",
         kMetaIds,
         " allocations; start a new process");
+    const uint32_t step = g_meta_step.load(std::memory_order_relaxed);
+    const uint32_t phase = g_meta_phase.load(std::memory_order_relaxed);
     g_meta_sizes[id] = n;
+    g_meta_tags[id] = (step << 2) | phase;
+    g_meta_live.fetch_add(int64_t(n), std::memory_order_relaxed);
     void* fake = reinterpret_cast<void*>(kFakeBase + kFakeAlign * id);
     const int32_t site = g_meta_sites.load(std::memory_order_relaxed) ? take_site() : 0;
-    meta_append(MP_META_ALLOC, id, int64_t(n), site);
+    meta_append(MpTlEvent{
+        MP_EV_ALLOC, uint8_t(phase), 0, 0, step, dry_run_current_op(), site, uint64_t(fake),
+        int64_t(n)});
     return {fake, fake, &meta_delete, c10::Device(c10::DeviceType::Meta)};
   }
   c10::DeleterFnPtr raw_deleter() const override {
@@ -109,7 +121,7 @@ MetaTraceAllocator* meta_allocator() {
 }
 
 // ---------------------------------------------------------------------------------
-// The op callback.
+// What only a dry run records at an op (the op recorder in ops.cpp calls these).
 
 bool is_cublas_op(const char* name) {
   static const char* const kOps[] = {
@@ -156,71 +168,13 @@ bool uses_cublaslt(const char* name, const at::RecordFunction& fn) {
 }
 
 // The module of a TorchScript file whose op ran last on this thread (for the message of
-// a dry run that fails inside the file).
+// a dry run that fails inside the file); the op recorder writes it.
 thread_local char tls_script_module[kNameLen] = "";
 
 // The cuBLAS kind of each op open on this thread, by nesting depth: decided at the op's
 // start, where its inputs are valid (the dispatcher destroys the boxed inputs after the
-// start callbacks), and logged at its end.
-constexpr int kMaxDepth = 64;
+// start callbacks), and logged at its end: 0 none, 1 cuBLAS, 2 cuBLASLt.
 thread_local int8_t tls_blas_kind[kMaxDepth];
-// 1 + the depth of the op whose FLOPs were counted on this thread, 0 when none is open:
-// an op is counted once, at the outermost op with a formula (linear counts at addmm), as
-// the step timeline counts (ops.cpp).
-thread_local int tls_meta_counted_depth1 = 0;
-
-// The block of a meta tensor's storage, 0 for none (no storage, no bytes, not ours).
-uint64_t meta_block(const at::Tensor& t) {
-  if (!t.defined() || !t.is_meta() || !t.has_storage()) {
-    return 0;
-  }
-  const uint64_t p = uint64_t(t.storage().data_ptr().get());
-  if (p < kFakeBase || (p - kFakeBase) % kFakeAlign != 0) {
-    return 0;
-  }
-  const uint64_t id = (p - kFakeBase) / kFakeAlign;
-  return id < kMetaIds ? id : 0;
-}
-
-// Every block an op takes as an input (see for_each_tensor): the reads that tell when a
-// block was last needed.
-void log_meta_reads(const at::RecordFunction& fn) {
-  auto read = [](const at::Tensor& t) {
-    const uint64_t id = meta_block(t);
-    if (id != 0) {
-      meta_append(MP_META_READ, id, 0, -1);
-    }
-  };
-  for_each_tensor(fn.inputs(), read);
-}
-
-std::unique_ptr<at::ObserverContext> meta_op_start(const at::RecordFunction& fn) {
-  const char* name = fn.name();
-  const int depth = tls_meta_depth++;
-  if (depth < kMaxDepth) {
-    tls_blas_kind[depth] = !is_cublas_op(name)   ? int8_t(0)
-                           : uses_cublaslt(name, fn) ? int8_t(MP_META_BLASLT)
-                                                     : int8_t(MP_META_BLAS);
-  }
-  const int32_t id = intern(name);
-  if (tls_meta_counted_depth1 == 0 && id >= 0) {
-    const memprof_flops::Kind k = kind_of(id);
-    if (memprof_flops::counted(k)) {
-      tls_meta_counted_depth1 = depth + 1;
-      meta_append(MP_META_FLOPS, 0, memprof_flops::count(k, fn.inputs()), id);
-    }
-  }
-  if (depth == 0) {
-    bool fits = true;
-    if (!script_module_path(tls_script_module, sizeof tls_script_module, &fits) || !fits) {
-      tls_script_module[0] = 0;
-    }
-    const int32_t layer = tls_script_module[0] != 0 ? intern(tls_script_module) : -1;
-    meta_append(MP_META_OP, 0, 0, id, MP_MARK_NONE, layer);
-  }
-  log_meta_reads(fn);
-  return nullptr;
-}
 
 // A meta kernel that sizes its output by resizing an empty tensor (`arange`, `out=`
 // variants) sets the storage's size without the allocator: its bytes would be missing
@@ -238,27 +192,6 @@ void adopt_resized(const at::Tensor& t) {
   s->set_data_ptr_noswap(meta_allocator()->allocate(s->nbytes()));
 }
 
-void adopt_outputs(const at::RecordFunction& fn) {
-  for_each_tensor(fn.outputs(), adopt_resized);
-}
-
-// The workspaces are taken inside the op, after its output is allocated: logged at
-// the op's end.
-void meta_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
-  const char* name = fn.name();
-  const int depth = --tls_meta_depth;
-  if (tls_meta_counted_depth1 == depth + 1) {
-    tls_meta_counted_depth1 = 0;
-  }
-  if (depth >= 0 && depth < kMaxDepth && tls_blas_kind[depth] != 0) {
-    meta_append(tls_blas_kind[depth], 0, 0, intern(name));
-  }
-  if (depth == 0) {
-    adopt_outputs(fn);
-    meta_append(MP_META_OP_END, 0, 0, intern(name));
-  }
-}
-
 std::once_flag g_meta_once;
 // Why the meta trace could not be set up (constant-initialised: no dynamic initialiser).
 char g_meta_init_error[256] = "";
@@ -271,8 +204,9 @@ bool meta_init() {
   std::call_once(g_meta_once, []() {
     try {
       g_meta_sizes = reserve<uint64_t>(kMetaIds);
-      g_meta_log = reserve<MpMetaEvent>(kMetaEvents);
-      if (!g_meta_sizes || !g_meta_log) {
+      g_meta_tags = reserve<uint32_t>(kMetaIds);
+      g_meta_log = reserve<MpTlEvent>(kMetaEvents);
+      if (!g_meta_sizes || !g_meta_tags || !g_meta_log) {
         set_init_error("the meta trace could not be reserved (mmap failed)");
         return;
       }
@@ -301,6 +235,54 @@ bool meta_trace_on() {
   return g_meta_on.load(std::memory_order_relaxed);
 }
 
+uint32_t meta_phase() {
+  return g_meta_phase.load(std::memory_order_relaxed);
+}
+
+uint32_t meta_step() {
+  return g_meta_step.load(std::memory_order_relaxed);
+}
+
+int64_t meta_live() {
+  return g_meta_live.load(std::memory_order_relaxed);
+}
+
+int32_t meta_next_op() {
+  return g_meta_ops.fetch_add(1, std::memory_order_relaxed);
+}
+
+void meta_append(const MpTlEvent& e) {
+  if (!g_meta_on.load(std::memory_order_relaxed)) {
+    return;
+  }
+  const uint64_t i = g_meta_len.fetch_add(1, std::memory_order_relaxed);
+  if (i < kMetaEvents) {
+    g_meta_log[i] = e;
+  }
+}
+
+void dry_run_op_started(const at::RecordFunction& fn, int depth) {
+  const char* name = fn.name();
+  tls_blas_kind[depth] = !is_cublas_op(name) ? int8_t(0) : uses_cublaslt(name, fn) ? 2 : 1;
+}
+
+// The workspaces are taken inside the op, after its output is allocated: logged at the
+// op's end; outputs sized without the allocator are adopted at the outermost op's end.
+void dry_run_op_ended(const at::RecordFunction& fn, int depth) {
+  if (tls_blas_kind[depth] != 0) {
+    meta_append(MpTlEvent{
+        MP_EV_WORKSPACE, uint8_t(meta_phase()), 0, 0, meta_step(), dry_run_current_op(),
+        intern(fn.name()), 0, tls_blas_kind[depth]});
+  }
+  if (depth == 0) {
+    for_each_tensor(fn.outputs(), adopt_resized);
+  }
+}
+
+char* dry_run_module_buf() {
+  return tls_script_module;
+}
+
 // ---------------------------------------------------------------------------------
 // Called by the C ABI (api.cpp).
 
@@ -314,11 +296,11 @@ bool meta_begin() {
     return false;
   }
   g_meta_len.store(0);
-  g_meta_callback = at::addGlobalCallback(
-      at::RecordFunctionCallback(&meta_op_start, &meta_op_end)
-          .needsInputs(true)
-          .needsOutputs(true)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  g_meta_step.store(0);
+  g_meta_phase.store(kForward);
+  g_meta_ops.store(0);
+  tls_dry_ops = OpStack{};
+  op_callback_use(MP_TARGET_DRY_RUN, true, /*inputs=*/true, /*outputs=*/true);
   g_meta_on.store(true);
   return true;
 }
@@ -326,10 +308,10 @@ bool meta_begin() {
 void meta_end() {
   std::lock_guard<std::mutex> lock(g_trace_mutex);
   g_meta_sites.store(false);
-  g_meta_on.store(false);
-  if (g_meta_callback != 0) {
-    at::removeCallback(g_meta_callback);
-    g_meta_callback = 0;
+  if (g_meta_on.load()) {
+    g_meta_on.store(false);
+    op_callback_use(MP_TARGET_DRY_RUN, false, false, false);
+    clear_params(MP_TARGET_DRY_RUN);
   }
 }
 
@@ -350,11 +332,40 @@ bool meta_sites(bool on) {
   return true;
 }
 
+// A mark of the dry run: a forward pass begins (after an optimizer step, or first: a new
+// training step, whose ops are numbered from 0 again), backward or the optimizer step
+// begins, the weights and first batch are on the device, or the loop is over (what the
+// dry run frees after it, in a step of its own).
 void meta_mark(int32_t what) {
-  meta_append(MP_META_MARK, 0, 0, -1, what);
+  uint32_t phase = g_meta_phase.load();
+  switch (what) {
+    case MP_MARK_BASELINE:
+      meta_append(MpTlEvent{MP_EV_BASELINE, uint8_t(phase), 0, 0, g_meta_step.load(), -1, 0, 0, 0});
+      return;
+    case MP_MARK_FORWARD:
+      if (g_meta_step.load() == 0 || phase == kOptimizer) {
+        g_meta_step.fetch_add(1);
+        g_meta_ops.store(0);
+      }
+      phase = kForward;
+      break;
+    case MP_MARK_BACKWARD:
+      phase = kBackward;
+      break;
+    case MP_MARK_OPTIMIZER:
+      phase = kOptimizer;
+      break;
+    default:  // MP_MARK_END: a step of its own, with no op
+      g_meta_step.fetch_add(1);
+      g_meta_ops.store(0);
+      phase = kForward;
+      break;
+  }
+  g_meta_phase.store(phase);
+  meta_append(MpTlEvent{MP_EV_PHASE, uint8_t(phase), 0, 0, g_meta_step.load(), -1, 0, 0, 0});
 }
 
-uint64_t meta_read(MpMetaEvent* out, uint64_t cap, uint64_t* total) {
+uint64_t meta_read(MpTlEvent* out, uint64_t cap, uint64_t* total) {
   const uint64_t len = g_meta_len.load();
   *total = len;
   const uint64_t n = std::min({len, cap, kMetaEvents});

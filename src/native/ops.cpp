@@ -1,6 +1,14 @@
-// Op callbacks: phases (a backward node starting moves forward -> backward), the
-// origin of allocations (op and layer, for leak hunting and snapshots), and the step
-// log's op events and FLOPs.
+// The one op callback and the one op recorder. The callback (registered once, while a
+// profiling session or a dry run needs it: op_callback_use) finds the phases of the
+// profiled loop (a backward node starting moves forward -> backward) and hands each
+// record to the op recorder of each target that is on:
+// - the profiled step (StepSink): the step log's op events, FLOPs and reads, and the
+//   origin of allocations (op and layer, for leak hunting and snapshots);
+// - the estimator's dry run (DryRunSink): the same events into the meta trace, plus
+//   what only a prediction needs (the cuBLAS workspaces' ops, outputs sized without
+//   the allocator), from meta.cpp's hooks.
+// So FLOPs, layers, module paths and reads are counted by the same code for a
+// measured step and a predicted one.
 //
 // A record counts as "backward running" when it is an autograd node
 // (BACKWARD_FUNCTION scope) or the engine's wrapper around one
@@ -20,6 +28,7 @@
 
 #include <torch/csrc/jit/runtime/interpreter.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -44,7 +53,7 @@ struct ParamTable {
   std::unique_ptr<int32_t[]> vals;    // variable index
   std::unique_ptr<int32_t[]> layers;  // name id of the variable's layer, -1 none
 };
-std::atomic<ParamTable*> g_params{nullptr};
+std::atomic<ParamTable*> g_params[2] = {{nullptr}, {nullptr}};  // by MpTarget
 std::mutex g_params_mutex;  // serialises replacement (Rust side, between iterations)
 // Every table ever published (readers may still hold an old one), under g_params_mutex;
 // made at the first set_params (no dynamic initialiser at load).
@@ -69,8 +78,9 @@ inline int64_t param_lookup(const ParamTable* t, uint64_t key) {
 
 // The first VarStore variable among an op's tensor inputs, by storage; its layer's
 // name id + 1 goes to *layer1 (untouched when none is found).
-inline int32_t first_variable(c10::ArrayRef<const c10::IValue> inputs, int32_t* layer1) {
-  const ParamTable* t = g_params.load(std::memory_order_acquire);
+inline int32_t first_variable(
+    int target, c10::ArrayRef<const c10::IValue> inputs, int32_t* layer1) {
+  const ParamTable* t = g_params[target].load(std::memory_order_acquire);
   if (!t) {
     return -1;
   }
@@ -145,13 +155,18 @@ bool script_module_path(char* buf, size_t cap, bool* fits) {
 }
 
 namespace {
-inline bool script_module(int32_t* layer1) {
-  char buf[kNameLen];
+// Whether TorchScript runs on this thread; if so *layer1 gets its module path's name id
+// + 1 (0: the root module, or a path that does not fit), and buf the path ("" then).
+inline bool script_module(int32_t* layer1, char* buf, size_t cap) {
   bool fits = true;
-  if (!script_module_path(buf, sizeof buf, &fits)) {
+  if (!script_module_path(buf, cap, &fits)) {
+    buf[0] = 0;
     return false;
   }
-  *layer1 = fits && buf[0] != 0 ? intern(buf) + 1 : 0;
+  if (!fits) {
+    buf[0] = 0;
+  }
+  *layer1 = buf[0] != 0 ? intern(buf) + 1 : 0;
   return true;
 }
 
@@ -160,9 +175,9 @@ inline bool script_module(int32_t* layer1) {
 // number of the forward op that created it. Packed: seq low 32 bits | step 8 | op 24.
 
 constexpr size_t kSeqSlots = size_t(1) << 16;
-std::atomic<uint64_t> g_seq[kSeqSlots];
+std::atomic<uint64_t> g_seq_tables[2][kSeqSlots];  // by MpTarget
 
-inline void seq_store(int64_t seq, uint32_t step, int32_t op) {
+inline void seq_store(std::atomic<uint64_t>* g_seq, int64_t seq, uint32_t step, int32_t op) {
   if (seq < 0 || op < 0 || op >= (1 << 24)) {
     return;
   }
@@ -171,7 +186,7 @@ inline void seq_store(int64_t seq, uint32_t step, int32_t op) {
   g_seq[uint64_t(seq) & (kSeqSlots - 1)].store(v, std::memory_order_relaxed);
 }
 
-inline int32_t seq_load(int64_t seq, uint32_t step) {
+inline int32_t seq_load(const std::atomic<uint64_t>* g_seq, int64_t seq, uint32_t step) {
   if (seq < 0) {
     return -1;
   }
@@ -184,9 +199,9 @@ inline int32_t seq_load(int64_t seq, uint32_t step) {
 
 // Layer of each autograd sequence number's forward op (for leak origins): seq low 32
 // bits | layer id + 1. No step check: a layer does not change between iterations.
-std::atomic<uint64_t> g_seq_layer[kSeqSlots];
+std::atomic<uint64_t> g_seq_layer_tables[2][kSeqSlots];  // by MpTarget
 
-inline void seq_layer_store(int64_t seq, int32_t layer1) {
+inline void seq_layer_store(std::atomic<uint64_t>* g_seq_layer, int64_t seq, int32_t layer1) {
   if (seq < 0 || layer1 <= 0) {
     return;
   }
@@ -194,7 +209,7 @@ inline void seq_layer_store(int64_t seq, int32_t layer1) {
       (uint64_t(uint32_t(seq)) << 32) | uint64_t(uint32_t(layer1)), std::memory_order_relaxed);
 }
 
-inline int32_t seq_layer_load(int64_t seq) {
+inline int32_t seq_layer_load(const std::atomic<uint64_t>* g_seq_layer, int64_t seq) {
   if (seq < 0) {
     return 0;
   }
@@ -218,11 +233,114 @@ inline uint32_t shown_phase(bool backward_record) {
   return ph;
 }
 
-// Op bookkeeping on the calling thread. `steplog`: the step log is on (log op events,
-// count FLOPs); otherwise only the origin of allocations is kept (leak hunting).
+// ---------------------------------------------------------------------------------
+// Where the recorder's events go. A sink gives the per-thread op stack, the step the
+// stack belongs to, op numbers, the phase an op is shown in, the variables and the
+// sequence tables of its target, and where events are appended.
+
+// The profiled step: the step log, numbered per iteration.
+struct StepSink {
+  static constexpr int kTarget = MP_TARGET_STEP;
+  static OpStack& stack() {
+    return tls_ops;
+  }
+  static uint32_t step() {
+    return g_step_id.load(std::memory_order_relaxed);
+  }
+  static int32_t next_op() {
+    const int32_t op = g_op_counter.fetch_add(1, std::memory_order_relaxed);
+    g_last_op.store(op, std::memory_order_relaxed);
+    return op;
+  }
+  static uint32_t phase(bool backward_record) {
+    return shown_phase(backward_record);
+  }
+  static bool reads() {
+    return g_detail_on.load(std::memory_order_relaxed);
+  }
+  static int64_t live() {
+    const int slot = g_steplog_device.load(std::memory_order_relaxed);
+    return g_dev[slot].live.load(std::memory_order_relaxed);
+  }
+  static void append(const MpTlEvent& e) {
+    steplog_append(e);
+  }
+  // Nothing beyond the shared recording.
+  static void started(const at::RecordFunction&, int) {}
+  static void ended(const at::RecordFunction&, int) {}
+  static char* module_buf() {
+    thread_local char buf[kNameLen];
+    return buf;
+  }
+};
+
+// The dry run: the meta trace, numbered per training step of the dry run (meta.cpp).
+struct DryRunSink {
+  static constexpr int kTarget = MP_TARGET_DRY_RUN;
+  static OpStack& stack() {
+    return tls_dry_ops;
+  }
+  static uint32_t step() {
+    return meta_step();
+  }
+  static int32_t next_op() {
+    return meta_next_op();
+  }
+  static uint32_t phase(bool backward_record) {
+    return backward_record ? kBackward : meta_phase();
+  }
+  static bool reads() {
+    return true;
+  }
+  static int64_t live() {
+    return meta_live();
+  }
+  static void append(const MpTlEvent& e) {
+    meta_append(e);
+  }
+  static void started(const at::RecordFunction& fn, int depth) {
+    dry_run_op_started(fn, depth);
+  }
+  static void ended(const at::RecordFunction& fn, int depth) {
+    dry_run_op_ended(fn, depth);
+  }
+  static char* module_buf() {
+    return dry_run_module_buf();
+  }
+};
+
+// Logs that the timeline op `op` read the storage of x, once per op among its last few.
+template <class S>
+inline void log_read(OpStack& t, const at::Tensor& x, int32_t op, uint32_t phase) {
+  if (!x.defined() || !x.has_storage()) {
+    return;
+  }
+  const uint64_t ptr = uint64_t(x.storage().data());
+  if (ptr == 0) {
+    return;
+  }
+  if (t.read_op != op) {
+    t.read_op = op;
+    t.n_read = 0;
+  }
+  const int kept = t.n_read < 8 ? t.n_read : 8;
+  for (int k = 0; k < kept; ++k) {
+    if (t.read_ptrs[k] == ptr) {
+      return;
+    }
+  }
+  t.read_ptrs[t.n_read % 8] = ptr;
+  ++t.n_read;
+  S::append(MpTlEvent{MP_EV_READ, uint8_t(phase), 0, 0, 0, op, 0, ptr, 0});
+}
+
+// The op recorder, on the calling thread. `steplog`: log op events and count FLOPs
+// (always for the dry run); otherwise only the origin of allocations is kept (leak
+// hunting).
+template <class S>
 void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) {
-  OpStack& t = tls_ops;
-  const uint32_t step = g_step_id.load(std::memory_order_relaxed);
+  OpStack& t = S::stack();
+  const uint32_t step = S::step();
   if (t.step != step) {
     // A new iteration: whatever this thread had open belongs to the last one.
     t.step = step;
@@ -233,6 +351,7 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
   if (d >= kMaxDepth) {
     return;
   }
+  S::started(fn, d);
   const bool node = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
   const bool evaluate = backward_record && !node;
   const bool opens = (evaluate || t.n_open == 0) && t.n_open < kMaxOpenOps;
@@ -247,19 +366,19 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
     }
     t.had_child &= ~(uint64_t(1) << d);
   }
-  const uint32_t phase = shown_phase(backward_record);
+  const uint32_t phase = S::phase(backward_record);
 
   if (opens) {
     int32_t op = -1;
     if (steplog) {
-      op = g_op_counter.fetch_add(1, std::memory_order_relaxed);
-      g_last_op.store(op, std::memory_order_relaxed);
+      op = S::next_op();
     }
     int32_t layer1 = 0;
-    const int32_t var = backward_record ? -1 : first_variable(fn.inputs(), &layer1);
+    const int32_t var = backward_record ? -1 : first_variable(S::kTarget, fn.inputs(), &layer1);
     const uint32_t scope = t.n_scope > 0 ? uint32_t(t.scopes[t.n_scope - 1] + 1) : 0;
     int32_t module1 = 0;
-    const bool script = !backward_record && steplog && script_module(&module1);
+    const bool script =
+        !backward_record && steplog && script_module(&module1, S::module_buf(), kNameLen);
     if (scope != 0) {
       layer1 = int32_t(scope);
     } else if (script) {
@@ -277,46 +396,50 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
     ++t.n_open;
     if (steplog) {
       const uint64_t module = script ? uint64_t(module1) + 1 : 0;
-      steplog_append(
-          MpTlEvent{MP_EV_OP_BEGIN, uint8_t(phase), 0, 0, scope, op, id, module, var});
+      S::append(MpTlEvent{MP_EV_OP_BEGIN, uint8_t(phase), 0, 0, scope, op, id, module, var});
     }
   }
   const int32_t cur = t.n_open > 0 ? t.open_op[t.n_open - 1] : -1;
-  if (steplog && g_detail_on.load(std::memory_order_relaxed)) {
-    log_reads(fn.inputs(), cur, phase);
+  if (steplog && cur >= 0 && S::reads()) {
+    for_each_tensor(fn.inputs(), [&](const at::Tensor& x) { log_read<S>(t, x, cur, phase); });
   }
+  std::atomic<uint64_t>* seq_ops = g_seq_tables[S::kTarget];
+  std::atomic<uint64_t>* seq_layers = g_seq_layer_tables[S::kTarget];
   if (node) {
     const int64_t seq = fn.seqNr();
     if (steplog) {
-      steplog_append(MpTlEvent{
-          MP_EV_LINK, uint8_t(phase), 0, 0, 0, cur, seq_load(seq, step), uint64_t(seq), 0});
+      S::append(MpTlEvent{
+          MP_EV_LINK, uint8_t(phase), 0, 0, 0, cur, seq_load(seq_ops, seq, step), uint64_t(seq),
+          0});
     }
     if (t.n_open > 0) {
-      const int32_t fwd_layer1 = seq_layer_load(seq);
+      const int32_t fwd_layer1 = seq_layer_load(seq_layers, seq);
       if (fwd_layer1 != 0) {
         t.open_layer1[t.n_open - 1] = fwd_layer1;
       }
     }
   } else if (!backward_record && phase == kForward) {
     if (steplog) {
-      seq_store(fn.seqNr(), step, cur);
+      seq_store(seq_ops, fn.seqNr(), step, cur);
     }
     if (t.n_open > 0) {
-      seq_layer_store(fn.seqNr(), t.open_layer1[t.n_open - 1]);
+      seq_layer_store(seq_layers, fn.seqNr(), t.open_layer1[t.n_open - 1]);
     }
   }
+  // FLOPs once, at the outermost op with a formula (linear counts at addmm).
   if (steplog && t.counted_depth1 == 0) {
     const memprof_flops::Kind k = kind_of(id);
     if (memprof_flops::counted(k)) {
       t.counted_depth1 = d + 1;
       const int64_t flops = memprof_flops::count(k, fn.inputs());
-      steplog_append(MpTlEvent{MP_EV_FLOPS, uint8_t(phase), 0, 0, 0, cur, id, 0, flops});
+      S::append(MpTlEvent{MP_EV_FLOPS, uint8_t(phase), 0, 0, 0, cur, id, 0, flops});
     }
   }
 }
 
-void op_end(bool backward_record, bool steplog) {
-  OpStack& t = tls_ops;
+template <class S>
+void op_end(const at::RecordFunction& fn, bool backward_record, bool steplog) {
+  OpStack& t = S::stack();
   if (t.depth <= 0) {
     return;
   }
@@ -324,9 +447,10 @@ void op_end(bool backward_record, bool steplog) {
   if (d >= kMaxDepth) {
     return;
   }
-  if (t.step != g_step_id.load(std::memory_order_relaxed)) {
+  if (t.step != S::step()) {
     return;  // opened in an earlier iteration
   }
+  S::ended(fn, d);
   const int32_t id = t.ids[d];
   if (steplog) {
     const char* name = name_of(id);
@@ -337,21 +461,32 @@ void op_end(bool backward_record, bool steplog) {
         name && kind_of(id).family == memprof_flops::kUnknown &&
         std::strncmp(name, "aten::", 6) == 0) {
       const int32_t cur = t.n_open > 0 ? t.open_op[t.n_open - 1] : -1;
-      steplog_append(
-          MpTlEvent{MP_EV_UNCOUNTED, uint8_t(shown_phase(false)), 0, 0, 0, cur, id, 0, 0});
+      S::append(MpTlEvent{MP_EV_UNCOUNTED, uint8_t(S::phase(false)), 0, 0, 0, cur, id, 0, 0});
     }
   }
   if (t.n_open > 0 && t.open_depth[t.n_open - 1] == d) {
     const int32_t op = t.open_op[--t.n_open];
     if (steplog) {
-      const int slot = g_steplog_device.load(std::memory_order_relaxed);
-      const int64_t live = g_dev[slot].live.load(std::memory_order_relaxed);
-      steplog_append(MpTlEvent{
-          MP_EV_OP_END, uint8_t(shown_phase(backward_record)), 0, 0, 0, op, id, 0, live});
+      S::append(MpTlEvent{
+          MP_EV_OP_END, uint8_t(S::phase(backward_record)), 0, 0, 0, op, id, 0, S::live()});
     }
   }
 }
+
+// ---------------------------------------------------------------------------------
+// The one callback registration: who needs the callback, and with what.
+
+std::atomic<bool> g_step_user{false};  // a profiling session is on
+std::mutex g_callback_mutex;
+at::CallbackHandle g_callback = 0;
+bool g_used[2] = {false, false};
+bool g_inputs[2] = {false, false};
+bool g_outputs[2] = {false, false};
+bool g_has_inputs = false;
+bool g_has_outputs = false;
 }  // namespace
+
+thread_local OpStack tls_dry_ops;
 
 bool is_backward_record(const at::RecordFunction& fn) {
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
@@ -364,20 +499,28 @@ bool is_backward_record(const at::RecordFunction& fn) {
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   const bool backward_record = is_backward_record(fn);
-  if (backward_record) {
-    g_active_backward.fetch_add(1, std::memory_order_acq_rel);
-    const uint64_t gp = g_genphase.load(std::memory_order_acquire);
-    const uint32_t ph = cur_phase(gp);
-    if (ph == kForward || ph == kOptimizer) {
-      transition(ph, kBackward);
+  if (g_step_user.load(std::memory_order_relaxed)) {
+    if (backward_record) {
+      g_active_backward.fetch_add(1, std::memory_order_acq_rel);
+      const uint64_t gp = g_genphase.load(std::memory_order_acquire);
+      const uint32_t ph = cur_phase(gp);
+      if (ph == kForward || ph == kOptimizer) {
+        transition(ph, kBackward);
+      }
+    }
+    const bool steplog = g_steplog_on.load(std::memory_order_relaxed);
+    if (steplog || g_origin_on.load(std::memory_order_relaxed)) {
+      try {
+        op_start<StepSink>(fn, backward_record, steplog);
+      } catch (...) {
+        // Never let the profiler fail the user's op.
+      }
     }
   }
-  const bool steplog = g_steplog_on.load(std::memory_order_relaxed);
-  if (steplog || g_origin_on.load(std::memory_order_relaxed)) {
+  if (meta_trace_on()) {
     try {
-      op_start(fn, backward_record, steplog);
+      op_start<DryRunSink>(fn, backward_record, true);
     } catch (...) {
-      // Never let the profiler fail the user's op.
     }
   }
   return nullptr;
@@ -385,27 +528,78 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
 
 void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   const bool backward_record = is_backward_record(fn);
-  const bool steplog = g_steplog_on.load(std::memory_order_relaxed);
-  if (steplog || g_origin_on.load(std::memory_order_relaxed)) {
+  if (g_step_user.load(std::memory_order_relaxed)) {
+    const bool steplog = g_steplog_on.load(std::memory_order_relaxed);
+    if (steplog || g_origin_on.load(std::memory_order_relaxed)) {
+      try {
+        op_end<StepSink>(fn, backward_record, steplog);
+      } catch (...) {
+      }
+    }
+    if (backward_record) {
+      g_active_backward.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+  if (meta_trace_on()) {
     try {
-      op_end(backward_record, steplog);
+      op_end<DryRunSink>(fn, backward_record, true);
     } catch (...) {
     }
   }
-  if (backward_record) {
-    g_active_backward.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void op_callback_use(int target, bool on, bool inputs, bool outputs) {
+  std::lock_guard<std::mutex> lock(g_callback_mutex);
+  g_used[target] = on;
+  g_inputs[target] = on && inputs;
+  g_outputs[target] = on && outputs;
+  if (target == MP_TARGET_STEP) {
+    g_step_user.store(on);
+  }
+  const bool any = g_used[0] || g_used[1];
+  const bool want_inputs = g_inputs[0] || g_inputs[1];
+  const bool want_outputs = g_outputs[0] || g_outputs[1];
+  if (g_callback != 0 && any && want_inputs == g_has_inputs && want_outputs == g_has_outputs) {
+    return;  // registered as needed
+  }
+  // Records begun under the old registration keep it to their end.
+  if (g_callback != 0) {
+    at::removeCallback(g_callback);
+    g_callback = 0;
+  }
+  if (any) {
+    g_callback = at::addGlobalCallback(
+        at::RecordFunctionCallback(&on_op_start, &on_op_end)
+            .needsInputs(want_inputs)
+            .needsOutputs(want_outputs)
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    g_has_inputs = want_inputs;
+    g_has_outputs = want_outputs;
   }
 }
 
-void clear_params() {
+void clear_params(int target) {
   std::lock_guard<std::mutex> lock(g_params_mutex);
-  g_params.store(nullptr);
+  g_params[target].store(nullptr);
+  // Replaced tables are released here, when their recorder stops; the other target's
+  // current table stays.
   if (g_params_all) {
-    g_params_all->clear();
+    const ParamTable* other = g_params[1 - target].load();
+    auto& all = *g_params_all;
+    all.erase(
+        std::remove_if(
+            all.begin(), all.end(),
+            [&](const std::unique_ptr<ParamTable>& t) { return t.get() != other; }),
+        all.end());
   }
 }
 
-int set_params(const uint64_t* ptrs, const int32_t* ids, const int32_t* layers, size_t n) {
+int set_params(int target, const uint64_t* ptrs, const int32_t* ids, const int32_t* layers,
+               size_t n) {
+  if (target != MP_TARGET_STEP && target != MP_TARGET_DRY_RUN) {
+    set_error("memprof_set_params: not a MpTarget");
+    return -1;
+  }
   if (n > 0 && (!ptrs || !ids || !layers)) {
     set_error("memprof_set_params: null array");
     return -1;
@@ -439,7 +633,7 @@ int set_params(const uint64_t* ptrs, const int32_t* ids, const int32_t* layers, 
     g_params_all = new std::vector<std::unique_ptr<ParamTable>>();
   }
   g_params_all->reserve(g_params_all->size() + 1);
-  g_params.store(t.get(), std::memory_order_release);
+  g_params[target].store(t.get(), std::memory_order_release);
   g_params_all->push_back(std::move(t));
   return 0;
 }

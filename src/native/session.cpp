@@ -16,7 +16,7 @@ namespace memprof {
 
 namespace {
 struct Session {
-  at::CallbackHandle callback = 0;
+  bool on = false;  // the op callback is used by the session
   bool reporter_pushed = false;
   bool leaks_requested = false;  // restored when the memory history stops
 };
@@ -29,7 +29,7 @@ constexpr uint64_t kCudaTableSlots = uint64_t(1) << 20;
 int session_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
   std::lock_guard<std::mutex> lock(g_session_mutex);
   // Every check before any state changes.
-  if (g_session.callback != 0) {
+  if (g_session.on) {
     set_error("a profiling session is already active in this process");
     return -1;
   }
@@ -82,10 +82,8 @@ int session_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
     push_cuda_reporter();
     g_session.reporter_pushed = true;
   }
-  g_session.callback = at::addGlobalCallback(
-      at::RecordFunctionCallback(&on_op_start, &on_op_end)
-          .needsInputs(timeline_slot >= 0 || leaks != 0)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  op_callback_use(MP_TARGET_STEP, true, timeline_slot >= 0 || leaks != 0, false);
+  g_session.on = true;
   // Start iteration 1 in the forward phase.
   const uint32_t gen = cur_gen(g_genphase.load()) + 1;
   g_genphase.store(genphase(gen, kForward));
@@ -99,14 +97,14 @@ int session_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
 
 void session_stop() {
   std::lock_guard<std::mutex> lock(g_session_mutex);
-  if (g_session.callback != 0) {
-    at::removeCallback(g_session.callback);
-    g_session.callback = 0;
+  if (g_session.on) {
+    op_callback_use(MP_TARGET_STEP, false, false, false);
+    g_session.on = false;
   }
   g_steplog_on.store(false);
   g_detail_on.store(false);
   g_origin_on.store(false);
-  clear_params();
+  clear_params(MP_TARGET_STEP);
   g_genphase.store(genphase(cur_gen(g_genphase.load()) + 1, kIdle));
   tls_training_thread = false;
   if (g_session.reporter_pushed) {

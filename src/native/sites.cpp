@@ -3,7 +3,8 @@
 //
 // Reads: every op record (nested ones too: a backward node reads its saved tensors
 // through the ops it calls) logs the storages of its tensor inputs as read by the
-// timeline op it runs in, once per timeline op and storage among its last few.
+// timeline op it runs in, once per timeline op and storage among its last few (the op
+// recorder in ops.cpp, which logs a dry run's reads the same way).
 //
 // Sites: at every allocation, the call stack's return addresses are copied into a
 // table reserved at load (kSiteCapacity stacks of MP_SITE_DEPTH frames, touched as
@@ -41,28 +42,6 @@ _Unwind_Reason_Code on_frame(_Unwind_Context* ctx, void* arg) {
   return w->n < MP_SITE_DEPTH ? _URC_NO_REASON : _URC_END_OF_STACK;
 }
 
-inline void log_read(OpStack& t, const at::Tensor& x, int32_t op, uint32_t phase) {
-  if (!x.defined() || !x.has_storage()) {
-    return;
-  }
-  const uint64_t ptr = uint64_t(x.storage().data());
-  if (ptr == 0) {
-    return;
-  }
-  if (t.read_op != op) {
-    t.read_op = op;
-    t.n_read = 0;
-  }
-  const int kept = t.n_read < 8 ? t.n_read : 8;
-  for (int k = 0; k < kept; ++k) {
-    if (t.read_ptrs[k] == ptr) {
-      return;
-    }
-  }
-  t.read_ptrs[t.n_read % 8] = ptr;
-  ++t.n_read;
-  steplog_append(MpTlEvent{MP_EV_READ, uint8_t(phase), 0, 0, 0, op, 0, ptr, 0});
-}
 }  // namespace
 
 void reset_sites() {
@@ -79,14 +58,6 @@ int32_t take_site() {
   _Unwind_Backtrace(&on_frame, &w);
   s.frames = w.n;
   return int32_t(i + 1);
-}
-
-void log_reads(c10::ArrayRef<const c10::IValue> inputs, int32_t op, uint32_t phase) {
-  if (op < 0) {
-    return;
-  }
-  OpStack& t = tls_ops;
-  for_each_tensor(inputs, [&](const at::Tensor& x) { log_read(t, x, op, phase); });
 }
 
 int set_detail(bool on) {

@@ -1,15 +1,13 @@
 //! One real step of a TorchScript file under the profiler, as `tch-memprof profile` runs
 //! it: the step timeline by category, the layers and FLOPs, the plot and a summary.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{catching, torch_message, Error, Result};
 use crate::estimate::Input;
-use crate::format::bytes;
-use crate::timeline::{Category, StepProfile};
+use crate::timeline::StepProfile;
 
 /// What [`profile_torchscript`] measured and wrote.
 #[derive(Debug, Clone)]
@@ -121,68 +119,6 @@ pub fn profile_torchscript(
         "{label} {}",
         if train { "training step" } else { "inference" }
     );
-    let file = |name: &str| output_dir.join(name);
-    p.plot(&file("step.png"), Some(&title))?;
-    p.plot(&file("step.svg"), Some(&title))?;
-    p.write_timeline_csv(&file("timeline.csv"))?;
-    p.write_layers_csv(&file("layers.csv"))?;
-    p.write_idle_csv(&file("idle.csv"))?;
-    let summary = file("summary.txt");
-    write_summary(&summary, &p).map_err(|source| Error::Io {
-        path: summary.clone(),
-        source,
-    })?;
-    Ok(ProfiledStep {
-        profile: p,
-        files: [
-            "step.png",
-            "step.svg",
-            "timeline.csv",
-            "layers.csv",
-            "idle.csv",
-            "summary.txt",
-        ]
-        .iter()
-        .map(|n| file(n))
-        .collect(),
-    })
-}
-
-fn write_summary(path: &Path, p: &StepProfile) -> std::io::Result<()> {
-    let mut f = std::fs::File::create(path)?;
-    let c = &p.category_max;
-    writeln!(f, "device: {}", p.device)?;
-    writeln!(
-        f,
-        "peak: {} during {}",
-        bytes(p.peak.bytes),
-        p.peak.location()
-    )?;
-    for cat in [
-        Category::Param,
-        Category::Buffer,
-        Category::Grad,
-        Category::Act,
-        Category::Temp,
-        Category::Opt,
-        Category::Other,
-    ] {
-        writeln!(f, "max {}: {}", cat.label(), bytes(c.get(cat)))?;
-    }
-    writeln!(
-        f,
-        "FLOPs: forward {}, backward {}",
-        p.forward_flops, p.backward_flops
-    )?;
-    if let Some(idle) = &p.idle {
-        writeln!(
-            f,
-            "idle at the peak: {} in {} blocks; freed after their last reads: peak {} -> {}",
-            bytes(idle.bytes),
-            idle.blocks.len(),
-            bytes(idle.peak),
-            bytes(idle.peak_if_dropped)
-        )?;
-    }
-    f.flush()
+    let files = p.write_files(output_dir, &title)?;
+    Ok(ProfiledStep { profile: p, files })
 }

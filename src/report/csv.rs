@@ -353,7 +353,7 @@ impl Report for CsvReport {
 
 impl StepProfile {
     /// Writes the timeline as CSV: `op_index, op, phase, layer`, one `<category>_bytes`
-    /// column per category, `total_bytes` and `idle_bytes`. Replaces the file atomically.
+    /// column per category, `total_bytes`, `peak_bytes` and `idle_bytes`. Replaces the file atomically.
     pub fn write_timeline_csv(&self, path: &Path) -> Result<()> {
         write_atomically(path, |w| {
             for r in &self.rows {
@@ -371,11 +371,42 @@ impl StepProfile {
                     opt_bytes: b.get(Category::Opt),
                     other_bytes: b.get(Category::Other),
                     total_bytes: b.total(),
+                    peak_bytes: r.peak_bytes,
                     idle_bytes: r.idle_bytes,
                 })?;
             }
             Ok(())
         })
+    }
+
+    /// Writes the files of one step into `dir` (made if missing), as
+    /// `tch-memprof profile` and `tch-memprof estimate --output-dir` write them:
+    /// `step.png` and `step.svg` (the plot, titled `title`), `timeline.csv`, `layers.csv`,
+    /// `idle.csv` and `summary.txt`. Returns their paths in that order.
+    pub fn write_files(&self, dir: &Path, title: &str) -> Result<Vec<PathBuf>> {
+        fs::create_dir_all(dir)?;
+        let file = |name: &str| dir.join(name);
+        self.plot(&file("step.png"), Some(title))?;
+        self.plot(&file("step.svg"), Some(title))?;
+        self.write_timeline_csv(&file("timeline.csv"))?;
+        self.write_layers_csv(&file("layers.csv"))?;
+        self.write_idle_csv(&file("idle.csv"))?;
+        let summary = file("summary.txt");
+        write_summary(&summary, self).map_err(|source| Error::Io {
+            path: summary.clone(),
+            source,
+        })?;
+        Ok([
+            "step.png",
+            "step.svg",
+            "timeline.csv",
+            "layers.csv",
+            "idle.csv",
+            "summary.txt",
+        ]
+        .iter()
+        .map(|n| file(n))
+        .collect())
     }
 
     /// Writes the blocks idle at the peak as CSV (nothing without the step detail):
@@ -498,4 +529,45 @@ mod tests {
         assert_eq!(h2, h);
         assert_eq!(row2[h2.iter().position(|c| c == "cuda_ooms").unwrap()], "");
     }
+}
+
+/// The step's summary: device, peak, each category's maximum, FLOPs, idle bytes.
+fn write_summary(path: &Path, p: &StepProfile) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(File::create(path)?);
+    let c = &p.category_max;
+    writeln!(f, "device: {}", p.device)?;
+    writeln!(
+        f,
+        "peak: {} during {}",
+        format::bytes(p.peak.bytes),
+        p.peak.location()
+    )?;
+    for cat in [
+        Category::Param,
+        Category::Buffer,
+        Category::Grad,
+        Category::Act,
+        Category::Temp,
+        Category::Opt,
+        Category::Other,
+    ] {
+        writeln!(f, "max {}: {}", cat.label(), format::bytes(c.get(cat)))?;
+    }
+    writeln!(
+        f,
+        "FLOPs: forward {}, backward {}",
+        p.forward_flops, p.backward_flops
+    )?;
+    if let Some(idle) = &p.idle {
+        writeln!(
+            f,
+            "idle at the peak: {} in {} blocks; freed after their last reads: peak {} -> {}",
+            format::bytes(idle.bytes),
+            idle.blocks.len(),
+            format::bytes(idle.peak),
+            format::bytes(idle.peak_if_dropped)
+        )?;
+    }
+    f.flush()
 }

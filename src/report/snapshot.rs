@@ -17,7 +17,6 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::ffi::{HistEvent, LiveBlock};
 use crate::names::Names;
-use crate::phase::Phase;
 
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Frame {
@@ -92,7 +91,7 @@ pub(crate) fn write(
     sorted.sort_by_key(|b| b.ptr);
     for b in sorted {
         let size = b.size.max(0) as u64;
-        let phase = Phase::from_native(b.phase).name();
+        let phase = crate::ffi::phase(b.phase).name();
         let frames = vec![
             frame(names, b.op, b.layer, b.iter as i64),
             Frame {

@@ -215,6 +215,11 @@ pub struct TimelineRow {
     pub other_bytes: u64,
     /// The sum: the allocator's live bytes after the op.
     pub total_bytes: u64,
+    /// The highest live bytes since the previous row, inside this op (at allocation
+    /// granularity): the largest over the rows is the step's peak (0 in files written
+    /// before the column).
+    #[serde(default)]
+    pub peak_bytes: u64,
     /// Of the sum, the bytes of blocks idle at the step's peak that no op reads again
     /// after this one (0 without `idle_at_peak`, and in files written before the column).
     #[serde(default)]

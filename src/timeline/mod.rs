@@ -3,7 +3,9 @@
 //!
 //! The native step log records every block birth and death, op begin and end, phase
 //! change and counted FLOP of an iteration; once the iteration is over, the
-//! recorder replays it into a [`StepProfile`].
+//! recorder replays it into a [`StepProfile`]. The estimator's dry run is one more
+//! source of the same events (the meta trace), replayed by the same passes
+//! ([`replay_step`]) once its bytes went through the caching-allocator model.
 //! Nothing here runs while the model does, and nothing here prints or writes files:
 //! the profiler hands profiles to its reports.
 
@@ -15,8 +17,10 @@ mod types;
 
 pub use crate::phase::Phase;
 pub(crate) use recorder::{Recorder, StepKind};
+pub(crate) use replay::replay as replay_step;
 pub use scope::{scope, Scope};
 pub use types::{
-    Category, CategoryBytes, IdleAtPeak, IdleBlock, IdleSite, LayerProfile, Peak, StepFiles,
-    StepProfile, StepRow, UncountedOp, UNKNOWN_SITE,
+    Category, CategoryBytes, IdleAtPeak, IdleBlock, IdleGroup, IdleSite, LayerProfile, Peak,
+    StepFiles, StepProfile, StepRow, UncountedOp, UNKNOWN_SITE,
 };
+pub(crate) use types::{StepStart, VarEntry};

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use crate::error::Result;
-use crate::ffi::{self, TlEvent};
+use crate::ffi::{self, Event};
 use crate::names::{layer_of, Names};
 use crate::vars::Var;
 
@@ -33,7 +33,7 @@ pub(crate) struct Recorder {
     idle: bool,
     /// Whether the iteration running now has its detail on.
     detail: bool,
-    events: Vec<TlEvent>,
+    events: Vec<Event>,
     start: StepStart,
     vars: Vec<VarEntry>,
     names: Names,

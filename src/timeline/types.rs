@@ -120,6 +120,10 @@ pub struct StepRow {
     /// The allocator's own live-bytes counter when the op returned (equals
     /// `bytes.total()`: checked by the tests).
     pub allocated_bytes: u64,
+    /// The highest live bytes since the previous row, at allocation granularity: inside
+    /// this op (and between the two ops). Its largest value over the rows is the step's
+    /// peak ([`Peak::bytes`]), which `bytes` (taken when ops return) can miss.
+    pub peak_bytes: u64,
     /// Of `bytes`, those of the blocks idle at the step's peak that no op reads again
     /// once this op returned: `bytes.total() - idle_bytes` is what would have been live
     /// had every one of them been freed right after its last read (0 without the step
@@ -293,6 +297,27 @@ pub struct IdleSite {
     pub peak_if_dropped: u64,
 }
 
+/// Idle blocks made by one op in one layer and last read by one op: what one `drop` in
+/// the loop's code frees.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct IdleGroup {
+    /// Bytes of its blocks.
+    pub bytes: u64,
+    /// How many.
+    pub blocks: usize,
+    /// The op that made them.
+    pub op: String,
+    /// That op's layer.
+    pub layer: String,
+    /// The op that read them last ([`MISSING`](crate::names::MISSING): none did).
+    pub last_read_op: String,
+    /// The source line of its largest block whose line is known, else [`UNKNOWN_SITE`].
+    pub site: String,
+    /// The step's peak had these been freed right after their last read.
+    pub peak_if_dropped: u64,
+}
+
 /// What is idle at the peak of a step with the step detail on.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -314,6 +339,44 @@ pub struct IdleAtPeak {
 }
 
 impl IdleAtPeak {
+    /// The idle blocks by the op that made them, its layer and the op that read them
+    /// last, most bytes first.
+    pub fn groups(&self) -> Vec<IdleGroup> {
+        type Key<'a> = (&'a str, &'a str, &'a str);
+        let mut by_key: Vec<(Key<'_>, Vec<&IdleBlock>)> = Vec::new();
+        let mut index: HashMap<Key<'_>, usize> = HashMap::new();
+        for b in &self.blocks {
+            let key = (b.op.as_str(), b.layer.as_str(), b.last_read_op.as_str());
+            let i = *index.entry(key).or_insert_with(|| {
+                by_key.push((key, Vec::new()));
+                by_key.len() - 1
+            });
+            by_key[i].1.push(b);
+        }
+        let mut groups: Vec<IdleGroup> = by_key
+            .into_iter()
+            .map(|((op, layer, read), blocks)| IdleGroup {
+                bytes: blocks.iter().map(|b| b.bytes).sum(),
+                blocks: blocks.len(),
+                op: op.to_string(),
+                layer: layer.to_string(),
+                last_read_op: read.to_string(),
+                // `blocks` are largest first.
+                site: blocks
+                    .iter()
+                    .map(|b| b.site.as_str())
+                    .find(|s| *s != UNKNOWN_SITE)
+                    .unwrap_or(UNKNOWN_SITE)
+                    .to_string(),
+                peak_if_dropped: self.peak_if_dropped_where(|b| {
+                    (b.op.as_str(), b.layer.as_str(), b.last_read_op.as_str()) == (op, layer, read)
+                }),
+            })
+            .collect();
+        groups.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.op.cmp(&b.op)));
+        groups
+    }
+
     /// The step's peak had the blocks `pick` chooses been freed right after their last
     /// reads (found again by replaying the step that way).
     pub fn peak_if_dropped_where(&self, mut pick: impl FnMut(&IdleBlock) -> bool) -> u64 {
@@ -386,6 +449,9 @@ pub(crate) struct StepStart {
     pub buffer: HashMap<u64, i64>,
     pub grad: HashMap<u64, i64>,
     pub opt: i64,
+    /// Blocks the device takes for itself (the cuBLAS workspaces of a prediction): OTHER
+    /// whenever they are made.
+    pub device_owned: std::collections::HashSet<u64>,
 }
 
 /// Where the profile of a step goes, beside the run's CSV files.

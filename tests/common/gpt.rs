@@ -221,13 +221,11 @@ impl Run {
         }
     }
 
-    /// The dry trace's steps (1-based) that make up the profiled step: the trace counts
-    /// a step per forward pass, so with accumulation an optimizer step is `accumulate`
-    /// trace steps, the optimizer's own ops in the last of them.
+    /// The dry trace's step (1-based) of the profiled step: the trace counts optimizer
+    /// steps, micro-batches together.
     fn trace_steps(&self) -> std::ops::RangeInclusive<u32> {
-        let k = self.accumulate.max(1);
         let s = self.step();
-        (s - 1) * k + 1..=s * k
+        s..=s
     }
 }
 
@@ -427,28 +425,19 @@ pub fn compare(run: &Run) -> Compared {
     let dry_ops: Vec<&TraceOp> = dry.ops.iter().filter(|o| steps.contains(&o.step)).collect();
     let table = side_by_side(&cpu, &dry_ops);
     // The batch and the targets: `randint` on the CPU, `empty` in the dry run (a meta
-    // tensor of the input's shape; the batch of the step is made before its first mark,
-    // so only the targets' `empty` falls in the step, with a 0-byte `empty` on the CPU
-    // that gives their dtype; with accumulation the later micro-batches' batches too).
+    // tensor of the input's shape; the step's batch and targets, and a 0-byte `empty` on
+    // the CPU that gives the targets' dtype).
     let cpu_rows: Vec<_> = cpu
         .rows
         .iter()
         .filter(|r| r.op != "aten::randint")
         .collect();
-    let mut dry_rows: Vec<_> = dry_ops
+    let dry_rows: Vec<_> = dry_ops
         .into_iter()
         .filter(|o| o.op != "aten::empty")
         .collect();
-    let train = matches!(run.mode, Mode::Train(_));
-    // After the last step the dry run sets the gradients to none (`zero_grad`), which
-    // the profiled CPU step does not include.
-    if train {
-        let extra = dry_rows.split_off(cpu_rows.len().min(dry_rows.len()));
-        assert!(
-            !extra.is_empty() && extra.iter().all(|o| o.op == "aten::detach_"),
-            "{table}"
-        );
-    }
+    // After its loop the dry run sets the gradients to none (`zero_grad`): that is in
+    // no step, as the CPU loop's own end is in no profiled step.
     assert_eq!(cpu_rows.len(), dry_rows.len(), "{table}");
     for (i, (c, d)) in cpu_rows.iter().zip(&dry_rows).enumerate() {
         // Ops by name only: the phases are drawn differently (the dry run marks backward

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use clap::Args;
 use serde::Serialize;
 use tch_memprof::estimate::{
-    autocast_name, gpu_memory, models, parse_autocast, table, AllocatorConfig, Attention, Estimate,
-    Gpu, Input, Mode, Model, Optimizer, Options, NOT_MODELLED,
+    anatomy, autocast_name, gpu_memory, models, parse_autocast, table, AllocatorConfig, Attention,
+    Estimate, Gpu, Input, Mode, Model, Optimizer, Options, NOT_MODELLED,
 };
 
 use crate::{fail, parse_inputs};
@@ -82,6 +82,15 @@ pub struct EstimateArgs {
     /// read).
     #[arg(long)]
     csv: bool,
+    /// Write the predicted step (of the last batch estimated) into DIR as
+    /// `tch-memprof profile` writes a measured one: step.png, step.svg, timeline.csv,
+    /// layers.csv, idle.csv, summary.txt. The bytes are those the caching allocator
+    /// charges.
+    #[arg(long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
+    /// Layers listed in the anatomy of the predicted step (0: none).
+    #[arg(long, default_value_t = 5)]
+    top: usize,
 }
 
 /// A row of `--csv`.
@@ -118,29 +127,6 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         Ok(x) => x,
         Err(e) => return fail(e),
     };
-    if a.steps == 0 {
-        return fail("invalid steps 0: at least one step");
-    }
-    if a.accumulate == 0 {
-        return fail("invalid accumulate 0: at least one micro-batch per step");
-    }
-    if a.accumulate > 1 && !a.train {
-        return fail(format!(
-            "invalid accumulate {}: gradient accumulation needs --train",
-            a.accumulate
-        ));
-    }
-    if let (Some(k), false) = (a.checkpoint, a.train) {
-        return fail(format!(
-            "invalid --checkpoint {k}: activation checkpointing needs --train"
-        ));
-    }
-    if a.checkpoint == Some(0) {
-        return fail("invalid --checkpoint 0: checkpoint every K-th segment takes K >= 1");
-    }
-    if a.zero_grad_first && !a.train {
-        return fail("invalid --zero-grad-first: it needs --train");
-    }
     if let Some(b) = a.batch_sizes.iter().find(|b| **b <= 0) {
         return fail(format!("invalid batch size {b}: must be positive"));
     }
@@ -160,11 +146,6 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         Ok(g) => g,
         Err(e) => return fail(e),
     };
-    let model = match load_model(a.path.as_deref(), a.model.as_deref(), &mut inputs) {
-        Ok(m) => m,
-        Err(e) => return fail(e),
-    };
-    let label = model.label().to_string();
     let options = Options {
         gpu,
         allocator,
@@ -175,6 +156,14 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         checkpoint: a.checkpoint,
         zero_grad_first: a.zero_grad_first,
     };
+    if let Err(e) = options.validate(mode) {
+        return fail(e);
+    }
+    let model = match load_model(a.path.as_deref(), a.model.as_deref(), &mut inputs) {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let label = model.label().to_string();
     let batches: Vec<i64> = if a.batch_sizes.is_empty() {
         vec![inputs[0].batch()]
     } else {
@@ -195,6 +184,21 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
             Err(e) => return fail(e),
         },
     };
+    if let (Some(dir), Some(e)) = (&a.output_dir, rows.last()) {
+        let Some(step) = &e.step else {
+            return fail(format!("{label}: the dry run made no step to write"));
+        };
+        let title = format!("{label} {} (predicted), batch {}", mode.label(), e.batch);
+        match step.write_files(dir, &title) {
+            // Standard output stays CSV with --csv.
+            Ok(files) => {
+                for f in files {
+                    eprintln!("wrote {}", f.display());
+                }
+            }
+            Err(e) => return fail(e),
+        }
+    }
     if a.csv {
         let largest = fit.as_ref().and_then(|f| f.fits.clone());
         let csv_rows = rows
@@ -210,6 +214,13 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
     println!("{}", table(&rows));
     if let Some(f) = &fit {
         println!("{f}");
+    }
+    if let Some(text) = rows
+        .last()
+        .filter(|_| a.top > 0)
+        .and_then(|e| anatomy(e, a.top))
+    {
+        print!("{text}");
     }
     for e in rows
         .iter()
@@ -299,11 +310,8 @@ fn write_csv<'a>(
             largest_batch,
             attention: e.attention.label(),
             autocast,
-            idle_bytes: e.idle.as_ref().map_or(0, |i| i.bytes),
-            peak_if_dropped_bytes: e
-                .idle
-                .as_ref()
-                .map_or(e.peak_allocated, |i| i.peak_if_dropped),
+            idle_bytes: e.idle().map_or(0, |i| i.bytes),
+            peak_if_dropped_bytes: e.idle().map_or(e.peak_allocated, |i| i.peak_if_dropped),
         })?;
     }
     w.flush()?;

@@ -3,13 +3,14 @@
 //! `Checkpointed`).
 
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use tch::{Device, Kind, Tensor};
 
 use super::{Model, Trace};
 use crate::error::{catching, Error, Result};
 use crate::estimate::{AttentionRuns, Input, Mode, Options};
-use crate::ffi::{self, native, MetaEvent};
+use crate::ffi::{self, native, Event, Target};
 use crate::optim::{meta_autocast, Checkpointed};
 
 /// `f` under the dry run's autocast in `dtype` with the op lists `list`, or plainly.
@@ -20,16 +21,27 @@ fn autocasting<T>(dtype: Option<Kind>, list: i32, f: impl FnOnce() -> Result<T>)
     }
 }
 
+/// What a dry run gives: its meta trace, the attention calls by backend, its time.
+#[derive(Debug, Clone)]
+pub(crate) struct DryRun {
+    pub events: Vec<Event>,
+    pub attention: AttentionRuns,
+    pub elapsed: Duration,
+}
+
 impl Model {
     /// The dry run: the meta trace of `mode` at these inputs, under `options` (the
-    /// settings that change what a CUDA run allocates, not the allocator's).
+    /// settings that change what a CUDA run allocates, not the allocator's); with
+    /// `sites`, its last step's allocations keep their call stacks (the idle blocks'
+    /// lines in the user's code).
     pub(crate) fn dry_run(
         &self,
         inputs: &[Input],
         mode: Mode,
         options: &Options,
-    ) -> Result<Vec<MetaEvent>> {
-        self.dry_run_lists(inputs, mode, options, native::AUTOCAST_LIST_CUDA)
+        sites: bool,
+    ) -> Result<DryRun> {
+        self.dry_run_lists(inputs, mode, options, native::AUTOCAST_LIST_CUDA, sites)
     }
 
     /// The dry run with autocast's op lists of `autocast_list` (`native::AUTOCAST_LIST_*`:
@@ -40,7 +52,9 @@ impl Model {
         mode: Mode,
         options: &Options,
         autocast_list: i32,
-    ) -> Result<Vec<MetaEvent>> {
+        sites: bool,
+    ) -> Result<DryRun> {
+        let start = Instant::now();
         let steps = options.steps;
         if inputs.is_empty() {
             return Err(Error::InvalidInput {
@@ -49,29 +63,38 @@ impl Model {
                 reason: "the model needs at least one input shape".into(),
             });
         }
-        if !(10..=199).contains(&options.gpu.sm) {
-            return Err(Error::InvalidInput {
-                name: "GPU compute capability",
-                value: options.gpu.sm.to_string(),
-                reason: "write it as major * 10 + minor (80 for 8.0, 90 for 9.0)".into(),
-            });
-        }
+        options.validate(mode)?;
         // Set once this trace is ours (one trace per process at a time), read before it
         // ends: no other dry run can change them in between.
         let trace = Trace::begin()?;
         ffi::meta_attention_set(options.gpu.sm as i32, options.attention.native())?;
+        // The op recorder finds the model's variables among op inputs, as the profiled
+        // step's does: the layer of each op.
+        let vars = self.vars()?;
+        ffi::set_params(
+            Target::DryRun,
+            &vars.ptrs,
+            &(0..vars.ptrs.len() as i32).collect::<Vec<_>>(),
+            &vars
+                .entries
+                .iter()
+                .map(|e| ffi::intern(&e.layer).unwrap_or(-1))
+                .collect::<Vec<_>>(),
+        )?;
         match mode {
             Mode::Inference => {
                 self.set_train(false)?;
-                self.keep_sites();
+                keep_sites(sites);
+                // The step begins with its batch, as a profiled iteration does.
+                ffi::meta_mark(native::MARK_FORWARD)?;
                 let xs = Model::make_inputs(inputs)?;
                 ffi::meta_mark(native::MARK_BASELINE)?;
-                ffi::meta_mark(native::MARK_FORWARD)?;
                 let y = autocasting(options.autocast, autocast_list, || {
                     tch::no_grad(|| self.forward(&xs, false))
                 })?;
                 drop(y);
                 drop(xs);
+                ffi::meta_mark(native::MARK_END)?;
             }
             Mode::Train(opt) => {
                 let checkpointed = self.checkpointed(inputs, options, autocast_list)?;
@@ -88,13 +111,15 @@ impl Model {
                         let mut held = Vec::new();
                         for micro in 0..accumulate {
                             if step + 1 == steps.max(1) && micro == 0 {
-                                self.keep_sites();
+                                keep_sites(sites);
                             }
+                            // The step begins with its batch, as a profiled iteration
+                            // does.
+                            ffi::meta_mark(native::MARK_FORWARD)?;
                             let xs = Model::make_inputs(inputs)?;
                             if step == 0 && micro == 0 {
                                 ffi::meta_mark(native::MARK_BASELINE)?;
                             }
-                            ffi::meta_mark(native::MARK_FORWARD)?;
                             // Gradients to none before the forward pass: asked for, or
                             // the loop `Checkpointed` takes (forward and backward are one
                             // call); otherwise after it, before backward, as tch's
@@ -146,6 +171,7 @@ impl Model {
                             .map_err(|e| self.failed("the optimizer step failed", e))?;
                         drop(held);
                     }
+                    ffi::meta_mark(native::MARK_END)?;
                     Ok(())
                 })();
                 // Gradients back to none, state dropped, whatever happened.
@@ -157,24 +183,16 @@ impl Model {
             }
         }
         let [flash, efficient, cudnn, math] = ffi::meta_attention_runs()?;
-        self.last_attention.set(AttentionRuns {
-            flash,
-            efficient,
-            cudnn,
-            math,
-        });
-        trace.finish()
-    }
-
-    /// From here on, the trace's allocations keep their call stacks, when this dry run
-    /// is to name the idle blocks' lines ([`Model::estimate`] of the user's tch code);
-    /// without them (a profiled step keeps sites now) the lines are unknown.
-    fn keep_sites(&self) {
-        if self.sites.get() {
-            if let Err(e) = ffi::meta_sites(true) {
-                log::debug!("tch-memprof: the dry run keeps no allocation sites: {e}");
-            }
-        }
+        Ok(DryRun {
+            events: trace.finish()?,
+            attention: AttentionRuns {
+                flash,
+                efficient,
+                cudnn,
+                math,
+            },
+            elapsed: start.elapsed(),
+        })
     }
 
     /// The model's chain as [`Checkpointed`] runs it for [`Options::checkpoint`] in the
@@ -193,12 +211,6 @@ impl Model {
             value,
             reason: reason.to_string(),
         };
-        if every == 0 {
-            return Err(invalid(
-                "0".into(),
-                "checkpoint every k-th segment takes k >= 1",
-            ));
-        }
         let Some(chain) = &self.chain else {
             return Err(invalid(
                 format!("every {every}"),
@@ -227,6 +239,17 @@ impl Model {
             c = c.mixed_precision(k);
         }
         Ok(Some(c))
+    }
+}
+
+/// From here on, the trace's allocations keep their call stacks, when this dry run is to
+/// name the idle blocks' lines ([`Model::estimate`] of the user's tch code); without them
+/// (a profiled step keeps sites now) the lines are unknown.
+fn keep_sites(sites: bool) {
+    if sites {
+        if let Err(e) = ffi::meta_sites(true) {
+            log::debug!("tch-memprof: the dry run keeps no allocation sites: {e}");
+        }
     }
 }
 

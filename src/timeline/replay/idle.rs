@@ -3,7 +3,8 @@
 //!
 //! A block is idle at the peak when it was made during the step, is live at the
 //! allocation that reaches the step's peak, is not a weight gradient or optimizer state
-//! (kept for the next step by design), and the last op that read it (took it as an
+//! (kept for the next step by design) nor a block the device takes for itself (a
+//! predicted step's cuBLAS workspace), and the last op that read it (took it as an
 //! input, itself or through an op nested in it, backward nodes included) returned before
 //! that allocation; a block never read is idle once the op that made it returned.
 //! The peak if dropped replays the step's live bytes with the block gone from the end of
@@ -11,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use crate::ffi::{ev, TlEvent};
+use crate::ffi::{Event, EventKind};
 use crate::names::{Names, MISSING};
 
 use super::super::types::{IdleAtPeak, IdleBlock, IdleReplay, IdleSite, LiveCurve};
@@ -33,7 +34,7 @@ struct Found {
 /// by `site_name` (an alloc event's `aux`: its site id + 1, 0 none).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn idle_at_peak(
-    events: &[TlEvent],
+    events: &[Event],
     births: &Births,
     start_live: i64,
     slot: u8,
@@ -61,22 +62,22 @@ pub(super) fn idle_at_peak(
     let mut live: HashMap<u64, u32> = HashMap::new();
     for (i, e) in events.iter().enumerate() {
         match (e.kind, births.owner[i]) {
-            (ev::ALLOC, Owner::Born(id)) => {
+            (EventKind::Alloc, Owner::Born(id)) => {
                 birth[id as usize] = i;
                 site[id as usize] = e.aux;
                 live.insert(e.ptr, id);
             }
-            (ev::FREE, Owner::Born(id)) => {
+            (EventKind::Free, Owner::Born(id)) => {
                 freed[id as usize] = i;
                 freed_op[id as usize] = Some(e.op);
                 live.remove(&e.ptr);
             }
-            (ev::READ, _) => {
+            (EventKind::Read, _) => {
                 if let Some(&id) = live.get(&e.ptr) {
                     last_read[id as usize] = Some(e.op);
                 }
             }
-            (ev::OP_END, _) => {
+            (EventKind::OpEnd, _) => {
                 op_end.insert(e.op, i);
             }
             _ => {}
@@ -85,7 +86,7 @@ pub(super) fn idle_at_peak(
     let mut found = Vec::new();
     for (id, b) in births.born.iter().enumerate() {
         let alive = birth[id] <= peak_at && peak_at < freed[id];
-        if !alive || matches!(b.cat, Some(Category::Grad | Category::Opt)) {
+        if !alive || b.device_owned || matches!(b.cat, Some(Category::Grad | Category::Opt)) {
             continue;
         }
         let done = last_read[id].unwrap_or(b.op);
@@ -181,11 +182,11 @@ pub(super) fn idle_by_row(row_at: &[usize], drops: &[(usize, usize, i64)]) -> Ve
 }
 
 /// The step's live bytes after each allocation and free of the profiled device.
-fn curve_of(events: &[TlEvent], births: &Births, start: i64, slot: u8) -> LiveCurve {
+fn curve_of(events: &[Event], births: &Births, start: i64, slot: u8) -> LiveCurve {
     let mut live = start;
     let mut points = Vec::new();
     for (i, e) in events.iter().enumerate() {
-        if !matches!(e.kind, ev::ALLOC | ev::FREE) || e.device != slot {
+        if !matches!(e.kind, EventKind::Alloc | EventKind::Free) || e.device != slot {
             continue;
         }
         if matches!(births.owner[i], Owner::None) {

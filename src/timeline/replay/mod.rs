@@ -16,7 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::ffi::{ev, TlEvent};
+use crate::ffi::{Event, EventKind};
 use crate::names::{Names, MISSING};
 use crate::phase::Phase;
 
@@ -64,6 +64,8 @@ struct Born {
     phase: Phase,
     op: i32,
     cat: Option<Category>,
+    /// Taken by the device for itself (never a tensor's, never idle).
+    device_owned: bool,
 }
 
 /// Pass 2's result.
@@ -82,7 +84,7 @@ fn in_step(generation: u32, start: u32) -> bool {
 /// Replays one iteration's step log into a profile; with `site_name` (the step detail
 /// was on), the blocks idle at its peak too, their sites named by it.
 pub(crate) fn replay(
-    events: &[TlEvent],
+    events: &[Event],
     overflow: bool,
     start: &StepStart,
     slot: u8,
@@ -137,10 +139,10 @@ pub(crate) fn replay(
 }
 
 /// Pass 1: the timeline ops, indexed by their number in the step.
-fn collect_ops(events: &[TlEvent]) -> Vec<OpRec> {
+fn collect_ops(events: &[Event]) -> Vec<OpRec> {
     let n_ops = events
         .iter()
-        .filter(|e| matches!(e.kind, ev::OP_BEGIN | ev::OP_END) && e.op >= 0)
+        .filter(|e| matches!(e.kind, EventKind::OpBegin | EventKind::OpEnd) && e.op >= 0)
         .map(|e| e.op as usize + 1)
         .max()
         .unwrap_or(0);
@@ -151,20 +153,20 @@ fn collect_ops(events: &[TlEvent]) -> Vec<OpRec> {
         }
         let o = &mut ops[e.op as usize];
         match e.kind {
-            ev::OP_BEGIN => {
+            EventKind::OpBegin => {
                 o.name = e.aux;
                 o.var = e.value as i32;
                 o.scope = e.generation as i32 - 1;
                 o.module = (e.ptr > 0).then(|| (e.ptr as i64 - 2) as i32);
-                o.phase.get_or_insert(Phase::from_native(e.phase));
+                o.phase.get_or_insert(e.phase);
             }
-            ev::OP_END => {
+            EventKind::OpEnd => {
                 if o.name < 0 {
                     o.name = e.aux;
                 }
-                o.phase = Some(Phase::from_native(e.phase));
+                o.phase = Some(e.phase);
             }
-            ev::LINK if o.link < 0 && e.aux >= 0 && e.aux < e.op => o.link = e.aux,
+            EventKind::Link if o.link < 0 && e.aux >= 0 && e.aux < e.op => o.link = e.aux,
             _ => {}
         }
     }
@@ -173,12 +175,7 @@ fn collect_ops(events: &[TlEvent]) -> Vec<OpRec> {
 
 /// Pass 2: the category of every block born in the iteration, and the owner of every
 /// alloc/free event of the profiled device.
-fn classify_blocks(
-    events: &[TlEvent],
-    start: &StepStart,
-    slot: u8,
-    consistent: &mut bool,
-) -> Births {
+fn classify_blocks(events: &[Event], start: &StepStart, slot: u8, consistent: &mut bool) -> Births {
     let mut born: Vec<Born> = Vec::new();
     let mut live_born: HashMap<u64, u32> = HashMap::new();
     let mut owner: Vec<Owner> = vec![Owner::None; events.len()];
@@ -186,18 +183,20 @@ fn classify_blocks(
     let mut phase = Phase::Forward;
     for (i, e) in events.iter().enumerate() {
         match e.kind {
-            ev::ALLOC if e.device == slot => {
+            EventKind::Alloc if e.device == slot => {
                 let id = born.len() as u32;
+                let device_owned = start.device_owned.contains(&e.ptr);
                 born.push(Born {
                     bytes: e.value,
-                    phase: Phase::from_native(e.phase),
+                    phase: e.phase,
                     op: e.op,
-                    cat: None,
+                    cat: device_owned.then_some(Category::Other),
+                    device_owned,
                 });
                 live_born.insert(e.ptr, id);
                 owner[i] = Owner::Born(id);
             }
-            ev::FREE if e.device == slot => {
+            EventKind::Free if e.device == slot => {
                 if in_step(e.generation, start.generation) {
                     match live_born.remove(&e.ptr) {
                         Some(id) => {
@@ -210,8 +209,8 @@ fn classify_blocks(
                     owner[i] = Owner::Initial(initial_category(start, e));
                 }
             }
-            ev::PHASE => {
-                let next = Phase::from_native(e.phase);
+            EventKind::Phase => {
+                let next = e.phase;
                 let mut act = HashMap::new();
                 for &id in live_born.values() {
                     let b = &mut born[id as usize];
@@ -252,14 +251,14 @@ fn classify_blocks(
 }
 
 /// The category of a block alive when the iteration began, freed during it.
-fn initial_category(start: &StepStart, e: &TlEvent) -> Category {
+fn initial_category(start: &StepStart, e: &Event) -> Category {
     if start.param.contains_key(&e.ptr) {
         Category::Param
     } else if start.buffer.contains_key(&e.ptr) {
         Category::Buffer
     } else if start.grad.contains_key(&e.ptr) {
         Category::Grad
-    } else if Phase::from_native(e.phase) == Phase::Optimizer {
+    } else if e.phase == Phase::Optimizer {
         Category::Opt
     } else {
         Category::Other
@@ -385,7 +384,7 @@ fn phase_at(ops: &[OpRec], op: i32) -> Option<Phase> {
 /// (`None`: the step's start).
 #[allow(clippy::too_many_arguments)]
 fn live_by_category(
-    events: &[TlEvent],
+    events: &[Event],
     births: &Births,
     start: &StepStart,
     slot: u8,
@@ -419,9 +418,11 @@ fn live_by_category(
     let mut category_max = CategoryBytes::from_signed(&cur);
     let mut rows = Vec::with_capacity(ops.len());
     let mut row_at = Vec::with_capacity(ops.len());
+    // The highest live bytes since the last row.
+    let mut since_row: i64 = total;
     for (i, e) in events.iter().enumerate() {
         match e.kind {
-            ev::ALLOC | ev::FREE if e.device == slot => {
+            EventKind::Alloc | EventKind::Free if e.device == slot => {
                 let cat = match births.owner[i] {
                     Owner::Born(id) => births.born[id as usize].cat.unwrap_or(Category::Other),
                     Owner::Initial(c) => c,
@@ -429,6 +430,7 @@ fn live_by_category(
                 };
                 cur[cat.index()] += e.value;
                 total += e.value;
+                since_row = since_row.max(total);
                 if e.value > 0 {
                     let now = CategoryBytes::from_signed(&cur);
                     category_max.max_with(&now);
@@ -440,17 +442,19 @@ fn live_by_category(
                     }
                 }
             }
-            ev::OP_END if e.op >= 0 && (e.op as usize) < ops.len() => {
+            EventKind::OpEnd if e.op >= 0 && (e.op as usize) < ops.len() => {
                 rows.push(StepRow {
                     op_index: e.op as u32,
                     op: names.get(ops[e.op as usize].name),
-                    phase: Phase::from_native(e.phase),
+                    phase: e.phase,
                     layer: layer_at(op_layer, e.op),
                     bytes: CategoryBytes::from_signed(&cur),
                     allocated_bytes: e.value.max(0) as u64,
+                    peak_bytes: since_row.max(0) as u64,
                     idle_bytes: 0,
                 });
                 row_at.push(i);
+                since_row = total;
             }
             _ => {}
         }
@@ -526,7 +530,7 @@ fn layer_table(
 
 /// Pass 5b: FLOPs by phase and layer, and the ops without a FLOP formula.
 fn count_flops(
-    events: &[TlEvent],
+    events: &[Event],
     ops: &[OpRec],
     op_layer: &[String],
     layers: &mut LayerTable,
@@ -536,9 +540,9 @@ fn count_flops(
     let mut uncounted: HashMap<i32, u64> = HashMap::new();
     for e in events {
         match e.kind {
-            ev::FLOPS => {
+            EventKind::Flops => {
                 let flops = e.value.max(0) as u64;
-                match phase_at(ops, e.op).unwrap_or(Phase::from_native(e.phase)) {
+                match phase_at(ops, e.op).unwrap_or(e.phase) {
                     Phase::Forward => {
                         fwd += flops;
                         layers.entry(&layer_at(op_layer, e.op)).forward_flops += flops;
@@ -550,7 +554,7 @@ fn count_flops(
                     Phase::Optimizer => opt += flops,
                 }
             }
-            ev::UNCOUNTED => *uncounted.entry(e.aux).or_insert(0) += 1,
+            EventKind::Uncounted => *uncounted.entry(e.aux).or_insert(0) += 1,
             _ => {}
         }
     }

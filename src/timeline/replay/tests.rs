@@ -39,55 +39,55 @@ fn torchscript_paths_find_back_the_containers_never_called() {
     }
 }
 
-fn alloc(ptr: u64, bytes: i64, generation: u32, phase: u8, op: i32) -> TlEvent {
-    TlEvent {
-        kind: ev::ALLOC,
-        phase,
+fn alloc(ptr: u64, bytes: i64, generation: u32, phase: u8, op: i32) -> Event {
+    Event {
+        kind: EventKind::Alloc,
+        phase: crate::ffi::phase(phase),
         generation,
         op,
         ptr,
         value: bytes,
-        ..TlEvent::default()
+        ..Event::new(EventKind::Read)
     }
 }
-fn free(ptr: u64, bytes: i64, generation: u32, phase: u8, op: i32) -> TlEvent {
-    TlEvent {
-        kind: ev::FREE,
-        phase,
+fn free(ptr: u64, bytes: i64, generation: u32, phase: u8, op: i32) -> Event {
+    Event {
+        kind: EventKind::Free,
+        phase: crate::ffi::phase(phase),
         generation,
         op,
         ptr,
         value: -bytes,
-        ..TlEvent::default()
+        ..Event::new(EventKind::Read)
     }
 }
-fn begin(op: i32, phase: u8, var: i64) -> TlEvent {
-    TlEvent {
-        kind: ev::OP_BEGIN,
-        phase,
+fn begin(op: i32, phase: u8, var: i64) -> Event {
+    Event {
+        kind: EventKind::OpBegin,
+        phase: crate::ffi::phase(phase),
         op,
         aux: -1,
         value: var,
-        ..TlEvent::default()
+        ..Event::new(EventKind::Read)
     }
 }
-fn end(op: i32, phase: u8, live: i64) -> TlEvent {
-    TlEvent {
-        kind: ev::OP_END,
-        phase,
+fn end(op: i32, phase: u8, live: i64) -> Event {
+    Event {
+        kind: EventKind::OpEnd,
+        phase: crate::ffi::phase(phase),
         op,
         aux: -1,
         value: live,
-        ..TlEvent::default()
+        ..Event::new(EventKind::Read)
     }
 }
-fn phase(generation: u32, p: u8) -> TlEvent {
-    TlEvent {
-        kind: ev::PHASE,
-        phase: p,
+fn phase(generation: u32, p: u8) -> Event {
+    Event {
+        kind: EventKind::Phase,
+        phase: crate::ffi::phase(p),
         generation,
         op: -1,
-        ..TlEvent::default()
+        ..Event::new(EventKind::Read)
     }
 }
 
@@ -180,12 +180,12 @@ fn a_freed_block_of_unknown_birth_marks_the_profile_incomplete() {
     assert!(!p.complete);
 }
 
-fn read(op: i32, ptr: u64) -> TlEvent {
-    TlEvent {
-        kind: ev::READ,
+fn read(op: i32, ptr: u64) -> Event {
+    Event {
+        kind: EventKind::Read,
         op,
         ptr,
-        ..TlEvent::default()
+        ..Event::new(EventKind::Read)
     }
 }
 
@@ -200,7 +200,7 @@ fn idle_blocks_are_those_whose_last_read_returned_before_the_peak() {
         generation: 10,
         ..StepStart::default()
     };
-    let with_site = |mut e: TlEvent, site: i32| {
+    let with_site = |mut e: Event, site: i32| {
         e.aux = site;
         e
     };
