@@ -1,6 +1,6 @@
 //! Compiles the native layer against the libtorch that torch-sys found, turns the
 //! FFI contract's layout table (src/native/memprof.h) into compile-time checks of the
-//! Rust mirrors in src/ffi.rs, and makes this package's binaries (tests, examples,
+//! Rust mirrors in src/ffi/, and makes this package's binaries (tests, examples,
 //! benches) find libtorch without LD_LIBRARY_PATH.
 
 use std::env;
@@ -138,7 +138,7 @@ fn libtorch_version(include: &Path) -> Version {
 
 /// Reads the `MP_SIZE(S, n)`, `MP_FIELD(S, f, o)` and `MP_CONST(C, v)` lines of the
 /// header and writes `$OUT_DIR/layout.rs`: the same numbers asserted on the Rust side
-/// (`MpX` is mirrored as `X`, `MP_C` as `C`), included by src/ffi.rs.
+/// (`MpX` is mirrored as `X`, `MP_C` as `C`), included by src/ffi/mod.rs.
 fn write_layout_checks(header: &Path) {
     let text = fs::read_to_string(header)
         .unwrap_or_else(|e| panic!("tch-memprof: cannot read {}: {e}", header.display()));

@@ -534,7 +534,7 @@ fn the_estimate_names_the_module_of_a_torchscript_peak() {
     assert_eq!(e.peak_layer.as_deref(), Some("1"), "{e:?}");
     let out = cli(&["estimate", path.to_str().unwrap(), "--input", "4x8"]);
     assert!(
-        text(&out.stdout).contains("in module 1 (forward, step 1)"),
+        text(&out.stdout).contains("(forward, step 1, layer 1)"),
         "{}",
         text(&out.stdout)
     );

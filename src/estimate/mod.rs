@@ -562,12 +562,15 @@ pub struct Estimate {
     pub peak_requested: u64,
     /// The op that was running when allocated peaked.
     pub peak_op: String,
-    /// The module of a TorchScript file that op ran in (`blocks.0.attn`, as
-    /// `named_modules()` names it), when the peak falls in the file's forward pass.
+    /// The layer of that op, as the predicted step names it ([`StepProfile`]): the module
+    /// of a TorchScript file it ran in (`blocks.0.attn`, as `named_modules()` names it),
+    /// the layer of the variable it read (`transformer.h.3.mlp.c_fc`), a backward node's
+    /// forward op's; `None` without the predicted step, or before the first layer.
     pub peak_layer: Option<String>,
     /// Its phase.
     pub peak_phase: Phase,
-    /// The training step (1-based) whose peak is the run's peak; 1 for inference.
+    /// The training step (1-based) whose peak is the run's peak (the last such step);
+    /// 1 for inference.
     pub peak_step: u32,
     /// cuBLAS workspaces charged (one per thread that ran a cuBLAS op).
     pub cublas_workspaces: u32,
@@ -624,9 +627,10 @@ pub struct Fit {
     pub memory: u64,
     /// The largest batch whose predicted peak reserved fits; 0 when not even batch 1 does.
     pub batch: i64,
-    /// The estimate at that batch.
+    /// The estimate at that batch ([`Model::estimate`]: with the predicted step).
     pub fits: Option<Estimate>,
-    /// The estimate at the smallest batch tried that does not fit.
+    /// The estimate at the smallest batch tried that does not fit: its peaks, without
+    /// the predicted step.
     pub too_big: Option<Estimate>,
     /// Estimates run during the search.
     pub tries: u32,

@@ -10,7 +10,7 @@ use tch::nn;
 use tch::{Device, Tensor};
 
 use super::models::{self, Chain};
-use super::replay::{peak_step, predicted_step, through_allocator, Device as Replayed, ModelVars};
+use super::replay::{peak_step, predicted_step, through_allocator, ModelVars};
 
 mod dry_run;
 use super::{Estimate, Fit, Input, Mode, Options, NOT_MODELLED};
@@ -19,10 +19,21 @@ use crate::ffi::{self, native, Event};
 use crate::names::{layer_of, Names, MISSING};
 use crate::phase::Phase;
 use crate::timeline::sites::SiteNames;
-use crate::timeline::{StepProfile, VarEntry, UNKNOWN_SITE};
+use crate::timeline::{VarEntry, UNKNOWN_SITE};
 pub(crate) use dry_run::{loss, DryRun};
 
 type ForwardFn = Box<dyn Fn(&[Tensor], bool) -> Tensor>;
+
+/// How much of the predicted step a replay works out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Analysis {
+    /// The peaks and where allocated peaked (the plan's search).
+    Peak,
+    /// The predicted step's anatomy too ([`Estimate::step`]).
+    Step,
+    /// And the blocks idle at its peak.
+    StepAndIdle,
+}
 
 /// A segment of a model given as a chain ([`Model::from_segments`]): `f(input, train)`
 /// returns its output.
@@ -450,57 +461,54 @@ impl Model {
         Ok(vars)
     }
 
-    /// A dry run's events through the allocator under `options`, and its predicted step
-    /// through the step timeline's passes (with the idle blocks when `idle`).
-    fn replayed(
+    /// A dry run's events through the allocator under `options`, and as much of the
+    /// predicted step as `analysis` asks for.
+    pub(super) fn replayed(
         &self,
         run: &DryRun,
         inputs: &[Input],
         mode: Mode,
         options: &Options,
-        idle: bool,
+        analysis: Analysis,
     ) -> Result<Estimate> {
         let device = through_allocator(&self.weights, &run.events, options);
-        let vars = self.vars()?;
-        let mut names = Names::default();
-        let mut sites = (idle && self.user_code).then(SiteNames::new);
-        let mut site_name = |aux: i32| {
-            sites
-                .as_mut()
-                .and_then(|s| s.name_in_model(aux))
-                .unwrap_or_else(|| UNKNOWN_SITE.to_string())
+        let peak = peak_step(&device);
+        let step = match (analysis, peak) {
+            (Analysis::Peak, _) | (_, None) => None,
+            (_, Some(at)) => {
+                let idle = analysis == Analysis::StepAndIdle;
+                let vars = self.vars()?;
+                let mut names = Names::default();
+                let mut sites = (idle && self.user_code).then(SiteNames::new);
+                let mut site_name = |aux: i32| {
+                    sites
+                        .as_mut()
+                        .and_then(|s| s.name_in_model(aux))
+                        .unwrap_or_else(|| UNKNOWN_SITE.to_string())
+                };
+                let mut p = predicted_step(
+                    &device,
+                    at.step,
+                    &vars,
+                    &mut names,
+                    idle.then_some(&mut site_name as &mut dyn FnMut(i32) -> String),
+                );
+                p.device = format!("{} (predicted)", options.gpu.name);
+                Some(p)
+            }
         };
-        let step = peak_step(&device).map(|(step, _)| {
-            let mut p = predicted_step(
-                &device,
-                step,
-                &vars,
-                &mut names,
-                idle.then_some(&mut site_name as &mut dyn FnMut(i32) -> String),
-            );
-            p.device = format!("{} (predicted)", options.gpu.name);
-            p
-        });
-        Ok(self.predicted(&device, step, run, inputs, mode, options))
-    }
-
-    /// The estimate of a replayed dry run.
-    fn predicted(
-        &self,
-        device: &Replayed,
-        step: Option<StepProfile>,
-        run: &DryRun,
-        inputs: &[Input],
-        mode: Mode,
-        options: &Options,
-    ) -> Estimate {
         let stats = device.stats;
-        let peak = step.as_ref().map(|s| &s.peak);
         let steps = match mode {
             Mode::Inference => 1,
             Mode::Train(_) => options.steps.max(1),
         };
-        Estimate {
+        let name = |id: i32| -> Result<String> {
+            Ok(match id {
+                id if id < 0 => MISSING.to_string(),
+                id => ffi::name(id)?.unwrap_or_else(|| MISSING.to_string()),
+            })
+        };
+        Ok(Estimate {
             mode,
             batch: inputs.first().map_or(1, Input::batch),
             weights_bytes: self.weights_bytes,
@@ -509,10 +517,20 @@ impl Model {
             peak_allocated: stats.peak_allocated,
             peak_reserved: stats.peak_reserved,
             peak_requested: stats.peak_requested,
-            peak_op: peak.map_or_else(|| MISSING.to_string(), |p| p.op.clone()),
-            peak_layer: peak.map(|p| p.layer.clone()).filter(|l| l != MISSING),
-            peak_phase: peak.and_then(|p| p.phase).unwrap_or(Phase::Forward),
-            peak_step: step.as_ref().map_or(1, |s| s.step as u32),
+            peak_op: match &step {
+                Some(s) => s.peak.op.clone(),
+                None => name(peak.map_or(-1, |p| p.op))?,
+            },
+            peak_layer: step
+                .as_ref()
+                .map(|s| s.peak.layer.clone())
+                .filter(|l| l != MISSING),
+            peak_phase: step
+                .as_ref()
+                .and_then(|s| s.peak.phase)
+                .or(peak.map(|p| p.phase))
+                .unwrap_or(Phase::Forward),
+            peak_step: peak.map_or(1, |p| p.step),
             cublas_workspaces: device.workspaces[..2].iter().filter(|w| **w).count() as u32,
             cublaslt_workspaces: device.workspaces[2..].iter().filter(|w| **w).count() as u32,
             cublas_workspace_bytes: options.gpu.cublas_workspace,
@@ -525,21 +543,21 @@ impl Model {
             attention: run.attention,
             step_flops: device.flops / u64::from(steps),
             step,
-        }
+        })
     }
 
     /// One dry run replayed under each allocator setting of `allocators` (the trace does
-    /// not depend on them): an estimate per setting, in their order, without the idle
-    /// blocks.
+    /// not depend on them): an estimate per setting, in their order, with its peak but
+    /// not the predicted step ([`Model::replayed`] of the dry run gives it).
     pub(super) fn estimate_each(
         &self,
         inputs: &[Input],
         mode: Mode,
         options: &Options,
         allocators: &[super::AllocatorConfig],
-    ) -> Result<Vec<Estimate>> {
+    ) -> Result<(DryRun, Vec<Estimate>)> {
         let run = self.dry_run(inputs, mode, options, false)?;
-        allocators
+        let estimates = allocators
             .iter()
             .map(|a| {
                 let options = Options {
@@ -547,11 +565,12 @@ impl Model {
                     ..options.clone()
                 };
                 let replayed = Instant::now();
-                let mut e = self.replayed(&run, inputs, mode, &options, false)?;
+                let mut e = self.replayed(&run, inputs, mode, &options, Analysis::Peak)?;
                 e.elapsed = run.elapsed + replayed.elapsed();
                 Ok(e)
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        Ok((run, estimates))
     }
 
     /// Predicts the CUDA peak of `mode` at these inputs (the batch is the first size of
@@ -560,7 +579,7 @@ impl Model {
     pub fn estimate(&self, inputs: &[Input], mode: Mode, options: &Options) -> Result<Estimate> {
         let start = Instant::now();
         let run = self.dry_run(inputs, mode, options, self.user_code)?;
-        let mut e = self.replayed(&run, inputs, mode, options, true)?;
+        let mut e = self.replayed(&run, inputs, mode, options, Analysis::StepAndIdle)?;
         e.elapsed = start.elapsed();
         e.host_peak_rss = ffi::process_memory().ok().map(|(_, peak)| peak);
         if e.unknown_frees > 0 {
@@ -594,10 +613,13 @@ impl Model {
         };
         const MAX_BATCH: i64 = 1 << 24;
         let mut tries = 0;
+        let at_batch = |b: i64| -> Vec<Input> { inputs.iter().map(|i| i.with_batch(b)).collect() };
+        // The search needs the peaks only; the batch found gets the whole estimate.
         let mut at = |b: i64| -> Result<Estimate> {
             tries += 1;
-            let xs: Vec<Input> = inputs.iter().map(|i| i.with_batch(b)).collect();
-            self.estimate(&xs, mode, options)
+            let xs = at_batch(b);
+            let run = self.dry_run(&xs, mode, options, false)?;
+            self.replayed(&run, &xs, mode, options, Analysis::Peak)
         };
         let mut fits: Option<Estimate> = None;
         let mut too_big: Option<Estimate> = None;
@@ -625,6 +647,9 @@ impl Model {
                     too_big = Some(e);
                 }
             }
+        }
+        if let Some(e) = &fits {
+            fits = Some(self.estimate(&at_batch(e.batch), mode, options)?);
         }
         Ok(Fit {
             memory,

@@ -25,6 +25,7 @@ use std::fmt;
 
 use tch::Kind;
 
+use super::model::Analysis;
 use super::text::every_segment;
 use super::{AllocatorConfig, Estimate, Input, Mode, Model, Optimizer, Options};
 use crate::error::{Error, Result};
@@ -520,7 +521,7 @@ impl Model {
             };
             let first = dry_runs == 0;
             dry_runs += 1;
-            let estimates = match self.estimate_each(&xs, Mode::Train(o), &opts, &settings) {
+            let (run, estimates) = match self.estimate_each(&xs, Mode::Train(o), &opts, &settings) {
                 Ok(e) => e,
                 // The step as asked fails: the model does, say so. A lever's
                 // configuration fails (an op autocast refuses): skip it, say why.
@@ -589,10 +590,30 @@ impl Model {
                     .min_by_key(|p| p.estimate.peak_reserved)
                     .expect("the user's settings at least")
             };
-            let chosen = Plan {
+            let mut chosen = Plan {
                 allocator_alternatives: alternatives,
                 ..chosen
             };
+            let kept = if chosen.estimate.peak_reserved <= memory {
+                !fits
+                    .iter()
+                    .any(|f| f.estimate.peak_reserved <= chosen.estimate.peak_reserved)
+            } else {
+                smallest.as_ref().map_or(true, |s| {
+                    chosen.estimate.peak_reserved < s.estimate.peak_reserved
+                })
+            };
+            if kept {
+                // The predicted step of a plan that is kept: its breakdown.
+                let elapsed = chosen.estimate.elapsed;
+                let with_step = Options {
+                    allocator: chosen.config.allocator.clone(),
+                    ..opts.clone()
+                };
+                chosen.estimate =
+                    self.replayed(&run, &xs, Mode::Train(o), &with_step, Analysis::Step)?;
+                chosen.estimate.elapsed = elapsed;
+            }
             if chosen.estimate.peak_reserved <= memory {
                 // A cheaper plan (found before) with a peak no higher beats it.
                 if !fits

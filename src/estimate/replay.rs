@@ -44,8 +44,22 @@ pub(super) struct Device {
     pub allocations: u64,
     /// FLOPs of the run.
     pub flops: u64,
+    /// Each step's peak allocated (from 1, in order), where it was first reached.
+    pub steps: Vec<StepPeak>,
     pub unknown_frees: u64,
     pub refused_requests: u64,
+}
+
+/// The highest allocated bytes of one step of the dry run, and where it was first
+/// reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct StepPeak {
+    /// The step, from 1.
+    pub step: u32,
+    pub bytes: u64,
+    /// The name id of the timeline op that was running (-1: none).
+    pub op: i32,
+    pub phase: Phase,
 }
 
 /// Replays the weights' and the run's events through the caching allocator under
@@ -81,8 +95,28 @@ pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Opti
     let mut baseline = weights_allocated;
     let mut workspaces = [false; 4];
     let (mut allocations, mut flops) = (0u64, 0u64);
+    let mut steps: Vec<StepPeak> = Vec::new();
+    // The name of each op of the step running now, by its index in the step.
+    let mut op_names: HashMap<i32, i32> = HashMap::new();
     for e in run {
+        let before = events.len();
         device(&mut alloc, &mut events, e);
+        match e.kind {
+            EventKind::Phase if steps.last().map_or(true, |s| e.generation > s.step) => {
+                op_names.clear();
+                // A step with no allocation (the loop's end) never holds the peak.
+                steps.push(StepPeak {
+                    step: e.generation,
+                    bytes: 0,
+                    op: -1,
+                    phase: e.phase,
+                });
+            }
+            EventKind::OpBegin => {
+                op_names.insert(e.op, e.aux);
+            }
+            _ => {}
+        }
         match e.kind {
             EventKind::Alloc => allocations += 1,
             EventKind::Flops => flops += e.value.max(0) as u64,
@@ -113,6 +147,18 @@ pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Opti
             }
             _ => {}
         }
+        // The step's peak, at its first allocation that reaches it.
+        for a in &events[before..] {
+            let now = alloc.stats().allocated;
+            match steps.last_mut() {
+                Some(s) if a.kind == EventKind::Alloc && now > s.bytes => {
+                    s.bytes = now;
+                    s.op = op_names.get(&a.op).copied().unwrap_or(-1);
+                    s.phase = a.phase;
+                }
+                _ => {}
+            }
+        }
     }
     Device {
         events,
@@ -122,6 +168,7 @@ pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Opti
         workspaces,
         allocations,
         flops,
+        steps,
         unknown_frees: alloc.unknown_frees(),
         refused_requests: alloc.refused_requests(),
     }
@@ -138,29 +185,12 @@ pub(super) struct ModelVars {
     pub trainable: HashSet<u64>,
 }
 
-/// The step of the dry run (from 1) whose peak allocated is the run's peak: the last
-/// such step (a training step that runs with the optimizer's state in memory), and its
-/// peak. `None` when the run made no step.
-pub(super) fn peak_step(device: &Device) -> Option<(u32, u64)> {
-    let mut live: i64 = 0;
-    let mut step = 0u32;
-    let mut best: Option<(u32, u64)> = None;
-    for e in &device.events {
-        match e.kind {
-            EventKind::Phase => step = step.max(e.generation),
-            EventKind::Alloc | EventKind::Free => {
-                live += e.value;
-                if e.kind == EventKind::Alloc && step > 0 {
-                    let now = live.max(0) as u64;
-                    if best.map_or(true, |(_, b)| now >= b) {
-                        best = Some((step, now));
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    best
+/// The step of the dry run whose peak allocated is the run's peak: the last such step (a
+/// training step that runs with the optimizer's state in memory). `None` when the run
+/// made no step.
+pub(super) fn peak_step(device: &Device) -> Option<StepPeak> {
+    let best = device.steps.iter().map(|s| s.bytes).max()?;
+    device.steps.iter().rev().find(|s| s.bytes == best).copied()
 }
 
 /// The profile of dry-run step `step`, as the step timeline replays a profiled step:

@@ -43,15 +43,15 @@ pub fn table(rows: &[Estimate]) -> String {
     let mut out = t.to_string();
     for e in rows {
         out.push_str(&format!(
-            "\nbatch {}: allocated peaks in {}{} ({}, step {}); attention ran as {}",
+            "\nbatch {}: allocated peaks in {} ({}, step {}{}); attention ran as {}",
             e.batch,
             e.peak_op,
-            e.peak_layer
-                .as_deref()
-                .map(|l| format!(" in module {l}"))
-                .unwrap_or_default(),
             e.peak_phase.name(),
             e.peak_step,
+            e.peak_layer
+                .as_deref()
+                .map(|l| format!(", layer {l}"))
+                .unwrap_or_default(),
             e.attention.label()
         ));
         if let Some(idle) = e.idle().filter(|i| !i.blocks.is_empty()) {
@@ -99,10 +99,10 @@ fn idle_lines(idle: &IdleAtPeak) -> String {
             bytes(g.bytes),
             g.blocks,
             g.op,
-            if g.layer == MISSING {
-                String::new()
-            } else {
-                format!(" in {}", g.layer)
+            match (g.layer.as_str(), g.layers) {
+                (MISSING, _) => String::new(),
+                (l, 1) => format!(" in {l}"),
+                (l, n) => format!(" in {l} and {} more layers", n - 1),
             },
             if g.site == UNKNOWN_SITE {
                 String::new()

@@ -1,14 +1,10 @@
 //! Autocast and random-generator state, for checkpointing and mixed precision (`amp.cpp`).
 
-#[allow(unused_imports)]
-use std::ffi::{c_char, c_void};
+use std::ffi::c_void;
 
-#[allow(unused_imports)]
 use tch::Tensor;
 
-#[allow(unused_imports)]
-use super::{buffer, check, native};
-#[allow(unused_imports)]
+use super::{check, native};
 use crate::error::{Error, Result};
 
 extern "C" {

@@ -1,15 +1,7 @@
 //! The tracking CPU allocator (`cpu_allocator.cpp`).
 
-#[allow(unused_imports)]
-use std::ffi::{c_char, c_void};
-
-#[allow(unused_imports)]
-use tch::Tensor;
-
-#[allow(unused_imports)]
-use super::{buffer, check, native};
-#[allow(unused_imports)]
-use crate::error::{Error, Result};
+use super::check;
+use crate::error::Result;
 
 extern "C" {
     fn memprof_selftest_reenter() -> i32;

@@ -1,14 +1,8 @@
 //! The CUDA caching allocator: statistics, history, snapshots, control (`cuda.cpp`).
 
-#[allow(unused_imports)]
-use std::ffi::{c_char, c_void};
+use std::ffi::c_char;
 
-#[allow(unused_imports)]
-use tch::Tensor;
-
-#[allow(unused_imports)]
-use super::{buffer, check, native};
-#[allow(unused_imports)]
+use super::{check, native};
 use crate::error::{Error, Result};
 
 extern "C" {

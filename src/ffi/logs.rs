@@ -1,15 +1,7 @@
 //! The native logs (`logs.cpp`): the backward log, the step log, the memory history.
 
-#[allow(unused_imports)]
-use std::ffi::{c_char, c_void};
-
-#[allow(unused_imports)]
-use tch::Tensor;
-
-#[allow(unused_imports)]
-use super::{buffer, check, native};
-#[allow(unused_imports)]
-use crate::error::{Error, Result};
+use super::{buffer, check};
+use crate::error::Result;
 
 extern "C" {
     fn memprof_timeline_header(out: *mut TimelineHeader) -> i32;

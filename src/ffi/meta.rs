@@ -1,14 +1,10 @@
 //! The estimator's dry run on the meta device and TorchScript modules (`meta.cpp`).
 
-#[allow(unused_imports)]
 use std::ffi::{c_char, c_void};
 
-#[allow(unused_imports)]
 use tch::Tensor;
 
-#[allow(unused_imports)]
 use super::{buffer, check, native};
-#[allow(unused_imports)]
 use crate::error::{Error, Result};
 
 extern "C" {

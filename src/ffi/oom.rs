@@ -1,15 +1,9 @@
 //! The out-of-memory hook (`oom.cpp`).
 
-#[allow(unused_imports)]
-use std::ffi::{c_char, c_void};
+use std::ffi::c_void;
 
-#[allow(unused_imports)]
-use tch::Tensor;
-
-#[allow(unused_imports)]
-use super::{buffer, check, native};
-#[allow(unused_imports)]
-use crate::error::{Error, Result};
+use super::check;
+use crate::error::Result;
 
 extern "C" {
     fn memprof_set_oom_callback(cb: Option<OomCallback>, ctx: *mut c_void) -> i32;

@@ -1,15 +1,9 @@
 //! The process: resident memory and unlocked writes to standard output (`process.cpp`).
 
-#[allow(unused_imports)]
-use std::ffi::{c_char, c_void};
+use std::ffi::c_char;
 
-#[allow(unused_imports)]
-use tch::Tensor;
-
-#[allow(unused_imports)]
-use super::{buffer, check, native};
-#[allow(unused_imports)]
-use crate::error::{Error, Result};
+use super::check;
+use crate::error::Result;
 
 extern "C" {
     fn memprof_write_stdout(buf: *const c_char, len: usize) -> i32;

@@ -1,14 +1,10 @@
 //! The live-block registry and the blocks behind tensors (`registry.cpp`).
 
-#[allow(unused_imports)]
-use std::ffi::{c_char, c_void};
+use std::ffi::c_void;
 
-#[allow(unused_imports)]
 use tch::Tensor;
 
-#[allow(unused_imports)]
 use super::{buffer, check, native};
-#[allow(unused_imports)]
 use crate::error::{Error, Result};
 
 extern "C" {

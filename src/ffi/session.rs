@@ -1,15 +1,7 @@
 //! The session (`session.cpp`): start and stop, iterations, the state and the device counters.
 
-#[allow(unused_imports)]
-use std::ffi::{c_char, c_void};
-
-#[allow(unused_imports)]
-use tch::Tensor;
-
-#[allow(unused_imports)]
-use super::{buffer, check, native};
-#[allow(unused_imports)]
-use crate::error::{Error, Result};
+use super::check;
+use crate::error::Result;
 
 extern "C" {
     fn memprof_start(want_cuda: i32, timeline_slot: i32, leaks: i32) -> i32;

@@ -1,5 +1,5 @@
 // tch-memprof's FFI contract: every struct, enum and function that crosses between the
-// native layer (src/native/*.cpp) and Rust (src/ffi.rs) is defined here, once.
+// native layer (src/native/*.cpp) and Rust (src/ffi/) is defined here, once.
 //
 // Layout checks on both sides come from the MP_SIZE / MP_FIELD / MP_CONST lines below:
 // the C++ side turns them into static_asserts at the end of this file, and build.rs
@@ -571,10 +571,10 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_FIELD(MpAutocast, dtype, 4)
 
 #ifdef __cplusplus
-#define MP_ASSERT_SIZE(S, n) static_assert(sizeof(S) == (n), "size of " #S " (mirrored in src/ffi.rs)");
+#define MP_ASSERT_SIZE(S, n) static_assert(sizeof(S) == (n), "size of " #S " (mirrored in src/ffi/)");
 #define MP_ASSERT_FIELD(S, f, o) \
-  static_assert(offsetof(S, f) == (o), "offset of " #S "." #f " (mirrored in src/ffi.rs)");
-#define MP_ASSERT_CONST(c, v) static_assert((c) == (v), "value of " #c " (mirrored in src/ffi.rs)");
+  static_assert(offsetof(S, f) == (o), "offset of " #S "." #f " (mirrored in src/ffi/)");
+#define MP_ASSERT_CONST(c, v) static_assert((c) == (v), "value of " #c " (mirrored in src/ffi/)");
 MP_LAYOUT_TABLE(MP_ASSERT_SIZE, MP_ASSERT_FIELD, MP_ASSERT_CONST)
 #undef MP_ASSERT_SIZE
 #undef MP_ASSERT_FIELD

@@ -6,7 +6,7 @@
 //! - `terminal`: tables on standard output, and the text of leak and OOM reports;
 //! - `csv`: the run's CSV files, and a profiled step's timeline, layers and idle CSV;
 //! - `idle_text`: the terminal section of the blocks idle at a step's peak;
-//! - `html`: the run's HTML report, rebuilt from its CSV files;
+//! - `html_page`: the run's HTML report, rebuilt from its CSV files;
 //! - `plot`: a profiled step's plot (PNG or SVG);
 //! - `snapshot`: memory snapshots in the pickle format of PyTorch's memory viewer;
 //! - `oom_files`: the report and snapshot files of an out-of-memory error.

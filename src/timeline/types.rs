@@ -297,8 +297,9 @@ pub struct IdleSite {
     pub peak_if_dropped: u64,
 }
 
-/// Idle blocks made by one op in one layer and last read by one op: what one `drop` in
-/// the loop's code frees.
+/// Idle blocks made by one op at one source line and last read by one op: what one
+/// `drop` in the loop's code frees (a line that runs in every layer of a model makes
+/// one group across them).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct IdleGroup {
@@ -308,11 +309,14 @@ pub struct IdleGroup {
     pub blocks: usize,
     /// The op that made them.
     pub op: String,
-    /// That op's layer.
+    /// The layer of the largest of them.
     pub layer: String,
+    /// How many layers they were made in.
+    pub layers: usize,
     /// The op that read them last ([`MISSING`](crate::names::MISSING): none did).
     pub last_read_op: String,
-    /// The source line of its largest block whose line is known, else [`UNKNOWN_SITE`].
+    /// The source line that made them (as [`IdleBlock::site`]; [`UNKNOWN_SITE`]: no
+    /// frame of the model's code).
     pub site: String,
     /// The step's peak had these been freed right after their last read.
     pub peak_if_dropped: u64,
@@ -339,38 +343,41 @@ pub struct IdleAtPeak {
 }
 
 impl IdleAtPeak {
-    /// The idle blocks by the op that made them, its layer and the op that read them
-    /// last, most bytes first.
+    /// The idle blocks by the op that made them, the source line that made them and the
+    /// op that read them last, most bytes first.
     pub fn groups(&self) -> Vec<IdleGroup> {
         type Key<'a> = (&'a str, &'a str, &'a str);
+        let key = |b: &'_ IdleBlock| -> (String, String, String) {
+            (b.op.clone(), b.site.clone(), b.last_read_op.clone())
+        };
         let mut by_key: Vec<(Key<'_>, Vec<&IdleBlock>)> = Vec::new();
         let mut index: HashMap<Key<'_>, usize> = HashMap::new();
         for b in &self.blocks {
-            let key = (b.op.as_str(), b.layer.as_str(), b.last_read_op.as_str());
-            let i = *index.entry(key).or_insert_with(|| {
-                by_key.push((key, Vec::new()));
+            let k = (b.op.as_str(), b.site.as_str(), b.last_read_op.as_str());
+            let i = *index.entry(k).or_insert_with(|| {
+                by_key.push((k, Vec::new()));
                 by_key.len() - 1
             });
             by_key[i].1.push(b);
         }
         let mut groups: Vec<IdleGroup> = by_key
             .into_iter()
-            .map(|((op, layer, read), blocks)| IdleGroup {
-                bytes: blocks.iter().map(|b| b.bytes).sum(),
-                blocks: blocks.len(),
-                op: op.to_string(),
-                layer: layer.to_string(),
-                last_read_op: read.to_string(),
-                // `blocks` are largest first.
-                site: blocks
-                    .iter()
-                    .map(|b| b.site.as_str())
-                    .find(|s| *s != UNKNOWN_SITE)
-                    .unwrap_or(UNKNOWN_SITE)
-                    .to_string(),
-                peak_if_dropped: self.peak_if_dropped_where(|b| {
-                    (b.op.as_str(), b.layer.as_str(), b.last_read_op.as_str()) == (op, layer, read)
-                }),
+            .map(|((op, site, read), blocks)| {
+                let mut layers: Vec<&str> = blocks.iter().map(|b| b.layer.as_str()).collect();
+                layers.sort_unstable();
+                layers.dedup();
+                let wanted = (op.to_string(), site.to_string(), read.to_string());
+                IdleGroup {
+                    bytes: blocks.iter().map(|b| b.bytes).sum(),
+                    blocks: blocks.len(),
+                    op: op.to_string(),
+                    // `blocks` are largest first.
+                    layer: blocks[0].layer.clone(),
+                    layers: layers.len(),
+                    last_read_op: read.to_string(),
+                    site: site.to_string(),
+                    peak_if_dropped: self.peak_if_dropped_where(|b| key(b) == wanted),
+                }
             })
             .collect();
         groups.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.op.cmp(&b.op)));

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Fails when docs/architecture.md and the tree disagree.
+
+- Every source file under src/ (Rust, C++ and its headers, the report page's script and
+  style) must be named in docs/architecture.md by its path below src/, in backquotes
+  (`estimate/replay.rs`, `native/dryrun/trace.cpp`).
+- Every such path the document names must exist.
+- Every `src/...` path of this crate's modules named in the sources, the build script,
+  the scripts, the tests, the README and docs/ must exist (a comment naming a file that
+  moved is caught here; other projects' `src/` paths, tch's or PyTorch's, are not
+  this crate's modules and are left alone).
+
+Prints what is missing or stale; exit 1 if anything is.
+
+    python3 scripts/architecture-check.py
+"""
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+DOC = ROOT / "docs" / "architecture.md"
+SOURCE_SUFFIXES = {".rs", ".cpp", ".h", ".js", ".css"}
+
+
+def sources() -> set[str]:
+    return {
+        p.relative_to(SRC).as_posix()
+        for p in SRC.rglob("*")
+        if p.is_file() and p.suffix in SOURCE_SUFFIXES
+    }
+
+
+def main() -> int:
+    problems = []
+    files = sources()
+    doc = DOC.read_text()
+    named = set(re.findall(r"`([a-z_][a-z0-9_/.-]*\.(?:rs|cpp|h|js|css))`", doc))
+    for f in sorted(files - named):
+        problems.append(f"docs/architecture.md does not name src/{f}")
+    for f in sorted(n for n in named if "/" in n or n in files):
+        if f not in files and not (ROOT / f).exists():
+            problems.append(f"docs/architecture.md names {f}, which does not exist under src/")
+    mention = re.compile(r"(?<![\w/.-])src/([A-Za-z0-9_./-]+\.(?:rs|cpp|h|js|css))\b")
+    # The crate's modules: what a path of ours begins with.
+    ours = {Path(f).parts[0].split(".")[0] for f in files}
+    texts = [ROOT / "README.md", ROOT / "build.rs", *ROOT.glob("docs/*.md")]
+    texts += [p for p in SRC.rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES]
+    texts += [p for p in (ROOT / "scripts").rglob("*") if p.is_file()]
+    texts += [p for p in (ROOT / "tests").rglob("*.rs")]
+    for t in texts:
+        for m in mention.finditer(t.read_text(errors="replace")):
+            first = Path(m.group(1)).parts[0].split(".")[0]
+            if first in ours and m.group(1) not in files:
+                problems.append(f"{t.relative_to(ROOT)} names src/{m.group(1)}, which does not exist")
+    for p in problems:
+        print(p)
+    print(f"architecture check: {len(files)} source files, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
