@@ -1,4 +1,5 @@
-//! Compiles the native layer against the libtorch that torch-sys found, turns the
+//! Compiles the native layer against the libtorch that torch-sys found (only the files
+//! an edit touched, from the compiler's own dependency lists), turns the
 //! FFI contract's layout table (src/native/memprof.h) into compile-time checks of the
 //! Rust mirrors in src/ffi/, and makes this package's binaries (tests, examples,
 //! benches) find libtorch without LD_LIBRARY_PATH.
@@ -9,26 +10,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 const NATIVE: &str = "src/native";
-const SOURCES: [&str; 18] = [
-    "amp.cpp",
-    "api.cpp",
-    "attention.cpp",
-    "counters.cpp",
-    "cpu_allocator.cpp",
-    "cuda.cpp",
-    "flops.cpp",
-    "logs.cpp",
-    "meta.cpp",
-    "meta_autocast.cpp",
-    "meta_kernels.cpp",
-    "names.cpp",
-    "oom.cpp",
-    "ops.cpp",
-    "process.cpp",
-    "registry.cpp",
-    "session.cpp",
-    "sites.cpp",
-];
 
 fn main() {
     println!("cargo:rerun-if-changed={NATIVE}");
@@ -72,9 +53,9 @@ fn main() {
         .include(root.join("include/torch/csrc/api/include"))
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations");
-    for s in SOURCES {
-        build.file(Path::new(NATIVE).join(s));
-    }
+    let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let objects = compile_changed(&build, &native_sources(Path::new(NATIVE)), &out_dir);
+    build.objects(&objects);
     build.compile("tch_memprof_native");
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
@@ -182,4 +163,103 @@ fn write_layout_checks(header: &Path) {
     );
     let dest = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("layout.rs");
     fs::write(&dest, out).unwrap_or_else(|e| panic!("cannot write {}: {e}", dest.display()));
+}
+
+/// Every C++ file under `dir`, in a stable order.
+fn native_sources(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let entries = fs::read_dir(&d).unwrap_or_else(|e| panic!("reading {}: {e}", d.display()));
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                todo.push(path);
+            } else if path.extension().is_some_and(|x| x == "cpp") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Compiles each of `sources` into an object under `out_dir/native`, unless its object
+/// is newer than the source and than every header the compiler read for it (its `-MMD`
+/// list) and the compiler's command is the last build's: an edit to one file recompiles
+/// that file and the files that include what changed, not the whole layer against
+/// libtorch's headers. `NUM_JOBS` compilers at once. Returns every object.
+fn compile_changed(build: &cc::Build, sources: &[PathBuf], out_dir: &Path) -> Vec<PathBuf> {
+    let dir = out_dir.join("native");
+    fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    let tool = build.get_compiler();
+    let command = format!("{:?} {:?}", tool.path(), tool.args());
+    let stamp = dir.join("command");
+    let same_command = fs::read_to_string(&stamp).is_ok_and(|c| c == command);
+    let jobs: usize = env::var("NUM_JOBS")
+        .ok()
+        .and_then(|j| j.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let mut objects = Vec::new();
+    let mut todo = Vec::new();
+    for src in sources {
+        let name = src
+            .strip_prefix(NATIVE)
+            .unwrap_or(src)
+            .to_string_lossy()
+            .replace('/', "_");
+        let obj = dir.join(format!("{name}.o"));
+        let dep = dir.join(format!("{name}.d"));
+        if !same_command || stale(&obj, &dep) {
+            todo.push((src.clone(), obj.clone(), dep));
+        }
+        objects.push(obj);
+    }
+    for batch in todo.chunks(jobs) {
+        let running: Vec<_> = batch
+            .iter()
+            .map(|(src, obj, dep)| {
+                let mut cmd = tool.to_command();
+                cmd.arg("-MMD").arg("-MF").arg(dep);
+                cmd.arg("-c").arg(src).arg("-o").arg(obj);
+                let child = cmd
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("running the C++ compiler for {}: {e}", src.display()));
+                (src, obj, child)
+            })
+            .collect();
+        for (src, obj, mut child) in running {
+            let ok = child.wait().is_ok_and(|s| s.success());
+            if !ok {
+                let _ = fs::remove_file(obj);
+                panic!("tch-memprof: compiling {} failed (see above)", src.display());
+            }
+        }
+    }
+    fs::write(&stamp, command).unwrap_or_else(|e| panic!("writing {}: {e}", stamp.display()));
+    objects
+}
+
+/// Whether `obj` must be compiled again: missing, or older than a file its dependency
+/// list `dep` names (the source and the headers it read), or the list is missing.
+fn stale(obj: &Path, dep: &Path) -> bool {
+    let (Ok(built), Ok(deps)) = (
+        fs::metadata(obj).and_then(|m| m.modified()),
+        fs::read_to_string(dep),
+    ) else {
+        return true;
+    };
+    // `obj: src header header \` lines: every path after the colon.
+    let Some((_, paths)) = deps.split_once(": ") else {
+        return true;
+    };
+    paths
+        .split_whitespace()
+        .filter(|p| *p != "\\")
+        .any(|p| {
+            fs::metadata(p)
+                .and_then(|m| m.modified())
+                .map_or(true, |t| t > built)
+        })
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compiles the native layer (src/native/*.cpp) against another libtorch's headers, syntax
+# Compiles the native layer (every .cpp under src/native/) against another libtorch's headers, syntax
 # only, with the C++ standard build.rs would pick from that libtorch's version header:
 # a check for libtorch versions no tch release pairs with (2.12), where the whole suite
 # cannot run. Downloads the wheel's files without its dependencies (about 1 GB, once).
@@ -20,12 +20,12 @@ minor=$(sed -n 's/^#define TORCH_VERSION_MINOR \([0-9]*\).*/\1/p' "$inc/torch/he
 std=c++17
 [ "${minor:-0}" -ge 13 ] && std=c++20
 status=0
-for f in "$root"/src/native/*.cpp; do
+while IFS= read -r f; do
   if g++ -std=$std -fsyntax-only -DNDEBUG -D_GLIBCXX_USE_CXX11_ABI=1 -Wall -Wno-unused-parameter \
       -Wno-deprecated-declarations -I"$inc" -I"$inc/torch/csrc/api/include" "$f"; then
-    echo "native-syntax-check: $(basename "$f") compiles against libtorch $version ($std)"
+    echo "native-syntax-check: ${f#$root/src/native/} compiles against libtorch $version ($std)"
   else
     status=1
   fi
-done
+done < <(find "$root/src/native" -name '*.cpp' | sort)
 exit $status

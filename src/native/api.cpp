@@ -14,6 +14,8 @@
 #include <string>
 
 #include "internal.h"
+#include "dryrun/dryrun.h"
+#include "script/script.h"
 
 namespace memprof {
 

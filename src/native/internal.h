@@ -36,7 +36,7 @@
 #include <utility>
 #include <vector>
 
-#include "flops.h"
+#include "flops/flops.h"
 #include "memprof.h"
 
 namespace memprof {
@@ -545,52 +545,5 @@ void autocast_exit(int32_t device_type, const MpAutocast* prev);
 // The default generator's state as a new tensor handle in *out.
 void rng_get(int32_t device_type, int32_t index, void** out);
 void rng_set(int32_t device_type, int32_t index, const at::Tensor& state);
-
-// ---------------------------------------------------------------------------------
-// The estimator's dry run on the meta device (meta.cpp).
-
-bool meta_begin();
-void meta_end();
-void meta_mark(int32_t what);
-bool meta_sites(bool on);
-uint64_t meta_read(MpTlEvent* out, uint64_t cap, uint64_t* total);
-bool meta_ensure_ready();
-at::Tensor* meta_empty(const int64_t* sizes, size_t n, const at::Tensor& like);
-void meta_convert(at::Tensor* t);
-void* script_load(const char* path);
-void script_free(void* m);
-void script_train(void* m, bool on);
-at::Tensor* script_forward(void* m, const at::Tensor* const* inputs, size_t n);
-std::vector<std::pair<std::string, at::Tensor>> script_tensors(void* m, int32_t which);
-int script_tensor(void* m, int32_t which, uint64_t index, uint64_t* n, void** tensor,
-                  char* name_buf, size_t len, uint64_t* name_len);
-// meta_kernels.cpp: the meta kernels libtorch's C++ lacks (at the first trace).
-void register_meta_kernels();
-// Whether a meta trace (an estimate's dry run) is on.
-bool meta_trace_on();
-// The dry run's side of the op recorder (ops.cpp's DryRunSink): its phase (set by its
-// marks), its training step (from 1), the trace's live bytes, a new op number in the
-// step, an event appended to the trace, the hooks at an op's start and end (depth: its
-// nesting on this thread), and the buffer the module path of the op running goes to.
-uint32_t meta_phase();
-uint32_t meta_step();
-int64_t meta_live();
-int32_t meta_next_op();
-void meta_append(const MpTlEvent& e);
-void dry_run_op_started(const at::RecordFunction& fn, int depth);
-void dry_run_op_ended(const at::RecordFunction& fn, int depth);
-char* dry_run_module_buf();
-// Whether a TorchScript interpreter runs on this thread; if so, buf (cap bytes) gets the
-// innermost module's path as named_modules() names it (`layer4.0.conv2`; empty for the
-// root module's own ops) and *fits whether it fitted.
-bool script_module_path(char* buf, size_t cap, bool* fits);
-// attention.cpp: scaled_dot_product_attention as CUDA runs it in a dry run.
-void register_attention_kernels();
-void set_attention(int32_t sm, int32_t backend);
-void attention_get(MpAttention* out);
-// meta_autocast.cpp: autocast in the dry run (kernels registered at the first begin).
-bool meta_autocast_begin(int32_t list, int32_t dtype);
-void meta_autocast_end();
-std::string autocast_listing(int32_t which);
 
 }  // namespace memprof

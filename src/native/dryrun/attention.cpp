@@ -26,7 +26,7 @@
 #include <string>
 #include <tuple>
 
-#include "internal.h"
+#include "dryrun.h"
 
 namespace memprof {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <thread>
 
-#include "internal.h"
+#include "../internal.h"
 
 namespace memprof {
 

@@ -14,9 +14,6 @@
 //   adopt outputs sized without the allocator.
 // - Kernels libtorch's C++ lacks on the meta device are registered at the first trace
 //   (meta_kernels.cpp: each allocates what the CUDA kernel allocates).
-// - TorchScript modules loaded straight onto the meta device (the weights' bytes are
-//   read from the file and dropped), their scalar constants kept on the CPU with their
-//   values (a traced `size // heads` divides by one).
 //
 // The trace is for the estimator's dry runs, never for a user's training loop; its
 // allocator and the op recorder still keep the hot-path rules (atomics, no lock, no
@@ -27,11 +24,6 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
-#include <torch/csrc/jit/api/module.h>
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/ir/ir.h>
-#include <torch/csrc/jit/serialization/import.h>
-#include <torch/csrc/jit/serialization/import_read.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -40,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "internal.h"
+#include "dryrun.h"
 
 namespace memprof {
 namespace {
@@ -394,179 +386,6 @@ void meta_convert(at::Tensor* t) {
   }
   at::Tensor m = at::empty_strided(t->sizes(), t->strides(), t->options().device(at::kMeta));
   t->unsafeGetTensorImpl()->shallow_copy_from(m.getIntrusivePtr());
-}
-
-namespace {
-// The index N of a constant node compiled from `CONSTANTS.cN` in the file's code.
-int64_t constant_index(const torch::jit::Node* n) {
-  const std::string text = n->sourceRange().source() ? n->sourceRange().text().str() : std::string();
-  const std::string prefix = "CONSTANTS.c";
-  const auto at = text.rfind(prefix);
-  if (at == std::string::npos) {
-    return -1;
-  }
-  int64_t index = 0;
-  size_t k = at + prefix.size();
-  if (k == text.size()) {
-    return -1;
-  }
-  for (; k < text.size() && text[k] >= '0' && text[k] <= '9'; ++k) {
-    index = index * 10 + (text[k] - '0');
-  }
-  return k == text.size() ? index : -1;
-}
-
-void restore_scalars(torch::jit::Block* block, const std::vector<at::Tensor>& values) {
-  for (torch::jit::Node* n : block->nodes()) {
-    for (torch::jit::Block* b : n->blocks()) {
-      restore_scalars(b, values);
-    }
-    if (n->kind() != c10::prim::Constant || !n->hasAttribute(c10::attr::value) ||
-        n->kindOf(c10::attr::value) != torch::jit::AttributeKind::t) {
-      continue;
-    }
-    const at::Tensor& now = n->t(c10::attr::value);
-    const int64_t i = constant_index(n);
-    if (!now.is_meta() || now.dim() != 0 || i < 0 || size_t(i) >= values.size()) {
-      continue;
-    }
-    const at::Tensor& saved = values[size_t(i)];
-    if (saved.defined() && saved.dim() == 0 && saved.scalar_type() == now.scalar_type()) {
-      n->t_(c10::attr::value, saved);
-    }
-  }
-}
-
-// Loading onto the meta device drops every tensor's values, the file's constants' too.
-// A traced model computes sizes with its scalar constants (`C // heads` becomes
-// `aten::floor_divide(C, {4})` then `aten::Int`), which needs their values: they are
-// read again from the file's constants on the CPU (scalars only: larger constants stay
-// on the meta device with the weights) and put back into the graphs.
-void restore_scalar_constants(torch::jit::Module& m, const std::string& path) {
-  std::vector<at::Tensor> values;
-  try {
-    caffe2::serialize::PyTorchStreamReader reader(path);
-    if (!reader.hasRecord("constants.pkl")) {
-      return;
-    }
-    const c10::IValue table = torch::jit::readArchiveAndTensors(
-        "constants", "", "", std::nullopt, std::nullopt, c10::Device(c10::kCPU), reader);
-    if (!table.isTuple()) {
-      return;
-    }
-    for (const c10::IValue& v : table.toTupleRef().elements()) {
-      values.push_back(v.isTensor() && v.toTensor().dim() == 0 ? v.toTensor() : at::Tensor());
-    }
-  } catch (const std::exception&) {
-    return;  // constants this reader cannot read: the dry run says where a value was missing
-  }
-  for (const torch::jit::Module& sub : m.modules()) {
-    for (const torch::jit::Method& method : sub.get_methods()) {
-      restore_scalars(method.graph()->block(), values);
-    }
-  }
-}
-}  // namespace
-
-void* script_load(const char* path) {
-  // Without the debug files, each node's source range is the file's own code, where a
-  // constant reads `CONSTANTS.cN` (restore_scalar_constants matches them by it).
-  torch::jit::ExtraFilesMap extra;
-  auto m = torch::jit::load(std::string(path), c10::Device(c10::kMeta), extra,
-                            /*load_debug_files=*/false);
-  restore_scalar_constants(m, path);
-  return new torch::jit::Module(std::move(m));
-}
-
-void script_free(void* m) {
-  delete static_cast<torch::jit::Module*>(m);
-}
-
-void script_train(void* m, bool on) {
-  static_cast<torch::jit::Module*>(m)->train(on);
-}
-
-at::Tensor* script_forward(void* m, const at::Tensor* const* inputs, size_t n) {
-  std::vector<c10::IValue> args;
-  args.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    args.emplace_back(*inputs[i]);
-  }
-  tls_script_module[0] = 0;
-  c10::IValue out;
-  try {
-    out = static_cast<torch::jit::Module*>(m)->forward(std::move(args));
-  } catch (const c10::Error& e) {
-    // Name the module the failing op ran in (`in module blocks.0.attn: ...`).
-    if (meta_trace_on() && tls_script_module[0] != 0) {
-      TORCH_CHECK(false, "in module ", tls_script_module, ": ", e.what_without_backtrace());
-    }
-    throw;
-  }
-  // The first tensor of what forward returns (a tensor, or a tuple/list/dict holding one).
-  std::vector<c10::IValue> todo{out};
-  while (!todo.empty()) {
-    c10::IValue v = std::move(todo.back());
-    todo.pop_back();
-    if (v.isTensor()) {
-      return new at::Tensor(v.toTensor());
-    }
-    if (v.isTuple()) {
-      const auto& elems = v.toTupleRef().elements();
-      for (size_t k = elems.size(); k-- > 0;) {
-        todo.push_back(elems[k]);
-      }
-    } else if (v.isList()) {
-      const auto list = v.toListRef();
-      for (size_t k = list.size(); k-- > 0;) {
-        todo.push_back(list[k]);
-      }
-    } else if (v.isGenericDict()) {
-      for (const auto& kv : v.toGenericDict()) {
-        todo.insert(todo.begin(), kv.value());
-      }
-    }
-  }
-  TORCH_CHECK(false, "the module's forward returned no tensor");
-}
-
-// Parameters (which = 0) or buffers (1) of a module, recursively, in the module's order.
-std::vector<std::pair<std::string, at::Tensor>> script_tensors(void* m, int32_t which) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  auto* mod = static_cast<torch::jit::Module*>(m);
-  if (which == 0) {
-    for (const auto& p : mod->named_parameters(/*recurse=*/true)) {
-      out.emplace_back(p.name, p.value);
-    }
-  } else {
-    for (const auto& b : mod->named_buffers(/*recurse=*/true)) {
-      out.emplace_back(b.name, b.value);
-    }
-  }
-  return out;
-}
-
-// What memprof_script_tensor hands back: the count of `which`'s tensors in *n and, when
-// `index` is below it, that tensor (a new handle) and its name.
-int script_tensor(void* m, int32_t which, uint64_t index, uint64_t* n, void** tensor,
-                  char* name_buf, size_t len, uint64_t* name_len) {
-  auto all = script_tensors(m, which);
-  *n = all.size();
-  if (index >= all.size()) {
-    return 0;
-  }
-  if (!given(tensor, "memprof_script_tensor") || !given(name_len, "memprof_script_tensor")) {
-    return -1;
-  }
-  const std::string& name = all[index].first;
-  *name_len = name.size();
-  if (name_buf && len > 0) {
-    const size_t k = std::min(len - 1, name.size());
-    std::memcpy(name_buf, name.data(), k);
-    name_buf[k] = 0;
-  }
-  *tensor = new at::Tensor(all[index].second);
-  return 0;
 }
 
 }  // namespace memprof

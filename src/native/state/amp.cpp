@@ -8,7 +8,7 @@
 
 #include <mutex>
 
-#include "internal.h"
+#include "../internal.h"
 
 namespace memprof {
 

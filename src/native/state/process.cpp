@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "internal.h"
+#include "../internal.h"
 
 namespace memprof {
 

@@ -1,6 +1,6 @@
 // Generation slots, device counters, phase transitions, and the hooks' re-entry count.
 
-#include "internal.h"
+#include "../internal.h"
 
 namespace memprof {
 

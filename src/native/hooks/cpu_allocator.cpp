@@ -9,7 +9,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
-#include "internal.h"
+#include "../internal.h"
 
 namespace memprof {
 

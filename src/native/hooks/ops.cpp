@@ -26,15 +26,14 @@
 // innermost module running it: its path as PyTorch's named_modules() writes it
 // (`layer4.0.conv2`), read from the interpreter's module hierarchy.
 
-#include <torch/csrc/jit/runtime/interpreter.h>
-
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <vector>
 
-#include "internal.h"
+#include "../dryrun/dryrun.h"
+#include "../script/script.h"
 
 namespace memprof {
 
@@ -101,58 +100,7 @@ inline int32_t first_variable(
   return -1;
 }
 
-// ---------------------------------------------------------------------------------
-// The TorchScript module running on this thread.
-
-// The module path in one entry of the interpreter's module hierarchy: entries read
-// `TOP(ResNet)::forward` (the root), `layer4(Sequential)::forward`, `0(BasicBlock)::forward`,
-// `SELF(Conv2d)::_conv_forward` (a method of the module above), `::relu` or
-// `CALL_FUNCTION::relu` (free functions). Appends `.instance` to buf (at `*len`) for a
-// submodule entry; false when the path does not fit.
-inline bool append_instance(const std::string& entry, char* buf, size_t cap, size_t* len) {
-  const size_t paren = entry.find('(');
-  const size_t colons = entry.find("::");
-  if (paren == std::string::npos || paren == 0 || (colons != std::string::npos && colons < paren)) {
-    return true;  // a free function: no module
-  }
-  const char* name = entry.data();
-  if ((paren == 4 && std::strncmp(name, "SELF", 4) == 0) ||
-      (paren == 3 && std::strncmp(name, "TOP", 3) == 0) ||
-      (paren == 21 && std::strncmp(name, "INSTANCE_NAME_UNKNOWN", 21) == 0)) {
-    return true;
-  }
-  const size_t sep = *len > 0 ? 1 : 0;
-  if (*len + sep + paren >= cap) {
-    return false;
-  }
-  if (sep) {
-    buf[(*len)++] = '.';
-  }
-  std::memcpy(buf + *len, name, paren);
-  *len += paren;
-  buf[*len] = 0;
-  return true;
-}
-
-// Whether this thread runs TorchScript now; if so, *layer1 gets the name id + 1 of the
-// innermost module's path (0 for the root module's own ops, or a path that does not fit
-// a name). Costs one call returning an empty vector when no TorchScript runs.
 }  // namespace
-
-bool script_module_path(char* buf, size_t cap, bool* fits) {
-  const std::vector<std::string> frames = torch::jit::currentModuleHierarchy();
-  if (frames.empty()) {
-    return false;
-  }
-  size_t len = 0;
-  buf[0] = 0;
-  *fits = true;
-  // The first entry is the root module (TOP) or the function the interpreter was given.
-  for (size_t k = 1; k < frames.size() && *fits; ++k) {
-    *fits = append_instance(frames[k], buf, cap, &len);
-  }
-  return true;
-}
 
 namespace {
 // Whether TorchScript runs on this thread; if so *layer1 gets its module path's name id

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "internal.h"
+#include "../internal.h"
 
 namespace memprof {
 

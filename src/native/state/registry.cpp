@@ -15,7 +15,7 @@
 #include <cstring>
 #include <thread>
 
-#include "internal.h"
+#include "../internal.h"
 
 namespace memprof {
 

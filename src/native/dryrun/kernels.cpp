@@ -19,10 +19,11 @@
 #include <algorithm>
 #include <array>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
-#include "internal.h"
+#include "dryrun.h"
 
 namespace memprof {
 namespace {
@@ -281,62 +282,55 @@ bool has_meta_kernel(const char* name, const char* overload) {
   return op.has_value() && op->hasKernelForDispatchKey(c10::DispatchKey::Meta);
 }
 
+
+// The kernels above, by the op (and overload) each is the meta kernel of.
+struct MetaKernel {
+  const char* op;        // `name` or `name.overload`
+  torch::CppFunction (*kernel)();
+};
+
+const MetaKernel kMetaKernels[] = {
+    {"convolution_overrideable", [] { return torch::CppFunction(TORCH_FN(conv_meta)); }},
+    {"convolution_backward_overrideable",
+     [] { return torch::CppFunction(TORCH_FN(conv_backward_meta)); }},
+    {"native_batch_norm", [] { return torch::CppFunction(TORCH_FN(batch_norm_meta)); }},
+    {"native_batch_norm_backward",
+     [] { return torch::CppFunction(TORCH_FN(batch_norm_backward_meta)); }},
+    {"_adaptive_avg_pool2d",
+     [] { return torch::CppFunction(TORCH_FN(adaptive_avg_pool2d_meta)); }},
+    {"_adaptive_avg_pool2d_backward",
+     [] { return torch::CppFunction(TORCH_FN(adaptive_avg_pool2d_backward_meta)); }},
+    {"relu", [] { return torch::CppFunction(TORCH_FN(unary_meta)); }},
+    {"relu_", [] { return torch::CppFunction(TORCH_FN(unary_inplace_meta)); }},
+    {"hardswish_backward", [] { return torch::CppFunction(TORCH_FN(hardswish_backward_meta)); }},
+    {"native_dropout", [] { return torch::CppFunction(TORCH_FN(native_dropout_meta)); }},
+    {"native_dropout_backward",
+     [] { return torch::CppFunction(TORCH_FN(native_dropout_backward_meta)); }},
+    {"index_select", [] { return torch::CppFunction(TORCH_FN(index_select_meta)); }},
+    {"where.self", [] { return torch::CppFunction(TORCH_FN(where_meta)); }},
+    {"where.self_out", [] { return torch::CppFunction(TORCH_FN(where_out_meta)); }},
+    {"native_layer_norm_backward",
+     [] { return torch::CppFunction(TORCH_FN(layer_norm_backward_meta)); }},
+    {"embedding_dense_backward",
+     [] { return torch::CppFunction(TORCH_FN(embedding_dense_backward_meta)); }},
+    {"equal", [] { return torch::CppFunction(TORCH_FN(equal_meta)); }},
+};
+
 }  // namespace
 
 void register_meta_kernels() {
   // Kept for the life of the process (a registration ends with its Library).
   auto* lib = new torch::Library(
       torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
-  if (!has_meta_kernel("aten::convolution_overrideable", "")) {
-    lib->impl("convolution_overrideable", TORCH_FN(conv_meta));
-  }
-  if (!has_meta_kernel("aten::convolution_backward_overrideable", "")) {
-    lib->impl("convolution_backward_overrideable", TORCH_FN(conv_backward_meta));
-  }
-  if (!has_meta_kernel("aten::native_batch_norm", "")) {
-    lib->impl("native_batch_norm", TORCH_FN(batch_norm_meta));
-  }
-  if (!has_meta_kernel("aten::native_batch_norm_backward", "")) {
-    lib->impl("native_batch_norm_backward", TORCH_FN(batch_norm_backward_meta));
-  }
-  if (!has_meta_kernel("aten::_adaptive_avg_pool2d", "")) {
-    lib->impl("_adaptive_avg_pool2d", TORCH_FN(adaptive_avg_pool2d_meta));
-  }
-  if (!has_meta_kernel("aten::_adaptive_avg_pool2d_backward", "")) {
-    lib->impl("_adaptive_avg_pool2d_backward", TORCH_FN(adaptive_avg_pool2d_backward_meta));
-  }
-  if (!has_meta_kernel("aten::relu", "")) {
-    lib->impl("relu", TORCH_FN(unary_meta));
-  }
-  if (!has_meta_kernel("aten::relu_", "")) {
-    lib->impl("relu_", TORCH_FN(unary_inplace_meta));
-  }
-  if (!has_meta_kernel("aten::hardswish_backward", "")) {
-    lib->impl("hardswish_backward", TORCH_FN(hardswish_backward_meta));
-  }
-  if (!has_meta_kernel("aten::native_dropout", "")) {
-    lib->impl("native_dropout", TORCH_FN(native_dropout_meta));
-  }
-  if (!has_meta_kernel("aten::native_dropout_backward", "")) {
-    lib->impl("native_dropout_backward", TORCH_FN(native_dropout_backward_meta));
-  }
-  if (!has_meta_kernel("aten::index_select", "")) {
-    lib->impl("index_select", TORCH_FN(index_select_meta));
-  }
-  if (!has_meta_kernel("aten::where", "self")) {
-    lib->impl("where.self", TORCH_FN(where_meta));
-  }
-  if (!has_meta_kernel("aten::where", "self_out")) {
-    lib->impl("where.self_out", TORCH_FN(where_out_meta));
-  }
-  if (!has_meta_kernel("aten::native_layer_norm_backward", "")) {
-    lib->impl("native_layer_norm_backward", TORCH_FN(layer_norm_backward_meta));
-  }
-  if (!has_meta_kernel("aten::embedding_dense_backward", "")) {
-    lib->impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward_meta));
-  }
-  if (!has_meta_kernel("aten::equal", "")) {
-    lib->impl("equal", TORCH_FN(equal_meta));
+  // Each only where this libtorch has no meta kernel for the op.
+  for (const MetaKernel& k : kMetaKernels) {
+    const std::string op = k.op;
+    const size_t dot = op.find('.');
+    const std::string name = "aten::" + op.substr(0, dot);
+    const std::string overload = dot == std::string::npos ? "" : op.substr(dot + 1);
+    if (!has_meta_kernel(name.c_str(), overload.c_str())) {
+      lib->impl(op.c_str(), k.kernel());
+    }
   }
   // A device guard for MPS that does nothing (as meta's does), so that `.to(MPS)` and
   // other ops that take a device guard reach the fallback below instead of failing with

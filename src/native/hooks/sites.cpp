@@ -13,7 +13,7 @@
 
 #include <unwind.h>
 
-#include "internal.h"
+#include "../internal.h"
 
 namespace memprof {
 

@@ -42,7 +42,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "internal.h"
+#include "dryrun.h"
 
 namespace memprof {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <cstring>
 
-#include "internal.h"
+#include "../internal.h"
 
 namespace memprof {
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "internal.h"
+#include "../internal.h"
 
 namespace memprof {
 
