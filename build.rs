@@ -223,9 +223,9 @@ fn compile_changed(build: &cc::Build, sources: &[PathBuf], out_dir: &Path) -> Ve
                 let mut cmd = tool.to_command();
                 cmd.arg("-MMD").arg("-MF").arg(dep);
                 cmd.arg("-c").arg(src).arg("-o").arg(obj);
-                let child = cmd
-                    .spawn()
-                    .unwrap_or_else(|e| panic!("running the C++ compiler for {}: {e}", src.display()));
+                let child = cmd.spawn().unwrap_or_else(|e| {
+                    panic!("running the C++ compiler for {}: {e}", src.display())
+                });
                 (src, obj, child)
             })
             .collect();
@@ -233,7 +233,10 @@ fn compile_changed(build: &cc::Build, sources: &[PathBuf], out_dir: &Path) -> Ve
             let ok = child.wait().is_ok_and(|s| s.success());
             if !ok {
                 let _ = fs::remove_file(obj);
-                panic!("tch-memprof: compiling {} failed (see above)", src.display());
+                panic!(
+                    "tch-memprof: compiling {} failed (see above)",
+                    src.display()
+                );
             }
         }
     }
@@ -254,12 +257,9 @@ fn stale(obj: &Path, dep: &Path) -> bool {
     let Some((_, paths)) = deps.split_once(": ") else {
         return true;
     };
-    paths
-        .split_whitespace()
-        .filter(|p| *p != "\\")
-        .any(|p| {
-            fs::metadata(p)
-                .and_then(|m| m.modified())
-                .map_or(true, |t| t > built)
-        })
+    paths.split_whitespace().filter(|p| *p != "\\").any(|p| {
+        fs::metadata(p)
+            .and_then(|m| m.modified())
+            .map_or(true, |t| t > built)
+    })
 }

@@ -595,6 +595,8 @@ pub struct Estimate {
     pub not_modelled: &'static [NotModelled],
     /// The dry run's attention calls, by the backend that ran them.
     pub attention: AttentionRuns,
+    /// The autocast dtype the step ran under ([`Options::autocast`]).
+    pub autocast: Option<Kind>,
     /// FLOPs of one step (training: forward, loss, backward and optimizer step, the
     /// recomputation of checkpointed segments included; inference: the forward pass), as
     /// the step anatomy counts them (docs/step-anatomy.md): the dry run's FLOPs divided

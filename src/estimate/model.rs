@@ -541,6 +541,7 @@ impl Model {
             host_peak_rss: None,
             not_modelled: &NOT_MODELLED,
             attention: run.attention,
+            autocast: options.autocast,
             step_flops: device.flops / u64::from(steps),
             step,
         })

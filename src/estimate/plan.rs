@@ -21,12 +21,11 @@
 //! budget only removes plans, the chosen plan's peak never rises when the budget falls.
 
 use std::cmp::Ordering;
-use std::fmt;
 
 use tch::Kind;
 
 use super::model::Analysis;
-use super::text::every_segment;
+use super::text::describe;
 use super::{AllocatorConfig, Estimate, Input, Mode, Model, Optimizer, Options};
 use crate::error::{Error, Result};
 
@@ -130,137 +129,6 @@ impl Plan {
     pub fn margin(&self, memory: u64) -> u64 {
         memory.saturating_sub(self.estimate.peak_reserved)
     }
-
-    /// The levers this plan pulls, in words: `bf16 autocast`, `2 x micro-batch 4`, ...
-    pub fn levers(&self, asked: Optimizer) -> Vec<String> {
-        let mut out = lever_words(&self.config, self.micro_batch, asked, &self.cost);
-        if !self.config.allocator_conf.is_empty() {
-            out.push(self.config.allocator_conf.clone());
-        }
-        if out.is_empty() {
-            out.push("as is".to_string());
-        }
-        out
-    }
-
-    /// How to apply it in a tch training loop, a line per lever: the optimizer first
-    /// (the loop uses it), then the loop.
-    pub fn code(&self, asked: Optimizer) -> Vec<String> {
-        let mut out = Vec::new();
-        if !self.config.allocator_conf.is_empty() {
-            out.push(format!(
-                "export PYTORCH_CUDA_ALLOC_CONF={}",
-                self.config.allocator_conf
-            ));
-        }
-        if self.config.optimizer != asked {
-            out.push(format!(
-                "let mut opt = {}.build(&vs, lr)?;",
-                optimizer_code(self.config.optimizer)
-            ));
-        }
-        let k = self.config.accumulate;
-        let last = k.saturating_sub(1);
-        let micro = self.micro_batch;
-        match self.config.checkpoint {
-            // The chain under `Checkpointed`, which runs autocast itself; one call does
-            // forward and backward, so gradients go to none before it.
-            Some(every) => {
-                let wrap = if every <= 1 {
-                    "c.segment(move |x: &Tensor, t: bool| segment(i, x, t))".to_string()
-                } else {
-                    format!("{{ let f = move |x: &Tensor, t: bool| segment(i, x, t); if i % {every} == 0 {{ c.segment(f) }} else {{ c.segment_kept(f) }} }}")
-                };
-                let amp = self
-                    .config
-                    .autocast
-                    .map_or(String::new(), |d| format!(".mixed_precision(Kind::{d:?})"));
-                out.push(
-                    "// segment(i, x, train): segment i of your chain, segments: how many (a built-in: Chain::segment, Chain::segments)".to_string(),
-                );
-                out.push("let segment = &segment;".to_string());
-                out.push(format!(
-                    "let model = (0..segments).fold(tch_memprof::Checkpointed::new(&vs), |c, i| {wrap}){amp};"
-                ));
-                out.push(if k > 1 {
-                    format!("for (i, xs) in micro_batches.enumerate() {{ if i % {k} == 0 {{ opt.zero_grad(); }} model.forward_backward(&xs, |out| loss_fn(out) / {k}.)?; if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}")
-                } else {
-                    "opt.zero_grad(); let loss = model.forward_backward(&xs, |out| loss_fn(out))?; opt.step();".to_string()
-                });
-            }
-            None => {
-                let forward = match self.cost.lower_precision {
-                    Some(d) => format!("tch_memprof::autocast(Device::Cuda(0), Kind::{d:?}, || loss_fn(&model.forward_t(&xs, true)))?"),
-                    None if self.config.autocast.is_some() => "/* your autocast */ loss_fn(&model.forward_t(&xs, true))".to_string(),
-                    None => "loss_fn(&model.forward_t(&xs, true))".to_string(),
-                };
-                // The loop the estimate ran: gradients set to none before the forward
-                // pass or after it, one micro-batch on the GPU at a time, one optimizer
-                // step per batch.
-                let changed = self.cost.lower_precision.is_some() || self.cost.zero_grad_moved;
-                if k > 1 {
-                    out.push(if self.config.zero_grad_first {
-                        format!("for (i, xs) in micro_batches.enumerate() {{ if i % {k} == 0 {{ opt.zero_grad(); }} let loss = {forward} / {k}.; loss.backward(); if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}")
-                    } else {
-                        format!("for (i, xs) in micro_batches.enumerate() {{ let loss = {forward} / {k}.; if i % {k} == 0 {{ opt.zero_grad(); }} loss.backward(); if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}")
-                    });
-                } else if changed {
-                    out.push(if self.config.zero_grad_first {
-                        format!("opt.zero_grad(); let loss = {forward}; loss.backward(); opt.step();  // gradients to none before the forward pass")
-                    } else {
-                        format!("let loss = {forward}; opt.backward_step(&loss);")
-                    });
-                }
-            }
-        }
-        out
-    }
-}
-
-/// The levers of a configuration, in words (`as is` for none).
-fn describe(config: &Config, micro: i64, asked: Optimizer, cost: &Cost) -> String {
-    let words = lever_words(config, micro, asked, cost);
-    if words.is_empty() {
-        "as is".to_string()
-    } else {
-        words.join(", ")
-    }
-}
-
-fn lever_words(config: &Config, micro: i64, asked: Optimizer, cost: &Cost) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(k) = cost.lower_precision {
-        out.push(format!("{} autocast", dtype_name(k)));
-    }
-    if let Some(k) = config.checkpoint {
-        out.push(format!("checkpoint {}", every_segment(k)));
-    } else if cost.zero_grad_moved {
-        out.push("gradients to none first".to_string());
-    }
-    if config.accumulate > 1 {
-        out.push(format!("{} x micro-batch {micro}", config.accumulate));
-    }
-    if config.optimizer != asked {
-        out.push(format!("optimizer {}", config.optimizer.name()));
-    }
-    out
-}
-
-fn dtype_name(k: Kind) -> &'static str {
-    match k {
-        Kind::BFloat16 => "bf16",
-        Kind::Half => "f16",
-        _ => "f32",
-    }
-}
-
-fn optimizer_code(o: Optimizer) -> &'static str {
-    match o {
-        Optimizer::Sgd => "nn::Sgd::default()",
-        Optimizer::SgdMomentum => "nn::Sgd { momentum: 0.9, ..Default::default() }",
-        Optimizer::Adam => "nn::Adam::default()",
-        Optimizer::AdamW => "nn::AdamW::default()",
-    }
 }
 
 /// What dominates a peak.
@@ -274,17 +142,6 @@ pub enum Dominant {
     OptimizerState,
     /// Activations and temporaries (the rest of the peak).
     Activations,
-}
-
-impl fmt::Display for Dominant {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Dominant::Weights => "weights",
-            Dominant::Gradients => "gradients",
-            Dominant::OptimizerState => "optimizer state",
-            Dominant::Activations => "activations",
-        })
-    }
 }
 
 /// The peak allocated of a plan split into weights (parameters and buffers), gradients,
@@ -638,62 +495,5 @@ impl Model {
             dry_runs,
             skipped,
         })
-    }
-}
-
-impl Cost {
-    /// In words: `free`, `2 steps per batch`, `+33% FLOPs`, `changes training`, ...
-    pub fn describe(&self) -> String {
-        let mut parts = Vec::new();
-        if self.changes_training {
-            parts.push("changes training".to_string());
-        }
-        if self.recompute > 0.0 {
-            parts.push(format!("+{:.0}% FLOPs recomputed", 100.0 * self.recompute));
-        }
-        if self.accumulate > 1 {
-            parts.push(format!("{} steps per batch", self.accumulate));
-        }
-        if let Some(k) = self.lower_precision {
-            parts.push(format!("{} numerics", dtype_name(k)));
-        }
-        if parts.is_empty() {
-            parts.push("free".to_string());
-        }
-        parts.join(", ")
-    }
-}
-
-impl Plans {
-    /// When no plan fits: one line with the smallest peak reserved any plan reached, its
-    /// levers and what dominates its peak allocated (weights, gradients, optimizer state,
-    /// activations). `None` when a plan fits.
-    pub fn nothing_fits(&self) -> Option<String> {
-        use crate::format::bytes;
-
-        if !self.fits.is_empty() {
-            return None;
-        }
-        let mut line = format!("nothing fits in {}", bytes(self.memory));
-        if let Some(p) = &self.smallest {
-            let parts = breakdown(p);
-            let (what, _) = parts
-                .iter()
-                .max_by_key(|(_, b)| *b)
-                .copied()
-                .unwrap_or((Dominant::Activations, 0));
-            let list: Vec<String> = parts
-                .iter()
-                .map(|(d, b)| format!("{d} {}", bytes(*b)))
-                .collect();
-            line.push_str(&format!(
-                ": the smallest peak reserved of any plan is {} ({}), dominated by {what} ({} of {} allocated)",
-                bytes(p.estimate.peak_reserved),
-                p.levers(self.optimizer).join(", "),
-                list.join(", "),
-                bytes(p.estimate.peak_allocated)
-            ));
-        }
-        Some(line)
     }
 }

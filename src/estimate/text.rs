@@ -1,11 +1,16 @@
-//! Estimates as a person reads them: the terminal table of `tch-memprof estimate`, the
-//! largest-batch line, the settings line, the plans of `tch-memprof plan`. Sizes in the crate's units (`1.50 MiB`).
+//! Estimates and plans as a person reads them: the terminal table of `tch-memprof
+//! estimate` and the predicted step's anatomy, the largest-batch line, the settings line,
+//! the plans of `tch-memprof plan` with their levers in words and the code that applies
+//! them. Sizes in the crate's units (`1.50 MiB`).
 
 use std::fmt;
 
 use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 
-use super::{AllocatorConfig, Estimate, Fit, Mode, Options, Plans};
+use tch::Kind;
+
+use super::plan::{breakdown, Config, Cost, Dominant, Plan};
+use super::{AllocatorConfig, Estimate, Fit, Mode, Optimizer, Options, Plans};
 use crate::format::bytes;
 use crate::names::MISSING;
 use crate::timeline::{IdleAtPeak, UNKNOWN_SITE};
@@ -285,5 +290,266 @@ impl fmt::Display for Plans {
             }
             Ok(())
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The plans as a person reads them and as code to apply.
+
+impl Plan {
+    /// The levers this plan pulls, in words: `bf16 autocast`, `2 x micro-batch 4`, ...
+    pub fn levers(&self, asked: Optimizer) -> Vec<String> {
+        let mut out = lever_words(&self.config, self.micro_batch, asked, &self.cost);
+        if !self.config.allocator_conf.is_empty() {
+            out.push(self.config.allocator_conf.clone());
+        }
+        if out.is_empty() {
+            out.push("as is".to_string());
+        }
+        out
+    }
+
+    /// How to apply it in a tch training loop, a line per lever: the optimizer first
+    /// (the loop uses it), then the loop.
+    pub fn code(&self, asked: Optimizer) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.config.allocator_conf.is_empty() {
+            out.push(format!(
+                "export PYTORCH_CUDA_ALLOC_CONF={}",
+                self.config.allocator_conf
+            ));
+        }
+        if self.config.optimizer != asked {
+            out.push(format!(
+                "let mut opt = {}.build(&vs, lr)?;",
+                optimizer_code(self.config.optimizer)
+            ));
+        }
+        let k = self.config.accumulate;
+        let last = k.saturating_sub(1);
+        let micro = self.micro_batch;
+        match self.config.checkpoint {
+            // The chain under `Checkpointed`, which runs autocast itself; one call does
+            // forward and backward, so gradients go to none before it.
+            Some(every) => {
+                let wrap = if every <= 1 {
+                    "c.segment(move |x: &Tensor, t: bool| segment(i, x, t))".to_string()
+                } else {
+                    format!("{{ let f = move |x: &Tensor, t: bool| segment(i, x, t); if i % {every} == 0 {{ c.segment(f) }} else {{ c.segment_kept(f) }} }}")
+                };
+                let amp = self
+                    .config
+                    .autocast
+                    .map_or(String::new(), |d| format!(".mixed_precision(Kind::{d:?})"));
+                out.push(
+                    "// segment(i, x, train): segment i of your chain, segments: how many (a built-in: Chain::segment, Chain::segments)".to_string(),
+                );
+                out.push("let segment = &segment;".to_string());
+                out.push(format!(
+                    "let model = (0..segments).fold(tch_memprof::Checkpointed::new(&vs), |c, i| {wrap}){amp};"
+                ));
+                out.push(if k > 1 {
+                    format!("for (i, xs) in micro_batches.enumerate() {{ if i % {k} == 0 {{ opt.zero_grad(); }} model.forward_backward(&xs, |out| loss_fn(out) / {k}.)?; if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}")
+                } else {
+                    "opt.zero_grad(); let loss = model.forward_backward(&xs, |out| loss_fn(out))?; opt.step();".to_string()
+                });
+            }
+            None => {
+                let forward = match self.cost.lower_precision {
+                    Some(d) => format!("tch_memprof::autocast(Device::Cuda(0), Kind::{d:?}, || loss_fn(&model.forward_t(&xs, true)))?"),
+                    None if self.config.autocast.is_some() => "/* your autocast */ loss_fn(&model.forward_t(&xs, true))".to_string(),
+                    None => "loss_fn(&model.forward_t(&xs, true))".to_string(),
+                };
+                // The loop the estimate ran: gradients set to none before the forward
+                // pass or after it, one micro-batch on the GPU at a time, one optimizer
+                // step per batch.
+                let changed = self.cost.lower_precision.is_some() || self.cost.zero_grad_moved;
+                if k > 1 {
+                    out.push(if self.config.zero_grad_first {
+                        format!("for (i, xs) in micro_batches.enumerate() {{ if i % {k} == 0 {{ opt.zero_grad(); }} let loss = {forward} / {k}.; loss.backward(); if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}")
+                    } else {
+                        format!("for (i, xs) in micro_batches.enumerate() {{ let loss = {forward} / {k}.; if i % {k} == 0 {{ opt.zero_grad(); }} loss.backward(); if i % {k} == {last} {{ opt.step(); }} }}  // micro-batches of {micro}")
+                    });
+                } else if changed {
+                    out.push(if self.config.zero_grad_first {
+                        format!("opt.zero_grad(); let loss = {forward}; loss.backward(); opt.step();  // gradients to none before the forward pass")
+                    } else {
+                        format!("let loss = {forward}; opt.backward_step(&loss);")
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The levers of a configuration, in words (`as is` for none).
+pub(super) fn describe(config: &Config, micro: i64, asked: Optimizer, cost: &Cost) -> String {
+    let words = lever_words(config, micro, asked, cost);
+    if words.is_empty() {
+        "as is".to_string()
+    } else {
+        words.join(", ")
+    }
+}
+
+fn lever_words(config: &Config, micro: i64, asked: Optimizer, cost: &Cost) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(k) = cost.lower_precision {
+        out.push(format!("{} autocast", dtype_name(k)));
+    }
+    if let Some(k) = config.checkpoint {
+        out.push(format!("checkpoint {}", every_segment(k)));
+    } else if cost.zero_grad_moved {
+        out.push("gradients to none first".to_string());
+    }
+    if config.accumulate > 1 {
+        out.push(format!("{} x micro-batch {micro}", config.accumulate));
+    }
+    if config.optimizer != asked {
+        out.push(format!("optimizer {}", config.optimizer.name()));
+    }
+    out
+}
+
+fn dtype_name(k: Kind) -> &'static str {
+    match k {
+        Kind::BFloat16 => "bf16",
+        Kind::Half => "f16",
+        _ => "f32",
+    }
+}
+
+fn optimizer_code(o: Optimizer) -> &'static str {
+    match o {
+        Optimizer::Sgd => "nn::Sgd::default()",
+        Optimizer::SgdMomentum => "nn::Sgd { momentum: 0.9, ..Default::default() }",
+        Optimizer::Adam => "nn::Adam::default()",
+        Optimizer::AdamW => "nn::AdamW::default()",
+    }
+}
+
+impl fmt::Display for Dominant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Dominant::Weights => "weights",
+            Dominant::Gradients => "gradients",
+            Dominant::OptimizerState => "optimizer state",
+            Dominant::Activations => "activations",
+        })
+    }
+}
+
+impl Cost {
+    /// In words: `free`, `2 steps per batch`, `+33% FLOPs`, `changes training`, ...
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.changes_training {
+            parts.push("changes training".to_string());
+        }
+        if self.recompute > 0.0 {
+            parts.push(format!("+{:.0}% FLOPs recomputed", 100.0 * self.recompute));
+        }
+        if self.accumulate > 1 {
+            parts.push(format!("{} steps per batch", self.accumulate));
+        }
+        if let Some(k) = self.lower_precision {
+            parts.push(format!("{} numerics", dtype_name(k)));
+        }
+        if parts.is_empty() {
+            parts.push("free".to_string());
+        }
+        parts.join(", ")
+    }
+}
+
+impl Plans {
+    /// When no plan fits: one line with the smallest peak reserved any plan reached, its
+    /// levers and what dominates its peak allocated (weights, gradients, optimizer state,
+    /// activations). `None` when a plan fits.
+    pub fn nothing_fits(&self) -> Option<String> {
+        use crate::format::bytes;
+
+        if !self.fits.is_empty() {
+            return None;
+        }
+        let mut line = format!("nothing fits in {}", bytes(self.memory));
+        if let Some(p) = &self.smallest {
+            let parts = breakdown(p);
+            let (what, _) = parts
+                .iter()
+                .max_by_key(|(_, b)| *b)
+                .copied()
+                .unwrap_or((Dominant::Activations, 0));
+            let list: Vec<String> = parts
+                .iter()
+                .map(|(d, b)| format!("{d} {}", bytes(*b)))
+                .collect();
+            line.push_str(&format!(
+                ": the smallest peak reserved of any plan is {} ({}), dominated by {what} ({} of {} allocated)",
+                bytes(p.estimate.peak_reserved),
+                p.levers(self.optimizer).join(", "),
+                list.join(", "),
+                bytes(p.estimate.peak_allocated)
+            ));
+        }
+        Some(line)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The rows of `--csv` (the one schema: `runs::schema`).
+
+impl Estimate {
+    /// Its row of `tch-memprof estimate --csv`: `model` names it, `largest_batch` marks
+    /// the largest batch that fits.
+    pub fn csv_row(&self, model: &str, largest_batch: bool) -> crate::runs::schema::EstimateRow {
+        crate::runs::schema::EstimateRow {
+            model: model.to_string(),
+            batch: self.batch,
+            mode: self.mode.label(),
+            weights_bytes: self.weights_bytes,
+            peak_allocated_bytes: self.peak_allocated,
+            peak_reserved_bytes: self.peak_reserved,
+            largest_batch,
+            attention: self.attention.label(),
+            autocast: super::autocast_name(self.autocast).to_string(),
+            idle_bytes: self.idle().map_or(0, |i| i.bytes),
+            peak_if_dropped_bytes: self
+                .idle()
+                .map_or(self.peak_allocated, |i| i.peak_if_dropped),
+        }
+    }
+}
+
+impl Plans {
+    /// The rows of `tch-memprof plan --csv` of `model`: a row per plan that fits, the
+    /// cheapest first.
+    pub fn csv_rows(&self, model: &str) -> Vec<crate::runs::schema::PlanRow> {
+        self.fits
+            .iter()
+            .enumerate()
+            .map(|(i, p)| crate::runs::schema::PlanRow {
+                model: model.to_string(),
+                rank: i + 1,
+                levers: p.levers(self.optimizer).join("; "),
+                batch: self.batch,
+                micro_batch: p.micro_batch,
+                accumulate: p.config.accumulate,
+                autocast: super::autocast_name(p.config.autocast).to_string(),
+                optimizer: p.config.optimizer.name().to_string(),
+                checkpoint: p
+                    .config
+                    .checkpoint
+                    .map_or("off".to_string(), |k| k.to_string()),
+                recompute: (p.cost.recompute * 1e4).round() / 1e4,
+                zero_grad_first: p.config.zero_grad_first,
+                pytorch_cuda_alloc_conf: p.config.allocator_conf.clone(),
+                peak_allocated_bytes: p.estimate.peak_allocated,
+                peak_reserved_bytes: p.estimate.peak_reserved,
+                margin_bytes: p.margin(self.memory),
+                changes_training: p.cost.changes_training,
+            })
+            .collect()
     }
 }

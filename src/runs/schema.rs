@@ -1,7 +1,8 @@
 //! The columns of every CSV file of a run, defined once: the profiler writes these rows
 //! (`csv::Writer::serialize`) and [`Run::open`](super::Run::open) reads them back
 //! (`csv::StringRecord::deserialize`), so a column cannot be renamed on one side only.
-//! The meaning of each column is in `docs/csv.md`.
+//! The meaning of each column is in `docs/csv.md`. The rows of `tch-memprof estimate
+//! --csv` and `tch-memprof plan --csv` are here too ([`EstimateRow`], [`PlanRow`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -270,4 +271,70 @@ impl MetaRow {
             value: value.into(),
         }
     }
+}
+
+/// A row of `tch-memprof estimate --csv` (docs/estimate.md): one estimate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct EstimateRow {
+    /// The model's name: its file name or built-in name.
+    pub model: String,
+    /// The batch (the first size of the first input).
+    pub batch: i64,
+    /// `inference` or `train-<optimizer>`.
+    pub mode: String,
+    /// Bytes of the model's variables.
+    pub weights_bytes: u64,
+    /// Predicted peak allocated bytes.
+    pub peak_allocated_bytes: u64,
+    /// Predicted peak reserved bytes.
+    pub peak_reserved_bytes: u64,
+    /// True on the row of the largest batch that fits `--memory`.
+    pub largest_batch: bool,
+    /// The attention backends that ran (`efficient`, `flash+math`, `none`).
+    pub attention: String,
+    /// `bf16`, `f16` or `off`.
+    pub autocast: String,
+    /// Bytes live at the predicted peak that no op reads again.
+    pub idle_bytes: u64,
+    /// The predicted peak allocated had they been freed after their last read.
+    pub peak_if_dropped_bytes: u64,
+}
+
+/// A row of `tch-memprof plan --csv` (docs/plan.md): one plan that fits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PlanRow {
+    /// The model's name.
+    pub model: String,
+    /// 1 for the cheapest plan.
+    pub rank: usize,
+    /// The levers in words, `; `-separated.
+    pub levers: String,
+    /// The batch asked for.
+    pub batch: i64,
+    /// The batch of one forward pass.
+    pub micro_batch: i64,
+    /// Micro-batches per optimizer step.
+    pub accumulate: u32,
+    /// `bf16`, `f16` or `off`.
+    pub autocast: String,
+    /// The optimizer (`adamw`, `sgd`, ...).
+    pub optimizer: String,
+    /// Every k-th segment checkpointed (`1`, `2`), or `off`.
+    pub checkpoint: String,
+    /// FLOPs recomputed, as a share of the step's (0 without checkpointing).
+    pub recompute: f64,
+    /// Gradients set to none before the forward pass.
+    pub zero_grad_first: bool,
+    /// The allocator settings (empty: the user's own).
+    pub pytorch_cuda_alloc_conf: String,
+    /// Predicted peak allocated bytes.
+    pub peak_allocated_bytes: u64,
+    /// Predicted peak reserved bytes.
+    pub peak_reserved_bytes: u64,
+    /// The budget less the peak reserved.
+    pub margin_bytes: u64,
+    /// The plan changes the optimizer (so training itself).
+    pub changes_training: bool,
 }

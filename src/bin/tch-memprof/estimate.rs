@@ -4,10 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use serde::Serialize;
 use tch_memprof::estimate::{
-    anatomy, autocast_name, gpu_memory, models, parse_autocast, table, AllocatorConfig, Attention,
-    Estimate, Gpu, Input, Mode, Model, Optimizer, Options, NOT_MODELLED,
+    anatomy, gpu_memory, models, parse_autocast, table, AllocatorConfig, Attention, Estimate, Gpu,
+    Input, Mode, Model, Optimizer, Options, NOT_MODELLED,
 };
 
 use crate::{fail, parse_inputs};
@@ -91,27 +90,6 @@ pub struct EstimateArgs {
     /// Layers listed in the anatomy of the predicted step (0: none).
     #[arg(long, default_value_t = 5)]
     top: usize,
-}
-
-/// A row of `--csv`.
-#[derive(Serialize)]
-struct CsvRow<'a> {
-    model: &'a str,
-    batch: i64,
-    mode: String,
-    weights_bytes: u64,
-    peak_allocated_bytes: u64,
-    peak_reserved_bytes: u64,
-    /// True on the row of the largest batch that fits `--memory`.
-    largest_batch: bool,
-    /// The attention backends that ran (`efficient`, `flash+math`, `none`).
-    attention: String,
-    /// `bf16`, `f16` or `off`.
-    autocast: &'static str,
-    /// Bytes live at the predicted peak that no op reads again.
-    idle_bytes: u64,
-    /// The predicted peak allocated had they been freed after their last read.
-    peak_if_dropped_bytes: u64,
 }
 
 pub fn run(a: &EstimateArgs) -> ExitCode {
@@ -205,7 +183,7 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
             .iter()
             .map(|e| (e, false))
             .chain(largest.iter().map(|e| (e, true)));
-        return match write_csv(&label, autocast_name(options.autocast), csv_rows) {
+        return match write_csv(&label, csv_rows) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(format!("writing CSV to standard output: {e}")),
         };
@@ -295,24 +273,11 @@ pub(crate) fn load_model(
 
 fn write_csv<'a>(
     label: &str,
-    autocast: &'static str,
     rows: impl Iterator<Item = (&'a Estimate, bool)>,
 ) -> Result<(), csv::Error> {
     let mut w = csv::Writer::from_writer(std::io::stdout().lock());
     for (e, largest_batch) in rows {
-        w.serialize(CsvRow {
-            model: label,
-            batch: e.batch,
-            mode: e.mode.label(),
-            weights_bytes: e.weights_bytes,
-            peak_allocated_bytes: e.peak_allocated,
-            peak_reserved_bytes: e.peak_reserved,
-            largest_batch,
-            attention: e.attention.label(),
-            autocast,
-            idle_bytes: e.idle().map_or(0, |i| i.bytes),
-            peak_if_dropped_bytes: e.idle().map_or(e.peak_allocated, |i| i.peak_if_dropped),
-        })?;
+        w.serialize(e.csv_row(label, largest_batch))?;
     }
     w.flush()?;
     Ok(())

@@ -5,8 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use serde::Serialize;
-use tch_memprof::estimate::{parse_autocast, AllocatorConfig, Optimizer, Options, Plan, Plans};
+use tch_memprof::estimate::{parse_autocast, AllocatorConfig, Optimizer, Options, Plans};
 
 use crate::estimate::{gpu_and_memory, load_model};
 use crate::{fail, parse_inputs};
@@ -48,30 +47,6 @@ pub struct PlanArgs {
     /// Print CSV to standard output, a row per plan that fits.
     #[arg(long)]
     csv: bool,
-}
-
-/// A row of `--csv`.
-#[derive(Serialize)]
-struct CsvRow<'a> {
-    model: &'a str,
-    rank: usize,
-    levers: String,
-    batch: i64,
-    micro_batch: i64,
-    accumulate: u32,
-    autocast: &'static str,
-    optimizer: &'static str,
-    /// Every k-th segment checkpointed (`1`, `2`), or `off`.
-    checkpoint: String,
-    /// FLOPs recomputed, as a share of the step's (0 without checkpointing).
-    recompute: f64,
-    /// Gradients set to none before the forward pass.
-    zero_grad_first: bool,
-    pytorch_cuda_alloc_conf: &'a str,
-    peak_allocated_bytes: u64,
-    peak_reserved_bytes: u64,
-    margin_bytes: u64,
-    changes_training: bool,
 }
 
 pub fn run(a: &PlanArgs) -> ExitCode {
@@ -145,37 +120,9 @@ pub fn run(a: &PlanArgs) -> ExitCode {
 
 fn write_csv(label: &str, plans: &Plans) -> Result<(), csv::Error> {
     let mut w = csv::Writer::from_writer(std::io::stdout().lock());
-    for (rank, p) in plans.fits.iter().enumerate() {
-        w.serialize(row(label, rank + 1, p, plans))?;
+    for row in plans.csv_rows(label) {
+        w.serialize(row)?;
     }
     w.flush()?;
     Ok(())
-}
-
-fn row<'a>(label: &'a str, rank: usize, p: &'a Plan, plans: &Plans) -> CsvRow<'a> {
-    CsvRow {
-        model: label,
-        rank,
-        levers: p.levers(plans.optimizer).join("; "),
-        batch: plans.batch,
-        micro_batch: p.micro_batch,
-        accumulate: p.config.accumulate,
-        autocast: match p.config.autocast {
-            Some(tch::Kind::BFloat16) => "bf16",
-            Some(tch::Kind::Half) => "f16",
-            _ => "off",
-        },
-        optimizer: p.config.optimizer.name(),
-        checkpoint: p
-            .config
-            .checkpoint
-            .map_or("off".to_string(), |k| k.to_string()),
-        recompute: (p.cost.recompute * 1e4).round() / 1e4,
-        zero_grad_first: p.config.zero_grad_first,
-        pytorch_cuda_alloc_conf: &p.config.allocator_conf,
-        peak_allocated_bytes: p.estimate.peak_allocated,
-        peak_reserved_bytes: p.estimate.peak_reserved,
-        margin_bytes: p.margin(plans.memory),
-        changes_training: p.cost.changes_training,
-    }
 }
