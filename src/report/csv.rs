@@ -464,6 +464,47 @@ fn write_atomically(
     crate::fs::write_atomic(path, &bytes)
 }
 
+/// The step's summary: device, peak, each category's maximum, FLOPs, idle bytes.
+fn write_summary(path: &Path, p: &StepProfile) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(File::create(path)?);
+    let c = &p.category_max;
+    writeln!(f, "device: {}", p.device)?;
+    writeln!(
+        f,
+        "peak: {} during {}",
+        format::bytes(p.peak.bytes),
+        p.peak.location()
+    )?;
+    for cat in [
+        Category::Param,
+        Category::Buffer,
+        Category::Grad,
+        Category::Act,
+        Category::Temp,
+        Category::Opt,
+        Category::Other,
+    ] {
+        writeln!(f, "max {}: {}", cat.label(), format::bytes(c.get(cat)))?;
+    }
+    writeln!(
+        f,
+        "FLOPs: forward {}, backward {}",
+        p.forward_flops, p.backward_flops
+    )?;
+    if let Some(idle) = &p.idle {
+        writeln!(
+            f,
+            "idle at the peak: {} in {} blocks; freed after their last reads: peak {} -> {}",
+            format::bytes(idle.bytes),
+            idle.blocks.len(),
+            format::bytes(idle.peak),
+            format::bytes(idle.peak_if_dropped)
+        )?;
+    }
+    f.flush()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -529,45 +570,4 @@ mod tests {
         assert_eq!(h2, h);
         assert_eq!(row2[h2.iter().position(|c| c == "cuda_ooms").unwrap()], "");
     }
-}
-
-/// The step's summary: device, peak, each category's maximum, FLOPs, idle bytes.
-fn write_summary(path: &Path, p: &StepProfile) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut f = std::io::BufWriter::new(File::create(path)?);
-    let c = &p.category_max;
-    writeln!(f, "device: {}", p.device)?;
-    writeln!(
-        f,
-        "peak: {} during {}",
-        format::bytes(p.peak.bytes),
-        p.peak.location()
-    )?;
-    for cat in [
-        Category::Param,
-        Category::Buffer,
-        Category::Grad,
-        Category::Act,
-        Category::Temp,
-        Category::Opt,
-        Category::Other,
-    ] {
-        writeln!(f, "max {}: {}", cat.label(), format::bytes(c.get(cat)))?;
-    }
-    writeln!(
-        f,
-        "FLOPs: forward {}, backward {}",
-        p.forward_flops, p.backward_flops
-    )?;
-    if let Some(idle) = &p.idle {
-        writeln!(
-            f,
-            "idle at the peak: {} in {} blocks; freed after their last reads: peak {} -> {}",
-            format::bytes(idle.bytes),
-            idle.blocks.len(),
-            format::bytes(idle.peak),
-            format::bytes(idle.peak_if_dropped)
-        )?;
-    }
-    f.flush()
 }

@@ -5,7 +5,8 @@
 //! change and counted FLOP of an iteration; once the iteration is over, the
 //! recorder replays it into a [`StepProfile`]. The estimator's dry run is one more
 //! source of the same events (the meta trace), replayed by the same passes
-//! ([`replay_step`]) once its bytes went through the caching-allocator model.
+//! once its bytes went through the caching-allocator model
+//! ([`Estimate::step`](crate::estimate::Estimate::step)).
 //! Nothing here runs while the model does, and nothing here prints or writes files:
 //! the profiler hands profiles to its reports.
 
