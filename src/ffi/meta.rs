@@ -100,8 +100,30 @@ pub(crate) fn meta_sites(on: bool) -> Result<()> {
     check(unsafe { memprof_meta_sites(i32::from(on)) })
 }
 
-/// Puts a mark with `value` into the meta trace.
-pub(crate) fn meta_mark(value: i32) -> Result<()> {
+/// A mark of the dry run, which the meta trace turns into its phase and baseline events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mark {
+    /// A forward pass begins (after an optimizer step, or first: a new training step).
+    Forward,
+    /// Its backward pass begins.
+    Backward,
+    /// Its optimizer step begins.
+    Optimizer,
+    /// The weights and the first batch are on the device.
+    Baseline,
+    /// The dry run's loop is over: what it frees after is in no step.
+    End,
+}
+
+/// Puts `mark` into the meta trace.
+pub(crate) fn meta_mark(mark: Mark) -> Result<()> {
+    let value = match mark {
+        Mark::Forward => native::MARK_FORWARD,
+        Mark::Backward => native::MARK_BACKWARD,
+        Mark::Optimizer => native::MARK_OPTIMIZER,
+        Mark::Baseline => native::MARK_BASELINE,
+        Mark::End => native::MARK_END,
+    };
     // SAFETY: plain call.
     check(unsafe { memprof_meta_mark(value) })
 }

@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 use super::{Model, Trace};
 use crate::error::{catching, Error, Result};
 use crate::estimate::{AttentionRuns, Input, Mode, Options};
-use crate::ffi::{self, native, Event, Target};
+use crate::ffi::{self, native, Event, Mark, Target};
 use crate::optim::{meta_autocast, Checkpointed};
 
 /// `f` under the dry run's autocast in `dtype` with the op lists `list`, or plainly.
@@ -86,15 +86,15 @@ impl Model {
                 self.set_train(false)?;
                 keep_sites(sites);
                 // The step begins with its batch, as a profiled iteration does.
-                ffi::meta_mark(native::MARK_FORWARD)?;
+                ffi::meta_mark(Mark::Forward)?;
                 let xs = Model::make_inputs(inputs)?;
-                ffi::meta_mark(native::MARK_BASELINE)?;
+                ffi::meta_mark(Mark::Baseline)?;
                 let y = autocasting(options.autocast, autocast_list, || {
                     tch::no_grad(|| self.forward(&xs, false))
                 })?;
                 drop(y);
                 drop(xs);
-                ffi::meta_mark(native::MARK_END)?;
+                ffi::meta_mark(Mark::End)?;
             }
             Mode::Train(opt) => {
                 let checkpointed = self.checkpointed(inputs, options, autocast_list)?;
@@ -115,10 +115,10 @@ impl Model {
                             }
                             // The step begins with its batch, as a profiled iteration
                             // does.
-                            ffi::meta_mark(native::MARK_FORWARD)?;
+                            ffi::meta_mark(Mark::Forward)?;
                             let xs = Model::make_inputs(inputs)?;
                             if step == 0 && micro == 0 {
-                                ffi::meta_mark(native::MARK_BASELINE)?;
+                                ffi::meta_mark(Mark::Baseline)?;
                             }
                             // Gradients to none before the forward pass: asked for, or
                             // the loop `Checkpointed` takes (forward and backward are one
@@ -152,7 +152,7 @@ impl Model {
                                                 .map_err(|e| self.failed("the loss failed", e))?;
                                             Ok((out, loss))
                                         })?;
-                                    ffi::meta_mark(native::MARK_BACKWARD)?;
+                                    ffi::meta_mark(Mark::Backward)?;
                                     if !first && micro == 0 {
                                         o.zero_grad();
                                     }
@@ -166,12 +166,12 @@ impl Model {
                                 held.extend(xs);
                             }
                         }
-                        ffi::meta_mark(native::MARK_OPTIMIZER)?;
+                        ffi::meta_mark(Mark::Optimizer)?;
                         catching(|| o.step())
                             .map_err(|e| self.failed("the optimizer step failed", e))?;
                         drop(held);
                     }
-                    ffi::meta_mark(native::MARK_END)?;
+                    ffi::meta_mark(Mark::End)?;
                     Ok(())
                 })();
                 // Gradients back to none, state dropped, whatever happened.
@@ -225,7 +225,7 @@ impl Model {
             });
         }
         let mut c = Checkpointed::new(self.var_store())
-            .for_dry_run(list, || ffi::meta_mark(native::MARK_BACKWARD));
+            .for_dry_run(list, || ffi::meta_mark(Mark::Backward));
         for i in 0..chain.segments() {
             let chain = Rc::clone(chain);
             let f = move |x: &Tensor, train: bool| chain.segment(i, x, train);

@@ -21,8 +21,12 @@ uint64_t meta_read(MpTlEvent* out, uint64_t cap, uint64_t* total);
 bool meta_ensure_ready();
 at::Tensor* meta_empty(const int64_t* sizes, size_t n, const at::Tensor& like);
 void meta_convert(at::Tensor* t);
-// Whether a meta trace (an estimate's dry run) is on.
-bool meta_trace_on();
+// Whether a meta trace (an estimate's dry run) is on: read by the op callback at every
+// record, so inline.
+extern std::atomic<bool> g_meta_on;
+inline bool meta_trace_on() {
+  return g_meta_on.load(std::memory_order_relaxed);
+}
 // The dry run's side of the op recorder (hooks/ops.cpp's DryRunSink): its phase (set by
 // its marks), its training step (from 1), the trace's live bytes, a new op number in the
 // step, an event appended to the trace, the hooks at an op's start and end (depth: its

@@ -35,6 +35,9 @@
 #include "dryrun.h"
 
 namespace memprof {
+
+std::atomic<bool> g_meta_on{false};
+
 namespace {
 
 constexpr uint64_t kMetaIds = uint64_t(1) << 26;     // blocks ever made (64 M)
@@ -47,7 +50,6 @@ uint32_t* g_meta_tags = nullptr;   // birth of each block id: step << 2 | phase
 std::atomic<uint64_t> g_meta_next_id{1};
 MpTlEvent* g_meta_log = nullptr;
 std::atomic<uint64_t> g_meta_len{0};
-std::atomic<bool> g_meta_on{false};
 std::atomic<bool> g_meta_sites{false};  // allocations keep their call stacks
 std::atomic<bool> g_meta_ready{false};
 // The dry run's state, set by its marks: phase, training step (0 before the first),
@@ -222,10 +224,6 @@ bool meta_init() {
 
 std::mutex g_trace_mutex;  // begin/end of a trace (never on a hot path)
 }  // namespace
-
-bool meta_trace_on() {
-  return g_meta_on.load(std::memory_order_relaxed);
-}
 
 uint32_t meta_phase() {
   return g_meta_phase.load(std::memory_order_relaxed);
