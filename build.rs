@@ -204,13 +204,14 @@ fn compile_changed(build: &cc::Build, sources: &[PathBuf], out_dir: &Path) -> Ve
     let mut objects = Vec::new();
     let mut todo = Vec::new();
     for src in sources {
-        let name = src
-            .strip_prefix(NATIVE)
-            .unwrap_or(src)
-            .to_string_lossy()
-            .replace('/', "_");
-        let obj = dir.join(format!("{name}.o"));
-        let dep = dir.join(format!("{name}.d"));
+        // The source's own path below the native folder: no two objects collide.
+        let rel = src.strip_prefix(NATIVE).unwrap_or(src);
+        let obj = dir.join(rel).with_extension("o");
+        let dep = dir.join(rel).with_extension("d");
+        if let Some(parent) = obj.parent() {
+            fs::create_dir_all(parent)
+                .unwrap_or_else(|e| panic!("creating {}: {e}", parent.display()));
+        }
         if !same_command || stale(&obj, &dep) {
             todo.push((src.clone(), obj.clone(), dep));
         }
@@ -220,9 +221,15 @@ fn compile_changed(build: &cc::Build, sources: &[PathBuf], out_dir: &Path) -> Ve
         let running: Vec<_> = batch
             .iter()
             .map(|(src, obj, dep)| {
+                // Written under a temporary name and renamed once whole: a compile that
+                // is killed leaves no object that looks built.
+                let _ = fs::remove_file(obj);
                 let mut cmd = tool.to_command();
                 cmd.arg("-MMD").arg("-MF").arg(dep);
-                cmd.arg("-c").arg(src).arg("-o").arg(obj);
+                cmd.arg("-c")
+                    .arg(src)
+                    .arg("-o")
+                    .arg(obj.with_extension("o.partial"));
                 let child = cmd.spawn().unwrap_or_else(|e| {
                     panic!("running the C++ compiler for {}: {e}", src.display())
                 });
@@ -232,12 +239,13 @@ fn compile_changed(build: &cc::Build, sources: &[PathBuf], out_dir: &Path) -> Ve
         for (src, obj, mut child) in running {
             let ok = child.wait().is_ok_and(|s| s.success());
             if !ok {
-                let _ = fs::remove_file(obj);
                 panic!(
                     "tch-memprof: compiling {} failed (see above)",
                     src.display()
                 );
             }
+            fs::rename(obj.with_extension("o.partial"), obj)
+                .unwrap_or_else(|e| panic!("renaming {}: {e}", obj.display()));
         }
     }
     fs::write(&stamp, command).unwrap_or_else(|e| panic!("writing {}: {e}", stamp.display()));
@@ -260,6 +268,7 @@ fn stale(obj: &Path, dep: &Path) -> bool {
     paths.split_whitespace().filter(|p| *p != "\\").any(|p| {
         fs::metadata(p)
             .and_then(|m| m.modified())
-            .map_or(true, |t| t > built)
+            // Not older than the object: changed while, or after, it was built.
+            .map_or(true, |t| t >= built)
     })
 }

@@ -201,8 +201,8 @@ pub use profiler::{
 pub use profiler::{Budget, BudgetExceeded, LayerUse, Overrun};
 pub use stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableList, VariableStats};
 pub use timeline::{
-    scope, Category, CategoryBytes, IdleAtPeak, IdleBlock, IdleSite, LayerProfile, Peak, Scope,
-    StepFiles, StepProfile, StepRow, UncountedOp, UNKNOWN_SITE,
+    scope, Category, CategoryBytes, IdleAtPeak, IdleBlock, IdleGroup, IdleSite, LayerProfile, Peak,
+    Scope, StepFiles, StepProfile, StepRow, UncountedOp, UNKNOWN_SITE,
 };
 
 /// Whether CUDA is usable by the profiler, and if not, why. Same as [`cuda::status`].

@@ -604,10 +604,12 @@ pub struct Estimate {
     pub step_flops: u64,
     /// The predicted step, as a profiled step's anatomy reads: live bytes by category
     /// after every op (in the bytes the caching allocator charges, the workspaces
-    /// included, so its peak is [`Estimate::peak_allocated`]), the peak's split by
-    /// category, layers with their FLOPs, and (from [`Model::estimate`]) the blocks idle
-    /// at the peak. The step is the training step whose peak is the run's peak (the last
-    /// such step), or the inference. `None` when the dry run made no step.
+    /// included, so its peak is [`Estimate::peak_allocated`] whenever the run peaks in a
+    /// step, as it does unless building the model on meta made a temporary larger than
+    /// any step holds), the peak's split by category, layers with their FLOPs, and (from
+    /// [`Model::estimate`]) the blocks idle at the peak. The step is the training step
+    /// whose peak is the run's peak (the last such step), or the inference. `None` when
+    /// the dry run made no step, and in the plan's search.
     pub step: Option<StepProfile>,
 }
 

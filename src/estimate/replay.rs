@@ -86,6 +86,11 @@ pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Opti
                 });
             }
         }
+        // What the device holds when the op returns: the allocator's allocated bytes.
+        EventKind::OpEnd => events.push(Event {
+            value: alloc.stats().allocated as i64,
+            ..*e
+        }),
         _ => events.push(*e),
     };
     for e in weights {
@@ -189,7 +194,13 @@ pub(super) struct ModelVars {
 /// training step that runs with the optimizer's state in memory). `None` when the run
 /// made no step.
 pub(super) fn peak_step(device: &Device) -> Option<StepPeak> {
-    let best = device.steps.iter().map(|s| s.bytes).max()?;
+    // A step that allocated nothing (the loop's end) holds no peak.
+    let best = device
+        .steps
+        .iter()
+        .map(|s| s.bytes)
+        .filter(|b| *b > 0)
+        .max()?;
     device.steps.iter().rev().find(|s| s.bytes == best).copied()
 }
 

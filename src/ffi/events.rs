@@ -1,5 +1,5 @@
 //! The one event model. Both logs the native op recorder and allocator hooks write (the
-//! step log of a profiled step, `logs.cpp`; the meta trace of a dry run, `meta.cpp`)
+//! step log of a profiled step, `logs.cpp`; the meta trace of a dry run, `dryrun/trace.cpp`)
 //! hold `MpTlEvent`s, decoded here, once, into [`Event`]s. No code outside `ffi` matches a
 //! raw kind: the step timeline's replay and the estimate read the same events, whatever
 //! their source.

@@ -1,4 +1,4 @@
-//! The estimator's dry run on the meta device and TorchScript modules (`meta.cpp`).
+//! The estimator's dry run on the meta device (`dryrun/`) and TorchScript modules (`script/`).
 
 use std::ffi::{c_char, c_void};
 

@@ -2,8 +2,8 @@
 // noexcept and runs behind guarded(), which turns any C++ exception into -1 and a
 // message in the calling thread's last-error slot. A function here checks the pointers
 // its caller must give and calls into its subsystem, whose file its Rust mirror in
-// src/ffi/ names: session.cpp, logs.cpp, registry.cpp, names.cpp, process.cpp,
-// cuda.cpp, amp.cpp, meta.cpp, oom.cpp, cpu_allocator.cpp.
+// src/ffi/ names: state/ (session.cpp, logs.cpp, registry.cpp, names.cpp, process.cpp,
+// amp.cpp), hooks/ (cuda.cpp, oom.cpp, cpu_allocator.cpp), dryrun/ and script/.
 
 #include <ATen/core/Tensor.h>
 
@@ -271,7 +271,7 @@ int memprof_history(int32_t on, uint64_t max_entries) noexcept {
 }
 
 // ---------------------------------------------------------------------------------
-// Names and scopes (names.cpp); parameters (ops.cpp).
+// Names and scopes (names.cpp); parameters (hooks/ops.cpp).
 
 int memprof_name(int32_t id, char* buf, size_t len, int64_t* name_len) noexcept {
   return guarded("memprof_name", [&]() -> int {
@@ -430,7 +430,7 @@ int memprof_selftest_reenter(void) noexcept {
 }
 
 // ---------------------------------------------------------------------------------
-// The estimator's dry run on the meta device (meta.cpp).
+// The estimator's dry run on the meta device (dryrun/) and TorchScript files (script/).
 
 int memprof_meta_begin(void) noexcept {
   return guarded("memprof_meta_begin", [&]() -> int { return meta_begin() ? 0 : -1; });

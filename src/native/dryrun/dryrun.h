@@ -27,6 +27,10 @@ extern std::atomic<bool> g_meta_on;
 inline bool meta_trace_on() {
   return g_meta_on.load(std::memory_order_relaxed);
 }
+// Whether this thread runs a dry run (from meta_begin to meta_end on it; the meta
+// device's backward runs on the calling thread too): its ops go to the meta trace, never
+// to a profiled step.
+bool dry_run_thread();
 // The dry run's side of the op recorder (hooks/ops.cpp's DryRunSink): its phase (set by
 // its marks), its training step (from 1), the trace's live bytes, a new op number in the
 // step, an event appended to the trace, the hooks at an op's start and end (depth: its

@@ -13,7 +13,7 @@
 //   each thread, and the cuBLASLt one at the first that CUDA would run on cuBLASLt) and
 //   adopt outputs sized without the allocator.
 // - Kernels libtorch's C++ lacks on the meta device are registered at the first trace
-//   (meta_kernels.cpp: each allocates what the CUDA kernel allocates).
+//   (kernels.cpp: each allocates what the CUDA kernel allocates).
 //
 // The trace is for the estimator's dry runs, never for a user's training loop; its
 // allocator and the op recorder still keep the hot-path rules (atomics, no lock, no
@@ -39,6 +39,7 @@ namespace memprof {
 std::atomic<bool> g_meta_on{false};
 
 namespace {
+thread_local bool tls_dry_run_thread = false;
 
 constexpr uint64_t kMetaIds = uint64_t(1) << 26;     // blocks ever made (64 M)
 constexpr uint64_t kMetaEvents = MP_META_CAPACITY;    // events of one trace (32 M)
@@ -225,6 +226,10 @@ bool meta_init() {
 std::mutex g_trace_mutex;  // begin/end of a trace (never on a hot path)
 }  // namespace
 
+bool dry_run_thread() {
+  return tls_dry_run_thread && g_meta_on.load(std::memory_order_relaxed);
+}
+
 uint32_t meta_phase() {
   return g_meta_phase.load(std::memory_order_relaxed);
 }
@@ -291,6 +296,7 @@ bool meta_begin() {
   g_meta_ops.store(0);
   tls_dry_ops = OpStack{};
   op_callback_use(MP_TARGET_DRY_RUN, true, /*inputs=*/true, /*outputs=*/true);
+  tls_dry_run_thread = true;
   g_meta_on.store(true);
   return true;
 }
@@ -300,6 +306,7 @@ void meta_end() {
   g_meta_sites.store(false);
   if (g_meta_on.load()) {
     g_meta_on.store(false);
+    tls_dry_run_thread = false;
     op_callback_use(MP_TARGET_DRY_RUN, false, false, false);
     clear_params(MP_TARGET_DRY_RUN);
   }

@@ -1,12 +1,13 @@
 // The one op callback and the one op recorder. The callback (registered once, while a
 // profiling session or a dry run needs it: op_callback_use) finds the phases of the
 // profiled loop (a backward node starting moves forward -> backward) and hands each
-// record to the op recorder of each target that is on:
+// record to the op recorder of its thread's target (the dry run's thread records into
+// the meta trace, every other thread into the profiled step):
 // - the profiled step (StepSink): the step log's op events, FLOPs and reads, and the
 //   origin of allocations (op and layer, for leak hunting and snapshots);
 // - the estimator's dry run (DryRunSink): the same events into the meta trace, plus
 //   what only a prediction needs (the cuBLAS workspaces' ops, outputs sized without
-//   the allocator), from meta.cpp's hooks.
+//   the allocator), from the dry run's hooks (dryrun/trace.cpp).
 // So FLOPs, layers, module paths and reads are counted by the same code for a
 // measured step and a predicted one.
 //
@@ -47,6 +48,7 @@ constexpr char kEvaluateFunction[] = "autograd::engine::evaluate_function";
 // tables are kept until the session ends, as another thread may still read them).
 
 struct ParamTable {
+  int target = MP_TARGET_STEP;  // whose table
   uint64_t mask = 0;
   std::unique_ptr<uint64_t[]> keys;
   std::unique_ptr<int32_t[]> vals;    // variable index
@@ -222,7 +224,7 @@ struct StepSink {
   }
 };
 
-// The dry run: the meta trace, numbered per training step of the dry run (meta.cpp).
+// The dry run: the meta trace, numbered per training step of the dry run (dryrun/).
 struct DryRunSink {
   static constexpr int kTarget = MP_TARGET_DRY_RUN;
   static OpStack& stack() {
@@ -323,7 +325,10 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
     }
     int32_t layer1 = 0;
     const int32_t var = backward_record ? -1 : first_variable(S::kTarget, fn.inputs(), &layer1);
-    const uint32_t scope = t.n_scope > 0 ? uint32_t(t.scopes[t.n_scope - 1] + 1) : 0;
+    // The thread's scopes (tch_memprof::scope), whichever recorder runs.
+    const OpStack& scopes = tls_ops;
+    const uint32_t scope =
+        scopes.n_scope > 0 ? uint32_t(scopes.scopes[scopes.n_scope - 1] + 1) : 0;
     int32_t module1 = 0;
     const bool script =
         !backward_record && steplog && script_module(&module1, S::module_buf(), kNameLen);
@@ -445,10 +450,47 @@ bool is_backward_record(const at::RecordFunction& fn) {
       std::strncmp(name, kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0;
 }
 
+namespace {
+// What each open record of this thread entered, by nesting depth (bit d): the session's
+// count of running backward nodes, the profiled step's recorder, the dry run's. Decided
+// at the record's start and undone at its end from these bits, so a flag that changes in
+// between (a session starting, a dry run ending) never unbalances a count or a stack.
+// Records nested deeper than 64 are left to their parents.
+struct Entered {
+  int depth;
+  uint64_t backward;
+  uint64_t step;
+  uint64_t dry;
+};
+thread_local Entered tls_entered;
+}  // namespace
+
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  Entered& en = tls_entered;
+  const int d = en.depth++;
+  if (d >= 64) {
+    return nullptr;
+  }
+  const uint64_t bit = uint64_t(1) << d;
+  en.backward &= ~bit;
+  en.step &= ~bit;
+  en.dry &= ~bit;
   const bool backward_record = is_backward_record(fn);
+  // A dry run's thread records into the meta trace only; any other thread into the
+  // profiled step only.
+  if (dry_run_thread()) {
+    if (meta_trace_on()) {
+      en.dry |= bit;
+      try {
+        op_start<DryRunSink>(fn, backward_record, true);
+      } catch (...) {
+      }
+    }
+    return nullptr;
+  }
   if (g_step_user.load(std::memory_order_relaxed)) {
     if (backward_record) {
+      en.backward |= bit;
       g_active_backward.fetch_add(1, std::memory_order_acq_rel);
       const uint64_t gp = g_genphase.load(std::memory_order_acquire);
       const uint32_t ph = cur_phase(gp);
@@ -458,6 +500,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     }
     const bool steplog = g_steplog_on.load(std::memory_order_relaxed);
     if (steplog || g_origin_on.load(std::memory_order_relaxed)) {
+      en.step |= bit;
       try {
         op_start<StepSink>(fn, backward_record, steplog);
       } catch (...) {
@@ -465,30 +508,33 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       }
     }
   }
-  if (meta_trace_on()) {
-    try {
-      op_start<DryRunSink>(fn, backward_record, true);
-    } catch (...) {
-    }
-  }
   return nullptr;
 }
 
 void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  Entered& en = tls_entered;
+  if (en.depth <= 0) {
+    return;  // begun before this thread's first record was seen
+  }
+  const int d = --en.depth;
+  if (d >= 64) {
+    return;
+  }
+  const uint64_t bit = uint64_t(1) << d;
+  if (!((en.backward | en.step | en.dry) & bit)) {
+    return;
+  }
   const bool backward_record = is_backward_record(fn);
-  if (g_step_user.load(std::memory_order_relaxed)) {
-    const bool steplog = g_steplog_on.load(std::memory_order_relaxed);
-    if (steplog || g_origin_on.load(std::memory_order_relaxed)) {
-      try {
-        op_end<StepSink>(fn, backward_record, steplog);
-      } catch (...) {
-      }
-    }
-    if (backward_record) {
-      g_active_backward.fetch_sub(1, std::memory_order_acq_rel);
+  if (en.step & bit) {
+    try {
+      op_end<StepSink>(fn, backward_record, g_steplog_on.load(std::memory_order_relaxed));
+    } catch (...) {
     }
   }
-  if (meta_trace_on()) {
+  if (en.backward & bit) {
+    g_active_backward.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  if (en.dry & bit) {
     try {
       op_end<DryRunSink>(fn, backward_record, true);
     } catch (...) {
@@ -529,15 +575,14 @@ void op_callback_use(int target, bool on, bool inputs, bool outputs) {
 void clear_params(int target) {
   std::lock_guard<std::mutex> lock(g_params_mutex);
   g_params[target].store(nullptr);
-  // Replaced tables are released here, when their recorder stops; the other target's
-  // current table stays.
+  // This target's tables are released here, when its recorder stops; the other
+  // target's, current and replaced, stay (a reader may still hold one).
   if (g_params_all) {
-    const ParamTable* other = g_params[1 - target].load();
     auto& all = *g_params_all;
     all.erase(
         std::remove_if(
             all.begin(), all.end(),
-            [&](const std::unique_ptr<ParamTable>& t) { return t.get() != other; }),
+            [&](const std::unique_ptr<ParamTable>& t) { return t->target == target; }),
         all.end());
   }
 }
@@ -553,6 +598,7 @@ int set_params(int target, const uint64_t* ptrs, const int32_t* ids, const int32
     return -1;
   }
   auto t = std::make_unique<ParamTable>();
+  t->target = target;
   uint64_t cap = 16;
   while (cap < 2 * uint64_t(n) + 1) {
     cap <<= 1;
