@@ -16,7 +16,7 @@ mod common;
 #[path = "common/gpt.rs"]
 mod gpt;
 
-use gpt::{compare, Run};
+use gpt::{compare, compare_categories, Run};
 use tch::Kind;
 use tch_memprof::estimate::Optimizer;
 
@@ -80,4 +80,26 @@ fn bf16_autocast_training_step() {
 fn bf16_autocast_inference() {
     let (cpu, dry, op) = compare_at(false, Some(Kind::BFloat16));
     assert_peak_within_cpu_scratch(cpu, dry, &op);
+}
+
+/// The one replay: the dry run's step, replayed as the estimate replays its predicted
+/// step (in the bytes a CPU run holds: each block its request, no workspace), reads as
+/// the profiler's measurement of the same step on the CPU, category by category after
+/// every op: weights, gradients, activations, temporaries, optimizer state, other.
+#[test]
+fn the_predicted_step_is_the_measured_one_category_by_category_in_training() {
+    compare_categories(&Run::train(Optimizer::AdamW, BATCH));
+}
+
+#[test]
+fn the_predicted_step_is_the_measured_one_category_by_category_in_inference() {
+    compare_categories(&Run::inference(BATCH));
+}
+
+#[test]
+fn the_predicted_step_is_the_measured_one_category_by_category_with_accumulation() {
+    compare_categories(&Run {
+        accumulate: 2,
+        ..Run::train(Optimizer::AdamW, BATCH)
+    });
 }

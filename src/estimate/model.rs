@@ -10,7 +10,7 @@ use tch::nn;
 use tch::{Device, Tensor};
 
 use super::models::{self, Chain};
-use super::replay::{peak_step, predicted_step, through_allocator, ModelVars};
+use super::replay::{as_requested, peak_step, predicted_step, through_allocator, ModelVars};
 
 mod dry_run;
 use super::{Estimate, Fit, Input, Mode, Options, NOT_MODELLED};
@@ -545,6 +545,25 @@ impl Model {
             step_flops: device.flops / u64::from(steps),
             step,
         })
+    }
+
+    /// Step `step` of a dry run in the bytes a CPU run holds (each block its request, no
+    /// workspace), through the step timeline's passes: what the checks against a
+    /// measured CPU step compare.
+    pub(super) fn step_as_requested(
+        &self,
+        run: &DryRun,
+        options: &Options,
+        step: u32,
+    ) -> Result<crate::timeline::StepProfile> {
+        let device = as_requested(&self.weights, &run.events, options);
+        Ok(predicted_step(
+            &device,
+            step,
+            &self.vars()?,
+            &mut Names::default(),
+            None,
+        ))
     }
 
     /// One dry run replayed under each allocator setting of `allocators` (the trace does

@@ -62,14 +62,90 @@ pub(super) struct StepPeak {
     pub phase: Phase,
 }
 
+/// What turns a request into the bytes a device holds.
+enum Allocator {
+    /// PyTorch's CUDA caching allocator (the model), with the cuBLAS workspaces.
+    Caching(CachingAllocator),
+    /// Every block its request, no workspace: the CPU allocator's bytes, for the checks
+    /// of a predicted step against a measured CPU step.
+    AsRequested {
+        live: HashMap<u64, u64>,
+        stats: AllocatorStats,
+        unknown_frees: u64,
+    },
+}
+
+impl Allocator {
+    fn malloc(&mut self, id: u64, bytes: u64) -> u64 {
+        match self {
+            Allocator::Caching(a) => a.malloc(id, bytes),
+            Allocator::AsRequested { live, stats, .. } => {
+                if bytes > 0 {
+                    live.insert(id, bytes);
+                    stats.allocated += bytes;
+                    stats.peak_allocated = stats.peak_allocated.max(stats.allocated);
+                    stats.reserved = stats.allocated;
+                    stats.peak_reserved = stats.peak_allocated;
+                    stats.requested = stats.allocated;
+                    stats.peak_requested = stats.peak_allocated;
+                }
+                bytes
+            }
+        }
+    }
+
+    fn free(&mut self, id: u64) {
+        match self {
+            Allocator::Caching(a) => a.free(id),
+            Allocator::AsRequested {
+                live,
+                stats,
+                unknown_frees,
+            } => match live.remove(&id) {
+                Some(bytes) => {
+                    stats.allocated -= bytes;
+                    stats.reserved = stats.allocated;
+                    stats.requested = stats.allocated;
+                }
+                None => *unknown_frees += 1,
+            },
+        }
+    }
+
+    fn stats(&self) -> AllocatorStats {
+        match self {
+            Allocator::Caching(a) => a.stats(),
+            Allocator::AsRequested { stats, .. } => *stats,
+        }
+    }
+}
+
 /// Replays the weights' and the run's events through the caching allocator under
 /// `options` (its settings, the GPU's cuBLAS workspace).
 pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Options) -> Device {
-    let mut alloc = CachingAllocator::new(options.allocator.clone());
+    replay_on(
+        Allocator::Caching(CachingAllocator::new(options.allocator.clone())),
+        weights,
+        run,
+        options,
+    )
+}
+
+/// The same with every block its request and no workspace (the bytes a CPU run holds).
+pub(super) fn as_requested(weights: &[Event], run: &[Event], options: &Options) -> Device {
+    let alloc = Allocator::AsRequested {
+        live: HashMap::new(),
+        stats: AllocatorStats::default(),
+        unknown_frees: 0,
+    };
+    replay_on(alloc, weights, run, options)
+}
+
+fn replay_on(mut alloc: Allocator, weights: &[Event], run: &[Event], options: &Options) -> Device {
+    let exact = matches!(alloc, Allocator::AsRequested { .. });
     let mut charged: HashMap<u64, i64> = HashMap::new();
     let mut events = Vec::with_capacity(weights.len() + run.len() + 4);
-    let mut device = |alloc: &mut CachingAllocator, events: &mut Vec<Event>, e: &Event| match e.kind
-    {
+    let mut device = |alloc: &mut Allocator, events: &mut Vec<Event>, e: &Event| match e.kind {
         EventKind::Alloc => {
             let bytes = alloc.malloc(e.ptr, e.value.max(0) as u64) as i64;
             if bytes > 0 {
@@ -136,7 +212,7 @@ pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Opti
                     wants.push((2 + thread, gpu::CUBLASLT_WORKSPACE));
                 }
                 for (slot, size) in wants {
-                    if !workspaces[slot] && size > 0 {
+                    if !exact && !workspaces[slot] && size > 0 {
                         workspaces[slot] = true;
                         let id = WORKSPACE_ID + slot as u64;
                         let bytes = alloc.malloc(id, size) as i64;
@@ -165,6 +241,10 @@ pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Opti
             }
         }
     }
+    let (unknown_frees, refused_requests) = match &alloc {
+        Allocator::Caching(a) => (a.unknown_frees(), a.refused_requests()),
+        Allocator::AsRequested { unknown_frees, .. } => (*unknown_frees, 0),
+    };
     Device {
         events,
         weights: weights_allocated,
@@ -174,8 +254,8 @@ pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Opti
         allocations,
         flops,
         steps,
-        unknown_frees: alloc.unknown_frees(),
-        refused_requests: alloc.refused_requests(),
+        unknown_frees,
+        refused_requests,
     }
 }
 
@@ -205,9 +285,10 @@ pub(super) fn peak_step(device: &Device) -> Option<StepPeak> {
 }
 
 /// The profile of dry-run step `step`, as the step timeline replays a profiled step:
-/// what is live when it begins is classified (the weights by `vars`, gradients and
-/// optimizer state by the phase that made them in an earlier step, the rest, the cuBLAS
-/// workspaces included, other),
+/// what is live when it begins is classified as the profiler classifies it (the
+/// variables by `vars`: trainable ones PARAM, the others BUFFER; gradients and optimizer
+/// state by the phase that made them in an earlier step; the rest, the cuBLAS workspaces
+/// included, OTHER),
 /// then its events go through the timeline's passes. With `site_name` (which names an
 /// allocation's site, its `aux`), the blocks idle at the peak too.
 pub(super) fn predicted_step(
@@ -239,6 +320,7 @@ pub(super) fn predicted_step(
             _ => {}
         }
     }
+    let variables: HashSet<u64> = vars.ptrs.iter().copied().collect();
     let mut start = StepStart {
         generation: step,
         device_owned: (0..4).map(|slot| WORKSPACE_ID + slot).collect(),
@@ -248,16 +330,15 @@ pub(super) fn predicted_step(
         start.live += bytes;
         if start.device_owned.contains(&ptr) {
             // A workspace: other.
-        } else if generation == 0 {
-            // Made with the model: its variables and buffers.
-            if vars.trainable.contains(&ptr) {
-                start.param.insert(ptr, bytes);
-            } else {
-                start.buffer.insert(ptr, bytes);
-            }
-        } else if phase == Phase::Backward {
+        } else if vars.trainable.contains(&ptr) {
+            start.param.insert(ptr, bytes);
+        } else if generation == 0 && variables.contains(&ptr) {
+            // The model's other variables (batch-norm statistics); what else building it
+            // left (a tensor held outside the variables) is other, as the profiler has it.
+            start.buffer.insert(ptr, bytes);
+        } else if phase == Phase::Backward && generation > 0 {
             start.grad.insert(ptr, bytes);
-        } else if phase == Phase::Optimizer {
+        } else if phase == Phase::Optimizer && generation > 0 {
             start.opt += bytes;
         }
     }

@@ -32,6 +32,26 @@ pub struct TraceOp {
     pub live_bytes: u64,
 }
 
+/// Step `step` (from 1) of the dry run of `mode` on `model` with `lists`' autocast lists,
+/// replayed as the estimate replays its predicted step, but in the bytes a CPU run holds
+/// (each block its request, no cuBLAS workspace): the same `StepProfile` a profiled CPU
+/// step gives, category by category, for the checks of the one replay.
+pub fn dry_run_step(
+    model: &Model,
+    inputs: &[Input],
+    mode: Mode,
+    options: &Options,
+    lists: Lists,
+    step: u32,
+) -> Result<crate::timeline::StepProfile> {
+    let list = match lists {
+        Lists::Cuda => native::AUTOCAST_LIST_CUDA,
+        Lists::Cpu => native::AUTOCAST_LIST_CPU,
+    };
+    let run = model.dry_run_lists(inputs, mode, options, list, false)?;
+    model.step_as_requested(&run, options, step)
+}
+
 /// The live bytes of one dry run.
 #[derive(Clone, Debug, Default)]
 pub struct DryRunTrace {

@@ -105,7 +105,8 @@ pub(crate) fn meta_sites(on: bool) -> Result<()> {
 pub(crate) enum Mark {
     /// A forward pass begins (after an optimizer step, or first: a new training step).
     Forward,
-    /// Its backward pass begins.
+    /// Its backward pass is next: it begins at the autograd engine's first node, as the
+    /// profiler finds it.
     Backward,
     /// Its optimizer step begins.
     Optimizer,

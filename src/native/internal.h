@@ -179,15 +179,16 @@ bool transition(uint32_t from, uint32_t to);
 
 // Called on every allocation by the training thread: the allocation-driven phase
 // changes (backward -> optimizer when no backward node runs; optimizer -> forward when
-// a grad-mode op allocates, i.e. the next micro-batch's forward pass).
+// a grad-mode op allocates, i.e. the next micro-batch's forward pass, whose first
+// allocation may be the one that ends backward: both checks run).
 inline uint64_t phase_for_alloc() {
   uint64_t gp = g_genphase.load(std::memory_order_acquire);
   if (tls_training_thread) {
-    const uint32_t ph = cur_phase(gp);
-    if (ph == kBackward && g_active_backward.load(std::memory_order_acquire) == 0) {
+    if (cur_phase(gp) == kBackward && g_active_backward.load(std::memory_order_acquire) == 0) {
       transition(kBackward, kOptimizer);
       gp = g_genphase.load(std::memory_order_acquire);
-    } else if (ph == kOptimizer && c10::GradMode::is_enabled()) {
+    }
+    if (cur_phase(gp) == kOptimizer && c10::GradMode::is_enabled()) {
       transition(kOptimizer, kForward);
       gp = g_genphase.load(std::memory_order_acquire);
     }

@@ -73,7 +73,7 @@ enum MpTarget {
 enum MpMetaMark {
   MP_MARK_NONE = 0,       // not a mark
   MP_MARK_FORWARD = 1,    // a step's forward pass begins
-  MP_MARK_BACKWARD = 2,   // its backward pass begins
+  MP_MARK_BACKWARD = 2,   // its backward pass is next (it begins at the first autograd node)
   MP_MARK_OPTIMIZER = 3,  // its optimizer step begins
   MP_MARK_BASELINE = 4,   // the first step's inputs are on the device: the baseline
   MP_MARK_END = 5,        // the dry run's loop is over (what it frees after belongs to no step)

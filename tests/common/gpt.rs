@@ -10,9 +10,9 @@
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 use tch_memprof::estimate::models::Chain;
-use tch_memprof::estimate::trace::{dry_run_trace, DryRunTrace, Lists, TraceOp};
+use tch_memprof::estimate::trace::{dry_run_step, dry_run_trace, DryRunTrace, Lists, TraceOp};
 use tch_memprof::estimate::{Input, Mode, Model, Optimizer, Options};
-use tch_memprof::{Checkpointed, MemoryProfiler, StepProfile};
+use tch_memprof::{Category, Checkpointed, MemoryProfiler, StepProfile, StepRow};
 
 pub const VOCAB: i64 = 97;
 pub const CONTEXT: i64 = 16;
@@ -364,6 +364,77 @@ pub fn cpu_run(run: &Run) -> StepProfile {
 }
 
 /// The dry run of `run`, with CPU autocast's op lists (the real run's).
+/// The dry run's profiled step (`Run::step`), replayed as the estimate replays its
+/// predicted step, in the bytes a CPU run holds.
+pub fn dry_run_profile(run: &Run) -> StepProfile {
+    let model = match run.checkpoint {
+        Some(_) => Model::build_chain_on_meta(Gpt::new).unwrap(),
+        None => Model::build_on_meta(Gpt::new).unwrap(),
+    };
+    let options = Options {
+        autocast: run.autocast,
+        accumulate: run.accumulate,
+        checkpoint: run.checkpoint,
+        zero_grad_first: run.zero_grad_first,
+        steps: STEPS,
+        ..Options::default()
+    };
+    let input = Input::new(&[run.batch, CONTEXT], Kind::Int64);
+    dry_run_step(&model, &[input], run.mode, &options, Lists::Cpu, run.step()).unwrap()
+}
+
+/// The predicted step against the measured one, op by op and category by category: the
+/// same ops (the CPU's `randint` batch and targets, the dry run's `empty` meta ones left
+/// out), each category's bytes the same after every op, the same peak and its split.
+pub fn compare_categories(run: &Run) {
+    let _serial = crate::common::serial();
+    let dry = dry_run_profile(run);
+    let cpu = cpu_run(run);
+    let cpu_rows: Vec<&StepRow> = cpu
+        .rows
+        .iter()
+        .filter(|r| r.op != "aten::randint")
+        .collect();
+    let dry_rows: Vec<&StepRow> = dry.rows.iter().filter(|r| r.op != "aten::empty").collect();
+    let line = |r: &StepRow| {
+        let cats: Vec<String> = Category::ALL
+            .iter()
+            .map(|c| format!("{} {}", c.label(), r.bytes.get(*c)))
+            .collect();
+        format!("{} {} [{}]", r.op, r.phase.name(), cats.join(", "))
+    };
+    let table = || {
+        cpu_rows
+            .iter()
+            .zip(&dry_rows)
+            .enumerate()
+            .map(|(i, (c, d))| format!("{i:4} | {}\n     | {}", line(c), line(d)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(cpu_rows.len(), dry_rows.len(), "{}", table());
+    for (i, (c, d)) in cpu_rows.iter().zip(&dry_rows).enumerate() {
+        assert_eq!(c.op, d.op, "op {i}\n{}", table());
+        for cat in Category::ALL {
+            assert_eq!(
+                c.bytes.get(cat),
+                d.bytes.get(cat),
+                "op {i} {}: {}\n{}",
+                c.op,
+                cat.label(),
+                table()
+            );
+        }
+    }
+    assert_eq!(cpu.peak.bytes, dry.peak.bytes);
+    assert_eq!(cpu.peak.breakdown, dry.peak.breakdown);
+    eprintln!(
+        "{run:?}: {} ops, peak {} B, by category the same op by op",
+        cpu_rows.len(),
+        cpu.peak.bytes
+    );
+}
+
 pub fn dry_run(run: &Run) -> DryRunTrace {
     let model = match run.checkpoint {
         Some(_) => Model::build_chain_on_meta(Gpt::new).unwrap(),

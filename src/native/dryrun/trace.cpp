@@ -56,6 +56,10 @@ std::atomic<bool> g_meta_ready{false};
 // The dry run's state, set by its marks: phase, training step (0 before the first),
 // op numbers within the step; and the live bytes of every meta block of the process.
 std::atomic<uint32_t> g_meta_phase{kForward};
+// Backward was marked and begins at the autograd engine's first node, as the profiler
+// finds it: what `backward()` allocates before the engine runs (the loss's gradient
+// seed) is the forward pass's.
+std::atomic<bool> g_meta_backward_pending{false};
 std::atomic<uint32_t> g_meta_step{0};
 std::atomic<int32_t> g_meta_ops{0};
 std::atomic<int64_t> g_meta_live{0};
@@ -257,6 +261,11 @@ void meta_append(const MpTlEvent& e) {
 }
 
 void dry_run_op_started(const at::RecordFunction& fn, int depth) {
+  if (g_meta_backward_pending.load(std::memory_order_relaxed) && is_backward_record(fn)) {
+    g_meta_backward_pending.store(false);
+    g_meta_phase.store(kBackward);
+    meta_append(MpTlEvent{MP_EV_PHASE, uint8_t(kBackward), 0, 0, g_meta_step.load(), -1, 0, 0, 0});
+  }
   const char* name = fn.name();
   tls_blas_kind[depth] = !is_cublas_op(name) ? int8_t(0) : uses_cublaslt(name, fn) ? 2 : 1;
 }
@@ -293,6 +302,7 @@ bool meta_begin() {
   g_meta_len.store(0);
   g_meta_step.store(0);
   g_meta_phase.store(kForward);
+  g_meta_backward_pending.store(false);
   g_meta_ops.store(0);
   tls_dry_ops = OpStack{};
   op_callback_use(MP_TARGET_DRY_RUN, true, /*inputs=*/true, /*outputs=*/true);
@@ -330,8 +340,8 @@ bool meta_sites(bool on) {
 }
 
 // A mark of the dry run: a forward pass begins (after an optimizer step, or first: a new
-// training step, whose ops are numbered from 0 again), backward or the optimizer step
-// begins, the weights and first batch are on the device, or the loop is over (what the
+// training step, whose ops are numbered from 0 again), backward is about to begin (it
+// does at the engine's first node) or the optimizer step begins, the weights and first batch are on the device, or the loop is over (what the
 // dry run frees after it, in a step of its own).
 void meta_mark(int32_t what) {
   uint32_t phase = g_meta_phase.load();
@@ -340,6 +350,7 @@ void meta_mark(int32_t what) {
       meta_append(MpTlEvent{MP_EV_BASELINE, uint8_t(phase), 0, 0, g_meta_step.load(), -1, 0, 0, 0});
       return;
     case MP_MARK_FORWARD:
+      g_meta_backward_pending.store(false);
       if (g_meta_step.load() == 0 || phase == kOptimizer) {
         g_meta_step.fetch_add(1);
         g_meta_ops.store(0);
@@ -347,12 +358,15 @@ void meta_mark(int32_t what) {
       phase = kForward;
       break;
     case MP_MARK_BACKWARD:
-      phase = kBackward;
-      break;
+      // The phase changes at the first backward node (dry_run_op_started).
+      g_meta_backward_pending.store(true);
+      return;
     case MP_MARK_OPTIMIZER:
+      g_meta_backward_pending.store(false);
       phase = kOptimizer;
       break;
     default:  // MP_MARK_END: a step of its own, with no op
+      g_meta_backward_pending.store(false);
       g_meta_step.fetch_add(1);
       g_meta_ops.store(0);
       phase = kForward;
