@@ -65,7 +65,7 @@ pub(super) struct StepPeak {
 /// What turns a request into the bytes a device holds.
 enum Allocator {
     /// PyTorch's CUDA caching allocator (the model), with the cuBLAS workspaces.
-    Caching(CachingAllocator),
+    Caching(Box<CachingAllocator>),
     /// Every block its request, no workspace: the CPU allocator's bytes, for the checks
     /// of a predicted step against a measured CPU step.
     AsRequested {
@@ -124,7 +124,7 @@ impl Allocator {
 /// `options` (its settings, the GPU's cuBLAS workspace).
 pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Options) -> Device {
     replay_on(
-        Allocator::Caching(CachingAllocator::new(options.allocator.clone())),
+        Allocator::Caching(Box::new(CachingAllocator::new(options.allocator.clone()))),
         weights,
         run,
         options,
