@@ -142,6 +142,40 @@ void restore_scalar_constants(torch::jit::Module& m, const std::string& path) {
     }
   }
 }
+
+// A traced or scripted graph names the device it was made on as constants:
+// `aten::to(x, dtype, device=cpu)` in rotary embeddings, `aten::arange(..., device=cpu)`
+// for position ids, `aten::zeros(..., device=cuda:0)` for masks. In the dry run every
+// device the graph names is the dry run's: each device constant becomes `meta`, so
+// what the graph makes on "its" device is made on meta, as it would be on the GPU.
+// Returns how many constants were rewritten.
+size_t devices_to_meta(torch::jit::Block* block) {
+  size_t n = 0;
+  for (torch::jit::Node* node : block->nodes()) {
+    for (torch::jit::Block* b : node->blocks()) {
+      n += devices_to_meta(b);
+    }
+    if (node->kind() != c10::prim::Constant || node->outputs().size() != 1 ||
+        !node->hasAttribute(c10::attr::value) ||
+        node->output()->type()->kind() != c10::TypeKind::DeviceObjType) {
+      continue;
+    }
+    if (node->kindOf(c10::attr::value) == torch::jit::AttributeKind::s &&
+        node->s(c10::attr::value) != "meta") {
+      node->s_(c10::attr::value, "meta");
+      ++n;
+    }
+  }
+  return n;
+}
+
+void graph_devices_to_meta(torch::jit::Module& m) {
+  for (const torch::jit::Module& sub : m.modules()) {
+    for (const torch::jit::Method& method : sub.get_methods()) {
+      devices_to_meta(method.graph()->block());
+    }
+  }
+}
 }  // namespace
 
 void* script_load(const char* path) {
@@ -151,6 +185,7 @@ void* script_load(const char* path) {
   auto m = torch::jit::load(std::string(path), c10::Device(c10::kMeta), extra,
                             /*load_debug_files=*/false);
   restore_scalar_constants(m, path);
+  graph_devices_to_meta(m);
   return new torch::jit::Module(std::move(m));
 }
 

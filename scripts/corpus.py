@@ -1,0 +1,289 @@
+"""The model corpus: real-world models from the transformers, torchvision and timm
+packages, random-initialised from small configurations (nothing is downloaded) and
+traced with torch.jit.trace at the shape they are estimated at, as their users trace
+them.
+
+    python3 scripts/corpus.py --list                 # the models, one a line
+    python3 scripts/corpus.py --out DIR [NAME ...]   # trace them into DIR
+
+For each model, DIR/NAME.pt and a line in DIR/corpus.jsonl:
+  {"name", "package", "file", "inputs": ["2x64:i64", ...], "param_bytes", "buffer_bytes",
+   "error"}
+where param_bytes and buffer_bytes are what PyTorch counts (`named_parameters()` and
+`named_buffers()`, each storage once), and error is set when PyTorch itself could not
+trace the model (the model then has no file).
+
+Run with the Python of the torch wheel that scripts/with-libtorch.sh installs, with
+the packages of scripts/corpus-env.sh.
+"""
+
+import json
+import os
+import sys
+import traceback
+import warnings
+
+warnings.filterwarnings("ignore")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+
+TEXT = (2, 64)
+IMAGE = (1, 3, 224, 224)
+SMALL_IMAGE = (2, 3, 64, 64)
+
+# A small transformer: every transformers config takes these under one of its names.
+SMALL = dict(
+    vocab_size=1000,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=128,
+    use_cache=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def hf_patch():
+    """transformers >= 4.56 on torch >= 2.6 builds causal masks under vmap, which
+    torch.jit.trace cannot trace; its older mask functions trace."""
+    try:
+        import transformers.masking_utils as mu
+    except ImportError:
+        return
+    mu._is_torch_greater_or_equal_than_2_6 = False
+    if hasattr(mu, "sdpa_mask_older_torch"):
+        mu.sdpa_mask = mu.sdpa_mask_older_torch
+        mapping = getattr(mu.AttentionMaskInterface, "_global_mapping", None)
+        if mapping is not None and "sdpa" in mapping:
+            mapping["sdpa"] = mu.sdpa_mask_older_torch
+
+
+def hf(config_cls, model_cls, shape=TEXT, **over):
+    def build():
+        import transformers
+
+        kw = dict(SMALL)
+        kw.update(over)
+        cfg = getattr(transformers, config_cls)(**kw)
+        return getattr(transformers, model_cls)(cfg).eval()
+
+    return build, [shape_spec(shape, "i64")], "transformers"
+
+
+def hf_image(config_cls, model_cls, shape=SMALL_IMAGE, **over):
+    def build():
+        import transformers
+
+        cfg = getattr(transformers, config_cls)(**over)
+        return getattr(transformers, model_cls)(cfg).eval()
+
+    return build, [shape_spec(shape, "f32")], "transformers"
+
+
+def tv(name, shape=IMAGE, **kw):
+    def build():
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None, **kw).eval()
+
+    return build, [shape_spec(shape, "f32")], "torchvision"
+
+
+def tv_class(path, shape, **kw):
+    def build():
+        import importlib
+
+        mod, cls = path.rsplit(".", 1)
+        return getattr(importlib.import_module(mod), cls)(**kw).eval()
+
+    return build, [shape_spec(shape, "f32")], "torchvision"
+
+
+def tm(name, shape=IMAGE, **kw):
+    def build():
+        import timm
+
+        return timm.create_model(name, pretrained=False, num_classes=10, **kw).eval()
+
+    return build, [shape_spec(shape, "f32")], "timm"
+
+
+def shape_spec(shape, dtype):
+    return "x".join(str(s) for s in shape) + ":" + dtype
+
+
+DEC = dict(tie_word_embeddings=False)
+
+MODELS = {
+    # transformers: decoder LLMs (causal LM heads), sdpa attention as they default to.
+    "hf-gpt2": hf("GPT2Config", "GPT2LMHeadModel", n_embd=64, n_layer=2, n_head=4, n_positions=128),
+    "hf-llama": hf("LlamaConfig", "LlamaForCausalLM"),
+    "hf-mistral": hf("MistralConfig", "MistralForCausalLM", sliding_window=None),
+    "hf-qwen2": hf("Qwen2Config", "Qwen2ForCausalLM"),
+    "hf-qwen3": hf("Qwen3Config", "Qwen3ForCausalLM", head_dim=16),
+    "hf-phi3": hf("Phi3Config", "Phi3ForCausalLM"),
+    "hf-phi": hf("PhiConfig", "PhiForCausalLM"),
+    "hf-gemma": hf("GemmaConfig", "GemmaForCausalLM", head_dim=16),
+    "hf-gemma2": hf("Gemma2Config", "Gemma2ForCausalLM", head_dim=16, sliding_window=32),
+    "hf-olmo": hf("OlmoConfig", "OlmoForCausalLM"),
+    "hf-olmo2": hf("Olmo2Config", "Olmo2ForCausalLM"),
+    "hf-stablelm": hf("StableLmConfig", "StableLmForCausalLM"),
+    "hf-gpt-neox": hf("GPTNeoXConfig", "GPTNeoXForCausalLM"),
+    "hf-opt": hf("OPTConfig", "OPTForCausalLM", ffn_dim=128, word_embed_proj_dim=64),
+    "hf-bloom": hf("BloomConfig", "BloomForCausalLM", n_layer=2, n_head=4),
+    "hf-falcon": hf("FalconConfig", "FalconForCausalLM", new_decoder_architecture=False),
+    "hf-gptj": hf("GPTJConfig", "GPTJForCausalLM", n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128),
+    "hf-codegen": hf("CodeGenConfig", "CodeGenForCausalLM", n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128, n_ctx=128),
+    "hf-gpt-bigcode": hf("GPTBigCodeConfig", "GPTBigCodeForCausalLM", n_embd=64, n_layer=2, n_head=4, n_positions=128),
+    "hf-starcoder2": hf("Starcoder2Config", "Starcoder2ForCausalLM", sliding_window=None),
+    "hf-cohere": hf("CohereConfig", "CohereForCausalLM"),
+    "hf-granite": hf("GraniteConfig", "GraniteForCausalLM"),
+    "hf-xglm": hf("XGLMConfig", "XGLMForCausalLM", d_model=64, num_layers=2, attention_heads=4, ffn_dim=128),
+    "hf-biogpt": hf("BioGptConfig", "BioGptForCausalLM"),
+    "hf-mixtral": hf("MixtralConfig", "MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2),
+    # transformers: encoders.
+    "hf-bert": hf("BertConfig", "BertForMaskedLM"),
+    "hf-bert-eager": hf("BertConfig", "BertModel", attn_implementation="eager"),
+    "hf-roberta": hf("RobertaConfig", "RobertaForMaskedLM", max_position_embeddings=130),
+    "hf-distilbert": hf("DistilBertConfig", "DistilBertForMaskedLM", dim=64, n_layers=2, n_heads=4, hidden_dim=128),
+    "hf-albert": hf("AlbertConfig", "AlbertForMaskedLM", embedding_size=32),
+    "hf-electra": hf("ElectraConfig", "ElectraForMaskedLM", embedding_size=64),
+    "hf-deberta-v2": hf("DebertaV2Config", "DebertaV2ForMaskedLM"),
+    "hf-mpnet": hf("MPNetConfig", "MPNetForMaskedLM"),
+    "hf-xlm-roberta": hf("XLMRobertaConfig", "XLMRobertaForMaskedLM", max_position_embeddings=130),
+    "hf-mobilebert": hf("MobileBertConfig", "MobileBertForMaskedLM", embedding_size=32, intra_bottleneck_size=32, true_hidden_size=32, num_feedforward_networks=2),
+    "hf-t5-encoder": hf("T5Config", "T5EncoderModel", d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4),
+    # transformers: vision and audio.
+    "hf-vit": hf_image("ViTConfig", "ViTForImageClassification", image_size=64, patch_size=16, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),
+    "hf-swin": hf_image("SwinConfig", "SwinForImageClassification", image_size=64, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4),
+    "hf-convnext": hf_image("ConvNextConfig", "ConvNextForImageClassification", hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1]),
+    "hf-resnet": hf_image("ResNetConfig", "ResNetForImageClassification", hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1], embedding_size=16),
+    "hf-segformer": hf_image("SegformerConfig", "SegformerForSemanticSegmentation", hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], decoder_hidden_size=64, num_attention_heads=[1, 2, 4, 8]),
+    "hf-wav2vec2": (
+        *hf_image("Wav2Vec2Config", "Wav2Vec2Model", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)[:1],
+        [shape_spec((2, 4000), "f32")],
+        "transformers",
+    ),
+    # torchvision.
+    "tv-resnet18": tv("resnet18", num_classes=10),
+    "tv-resnet50": tv("resnet50", num_classes=10),
+    "tv-mobilenet-v2": tv("mobilenet_v2", num_classes=10),
+    "tv-mobilenet-v3-small": tv("mobilenet_v3_small", num_classes=10),
+    "tv-efficientnet-b0": tv("efficientnet_b0", num_classes=10),
+    "tv-squeezenet": tv("squeezenet1_1", num_classes=10),
+    "tv-shufflenet": tv("shufflenet_v2_x0_5", num_classes=10),
+    "tv-mnasnet": tv("mnasnet0_5", num_classes=10),
+    "tv-regnet": tv("regnet_y_400mf", num_classes=10),
+    "tv-densenet121": tv("densenet121", num_classes=10),
+    "tv-convnext-tiny": tv("convnext_tiny", num_classes=10),
+    "tv-googlenet": tv("googlenet", num_classes=10, aux_logits=False, init_weights=False),
+    "tv-vit": tv_class("torchvision.models.vision_transformer.VisionTransformer", (2, 3, 64, 64), image_size=64, patch_size=16, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128, num_classes=10),
+    "tv-swin": tv_class("torchvision.models.swin_transformer.SwinTransformer", (2, 3, 64, 64), patch_size=[4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=[4, 4], num_classes=10),
+    # timm.
+    "timm-resnet10t": tm("resnet10t"),
+    "timm-efficientnet-b0": tm("efficientnet_b0"),
+    "timm-mobilenetv3": tm("mobilenetv3_small_050"),
+    "timm-vit-tiny": tm("vit_tiny_patch16_224"),
+    "timm-deit-tiny": tm("deit_tiny_patch16_224"),
+    "timm-convnext-atto": tm("convnext_atto"),
+    "timm-swin": tm("swin_tiny_patch4_window7_224", depths=(1, 1, 1, 1)),
+    "timm-levit": tm("levit_128s"),
+    "timm-poolformer": tm("poolformer_s12"),
+    "timm-edgenext": tm("edgenext_xx_small"),
+    "timm-mobilevit": tm("mobilevit_xxs", shape=(1, 3, 256, 256)),
+    "timm-regnetx": tm("regnetx_002"),
+    "timm-ghostnet": tm("ghostnet_100"),
+    "timm-mixer": tm("mixer_s32_224"),
+    "timm-resmlp": tm("resmlp_12_224"),
+    "timm-repvgg": tm("repvgg_a0"),
+    "timm-dla": tm("dla34"),
+    "timm-lcnet": tm("lcnet_050"),
+    "timm-fastvit": tm("fastvit_t8"),
+    "timm-efficientformer": tm("efficientformer_l1"),
+    "timm-pit": tm("pit_ti_224"),
+    "timm-xcit": tm("xcit_nano_12_p16_224", depth=2),
+    "timm-maxvit": tm("maxvit_nano_rw_256", shape=(1, 3, 256, 256)),
+    "timm-nfnet": tm("nf_resnet26", shape=(1, 3, 128, 128)),
+    "timm-coat": tm("coat_lite_tiny"),
+    "timm-eva02": tm("eva02_tiny_patch14_224", depth=2),
+}
+
+
+def make_input(spec):
+    shape, dtype = spec.split(":")
+    dims = [int(d) for d in shape.split("x")]
+    if dtype == "i64":
+        return torch.randint(3, 900, dims, dtype=torch.int64)
+    return torch.randn(dims)
+
+
+def storage_bytes(tensors):
+    seen = set()
+    total = 0
+    for t in tensors:
+        key = t.untyped_storage().data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def trace(name, out_dir):
+    build, inputs, package = MODELS[name]
+    row = {"name": name, "package": package, "file": None, "inputs": inputs,
+           "param_bytes": None, "buffer_bytes": None, "error": None}
+    try:
+        model = build()
+        row["param_bytes"] = storage_bytes(p for _, p in model.named_parameters())
+        row["buffer_bytes"] = storage_bytes(b for _, b in model.named_buffers())
+        xs = tuple(make_input(s) for s in inputs)
+        with torch.no_grad():
+            traced = torch.jit.trace(model, xs, strict=False, check_trace=False)
+        path = os.path.join(out_dir, name + ".pt")
+        traced.save(path)
+        row["file"] = path
+    except Exception as e:  # noqa: BLE001 - a model PyTorch cannot trace is reported
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if os.environ.get("CORPUS_DEBUG"):
+            traceback.print_exc()
+    return row
+
+
+def main(argv):
+    if argv[:1] == ["--list"]:
+        for name, (_, inputs, package) in MODELS.items():
+            print(name, package, " ".join(inputs))
+        return 0
+    if argv[:1] != ["--out"] or len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out_dir = argv[1]
+    names = argv[2:] or list(MODELS)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        print(f"corpus: no model {unknown[0]!r} (see --list)", file=sys.stderr)
+        return 2
+    os.makedirs(out_dir, exist_ok=True)
+    hf_patch()
+    with open(os.path.join(out_dir, "corpus.jsonl"), "w") as f:
+        for name in names:
+            row = trace(name, out_dir)
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            status = row["error"] or "traced"
+            print(f"{name}: {status}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
