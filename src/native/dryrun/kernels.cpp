@@ -277,6 +277,154 @@ void mps_as_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   op.callBoxed(stack);
 }
 
+// Ops PyTorch runs on meta from Python (its meta registrations and decompositions) and
+// libtorch's C++ does not. Each allocates what the CUDA kernel allocates.
+
+// roll: a new tensor of the input's sizes.
+at::Tensor roll_meta(const at::Tensor& self, at::IntArrayRef, at::IntArrayRef) {
+  return empty_as(self);
+}
+
+// hardtanh_backward (ReLU6 in MobileNets), hardsigmoid_backward: a gradient the size
+// of grad_output.
+at::Tensor hardtanh_backward_meta(const at::Tensor& grad_output, const at::Tensor&,
+                                  const at::Scalar&, const at::Scalar&) {
+  return empty_as(grad_output);
+}
+
+at::Tensor hardsigmoid_backward_meta(const at::Tensor& grad_output, const at::Tensor&) {
+  return empty_as(grad_output);
+}
+
+// The `.out` form of a unary op whose functional form is a composite that makes its
+// output and calls it (abs): `out` takes self's sizes.
+at::Tensor& unary_out_meta(const at::Tensor& self, at::Tensor& out) {
+  out.resize_(self.sizes());
+  return out;
+}
+
+// The dtype a reduction accumulates half and bfloat16 in on CUDA.
+at::ScalarType acc_type(at::ScalarType t) {
+  return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
+}
+
+// _weight_norm_interface (weight_norm, as wav2vec2's positional convolution uses it):
+// the weight, and the norms of g's shape in the accumulation dtype, saved for backward.
+std::tuple<at::Tensor, at::Tensor> weight_norm_meta(const at::Tensor& v, const at::Tensor& g,
+                                                    int64_t) {
+  return {empty_as(v), at::empty(g.sizes(), g.options().dtype(acc_type(g.scalar_type())))};
+}
+
+std::tuple<at::Tensor, at::Tensor> weight_norm_backward_meta(
+    const at::Tensor&, const at::Tensor& saved_v, const at::Tensor& saved_g, const at::Tensor&,
+    int64_t) {
+  return {empty_as(saved_v), empty_as(saved_g)};
+}
+
+// native_group_norm_backward: the gradients asked for, and (as CUDA's kernel does) two
+// [N, C] partial sums in the accumulation dtype, freed when the kernel ends.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward_meta(
+    const at::Tensor&, const at::Tensor& input, const at::Tensor&, const at::Tensor&,
+    const std::optional<at::Tensor>& weight, c10::SymInt n, c10::SymInt c, c10::SymInt,
+    int64_t, std::array<bool, 3> mask) {
+  const auto acc = input.options().dtype(acc_type(input.scalar_type()));
+  {
+    auto ds = at::empty({n.expect_int(), c.expect_int()}, acc);
+    auto db = at::empty({n.expect_int(), c.expect_int()}, acc);
+  }
+  auto opts = (weight && weight->defined()) ? weight->options() : input.options();
+  return {mask[0] ? empty_as(input) : at::Tensor(),
+          mask[1] ? at::empty({c.expect_int()}, opts) : at::Tensor(),
+          mask[2] ? at::empty({c.expect_int()}, opts) : at::Tensor()};
+}
+
+// The sizes a reduction over `dim` (all dimensions when none) leaves.
+std::vector<int64_t> reduced_sizes(const at::Tensor& self, at::OptionalIntArrayRef dim,
+                                   bool keepdim) {
+  std::vector<bool> reduce(size_t(self.dim()), !dim.has_value() || dim->empty());
+  if (dim.has_value()) {
+    for (int64_t d : *dim) {
+      reduce[size_t(c10::maybe_wrap_dim(d, self.dim()))] = true;
+    }
+  }
+  std::vector<int64_t> out;
+  for (int64_t d = 0; d < self.dim(); ++d) {
+    if (!reduce[size_t(d)]) {
+      out.push_back(self.size(d));
+    } else if (keepdim) {
+      out.push_back(1);
+    }
+  }
+  return out;
+}
+
+at::ScalarType real_type(at::ScalarType t) {
+  return at::isComplexType(t) ? c10::toRealValueType(t) : t;
+}
+
+// var.correction and std.correction (a hand-written LayerNorm's `x.var(-1)`): the
+// reduced tensor, real for complex input.
+at::Tensor var_meta(const at::Tensor& self, at::OptionalIntArrayRef dim,
+                    const std::optional<at::Scalar>&, bool keepdim) {
+  return at::empty(reduced_sizes(self, dim, keepdim),
+                   self.options().dtype(real_type(self.scalar_type())));
+}
+
+std::tuple<at::Tensor, at::Tensor> var_mean_meta(const at::Tensor& self,
+                                                 at::OptionalIntArrayRef dim,
+                                                 const std::optional<at::Scalar>&,
+                                                 bool keepdim) {
+  const auto sizes = reduced_sizes(self, dim, keepdim);
+  return {at::empty(sizes, self.options().dtype(real_type(self.scalar_type()))),
+          at::empty(sizes, self.options())};
+}
+
+// _native_multi_head_attention (nn.MultiheadAttention's inference fast path, as in
+// torchvision's ViT in eval mode), as CUDA runs it: the packed input projection, q, k
+// and v laid out per head by _transform_bias_rescale_qkv (one [3, B, H, L, D] tensor),
+// scaled_dot_product_attention (the backend the dry run's attention rules pick), the
+// heads joined and the output projection; with need_weights, the math path's weights.
+std::tuple<at::Tensor, at::Tensor> native_mha_meta(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t embed_dim,
+    int64_t num_head, const at::Tensor& qkv_weight, const at::Tensor& qkv_bias,
+    const at::Tensor& proj_weight, const at::Tensor& proj_bias,
+    const std::optional<at::Tensor>& mask, bool need_weights, bool average_attn_weights,
+    std::optional<int64_t>) {
+  TORCH_CHECK(query.dim() == 3 && num_head > 0 && embed_dim % num_head == 0,
+              "_native_multi_head_attention: query ", query.sizes(), " with ", num_head,
+              " heads of embedding ", embed_dim);
+  (void)key;
+  (void)value;
+  const int64_t b = query.size(0), l = query.size(1), h = num_head, d = embed_dim / num_head;
+  const int64_t s = key.dim() == 3 ? key.size(1) : l;
+  at::Tensor qkv_heads;
+  {
+    auto qkv = at::linear(query, qkv_weight, qkv_bias);
+    qkv_heads = at::empty({3, b, h, l, d}, query.options());
+  }
+  at::Tensor joined, weights;
+  if (need_weights) {
+    auto scores = at::empty({b, h, l, s}, query.options());
+    auto probs = at::empty({b, h, l, s}, query.options());
+    scores.reset();
+    auto heads = at::empty({b, h, l, d}, query.options());
+    qkv_heads.reset();
+    joined = at::empty({b, l, embed_dim}, query.options());
+    heads.reset();
+    weights = average_attn_weights ? at::empty({b, l, s}, query.options()) : probs;
+  } else {
+    auto parts = qkv_heads.unbind(0);
+    auto heads = at::scaled_dot_product_attention(
+        parts[0], parts[1], parts[2], mask.has_value() ? *mask : std::optional<at::Tensor>());
+    parts.clear();
+    qkv_heads.reset();
+    joined = at::empty({b, l, embed_dim}, query.options());
+    weights = at::empty({0}, query.options());
+  }
+  auto out = at::linear(joined, proj_weight, proj_bias);
+  return {out, weights};
+}
+
 bool has_meta_kernel(const char* name, const char* overload) {
   auto op = c10::Dispatcher::singleton().findSchema({name, overload});
   return op.has_value() && op->hasKernelForDispatchKey(c10::DispatchKey::Meta);
@@ -314,6 +462,24 @@ const MetaKernel kMetaKernels[] = {
     {"embedding_dense_backward",
      [] { return torch::CppFunction(TORCH_FN(embedding_dense_backward_meta)); }},
     {"equal", [] { return torch::CppFunction(TORCH_FN(equal_meta)); }},
+    {"roll", [] { return torch::CppFunction(TORCH_FN(roll_meta)); }},
+    {"hardswish", [] { return torch::CppFunction(TORCH_FN(unary_meta)); }},
+    {"hardswish_", [] { return torch::CppFunction(TORCH_FN(unary_inplace_meta)); }},
+    {"hardtanh_backward", [] { return torch::CppFunction(TORCH_FN(hardtanh_backward_meta)); }},
+    {"hardsigmoid_backward",
+     [] { return torch::CppFunction(TORCH_FN(hardsigmoid_backward_meta)); }},
+    {"abs.out", [] { return torch::CppFunction(TORCH_FN(unary_out_meta)); }},
+    {"_weight_norm_interface", [] { return torch::CppFunction(TORCH_FN(weight_norm_meta)); }},
+    {"_weight_norm_interface_backward",
+     [] { return torch::CppFunction(TORCH_FN(weight_norm_backward_meta)); }},
+    {"native_group_norm_backward",
+     [] { return torch::CppFunction(TORCH_FN(group_norm_backward_meta)); }},
+    {"var.correction", [] { return torch::CppFunction(TORCH_FN(var_meta)); }},
+    {"std.correction", [] { return torch::CppFunction(TORCH_FN(var_meta)); }},
+    {"var_mean.correction", [] { return torch::CppFunction(TORCH_FN(var_mean_meta)); }},
+    {"std_mean.correction", [] { return torch::CppFunction(TORCH_FN(var_mean_meta)); }},
+    {"_native_multi_head_attention",
+     [] { return torch::CppFunction(TORCH_FN(native_mha_meta)); }},
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/csrc/jit/serialization/import_read.h>
@@ -207,6 +208,10 @@ at::Tensor* script_forward(void* m, const at::Tensor* const* inputs, size_t n) {
   module[0] = 0;
   c10::IValue out;
   try {
+    // Run as written, op by op, as eager code runs: the graph executor's optimizations
+    // fold constants by reading their values (meta constants have none) and would fuse
+    // ops that an eager CUDA run does not (this thread only).
+    torch::jit::GraphOptimizerEnabledGuard as_written(false);
     out = static_cast<torch::jit::Module*>(m)->forward(std::move(args));
   } catch (const c10::Error& e) {
     // Name the module the failing op ran in (`in module blocks.0.attn: ...`).
