@@ -8,10 +8,11 @@ them.
 
 For each model, DIR/NAME.pt and a line in DIR/corpus.jsonl:
   {"name", "package", "file", "inputs": ["2x64:i64", ...], "param_bytes", "buffer_bytes",
-   "error"}
-where param_bytes and buffer_bytes are what PyTorch counts (`named_parameters()` and
-`named_buffers()`, each storage once), and error is set when PyTorch itself could not
-trace the model (the model then has no file).
+   "data_bytes", "constant_bytes", "error"}
+where param_bytes and buffer_bytes are what PyTorch counts of the model
+(`named_parameters()` and `named_buffers()`, each storage once), data_bytes and
+constant_bytes the sizes of the file's variable and graph-constant records, and error is
+set when PyTorch itself could not trace the model (the model then has no file).
 
 Run with the Python of the torch wheel that scripts/with-libtorch.sh installs, with
 the packages of scripts/corpus-env.sh.
@@ -238,10 +239,25 @@ def storage_bytes(tensors):
     return total
 
 
+def record_bytes(path):
+    """Bytes of the file's tensor records: its variables' storages (data/N) and its
+    graph constants' (constants/N)."""
+    import zipfile
+
+    sizes = {"data": 0, "constants": 0}
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            parts = info.filename.split("/")
+            if len(parts) == 3 and parts[1] in sizes and parts[2].isdigit():
+                sizes[parts[1]] += info.file_size
+    return sizes["data"], sizes["constants"]
+
+
 def trace(name, out_dir):
     build, inputs, package = MODELS[name]
     row = {"name": name, "package": package, "file": None, "inputs": inputs,
-           "param_bytes": None, "buffer_bytes": None, "error": None}
+           "param_bytes": None, "buffer_bytes": None, "data_bytes": None,
+           "constant_bytes": None, "error": None}
     try:
         model = build()
         row["param_bytes"] = storage_bytes(p for _, p in model.named_parameters())
@@ -252,6 +268,7 @@ def trace(name, out_dir):
         path = os.path.join(out_dir, name + ".pt")
         traced.save(path)
         row["file"] = path
+        row["data_bytes"], row["constant_bytes"] = record_bytes(path)
     except Exception as e:  # noqa: BLE001 - a model PyTorch cannot trace is reported
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         if os.environ.get("CORPUS_DEBUG"):

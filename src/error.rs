@@ -152,6 +152,29 @@ pub(crate) fn torch_message(text: &str) -> String {
     }
 }
 
+/// Ops whose result's size (or the value they return) is read from their input's data:
+/// a dry run on the meta device has no data, so a model that calls them cannot be
+/// estimated.
+const DATA_DEPENDENT: &[&str] = &[
+    "aten::nonzero",
+    "aten::nonzero_numpy",
+    "aten::argwhere",
+    "aten::masked_select",
+    "aten::_unique",
+    "aten::_unique2",
+    "aten::unique_dim",
+    "aten::unique_consecutive",
+    "aten::unique_dim_consecutive",
+    "aten::_local_scalar_dense",
+    "aten::item",
+    "aten::is_nonzero",
+    "aten::repeat_interleave",
+    "aten::bincount",
+    "aten::histc",
+    "aten::_assert_async",
+    "aten::allclose",
+];
+
 /// The cause of a libtorch error in one line.
 fn torch_line(text: &str) -> String {
     let mut rest = text;
@@ -174,10 +197,28 @@ fn torch_line(text: &str) -> String {
     let line = rest[..end].trim();
     // An op libtorch's C++ has no meta kernel for: say so in a few words.
     if let Some((op, _)) = line.split_once(": attempted to run this operator with Meta tensors") {
+        if DATA_DEPENDENT.contains(&op) {
+            return format!(
+                "{op} depends on the values of its input (the size of its result, or a \
+                 branch taken on it), which a dry run does not have: this model's step \
+                 depends on its data (a mixture of experts' routing, a boolean mask, \
+                 `.item()`), so it cannot be estimated; `tch-memprof profile` measures it \
+                 on the CPU"
+            );
+        }
         return format!(
             "{op} has no meta kernel in libtorch's C++, so the dry run cannot run it \
              (tch-memprof registers the ones it knows; this one is missing; \
              `tch-memprof profile` measures the step on the CPU instead)"
+        );
+    }
+    // A file traced in eval mode under no_grad holds nn.MultiheadAttention's inference
+    // fast path, which autograd cannot differentiate (in PyTorch either).
+    if line.contains("derivative for aten::_native_multi_head_attention is not implemented") {
+        return format!(
+            "{line}: the file was traced in eval mode, where nn.MultiheadAttention takes \
+             its inference-only fast path; to estimate training, trace it in training mode \
+             (model.train())"
         );
     }
     if line.is_empty() {
@@ -205,8 +246,10 @@ mod tests {
         let text = "aten::_local_scalar_dense: attempted to run this operator with Meta tensors, but there was no fake impl or Meta kernel registered. You may have run into this message";
         assert_eq!(
             torch_message(text),
-            "aten::_local_scalar_dense has no meta kernel in libtorch's C++, so the dry run cannot run it (tch-memprof registers the ones it knows; this one is missing; `tch-memprof profile` measures the step on the CPU instead)"
+            "aten::_local_scalar_dense depends on the values of its input (the size of its result, or a branch taken on it), which a dry run does not have: this model's step depends on its data (a mixture of experts' routing, a boolean mask, `.item()`), so it cannot be estimated; `tch-memprof profile` measures it on the CPU"
         );
+        let roll = "aten::roll: attempted to run this operator with Meta tensors, but there was no fake impl";
+        assert!(torch_message(roll).starts_with("aten::roll has no meta kernel in libtorch's C++"));
         let script = "The following operation failed in the TorchScript interpreter.\nTraceback of TorchScript, serialized code (most recent call last):\n  File \"code/__torch__.py\", line 12, in forward\n    _0 = torch.arange(32)\nRuntimeError: shape '[2, 3]' is invalid for input of size 5\n";
         assert_eq!(
             torch_message(script),

@@ -401,10 +401,14 @@ impl Model {
             Runner::Code { forward, .. } => catching(|| forward(xs, train))
                 .map_err(|e| self.failed("the model's forward pass failed", e)),
             Runner::Script { module, .. } => module.forward(xs).map_err(|e| {
-                self.failed(
-                    "the model's forward pass failed",
-                    torch_message(&e.to_string()),
-                )
+                let msg = torch_message(&e.to_string());
+                let hint = if fixed_shape(&msg) {
+                    "; a file made by torch.jit.trace fixes the sizes it was traced at: \
+                     trace it at the shape you estimate"
+                } else {
+                    ""
+                };
+                self.failed("the model's forward pass failed", format!("{msg}{hint}"))
             }),
         }
     }
@@ -689,4 +693,16 @@ impl nn::ModuleT for Boxed {
     fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
         self.0.forward_t(xs, train)
     }
+}
+
+/// Whether a TorchScript forward pass failed on sizes that do not fit together: what a
+/// traced file run at a shape other than its trace's gives (the trace keeps the sizes
+/// it computed from its example input as constants).
+fn fixed_shape(msg: &str) -> bool {
+    (msg.contains("shape '[") && msg.contains("is invalid for input of size"))
+        || msg.contains("must match the size of tensor")
+        || msg.contains("Sizes of tensors must match")
+        || msg.contains("The expanded size of the tensor")
+        || msg.contains("shapes cannot be multiplied")
+        || msg.contains("is not broadcastable")
 }
