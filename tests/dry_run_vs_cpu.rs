@@ -49,6 +49,38 @@ fn f32_inference() {
     assert_eq!(cpu, dry);
 }
 
+/// A layer norm written out as a textbook writes it, with `x.var(-1)` (`aten::var`, which
+/// has no meta kernel in libtorch's C++; the dry run registers one): the dry run's live
+/// bytes equal the CPU's after every op, training and inference.
+#[test]
+fn hand_written_layer_norm_training_step() {
+    let run = Run {
+        hand_norm: true,
+        ..Run::train(Optimizer::AdamW, BATCH)
+    };
+    let c = compare(&run);
+    assert_eq!(c.cpu, c.dry);
+    compare_categories(&run);
+    let ops: Vec<String> = gpt::dry_run(&run)
+        .ops
+        .iter()
+        .map(|o| o.op.clone())
+        .collect();
+    assert!(
+        ops.iter().any(|o| o == "aten::var"),
+        "no aten::var in {ops:?}"
+    );
+}
+
+#[test]
+fn hand_written_layer_norm_inference() {
+    let c = compare(&Run {
+        hand_norm: true,
+        ..Run::inference(BATCH)
+    });
+    assert_eq!(c.cpu, c.dry);
+}
+
 /// Under CPU autocast some CPU kernels take scratch memory inside the op and free it
 /// before the op returns, by how much depending on the processor: the bfloat16 `linear`
 /// (oneDNN: 5248 B for the training step and 34304 B for inference with this model on

@@ -24,12 +24,56 @@ pub const LAYERS: i64 = 2;
 /// optimizer's state there, as the estimate's second step).
 pub const STEPS: u32 = 2;
 
+/// A layer norm: libtorch's (`nn::layer_norm`), or written out as a textbook writes it
+/// (`(x - mean) / sqrt(var + eps) * weight + bias`, with `x.var(-1)`: `aten::var`).
+#[derive(Debug)]
+enum Norm {
+    Lib(nn::LayerNorm),
+    Hand { weight: Tensor, bias: Tensor },
+}
+
+impl Norm {
+    fn new(p: nn::Path, hand: bool) -> Norm {
+        if hand {
+            Norm::Hand {
+                weight: p.var("weight", &[DIM], nn::Init::Const(1.)),
+                bias: p.var("bias", &[DIM], nn::Init::Const(0.)),
+            }
+        } else {
+            Norm::Lib(nn::layer_norm(p, vec![DIM], Default::default()))
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        match self {
+            Norm::Lib(n) => n.forward(x),
+            Norm::Hand { weight, bias } => {
+                let mean = x.mean_dim(&[-1i64][..], true, None::<Kind>);
+                let var = x.var_dim(&[-1i64][..], false, true);
+                (x - mean) / (var + 1e-5).sqrt() * weight + bias
+            }
+        }
+    }
+}
+
+/// Whether [`Gpt::new`] writes its layer norms out by hand (`Run::hand_norm`; set by
+/// each run before it builds the model: the model may be built on the dry run's thread).
+static HAND_NORM: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn hand_norm() -> bool {
+    HAND_NORM.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+fn set_hand_norm(run: &Run) {
+    HAND_NORM.store(run.hand_norm, std::sync::atomic::Ordering::SeqCst);
+}
+
 #[derive(Debug)]
 struct Block {
-    ln1: nn::LayerNorm,
+    ln1: Norm,
     qkv: nn::Linear,
     proj: nn::Linear,
-    ln2: nn::LayerNorm,
+    ln2: Norm,
     fc: nn::Linear,
     out: nn::Linear,
 }
@@ -37,11 +81,12 @@ struct Block {
 impl Block {
     fn new(p: &nn::Path) -> Block {
         let c = nn::LinearConfig::default();
+        let hand = hand_norm();
         Block {
-            ln1: nn::layer_norm(p / "ln1", vec![DIM], Default::default()),
+            ln1: Norm::new(p / "ln1", hand),
             qkv: nn::linear(p / "qkv", DIM, 3 * DIM, c),
             proj: nn::linear(p / "proj", DIM, DIM, c),
-            ln2: nn::layer_norm(p / "ln2", vec![DIM], Default::default()),
+            ln2: Norm::new(p / "ln2", hand),
             fc: nn::linear(p / "fc", DIM, 4 * DIM, c),
             out: nn::linear(p / "out", 4 * DIM, DIM, c),
         }
@@ -81,7 +126,7 @@ pub struct Gpt {
     wte: nn::Embedding,
     wpe: nn::Embedding,
     blocks: Vec<Block>,
-    ln_f: nn::LayerNorm,
+    ln_f: Norm,
     head: nn::Linear,
 }
 
@@ -91,7 +136,7 @@ impl Gpt {
             wte: nn::embedding(p / "wte", VOCAB, DIM, Default::default()),
             wpe: nn::embedding(p / "wpe", CONTEXT, DIM, Default::default()),
             blocks: (0..LAYERS).map(|i| Block::new(&(p / "h" / i))).collect(),
-            ln_f: nn::layer_norm(p / "ln_f", vec![DIM], Default::default()),
+            ln_f: Norm::new(p / "ln_f", hand_norm()),
             head: nn::linear(
                 p / "head",
                 DIM,
@@ -184,6 +229,8 @@ pub struct Run {
     /// `log_softmax`) instead of holding it through the optimizer step (the dry run
     /// always holds it).
     pub drop_output: bool,
+    /// The layer norms written out by hand (`x.var(-1)`) instead of libtorch's.
+    pub hand_norm: bool,
 }
 
 impl Run {
@@ -197,6 +244,7 @@ impl Run {
             checkpoint: None,
             zero_grad_first: false,
             drop_output: false,
+            hand_norm: false,
         }
     }
 
@@ -210,6 +258,7 @@ impl Run {
             checkpoint: None,
             zero_grad_first: false,
             drop_output: false,
+            hand_norm: false,
         }
     }
 
@@ -264,6 +313,7 @@ fn optimizer(o: Optimizer, vs: &nn::VarStore) -> nn::Optimizer {
 /// after its backward (the dry run keeps nothing of a micro-batch across micro-batches
 /// but the gradients).
 pub fn cpu_run(run: &Run) -> StepProfile {
+    set_hand_norm(run);
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
     let gpt = Gpt::new(&vs.root());
@@ -367,6 +417,7 @@ pub fn cpu_run(run: &Run) -> StepProfile {
 /// The dry run's profiled step (`Run::step`), replayed as the estimate replays its
 /// predicted step, in the bytes a CPU run holds.
 pub fn dry_run_profile(run: &Run) -> StepProfile {
+    set_hand_norm(run);
     let model = match run.checkpoint {
         Some(_) => Model::build_chain_on_meta(Gpt::new).unwrap(),
         None => Model::build_on_meta(Gpt::new).unwrap(),
@@ -436,6 +487,7 @@ pub fn compare_categories(run: &Run) {
 }
 
 pub fn dry_run(run: &Run) -> DryRunTrace {
+    set_hand_norm(run);
     let model = match run.checkpoint {
         Some(_) => Model::build_chain_on_meta(Gpt::new).unwrap(),
         None => Model::build_on_meta(Gpt::new).unwrap(),
