@@ -43,8 +43,11 @@ struct Traced {
     constant_bytes: u64,
 }
 
+/// Models PyTorch could not trace, with its error.
+type Untraced = Vec<(String, String)>;
+
 /// Traces the corpus into `dir` with the wheel's Python; None (said) without one.
-fn trace(dir: &Path) -> Option<(Vec<Traced>, Vec<(String, String)>)> {
+fn trace(dir: &Path) -> Option<(Vec<Traced>, Untraced)> {
     if common::torch_python().is_none() {
         common::cannot_run(
             "the model corpus: no Python with torch beside LIBTORCH \
