@@ -61,11 +61,16 @@ fn hand_written_layer_norm_training_step() {
     let c = compare(&run);
     assert_eq!(c.cpu, c.dry);
     compare_categories(&run);
-    let ops: Vec<String> = gpt::dry_run(&run)
-        .ops
-        .iter()
-        .map(|o| o.op.clone())
-        .collect();
+    // Under the lock: the dry run makes CPU scalars (`var + 1e-5`), which another
+    // test's profiled CPU step would count.
+    let ops: Vec<String> = {
+        let _serial = common::serial();
+        gpt::dry_run(&run)
+            .ops
+            .iter()
+            .map(|o| o.op.clone())
+            .collect()
+    };
     assert!(
         ops.iter().any(|o| o == "aten::var"),
         "no aten::var in {ops:?}"
