@@ -212,6 +212,13 @@ fn torch_line(text: &str) -> String {
              `tch-memprof profile` measures the step on the CPU instead)"
         );
     }
+    // A value copied to the host from a meta tensor.
+    if line.starts_with("Cannot copy out of meta tensor") {
+        return "the step copies a tensor's values to the host (`.item()`, `f64::try_from`, \
+                `.to(Device::Cpu)`, tch's `clip_grad_norm`), which a dry run does not have: \
+                the step depends on its data, so it cannot be estimated as written"
+            .to_string();
+    }
     // A file traced in eval mode under no_grad holds nn.MultiheadAttention's inference
     // fast path, which autograd cannot differentiate (in PyTorch either).
     if line.contains("derivative for aten::_native_multi_head_attention is not implemented") {

@@ -135,14 +135,18 @@ pub enum Mode {
     /// the peak is taken over [`Options::steps`] steps, so that it includes a step that
     /// runs with the optimizer's state already there.
     Train(Optimizer),
+    /// The user's own steps, run as written ([`Model::estimate_steps`]): their batch,
+    /// loss, backward, optimizer and whatever else a step of theirs does.
+    Steps,
 }
 
 impl Mode {
-    /// `inference`, or `train-<optimizer>`.
+    /// `inference`, `train-<optimizer>`, or `steps` (the user's own).
     pub fn label(self) -> String {
         match self {
             Mode::Inference => "inference".to_string(),
             Mode::Train(o) => format!("train-{}", o.name()),
+            Mode::Steps => "steps".to_string(),
         }
     }
 }
@@ -440,6 +444,34 @@ impl Options {
         let train = matches!(mode, Mode::Train(_));
         if self.steps == 0 {
             return bad("steps", "0".into(), "at least one step");
+        }
+        if mode == Mode::Steps {
+            // The user's step is run as written: what it does, it says itself.
+            let own = [
+                (
+                    "accumulate",
+                    self.accumulate > 1,
+                    self.accumulate.to_string(),
+                ),
+                (
+                    "checkpoint",
+                    self.checkpoint.is_some(),
+                    format!("{:?}", self.checkpoint),
+                ),
+                ("zero_grad_first", self.zero_grad_first, "true".to_string()),
+                (
+                    "autocast",
+                    self.autocast.is_some(),
+                    format!("{:?}", self.autocast),
+                ),
+            ];
+            if let Some((name, _, value)) = own.into_iter().find(|(_, set, _)| *set) {
+                return bad(
+                    name,
+                    value,
+                    "a user's own step runs as written: write it into the step",
+                );
+            }
         }
         if self.accumulate == 0 {
             return bad(

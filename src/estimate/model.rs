@@ -172,6 +172,15 @@ fn meta_build<T>(build: impl FnOnce(&nn::Path) -> T) -> Result<(nn::VarStore, T,
     Ok((vs, made, weights))
 }
 
+/// The model of a user's own steps ([`Model::build_steps_on_meta`]) has no forward
+/// pass of its own: its estimates run the user's steps.
+fn no_forward(_: &[Tensor], _: bool) -> Tensor {
+    panic!(
+        "this model was built for its own steps (Model::build_steps_on_meta): estimate it \
+         with Model::estimate_steps"
+    )
+}
+
 fn live_bytes(events: &[Event]) -> u64 {
     let live: i64 = events
         .iter()
@@ -266,6 +275,70 @@ impl Model {
             weights,
             None,
         ))
+    }
+
+    /// A tch model and whatever its training loop keeps (its optimizer, an EMA copy, a
+    /// second model), built straight on the meta device for
+    /// [`Model::estimate_steps`]: `build` gets the `VarStore`, whose variables are made on
+    /// meta (no host memory), and returns what the steps need. tch's optimizers make
+    /// their state at their first step, so an optimizer built here holds nothing yet.
+    ///
+    /// ```no_run
+    /// # use tch::nn::{self, OptimizerConfig};
+    /// # use tch_memprof::estimate::Model;
+    /// let (model, mut state) = Model::build_steps_on_meta(|vs| {
+    ///     let net = nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
+    ///     let opt = nn::AdamW::default().build(vs, 1e-4).unwrap();
+    ///     (net, opt)
+    /// })?;
+    /// # Ok::<(), tch_memprof::Error>(())
+    /// ```
+    pub fn build_steps_on_meta<T, F>(build: F) -> Result<(Model, T)>
+    where
+        F: FnOnce(&nn::VarStore) -> T,
+    {
+        let trace = Trace::begin()?;
+        let vs = nn::VarStore::new(Device::Mps);
+        let made = catching(|| build(&vs)).map_err(|reason| Error::DryRun {
+            model: "tch model".into(),
+            reason: format!("building the model on the meta device failed: {reason}"),
+        })?;
+        let weights = trace.finish()?;
+        Ok((Model::code(vs, Box::new(no_forward), weights, None), made))
+    }
+
+    /// Predicts the CUDA peak of the user's own training (or inference) step, run as
+    /// written [`Options::steps`] times on the meta device: `step(state, device)` does
+    /// one whole step (makes its batch on `device`, runs the model, its loss, backward,
+    /// clipping, the optimizer, whatever the loop does), `state` as
+    /// [`Model::build_steps_on_meta`] returned it. `device` is the meta device as tch
+    /// sees it (`Device::Mps`; tensors made on it are meta tensors).
+    ///
+    /// The phases are found as the profiler finds them in a real loop: backward begins
+    /// at the autograd engine's first node, the optimizer's phase at the first
+    /// allocation after backward outside it, a forward pass again at an allocation under
+    /// grad mode. The peak is over all the steps. A step that reads a tensor's value
+    /// (`.item()`, `f64::try_from`, tch's `clip_grad_norm`, a data-dependent op) fails in
+    /// one line naming the op: a dry run has no values.
+    ///
+    /// The options that change the loop (`accumulate`, `checkpoint`, `autocast`,
+    /// `zero_grad_first`) are refused: write them into the step.
+    /// [`Estimate::batch`] is 1 (the step makes its own batch).
+    pub fn estimate_steps<T, S>(
+        &self,
+        options: &Options,
+        state: &mut T,
+        step: S,
+    ) -> Result<Estimate>
+    where
+        S: FnMut(&mut T, Device),
+    {
+        let start = Instant::now();
+        let run = self.dry_run_steps(options, state, step, self.user_code)?;
+        let mut e = self.replayed(&run, &[], Mode::Steps, options, Analysis::StepAndIdle)?;
+        e.elapsed = start.elapsed();
+        e.host_peak_rss = ffi::process_memory().ok().map(|(_, peak)| peak);
+        Ok(e)
     }
 
     /// A tch model given as a chain of segments, each one tensor in and one out (the
@@ -504,7 +577,7 @@ impl Model {
         let stats = device.stats;
         let steps = match mode {
             Mode::Inference => 1,
-            Mode::Train(_) => options.steps.max(1),
+            Mode::Train(_) | Mode::Steps => options.steps.max(1),
         };
         let name = |id: i32| -> Result<String> {
             Ok(match id {

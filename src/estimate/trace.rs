@@ -52,6 +52,23 @@ pub fn dry_run_step(
     model.step_as_requested(&run, options, step)
 }
 
+/// Step `step` (from 1) of the dry run of the user's own steps
+/// ([`Model::estimate_steps`]), in the bytes a CPU run holds, as [`dry_run_step`] gives
+/// it for the built-in loop.
+pub fn dry_run_own_step<T, S>(
+    model: &Model,
+    options: &Options,
+    state: &mut T,
+    run_step: S,
+    step: u32,
+) -> Result<crate::timeline::StepProfile>
+where
+    S: FnMut(&mut T, tch::Device),
+{
+    let run = model.dry_run_steps(options, state, run_step, false)?;
+    model.step_as_requested(&run, options, step)
+}
+
 /// The live bytes of one dry run.
 #[derive(Clone, Debug, Default)]
 pub struct DryRunTrace {

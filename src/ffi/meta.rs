@@ -114,6 +114,8 @@ pub(crate) enum Mark {
     Baseline,
     /// The dry run's loop is over: what it frees after is in no step.
     End,
+    /// A user's own step begins: its phases are found as the profiler finds them.
+    Step,
 }
 
 /// Puts `mark` into the meta trace.
@@ -124,6 +126,7 @@ pub(crate) fn meta_mark(mark: Mark) -> Result<()> {
         Mark::Optimizer => native::MARK_OPTIMIZER,
         Mark::Baseline => native::MARK_BASELINE,
         Mark::End => native::MARK_END,
+        Mark::Step => native::MARK_STEP,
     };
     // SAFETY: plain call.
     check(unsafe { memprof_meta_mark(value) })

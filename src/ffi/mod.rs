@@ -77,6 +77,7 @@ pub(crate) mod native {
     pub const MARK_OPTIMIZER: i32 = 3;
     pub const MARK_BASELINE: i32 = 4;
     pub const MARK_END: i32 = 5;
+    pub const MARK_STEP: i32 = 6;
     pub const ATTN_AUTO: i32 = 0;
     pub const ATTN_FLASH: i32 = 1;
     pub const ATTN_EFFICIENT: i32 = 2;

@@ -449,7 +449,7 @@ int memprof_meta_sites(int32_t on) noexcept {
 
 int memprof_meta_mark(int32_t value) noexcept {
   return guarded("memprof_meta_mark", [&]() -> int {
-    if (value < MP_MARK_FORWARD || value > MP_MARK_END) {
+    if (value < MP_MARK_FORWARD || value > MP_MARK_STEP) {
       set_error("memprof_meta_mark: not a MpMetaMark");
       return -1;
     }

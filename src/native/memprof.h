@@ -77,6 +77,9 @@ enum MpMetaMark {
   MP_MARK_OPTIMIZER = 3,  // its optimizer step begins
   MP_MARK_BASELINE = 4,   // the first step's inputs are on the device: the baseline
   MP_MARK_END = 5,        // the dry run's loop is over (what it frees after belongs to no step)
+  MP_MARK_STEP = 6,       // a user's own step begins: its phases are found as the profiler
+                          // finds them (backward at the autograd engine's first node, the
+                          // optimizer at the first allocation outside backward after it)
 };
 
 // Attention backends of the dry run's scaled_dot_product_attention (MpAttention.backend).
@@ -557,6 +560,7 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_CONST(MP_MARK_OPTIMIZER, 3)                       \
   MP_CONST(MP_MARK_BASELINE, 4)                        \
   MP_CONST(MP_MARK_END, 5)                             \
+  MP_CONST(MP_MARK_STEP, 6)                            \
   MP_CONST(MP_ATTN_AUTO, 0)                            \
   MP_CONST(MP_ATTN_FLASH, 1)                           \
   MP_CONST(MP_ATTN_EFFICIENT, 2)                       \

@@ -266,7 +266,7 @@ impl Run {
     fn step(&self) -> u32 {
         match self.mode {
             Mode::Inference => 1,
-            Mode::Train(_) => STEPS,
+            Mode::Train(_) | Mode::Steps => STEPS,
         }
     }
 
@@ -401,6 +401,7 @@ pub fn cpu_run(run: &Run) -> StepProfile {
                 prof.record_stats();
             }
         }
+        Mode::Steps => unreachable!("the shared decoder's runs use the built-in loop"),
         Mode::Inference => {
             let xs = tokens();
             let y = tch::no_grad(|| maybe_autocast(run.autocast, || gpt.forward(&xs)));

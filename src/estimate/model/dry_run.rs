@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
 
 use super::{Model, Trace};
-use crate::error::{catching, Error, Result};
+use crate::error::{catching, torch_message, Error, Result};
 use crate::estimate::{AttentionRuns, Input, Mode, Options};
 use crate::ffi::{self, native, Event, Mark, Target};
 use crate::optim::{meta_autocast, Checkpointed};
@@ -64,24 +64,15 @@ impl Model {
             });
         }
         options.validate(mode)?;
-        // Set once this trace is ours (one trace per process at a time), read before it
-        // ends: no other dry run can change them in between.
-        let trace = Trace::begin()?;
-        ffi::meta_attention_set(options.gpu.sm as i32, options.attention.native())?;
-        // The op recorder finds the model's variables among op inputs, as the profiled
-        // step's does: the layer of each op.
-        let vars = self.vars()?;
-        ffi::set_params(
-            Target::DryRun,
-            &vars.ptrs,
-            &(0..vars.ptrs.len() as i32).collect::<Vec<_>>(),
-            &vars
-                .entries
-                .iter()
-                .map(|e| ffi::intern(&e.layer).unwrap_or(-1))
-                .collect::<Vec<_>>(),
-        )?;
+        let trace = self.begin_trace(options)?;
         match mode {
+            Mode::Steps => {
+                return Err(Error::InvalidInput {
+                    name: "mode",
+                    value: mode.label(),
+                    reason: "a user's own steps run through Model::estimate_steps".into(),
+                })
+            }
             Mode::Inference => {
                 self.set_train(false)?;
                 keep_sites(sites);
@@ -182,6 +173,75 @@ impl Model {
                 result?;
             }
         }
+        let [flash, efficient, cudnn, math] = ffi::meta_attention_runs()?;
+        Ok(DryRun {
+            events: trace.finish()?,
+            attention: AttentionRuns {
+                flash,
+                efficient,
+                cudnn,
+                math,
+            },
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// Begins the meta trace of a dry run: the attention rules of `options`' GPU, and
+    /// the model's variables for the op recorder (the layer of each op).
+    fn begin_trace(&self, options: &Options) -> Result<Trace> {
+        // Set once this trace is ours (one trace per process at a time), read before it
+        // ends: no other dry run can change them in between.
+        let trace = Trace::begin()?;
+        ffi::meta_attention_set(options.gpu.sm as i32, options.attention.native())?;
+        // The op recorder finds the model's variables among op inputs, as the profiled
+        // step's does: the layer of each op.
+        let vars = self.vars()?;
+        ffi::set_params(
+            Target::DryRun,
+            &vars.ptrs,
+            &(0..vars.ptrs.len() as i32).collect::<Vec<_>>(),
+            &vars
+                .entries
+                .iter()
+                .map(|e| ffi::intern(&e.layer).unwrap_or(-1))
+                .collect::<Vec<_>>(),
+        )?;
+        Ok(trace)
+    }
+
+    /// The dry run of the user's own steps (`Mode::Steps`): `step(state, device)`
+    /// `options.steps` times, each begun with a step mark (its phases found as the
+    /// profiler finds them).
+    pub(in crate::estimate) fn dry_run_steps<T, S>(
+        &self,
+        options: &Options,
+        state: &mut T,
+        mut step: S,
+        sites: bool,
+    ) -> Result<DryRun>
+    where
+        S: FnMut(&mut T, Device),
+    {
+        let start = Instant::now();
+        options.validate(Mode::Steps)?;
+        let trace = self.begin_trace(options)?;
+        let result = (|| -> Result<()> {
+            let steps = options.steps.max(1);
+            for s in 0..steps {
+                if s + 1 == steps {
+                    keep_sites(sites);
+                }
+                ffi::meta_mark(Mark::Step)?;
+                if s == 0 {
+                    ffi::meta_mark(Mark::Baseline)?;
+                }
+                catching(|| step(state, Device::Mps)).map_err(|e| {
+                    self.failed(&format!("step {} failed", s + 1), torch_message(&e))
+                })?;
+            }
+            ffi::meta_mark(Mark::End)
+        })();
+        result?;
         let [flash, efficient, cudnn, math] = ffi::meta_attention_runs()?;
         Ok(DryRun {
             events: trace.finish()?,

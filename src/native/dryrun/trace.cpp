@@ -61,6 +61,35 @@ std::atomic<uint32_t> g_meta_phase{kForward};
 // seed) is the forward pass's.
 std::atomic<bool> g_meta_backward_pending{false};
 std::atomic<uint32_t> g_meta_step{0};
+// A user's own step runs (MP_MARK_STEP): the phases change as the profiler's do, by
+// what runs, not by marks; backward nodes running on the dry run's thread now.
+std::atomic<bool> g_meta_auto{false};
+thread_local int tls_meta_backward = 0;
+
+// Sets the phase to `to` and logs the change.
+void meta_set_phase(uint32_t to) {
+  g_meta_phase.store(to);
+  meta_append(MpTlEvent{MP_EV_PHASE, uint8_t(to), 0, 0, g_meta_step.load(), -1, 0, 0, 0});
+}
+
+// In a user's step, at an allocation: backward is over when no backward node runs (the
+// optimizer's phase begins); after it, an allocation under grad mode begins the next
+// micro-batch's forward pass (both checks, as the profiler's phase_for_alloc).
+uint32_t meta_phase_for_alloc() {
+  uint32_t ph = g_meta_phase.load(std::memory_order_relaxed);
+  if (!g_meta_auto.load(std::memory_order_relaxed)) {
+    return ph;
+  }
+  if (ph == kBackward && tls_meta_backward == 0) {
+    meta_set_phase(kOptimizer);
+    ph = kOptimizer;
+  }
+  if (ph == kOptimizer && c10::GradMode::is_enabled()) {
+    meta_set_phase(kForward);
+    ph = kForward;
+  }
+  return ph;
+}
 std::atomic<int32_t> g_meta_ops{0};
 std::atomic<int64_t> g_meta_live{0};
 
@@ -94,8 +123,8 @@ struct MetaTraceAllocator final : public c10::Allocator {
         "tch-memprof: the meta dry runs of this process made more than ",
         kMetaIds,
         " allocations; start a new process");
+    const uint32_t phase = meta_phase_for_alloc();
     const uint32_t step = g_meta_step.load(std::memory_order_relaxed);
-    const uint32_t phase = g_meta_phase.load(std::memory_order_relaxed);
     g_meta_sizes[id] = n;
     g_meta_tags[id] = (step << 2) | phase;
     g_meta_live.fetch_add(int64_t(n), std::memory_order_relaxed);
@@ -234,8 +263,19 @@ bool dry_run_thread() {
   return tls_dry_run_thread && g_meta_on.load(std::memory_order_relaxed);
 }
 
+// The phase an op is shown in: in a user's step, what it is, not when the next
+// allocation flips the phase (as the profiler's shown_phase).
 uint32_t meta_phase() {
-  return g_meta_phase.load(std::memory_order_relaxed);
+  const uint32_t ph = g_meta_phase.load(std::memory_order_relaxed);
+  if (g_meta_auto.load(std::memory_order_relaxed)) {
+    if (ph == kBackward && tls_meta_backward == 0) {
+      return c10::GradMode::is_enabled() ? kForward : kOptimizer;
+    }
+    if (ph == kOptimizer && c10::GradMode::is_enabled()) {
+      return kForward;
+    }
+  }
+  return ph;
 }
 
 uint32_t meta_step() {
@@ -261,10 +301,16 @@ void meta_append(const MpTlEvent& e) {
 }
 
 void dry_run_op_started(const at::RecordFunction& fn, int depth) {
-  if (g_meta_backward_pending.load(std::memory_order_relaxed) && is_backward_record(fn)) {
+  if (g_meta_auto.load(std::memory_order_relaxed)) {
+    if (is_backward_record(fn)) {
+      ++tls_meta_backward;
+      if (g_meta_phase.load() != kBackward) {
+        meta_set_phase(kBackward);
+      }
+    }
+  } else if (g_meta_backward_pending.load(std::memory_order_relaxed) && is_backward_record(fn)) {
     g_meta_backward_pending.store(false);
-    g_meta_phase.store(kBackward);
-    meta_append(MpTlEvent{MP_EV_PHASE, uint8_t(kBackward), 0, 0, g_meta_step.load(), -1, 0, 0, 0});
+    meta_set_phase(kBackward);
   }
   const char* name = fn.name();
   tls_blas_kind[depth] = !is_cublas_op(name) ? int8_t(0) : uses_cublaslt(name, fn) ? 2 : 1;
@@ -273,6 +319,10 @@ void dry_run_op_started(const at::RecordFunction& fn, int depth) {
 // The workspaces are taken inside the op, after its output is allocated: logged at the
 // op's end; outputs sized without the allocator are adopted at the outermost op's end.
 void dry_run_op_ended(const at::RecordFunction& fn, int depth) {
+  if (g_meta_auto.load(std::memory_order_relaxed) && tls_meta_backward > 0 &&
+      is_backward_record(fn)) {
+    --tls_meta_backward;
+  }
   if (tls_blas_kind[depth] != 0) {
     meta_append(MpTlEvent{
         MP_EV_WORKSPACE, uint8_t(meta_phase()), 0, 0, meta_step(), dry_run_current_op(),
@@ -303,6 +353,8 @@ bool meta_begin() {
   g_meta_step.store(0);
   g_meta_phase.store(kForward);
   g_meta_backward_pending.store(false);
+  g_meta_auto.store(false);
+  tls_meta_backward = 0;
   g_meta_ops.store(0);
   tls_dry_ops = OpStack{};
   op_callback_use(MP_TARGET_DRY_RUN, true, /*inputs=*/true, /*outputs=*/true);
@@ -365,8 +417,17 @@ void meta_mark(int32_t what) {
       g_meta_backward_pending.store(false);
       phase = kOptimizer;
       break;
+    case MP_MARK_STEP:
+      g_meta_backward_pending.store(false);
+      g_meta_auto.store(true);
+      tls_meta_backward = 0;
+      g_meta_step.fetch_add(1);
+      g_meta_ops.store(0);
+      phase = kForward;
+      break;
     default:  // MP_MARK_END: a step of its own, with no op
       g_meta_backward_pending.store(false);
+      g_meta_auto.store(false);
       g_meta_step.fetch_add(1);
       g_meta_ops.store(0);
       phase = kForward;
