@@ -575,7 +575,8 @@ pub const NOT_MODELLED: [NotModelled; 4] = [
 pub struct Estimate {
     /// What was estimated.
     pub mode: Mode,
-    /// The batch (first size of the first input).
+    /// The batch (first size of the first input); 0 for a user's own step
+    /// ([`Mode::Steps`]), which makes its own batch.
     pub batch: i64,
     /// Bytes of the model's variables (parameters and buffers).
     pub weights_bytes: u64,

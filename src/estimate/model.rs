@@ -280,7 +280,8 @@ impl Model {
     /// A tch model and whatever its training loop keeps (its optimizer, an EMA copy, a
     /// second model), built straight on the meta device for
     /// [`Model::estimate_steps`]: `build` gets the `VarStore`, whose variables are made on
-    /// meta (no host memory), and returns what the steps need. tch's optimizers make
+    /// meta (no host memory; `vs.bfloat16()` makes a pure-bf16 model, as on the GPU), and
+    /// returns what the steps need. tch's optimizers make
     /// their state at their first step, so an optimizer built here holds nothing yet.
     ///
     /// ```no_run
@@ -295,11 +296,11 @@ impl Model {
     /// ```
     pub fn build_steps_on_meta<T, F>(build: F) -> Result<(Model, T)>
     where
-        F: FnOnce(&nn::VarStore) -> T,
+        F: FnOnce(&mut nn::VarStore) -> T,
     {
         let trace = Trace::begin()?;
-        let vs = nn::VarStore::new(Device::Mps);
-        let made = catching(|| build(&vs)).map_err(|reason| Error::DryRun {
+        let mut vs = nn::VarStore::new(Device::Mps);
+        let made = catching(|| build(&mut vs)).map_err(|reason| Error::DryRun {
             model: "tch model".into(),
             reason: format!("building the model on the meta device failed: {reason}"),
         })?;
@@ -323,7 +324,7 @@ impl Model {
     ///
     /// The options that change the loop (`accumulate`, `checkpoint`, `autocast`,
     /// `zero_grad_first`) are refused: write them into the step.
-    /// [`Estimate::batch`] is 1 (the step makes its own batch).
+    /// [`Estimate::batch`] is 0 (the step makes its own batch).
     pub fn estimate_steps<T, S>(
         &self,
         options: &Options,
@@ -587,7 +588,11 @@ impl Model {
         };
         Ok(Estimate {
             mode,
-            batch: inputs.first().map_or(1, Input::batch),
+            // A user's own step makes its own batch: 0.
+            batch: match mode {
+                Mode::Steps => 0,
+                _ => inputs.first().map_or(1, Input::batch),
+            },
             weights_bytes: self.weights_bytes,
             weights_allocated: device.weights,
             baseline_allocated: device.baseline,

@@ -32,7 +32,7 @@ pub fn table(rows: &[Estimate]) -> String {
         ]);
     for e in rows {
         t.add_row(vec![
-            e.batch.to_string(),
+            batch_label(e, false),
             bytes(e.weights_bytes),
             bytes(e.baseline_allocated),
             bytes(e.peak_allocated),
@@ -48,8 +48,8 @@ pub fn table(rows: &[Estimate]) -> String {
     let mut out = t.to_string();
     for e in rows {
         out.push_str(&format!(
-            "\nbatch {}: allocated peaks in {} ({}, step {}{}); attention ran as {}",
-            e.batch,
+            "\n{}: allocated peaks in {} ({}, step {}{}); attention ran as {}",
+            batch_label(e, true),
             e.peak_op,
             e.peak_phase.name(),
             e.peak_step,
@@ -66,6 +66,16 @@ pub fn table(rows: &[Estimate]) -> String {
     out
 }
 
+/// The batch of an estimate in a table cell (`8`), or in a line (`batch 8`); a user's
+/// own step makes its own batch (`own step`).
+fn batch_label(e: &Estimate, line: bool) -> String {
+    match (e.mode, line) {
+        (Mode::Steps, _) => "own step".to_string(),
+        (_, true) => format!("batch {}", e.batch),
+        (_, false) => e.batch.to_string(),
+    }
+}
+
 /// The anatomy of the predicted step, as `tch-memprof profile` shows a measured one:
 /// the categories at the peak and their own maxima, the blocks idle at the peak, the
 /// `top` layers by activations and by FLOPs. `None` when the dry run made no step.
@@ -74,8 +84,11 @@ pub fn anatomy(e: &Estimate, top: usize) -> Option<String> {
     Some(crate::report::terminal::render_step(
         step,
         &format!(
-            "predicted at batch {}, in the bytes the caching allocator charges",
-            e.batch
+            "predicted {}, in the bytes the caching allocator charges",
+            match e.mode {
+                Mode::Steps => "for your own step".to_string(),
+                _ => format!("at batch {}", e.batch),
+            }
         ),
         top,
     ))
