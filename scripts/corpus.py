@@ -8,10 +8,11 @@ them.
 
 For each model, DIR/NAME.pt and a line in DIR/corpus.jsonl:
   {"name", "package", "file", "inputs": ["2x64:i64", ...], "param_bytes", "buffer_bytes",
-   "data_bytes", "constant_bytes", "error"}
+   "data_bytes", "constant_bytes", "ops", "error"}
 where param_bytes and buffer_bytes are what PyTorch counts of the model
 (`named_parameters()` and `named_buffers()`, each storage once), data_bytes and
-constant_bytes the sizes of the file's variable and graph-constant records, and error is
+constant_bytes the sizes of the file's variable and graph-constant records, ops the aten
+ops its forward graph calls (`aten::name.overload`), and error is
 set when PyTorch itself could not trace the model (the model then has no file).
 
 Run with the Python of the torch wheel that scripts/with-libtorch.sh installs, with
@@ -239,6 +240,24 @@ def storage_bytes(tensors):
     return total
 
 
+def graph_ops(traced):
+    """The aten ops (`aten::name.overload`) the traced forward pass calls."""
+    ops = set()
+
+    def walk(block):
+        for node in block.nodes():
+            for b in node.blocks():
+                walk(b)
+            if node.kind().startswith("aten::"):
+                try:
+                    ops.add(node.schema().split("(", 1)[0])
+                except RuntimeError:  # no schema (a special form)
+                    ops.add(node.kind())
+
+    walk(traced.inlined_graph)
+    return sorted(ops)
+
+
 def record_bytes(path):
     """Bytes of the file's tensor records: its variables' storages (data/N) and its
     graph constants' (constants/N)."""
@@ -257,7 +276,7 @@ def trace(name, out_dir):
     build, inputs, package = MODELS[name]
     row = {"name": name, "package": package, "file": None, "inputs": inputs,
            "param_bytes": None, "buffer_bytes": None, "data_bytes": None,
-           "constant_bytes": None, "error": None}
+           "constant_bytes": None, "ops": [], "error": None}
     try:
         model = build()
         row["param_bytes"] = storage_bytes(p for _, p in model.named_parameters())
@@ -268,6 +287,7 @@ def trace(name, out_dir):
         path = os.path.join(out_dir, name + ".pt")
         traced.save(path)
         row["file"] = path
+        row["ops"] = graph_ops(traced)
         row["data_bytes"], row["constant_bytes"] = record_bytes(path)
     except Exception as e:  # noqa: BLE001 - a model PyTorch cannot trace is reported
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

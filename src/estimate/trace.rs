@@ -69,6 +69,13 @@ where
     model.step_as_requested(&run, options, step)
 }
 
+/// The meta-kernel inventory of this process: every aten op that has a CPU kernel but
+/// no composite kernel and no meta kernel in libtorch's C++ (PyTorch covers many of
+/// them from Python), with `true` where the dry run registers its own.
+pub fn meta_kernel_inventory() -> Result<Vec<(String, bool)>> {
+    crate::ffi::meta_inventory()
+}
+
 /// The live bytes of one dry run.
 #[derive(Clone, Debug, Default)]
 pub struct DryRunTrace {

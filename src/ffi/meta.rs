@@ -23,6 +23,7 @@ extern "C" {
     fn memprof_meta_attention(set: *const Attention, get: *mut Attention) -> i32;
     fn memprof_meta_autocast_begin(list: i32, dtype: i32) -> i32;
     fn memprof_meta_autocast_end() -> i32;
+    fn memprof_meta_inventory(buf: *mut c_char, len: usize, needed: *mut u64) -> i32;
     #[cfg(test)]
     fn memprof_autocast_listing(which: i32, buf: *mut c_char, len: usize, needed: *mut u64) -> i32;
     fn memprof_script_load(path: *const c_char, out: *mut *mut c_void) -> i32;
@@ -184,6 +185,24 @@ pub(crate) fn meta_autocast_begin(list: i32, dtype: i32) -> Result<()> {
 pub(crate) fn meta_autocast_end() -> Result<()> {
     // SAFETY: plain call.
     check(unsafe { memprof_meta_autocast_end() })
+}
+
+/// The meta-kernel inventory of this process's dispatcher: each aten op with a CPU
+/// kernel, no composite kernel and no meta kernel of libtorch's C++, and whether
+/// tch-memprof registers one (`true`).
+pub(crate) fn meta_inventory() -> Result<Vec<(String, bool)>> {
+    let mut needed = 0u64;
+    // SAFETY: a zero-length buffer only writes `needed`.
+    check(unsafe { memprof_meta_inventory(std::ptr::null_mut(), 0, &mut needed) })?;
+    let mut buf = vec![0u8; needed as usize + 1];
+    // SAFETY: `buf` is valid for its length; the callee writes at most len - 1 bytes and a NUL.
+    check(unsafe { memprof_meta_inventory(buf.as_mut_ptr().cast(), buf.len(), &mut needed) })?;
+    buf.truncate(needed as usize);
+    Ok(String::from_utf8_lossy(&buf)
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(op, state)| (op.to_string(), state == "ours"))
+        .collect())
 }
 
 /// The lines of `which` (`native::AUTOCAST_*`): the crate's autocast lists

@@ -545,6 +545,23 @@ int memprof_autocast_listing(int32_t which, char* buf, size_t len, uint64_t* nee
   });
 }
 
+int memprof_meta_inventory(char* buf, size_t len, uint64_t* needed) noexcept {
+  return guarded("memprof_meta_inventory", [&]() -> int {
+    if (!given(needed, "memprof_meta_inventory") ||
+        (len > 0 && !given(buf, "memprof_meta_inventory")) || !meta_ensure_ready()) {
+      return -1;
+    }
+    const std::string text = meta_inventory();
+    *needed = text.size();
+    if (len > 0) {
+      const size_t k = std::min(len - 1, text.size());
+      std::memcpy(buf, text.data(), k);
+      buf[k] = 0;
+    }
+    return 0;
+  });
+}
+
 int memprof_script_load(const char* path, void** out) noexcept {
   return guarded("memprof_script_load", [&]() -> int {
     if (!given(path, "memprof_script_load") || !given(out, "memprof_script_load") ||

@@ -397,6 +397,12 @@ int memprof_meta_autocast_end(void) MP_NOEXCEPT;
 // `which` (MpAutocastList), NUL-terminated into buf (at most len - 1 bytes); *needed is
 // the whole text's length.
 int memprof_autocast_listing(int32_t which, char* buf, size_t len, uint64_t* needed) MP_NOEXCEPT;
+// The meta-kernel inventory, taken from this process's dispatcher (the meta kernels
+// registered first): one line per aten op ("aten::name.overload", a tab, then "ours" or
+// "missing") that has a CPU kernel but no composite kernel and no meta kernel of
+// libtorch's own: "ours" when tch-memprof registers it. NUL-terminated into buf as
+// memprof_autocast_listing writes.
+int memprof_meta_inventory(char* buf, size_t len, uint64_t* needed) MP_NOEXCEPT;
 // TorchScript modules loaded onto the meta device (a torch::jit::Module* the caller
 // frees with memprof_script_free).
 int memprof_script_load(const char* path, void** out) MP_NOEXCEPT;

@@ -47,6 +47,8 @@ char* dry_run_module_buf();
 
 // kernels.cpp: the meta kernels libtorch's C++ lacks (at the first trace).
 void register_meta_kernels();
+// The meta-kernel inventory (memprof_meta_inventory's lines).
+std::string meta_inventory();
 
 // attention.cpp: scaled_dot_product_attention as CUDA runs it in a dry run.
 void register_attention_kernels();
