@@ -5,6 +5,7 @@ them.
 
     python3 scripts/corpus.py --list                 # the models, one a line
     python3 scripts/corpus.py --out DIR [NAME ...]   # trace them into DIR
+    python3 scripts/corpus.py --held-out ...         # the same for the held-out set
 
 For each model, DIR/NAME.pt and a line in DIR/corpus.jsonl:
   {"name", "package", "file", "inputs": ["2x64:i64", ...], "param_bytes", "buffer_bytes",
@@ -220,6 +221,65 @@ MODELS = {
 }
 
 
+# A held-out set of the same kind (other models and configurations), kept apart from the
+# corpus the dry run was developed on: what the coverage is measured on.
+HELD_OUT = {
+    # transformers: other decoders and configs
+    "hf-llama-eager": hf("LlamaConfig", "LlamaForCausalLM", attn_implementation="eager"),
+    "hf-gpt2-eager": hf("GPT2Config", "GPT2LMHeadModel", n_embd=96, n_layer=3, n_head=6, n_positions=128, attn_implementation="eager"),
+    "hf-qwen2-moe": hf("Qwen2MoeConfig", "Qwen2MoeForCausalLM", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64),
+    "hf-persimmon": hf("PersimmonConfig", "PersimmonForCausalLM"),
+    "hf-mpt": hf("MptConfig", "MptForCausalLM", d_model=64, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=128),
+    "hf-ctrl": hf("CTRLConfig", "CTRLLMHeadModel", n_embd=64, n_layer=2, n_head=4, dff=128, n_positions=128),
+    "hf-gpt-neo": hf("GPTNeoConfig", "GPTNeoForCausalLM", num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=16),
+    "hf-glm": hf("GlmConfig", "GlmForCausalLM", head_dim=16),
+    "hf-helium": hf("HeliumConfig", "HeliumForCausalLM", head_dim=16),
+    "hf-smollm3": hf("SmolLM3Config", "SmolLM3ForCausalLM"),
+    "hf-exaone4": hf("Exaone4Config", "Exaone4ForCausalLM"),
+    "hf-nemotron": hf("NemotronConfig", "NemotronForCausalLM", head_dim=16),
+    # transformers: other encoders
+    "hf-bert-big": hf("BertConfig", "BertForSequenceClassification", hidden_size=128, num_hidden_layers=3, intermediate_size=256),
+    "hf-squeezebert": hf("SqueezeBertConfig", "SqueezeBertModel", embedding_size=64),
+    "hf-ernie": hf("ErnieConfig", "ErnieModel"),
+    "hf-roformer": hf("RoFormerConfig", "RoFormerModel", embedding_size=64),
+    "hf-modernbert": hf("ModernBertConfig", "ModernBertModel", global_attn_every_n_layers=2, local_attention=16),
+    # transformers: other vision
+    "hf-beit": hf_image("BeitConfig", "BeitModel", image_size=64, patch_size=16, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),
+    "hf-dinov2": hf_image("Dinov2Config", "Dinov2Model", image_size=64, patch_size=16, hidden_size=64, num_hidden_layers=2, num_attention_heads=4),
+    "hf-convnextv2": hf_image("ConvNextV2Config", "ConvNextV2Model", hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1]),
+    "hf-mobilevit": hf_image("MobileViTConfig", "MobileViTModel", image_size=64),
+    "hf-poolformer": hf_image("PoolFormerConfig", "PoolFormerModel", hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1]),
+    "hf-regnet": hf_image("RegNetConfig", "RegNetModel", hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], groups_width=8),
+    # torchvision
+    "tv-resnext50": tv("resnext50_32x4d", num_classes=10),
+    "tv-wide-resnet50": tv("wide_resnet50_2", num_classes=10),
+    "tv-mobilenet-v3-large": tv("mobilenet_v3_large", num_classes=10),
+    "tv-efficientnet-v2-s": tv("efficientnet_v2_s", num_classes=10),
+    "tv-regnet-x": tv("regnet_x_400mf", num_classes=10),
+    "tv-inception-v3": tv("inception_v3", shape=(1, 3, 299, 299), num_classes=10, aux_logits=False, init_weights=False),
+    "tv-maxvit": tv("maxvit_t", num_classes=10),
+    "tv-swin-v2": tv("swin_v2_t", num_classes=10),
+    "tv-alexnet": tv("alexnet", num_classes=10),
+    # timm
+    "timm-resnet50d": tm("resnet50d"),
+    "timm-seresnext": tm("seresnext26d_32x4d"),
+    "timm-mobilenetv2": tm("mobilenetv2_100"),
+    "timm-convnextv2": tm("convnextv2_atto"),
+    "timm-tiny-vit": tm("tiny_vit_5m_224"),
+    "timm-cait": tm("cait_xxs24_224", depth=2),
+    "timm-pvt-v2": tm("pvt_v2_b0"),
+    "timm-twins": tm("twins_svt_small", depths=(1, 1, 1, 1)),
+    "timm-rexnet": tm("rexnet_100"),
+    "timm-hrnet": tm("hrnet_w18_small"),
+    "timm-res2net": tm("res2net50_26w_4s"),
+    "timm-gcvit": tm("gcvit_xxtiny"),
+    "timm-mobilevitv2": tm("mobilevitv2_050", shape=(1, 3, 256, 256)),
+    "timm-vovnet": tm("ese_vovnet19b_dw"),
+    "timm-crossvit": tm("crossvit_tiny_240", shape=(1, 3, 240, 240)),
+    "timm-efficientvit": tm("efficientvit_b0"),
+}
+
+
 def make_input(spec):
     shape, dtype = spec.split(":")
     dims = [int(d) for d in shape.split("x")]
@@ -297,6 +357,10 @@ def trace(name, out_dir):
 
 
 def main(argv):
+    if argv[:1] == ["--held-out"]:
+        MODELS.clear()
+        MODELS.update(HELD_OUT)
+        argv = argv[1:]
     if argv[:1] == ["--list"]:
         for name, (_, inputs, package) in MODELS.items():
             print(name, package, " ".join(inputs))

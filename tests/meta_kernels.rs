@@ -128,6 +128,16 @@ const CASES: &[Case] = &[
         let a = x(&[2, 10], d);
         with_grad(&a, a.unfold(1, 3, 2))
     }),
+    ("logical_not, and, or, xor", |d| {
+        let a = x(&[3, 1], d).gt(0.5);
+        let b = x(&[4], d).gt(0.5);
+        vec![
+            a.logical_not(),
+            a.logical_and(&b),
+            a.logical_or(&b),
+            a.logical_xor(&b),
+        ]
+    }),
     ("take", |d| {
         let idx = Tensor::zeros([3, 2], (Kind::Int64, d));
         vec![x(&[4, 5], d).take(&idx)]

@@ -562,6 +562,14 @@ at::Tensor unfold_backward_meta(const at::Tensor& grad_in, c10::SymIntArrayRef i
   return at::empty(C10_AS_INTARRAYREF_SLOW(input_sizes), grad_in.options());
 }
 
+// The `.out` form of a binary op whose functional form is a composite that makes its
+// output and calls it (logical_and, logical_or, logical_xor): `out` takes the
+// broadcast sizes.
+at::Tensor& binary_out_meta(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  out.resize_(at::infer_size(self.sizes(), other.sizes()));
+  return out;
+}
+
 // take: the index's sizes, the input's dtype.
 at::Tensor take_meta(const at::Tensor& self, const at::Tensor& index) {
   return at::empty(index.sizes(), self.options());
@@ -658,6 +666,12 @@ const MetaKernel kMetaKernels[] = {
      [] { return torch::CppFunction(TORCH_FN(grid_sampler_2d_backward_meta)); }},
     {"unfold_backward", [] { return torch::CppFunction(TORCH_FN(unfold_backward_meta)); }},
     {"take", [] { return torch::CppFunction(TORCH_FN(take_meta)); }},
+    {"logical_not.out", [] { return torch::CppFunction(TORCH_FN(unary_out_meta)); }},
+    {"logical_and.out", [] { return torch::CppFunction(TORCH_FN(binary_out_meta)); }},
+    {"logical_or.out", [] { return torch::CppFunction(TORCH_FN(binary_out_meta)); }},
+    {"logical_xor.out", [] { return torch::CppFunction(TORCH_FN(binary_out_meta)); }},
+    {"conj_physical.out", [] { return torch::CppFunction(TORCH_FN(unary_out_meta)); }},
+    {"angle.out", [] { return torch::CppFunction(TORCH_FN(unary_out_meta)); }},
 };
 
 }  // namespace
