@@ -6,6 +6,7 @@ them.
     python3 scripts/corpus.py --list                 # the models, one a line
     python3 scripts/corpus.py --out DIR [NAME ...]   # trace them into DIR
     python3 scripts/corpus.py --held-out ...         # the same for the held-out set
+    python3 scripts/corpus.py --full-size ...        # and for full-size decoders
 
 For each model, DIR/NAME.pt and a line in DIR/corpus.jsonl:
   {"name", "package", "file", "inputs": ["2x64:i64", ...], "param_bytes", "buffer_bytes",
@@ -280,6 +281,30 @@ HELD_OUT = {
 }
 
 
+def hf_full(config_cls, model_cls, shape, **kw):
+    """A transformers model at its published size (the config's own defaults and `kw`)."""
+
+    def build():
+        import transformers
+
+        cfg = getattr(transformers, config_cls)(use_cache=False, **kw)
+        return getattr(transformers, model_cls)(cfg).eval()
+
+    return build, [shape_spec(shape, "i64")], "transformers"
+
+
+# Decoders at full size, traced at the shape estimated: GPT-2 small (124,439,808
+# parameters, published) and SmolLM2-135M's Llama configuration.
+FULL_SIZE = {
+    "hf-gpt2-124m": hf_full("GPT2Config", "GPT2LMHeadModel", (1, 1024)),
+    "hf-smollm2-135m": hf_full(
+        "LlamaConfig", "LlamaForCausalLM", (1, 1024), vocab_size=49152, hidden_size=576,
+        intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, max_position_embeddings=2048, rope_theta=100000.0,
+        tie_word_embeddings=True),
+}
+
+
 def make_input(spec):
     shape, dtype = spec.split(":")
     dims = [int(d) for d in shape.split("x")]
@@ -357,10 +382,11 @@ def trace(name, out_dir):
 
 
 def main(argv):
-    if argv[:1] == ["--held-out"]:
-        MODELS.clear()
-        MODELS.update(HELD_OUT)
-        argv = argv[1:]
+    for flag, models in (("--held-out", HELD_OUT), ("--full-size", FULL_SIZE)):
+        if argv[:1] == [flag]:
+            MODELS.clear()
+            MODELS.update(models)
+            argv = argv[1:]
     if argv[:1] == ["--list"]:
         for name, (_, inputs, package) in MODELS.items():
             print(name, package, " ".join(inputs))

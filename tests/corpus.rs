@@ -51,9 +51,16 @@ struct Traced {
 /// Models PyTorch could not trace, with its error.
 type Untraced = Vec<(String, String)>;
 
-/// Traces the corpus (or the held-out set) into `dir` with the wheel's Python; None
-/// (said) without one.
-fn trace(dir: &Path, held_out: bool) -> Option<(Vec<Traced>, Untraced)> {
+/// Which models `scripts/corpus.py` traces.
+#[derive(Clone, Copy, PartialEq)]
+enum Set {
+    Corpus,
+    HeldOut,
+    FullSize,
+}
+
+/// Traces `set` into `dir` with the wheel's Python; None (said) without one.
+fn trace(dir: &Path, set: Set) -> Option<(Vec<Traced>, Untraced)> {
     if common::torch_python().is_none() {
         common::cannot_run(
             "the model corpus: no Python with torch beside LIBTORCH \
@@ -73,8 +80,14 @@ fn trace(dir: &Path, held_out: bool) -> Option<(Vec<Traced>, Untraced)> {
     let python = common::text(&env.stdout).trim().to_string();
     let mut corpus = Command::new(&python);
     corpus.arg(root.join("scripts/corpus.py"));
-    if held_out {
-        corpus.arg("--held-out");
+    match set {
+        Set::Corpus => {}
+        Set::HeldOut => {
+            corpus.arg("--held-out");
+        }
+        Set::FullSize => {
+            corpus.arg("--full-size");
+        }
     }
     let out = corpus
         .arg("--out")
@@ -176,7 +189,8 @@ fn a_held_out_set_estimates_at_least_95_percent() {
 
 fn run_set(held_out: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let Some((traced, untraced)) = trace(dir.path(), held_out) else {
+    let set = if held_out { Set::HeldOut } else { Set::Corpus };
+    let Some((traced, untraced)) = trace(dir.path(), set) else {
         return;
     };
     assert!(
@@ -331,4 +345,44 @@ fn run_set(held_out: bool) {
     // Only the listed refusals (the held-out set: any): at least 95% of the traced
     // models in each mode.
     assert!(total[1] * 100 >= total[0] * 95 && total[2] * 100 >= total[0] * 95);
+}
+
+/// Full-size transformers decoders traced at the shape estimated (1x1024): GPT-2 small
+/// and SmolLM2-135M's Llama configuration (rotary embeddings, grouped-query attention,
+/// tied embeddings). Both estimate for inference and AdamW training; the file's
+/// variables are the parameters PyTorch counts (GPT-2's: its published 124,439,808, in
+/// f32) and the buffers, and the estimate's weights are those bytes plus at most the
+/// file's graph constants.
+#[test]
+fn full_size_decoders_estimate_with_their_parameter_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((traced, untraced)) = trace(dir.path(), Set::FullSize) else {
+        return;
+    };
+    assert!(untraced.is_empty(), "{untraced:?}");
+    assert_eq!(traced.len(), 2);
+    let gpt2 = traced.iter().find(|m| m.name == "hf-gpt2-124m").unwrap();
+    assert_eq!(gpt2.param_bytes, 4 * 124_439_808);
+    for m in &traced {
+        for train in [false, true] {
+            match estimate(m, train) {
+                Outcome::Estimated { weights, peak } => {
+                    println!(
+                        "{} train={train}: weights {weights} B, peak {peak} B",
+                        m.name
+                    );
+                    assert!(
+                        weights >= m.data_bytes && weights <= m.data_bytes + m.constant_bytes,
+                        "{}: weights {weights} B, the file's variables {} B",
+                        m.name,
+                        m.data_bytes
+                    );
+                    if train {
+                        assert!(peak >= m.data_bytes + 3 * m.param_bytes);
+                    }
+                }
+                Outcome::Refused { stderr, .. } => panic!("{} train={train}: {stderr}", m.name),
+            }
+        }
+    }
 }
