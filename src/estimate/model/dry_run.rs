@@ -173,17 +173,7 @@ impl Model {
                 result?;
             }
         }
-        let [flash, efficient, cudnn, math] = ffi::meta_attention_runs()?;
-        Ok(DryRun {
-            events: trace.finish()?,
-            attention: AttentionRuns {
-                flash,
-                efficient,
-                cudnn,
-                math,
-            },
-            elapsed: start.elapsed(),
-        })
+        finish(trace, start)
     }
 
     /// Begins the meta trace of a dry run: the attention rules of `options`' GPU, and
@@ -242,17 +232,7 @@ impl Model {
             ffi::meta_mark(Mark::End)
         })();
         result?;
-        let [flash, efficient, cudnn, math] = ffi::meta_attention_runs()?;
-        Ok(DryRun {
-            events: trace.finish()?,
-            attention: AttentionRuns {
-                flash,
-                efficient,
-                cudnn,
-                math,
-            },
-            elapsed: start.elapsed(),
-        })
+        finish(trace, start)
     }
 
     /// The model's chain as [`Checkpointed`] runs it for [`Options::checkpoint`] in the
@@ -300,6 +280,22 @@ impl Model {
         }
         Ok(Some(c))
     }
+}
+
+/// The dry run whose trace is `trace`, begun at `start`: its events and the attention
+/// calls by backend.
+fn finish(trace: Trace, start: Instant) -> Result<DryRun> {
+    let [flash, efficient, cudnn, math] = ffi::meta_attention_runs()?;
+    Ok(DryRun {
+        events: trace.finish()?,
+        attention: AttentionRuns {
+            flash,
+            efficient,
+            cudnn,
+            math,
+        },
+        elapsed: start.elapsed(),
+    })
 }
 
 /// From here on, the trace's allocations keep their call stacks, when this dry run is to
