@@ -366,6 +366,7 @@ bool meta_begin() {
 void meta_end() {
   std::lock_guard<std::mutex> lock(g_trace_mutex);
   g_meta_sites.store(false);
+  g_meta_auto.store(false);
   if (g_meta_on.load()) {
     g_meta_on.store(false);
     tls_dry_run_thread = false;
