@@ -27,20 +27,6 @@ struct Train {
     params: Vec<Tensor>,
 }
 
-/// Gradients scaled to a global norm of at most `max` without reading a value on the
-/// host (tch's `clip_grad_norm` reads the norm with `f64::try_from`: a host sync on a
-/// GPU, and a value a dry run does not have).
-fn clip_grad_norm(params: &[Tensor], max: f64) {
-    tch::no_grad(|| {
-        let norms: Vec<Tensor> = params.iter().map(|p| p.grad().norm()).collect();
-        let total = Tensor::stack(&norms, 0).norm();
-        let coef = ((total + 1e-6).reciprocal() * max).clamp_max(1.0);
-        for p in params {
-            let _ = p.grad().g_mul_(&coef);
-        }
-    });
-}
-
 /// One training step, as it would run on the GPU (`device` is the dry run's).
 fn step(t: &mut Train, device: Device, batch: i64) {
     let vocab = Gpt2Config::SMALL.vocab;
@@ -53,7 +39,7 @@ fn step(t: &mut Train, device: Device, batch: i64) {
     debug_assert_eq!(logits.size()[1], vocab);
     t.opt.zero_grad();
     loss.backward();
-    clip_grad_norm(&t.params, 1.0);
+    tch_memprof::clip_grad_norm(&t.params, 1.0);
     t.opt.step();
 }
 

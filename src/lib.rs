@@ -193,7 +193,7 @@ pub use leaks::{
 };
 pub use names::MISSING;
 pub use oom::{OomBlock, OomCategory, OomReport};
-pub use optim::{autocast, Checkpointed};
+pub use optim::{autocast, clip_grad_norm, Checkpointed};
 pub use phase::Phase;
 pub use profiler::{
     profile_torchscript, MemoryProfiler, MemoryProfilerBuilder, ProfiledStep, DEFAULT_TOP_VARIABLES,

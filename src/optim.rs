@@ -32,6 +32,30 @@ use crate::error::{Error, Result};
 use crate::ffi;
 
 /// c10::ScalarType codes of the autocast dtypes.
+/// Scales the gradients of `params` to a global L2 norm of at most `max`, as PyTorch's
+/// `clip_grad_norm_` does: the norm stays on the device (no value is read on the host),
+/// so the step does not wait for the GPU, and a dry run ([`crate::estimate::Model::estimate_steps`])
+/// can run it. tch's `Optimizer::clip_grad_norm` reads the norm with `f64::try_from`.
+/// Parameters without a gradient are skipped.
+pub fn clip_grad_norm(params: &[Tensor], max: f64) {
+    tch::no_grad(|| {
+        let grads: Vec<Tensor> = params
+            .iter()
+            .map(Tensor::grad)
+            .filter(Tensor::defined)
+            .collect();
+        if grads.is_empty() {
+            return;
+        }
+        let norms: Vec<Tensor> = grads.iter().map(|g| g.norm()).collect();
+        let total = Tensor::stack(&norms, 0).norm();
+        let coef = ((total + 1e-6).reciprocal() * max).clamp_max(1.0);
+        for mut g in grads {
+            let _ = g.g_mul_(&coef);
+        }
+    });
+}
+
 pub(crate) fn scalar_type(kind: Kind) -> Option<i32> {
     match kind {
         Kind::Half => Some(5),

@@ -35,19 +35,6 @@ fn build(vs: &mut nn::VarStore) -> State {
     }
 }
 
-/// Gradients scaled to a global norm of at most `max`, without reading a value on the
-/// host (as PyTorch's `clip_grad_norm_`; tch's reads the norm with `f64::try_from`).
-fn clip_grad_norm(params: &[Tensor], max: f64) {
-    tch::no_grad(|| {
-        let norms: Vec<Tensor> = params.iter().map(|p| p.grad().norm()).collect();
-        let total = Tensor::stack(&norms, 0).norm();
-        let coef = ((total + 1e-6).reciprocal() * max).clamp_max(1.0);
-        for p in params {
-            let _ = p.grad().g_mul_(&coef);
-        }
-    });
-}
-
 /// One training step as the user writes it, on `device`.
 fn step(s: &mut State, device: Device) {
     let xs = Tensor::zeros([BATCH, CONTEXT], (Kind::Int64, device));
@@ -60,7 +47,7 @@ fn step(s: &mut State, device: Device) {
     let loss = nll * 0.9 + smooth * 0.1;
     s.opt.zero_grad();
     loss.backward();
-    clip_grad_norm(&s.params, 1.0);
+    tch_memprof::clip_grad_norm(&s.params, 1.0);
     s.opt.step();
 }
 
@@ -99,37 +86,9 @@ fn the_dry_run_of_a_users_own_step_is_the_cpu_run_category_by_category() {
     let (model, mut state) = Model::build_steps_on_meta(build).unwrap();
     let dry = dry_run_own_step(&model, &options(), &mut state, step, STEPS).unwrap();
     let cpu = cpu_run();
-    let line = |r: &tch_memprof::StepRow| {
-        let cats: Vec<String> = Category::ALL
-            .iter()
-            .map(|c| format!("{} {}", c.label(), r.bytes.get(*c)))
-            .collect();
-        format!("{} {} [{}]", r.op, r.phase.name(), cats.join(", "))
-    };
-    let table = || {
-        cpu.rows
-            .iter()
-            .zip(&dry.rows)
-            .enumerate()
-            .map(|(i, (c, d))| format!("{i:4} | {}\n     | {}", line(c), line(d)))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    assert_eq!(cpu.rows.len(), dry.rows.len(), "{}", table());
-    for (i, (c, d)) in cpu.rows.iter().zip(&dry.rows).enumerate() {
-        assert_eq!(c.op, d.op, "op {i}\n{}", table());
-        assert_eq!(c.phase, d.phase, "op {i} {}\n{}", c.op, table());
-        for cat in Category::ALL {
-            assert_eq!(
-                c.bytes.get(cat),
-                d.bytes.get(cat),
-                "op {i} {}: {}\n{}",
-                c.op,
-                cat.label(),
-                table()
-            );
-        }
-    }
+    let cpu_rows: Vec<_> = cpu.rows.iter().collect();
+    let dry_rows: Vec<_> = dry.rows.iter().collect();
+    gpt::assert_same_rows(&cpu_rows, &dry_rows, true);
     // The peak, reached inside an op: the CPU's may hold the 8-byte wrapped numbers that
     // `tensor * f64` makes for the op's time (on CUDA they are host tensors, which the
     // dry run leaves out as a CUDA run's allocator never sees them).

@@ -448,6 +448,19 @@ pub fn compare_categories(run: &Run) {
         .filter(|r| r.op != "aten::randint")
         .collect();
     let dry_rows: Vec<&StepRow> = dry.rows.iter().filter(|r| r.op != "aten::empty").collect();
+    assert_same_rows(&cpu_rows, &dry_rows, false);
+    assert_eq!(cpu.peak.bytes, dry.peak.bytes);
+    assert_eq!(cpu.peak.breakdown, dry.peak.breakdown);
+    eprintln!(
+        "{run:?}: {} ops, peak {} B, by category the same op by op",
+        cpu_rows.len(),
+        cpu.peak.bytes
+    );
+}
+
+/// Two steps' rows, op by op: the same op, each category's bytes the same after it (and,
+/// with `phases`, the same phase); on a difference, both runs side by side.
+pub fn assert_same_rows(cpu_rows: &[&StepRow], dry_rows: &[&StepRow], phases: bool) {
     let line = |r: &StepRow| {
         let cats: Vec<String> = Category::ALL
             .iter()
@@ -458,15 +471,18 @@ pub fn compare_categories(run: &Run) {
     let table = || {
         cpu_rows
             .iter()
-            .zip(&dry_rows)
+            .zip(dry_rows)
             .enumerate()
             .map(|(i, (c, d))| format!("{i:4} | {}\n     | {}", line(c), line(d)))
             .collect::<Vec<_>>()
             .join("\n")
     };
     assert_eq!(cpu_rows.len(), dry_rows.len(), "{}", table());
-    for (i, (c, d)) in cpu_rows.iter().zip(&dry_rows).enumerate() {
+    for (i, (c, d)) in cpu_rows.iter().zip(dry_rows).enumerate() {
         assert_eq!(c.op, d.op, "op {i}\n{}", table());
+        if phases {
+            assert_eq!(c.phase, d.phase, "op {i} {}\n{}", c.op, table());
+        }
         for cat in Category::ALL {
             assert_eq!(
                 c.bytes.get(cat),
@@ -478,13 +494,6 @@ pub fn compare_categories(run: &Run) {
             );
         }
     }
-    assert_eq!(cpu.peak.bytes, dry.peak.bytes);
-    assert_eq!(cpu.peak.breakdown, dry.peak.breakdown);
-    eprintln!(
-        "{run:?}: {} ops, peak {} B, by category the same op by op",
-        cpu_rows.len(),
-        cpu.peak.bytes
-    );
 }
 
 pub fn dry_run(run: &Run) -> DryRunTrace {
