@@ -13,7 +13,9 @@ use super::models::{self, Chain};
 use super::replay::{as_requested, peak_step, predicted_step, through_allocator, ModelVars};
 
 mod dry_run;
-use super::{Estimate, Fit, Input, Mode, Options, NOT_MODELLED};
+mod fit;
+mod steps;
+use super::{Estimate, Input, Mode, Options, NOT_MODELLED};
 use crate::error::{catching, torch_message, Error, Result};
 use crate::ffi::{self, native, Event};
 use crate::names::{layer_of, Names, MISSING};
@@ -172,15 +174,6 @@ fn meta_build<T>(build: impl FnOnce(&nn::Path) -> T) -> Result<(nn::VarStore, T,
     Ok((vs, made, weights))
 }
 
-/// The model of a user's own steps ([`Model::build_steps_on_meta`]) has no forward
-/// pass of its own: its estimates run the user's steps.
-fn no_forward(_: &[Tensor], _: bool) -> Tensor {
-    panic!(
-        "this model was built for its own steps (Model::build_steps_on_meta): estimate it \
-         with Model::estimate_steps"
-    )
-}
-
 fn live_bytes(events: &[Event]) -> u64 {
     let live: i64 = events
         .iter()
@@ -275,71 +268,6 @@ impl Model {
             weights,
             None,
         ))
-    }
-
-    /// A tch model and whatever its training loop keeps (its optimizer, an EMA copy, a
-    /// second model), built straight on the meta device for
-    /// [`Model::estimate_steps`]: `build` gets the `VarStore`, whose variables are made on
-    /// meta (no host memory; `vs.bfloat16()` makes a pure-bf16 model, as on the GPU), and
-    /// returns what the steps need. tch's optimizers make
-    /// their state at their first step, so an optimizer built here holds nothing yet.
-    ///
-    /// ```no_run
-    /// # use tch::nn::{self, OptimizerConfig};
-    /// # use tch_memprof::estimate::Model;
-    /// let (model, mut state) = Model::build_steps_on_meta(|vs| {
-    ///     let net = nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
-    ///     let opt = nn::AdamW::default().build(vs, 1e-4).unwrap();
-    ///     (net, opt)
-    /// })?;
-    /// # Ok::<(), tch_memprof::Error>(())
-    /// ```
-    pub fn build_steps_on_meta<T, F>(build: F) -> Result<(Model, T)>
-    where
-        F: FnOnce(&mut nn::VarStore) -> T,
-    {
-        let trace = Trace::begin()?;
-        let mut vs = nn::VarStore::new(Device::Mps);
-        let made = catching(|| build(&mut vs)).map_err(|reason| Error::DryRun {
-            model: "tch model".into(),
-            reason: format!("building the model on the meta device failed: {reason}"),
-        })?;
-        let weights = trace.finish()?;
-        Ok((Model::code(vs, Box::new(no_forward), weights, None), made))
-    }
-
-    /// Predicts the CUDA peak of the user's own training (or inference) step, run as
-    /// written [`Options::steps`] times on the meta device: `step(state, device)` does
-    /// one whole step (makes its batch on `device`, runs the model, its loss, backward,
-    /// clipping, the optimizer, whatever the loop does), `state` as
-    /// [`Model::build_steps_on_meta`] returned it. `device` is the meta device as tch
-    /// sees it (`Device::Mps`; tensors made on it are meta tensors).
-    ///
-    /// The phases are found as the profiler finds them in a real loop: backward begins
-    /// at the autograd engine's first node, the optimizer's phase at the first
-    /// allocation after backward outside it, a forward pass again at an allocation under
-    /// grad mode. The peak is over all the steps. A step that reads a tensor's value
-    /// (`.item()`, `f64::try_from`, tch's `clip_grad_norm`, a data-dependent op) fails in
-    /// one line naming the op: a dry run has no values.
-    ///
-    /// The options that change the loop (`accumulate`, `checkpoint`, `autocast`,
-    /// `zero_grad_first`) are refused: write them into the step.
-    /// [`Estimate::batch`] is 0 (the step makes its own batch).
-    pub fn estimate_steps<T, S>(
-        &self,
-        options: &Options,
-        state: &mut T,
-        step: S,
-    ) -> Result<Estimate>
-    where
-        S: FnMut(&mut T, Device),
-    {
-        let start = Instant::now();
-        let run = self.dry_run_steps(options, state, step, self.user_code)?;
-        let mut e = self.replayed(&run, &[], Mode::Steps, options, Analysis::StepAndIdle)?;
-        e.elapsed = start.elapsed();
-        e.host_peak_rss = ffi::process_memory().ok().map(|(_, peak)| peak);
-        Ok(e)
     }
 
     /// A tch model given as a chain of segments, each one tensor in and one out (the
@@ -692,74 +620,6 @@ impl Model {
             );
         }
         Ok(e)
-    }
-
-    /// The largest batch whose predicted peak reserved fits in `memory` (default: the
-    /// GPU's usable memory, [`Gpu::usable`](super::Gpu::usable)): batches 1, 2, 4, ... until one does not
-    /// fit, then a bisection between the last two.
-    pub fn largest_batch(
-        &self,
-        inputs: &[Input],
-        mode: Mode,
-        options: &Options,
-        memory: Option<u64>,
-    ) -> Result<Fit> {
-        let memory = match memory {
-            Some(m) => m,
-            None => options.gpu.usable().ok_or_else(|| Error::InvalidInput {
-                name: "memory",
-                value: options.gpu.name.clone(),
-                reason: "this GPU's memory is unknown: give the memory (80GiB) or a GPU name"
-                    .into(),
-            })?,
-        };
-        const MAX_BATCH: i64 = 1 << 24;
-        let mut tries = 0;
-        let at_batch = |b: i64| -> Vec<Input> { inputs.iter().map(|i| i.with_batch(b)).collect() };
-        // The search needs the peaks only; the batch found gets the whole estimate.
-        let mut at = |b: i64| -> Result<Estimate> {
-            tries += 1;
-            let xs = at_batch(b);
-            let run = self.dry_run(&xs, mode, options, false)?;
-            self.replayed(&run, &xs, mode, options, Analysis::Peak)
-        };
-        let mut fits: Option<Estimate> = None;
-        let mut too_big: Option<Estimate> = None;
-        let mut b = 1;
-        while b <= MAX_BATCH {
-            let e = at(b)?;
-            if e.peak_reserved <= memory {
-                fits = Some(e);
-                b *= 2;
-            } else {
-                too_big = Some(e);
-                break;
-            }
-        }
-        if let (Some(lo), Some(hi)) = (&fits, &too_big) {
-            let (mut lo_b, mut hi_b) = (lo.batch, hi.batch);
-            while hi_b - lo_b > 1 {
-                let mid = lo_b + (hi_b - lo_b) / 2;
-                let e = at(mid)?;
-                if e.peak_reserved <= memory {
-                    lo_b = mid;
-                    fits = Some(e);
-                } else {
-                    hi_b = mid;
-                    too_big = Some(e);
-                }
-            }
-        }
-        if let Some(e) = &fits {
-            fits = Some(self.estimate(&at_batch(e.batch), mode, options)?);
-        }
-        Ok(Fit {
-            memory,
-            batch: fits.as_ref().map_or(0, |e| e.batch),
-            fits,
-            too_big,
-            tries,
-        })
     }
 }
 

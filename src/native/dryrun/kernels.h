@@ -1,0 +1,24 @@
+// The table the dry run's meta kernels are registered from (kernels.cpp), and the part
+// of it gap_kernels.cpp holds.
+
+#ifndef TCH_MEMPROF_KERNELS_H
+#define TCH_MEMPROF_KERNELS_H
+
+#include <torch/library.h>
+
+#include <cstddef>
+
+namespace memprof {
+
+// A meta kernel, by the op (and overload) it is the meta kernel of.
+struct MetaKernel {
+  const char* op;  // `name` or `name.overload`
+  torch::CppFunction (*kernel)();
+};
+
+extern const MetaKernel kGapKernels[];
+extern const size_t kGapKernelCount;
+
+}  // namespace memprof
+
+#endif  // TCH_MEMPROF_KERNELS_H
