@@ -7,7 +7,7 @@ use crate::estimate::{Estimate, Fit, Input, Mode, Options};
 
 impl Model {
     /// The largest batch whose predicted peak reserved fits in `memory` (default: the
-    /// GPU's usable memory, [`Gpu::usable`](super::Gpu::usable)): batches 1, 2, 4, ... until one does not
+    /// GPU's usable memory, [`Gpu::usable`](crate::estimate::Gpu::usable)): batches 1, 2, 4, ... until one does not
     /// fit, then a bisection between the last two.
     pub fn largest_batch(
         &self,
