@@ -7,6 +7,8 @@ them.
     python3 scripts/corpus.py --out DIR [NAME ...]   # trace them into DIR
     python3 scripts/corpus.py --held-out ...         # the same for the held-out set
     python3 scripts/corpus.py --full-size ...        # and for full-size decoders
+    python3 scripts/corpus.py --pt2 [--held-out] --out DIR [NAME ...]
+                                                     # exported as .pt2 programs
 
 For each model, DIR/NAME.pt and a line in DIR/corpus.jsonl:
   {"name", "package", "file", "inputs": ["2x64:i64", ...], "param_bytes", "buffer_bytes",
@@ -381,7 +383,40 @@ def trace(name, out_dir):
     return row
 
 
+def export(name, out_dir):
+    """The model as its users export it now: torch.export.export, saved with
+    torch.export.save. The training IR is saved where it can be; a program that saves
+    only after run_decompositions() (transformers' decoders build their causal mask
+    under vmap, which the training IR keeps and torch.export.save refuses) is saved in
+    core ATen. row["ir"] says which."""
+    build, inputs, package = MODELS[name]
+    row = {"name": name, "package": package, "file": None, "inputs": inputs,
+           "param_bytes": None, "buffer_bytes": None, "ir": None, "error": None}
+    try:
+        model = build()
+        row["param_bytes"] = storage_bytes(p for _, p in model.named_parameters())
+        row["buffer_bytes"] = storage_bytes(b for _, b in model.named_buffers())
+        xs = tuple(make_input(s) for s in inputs)
+        ep = torch.export.export(model, xs, strict=False)
+        path = os.path.join(out_dir, name + ".pt2")
+        try:
+            torch.export.save(ep, path)
+            row["ir"] = "training"
+        except Exception:  # noqa: BLE001 - the training IR does not save: core ATen
+            torch.export.save(ep.run_decompositions({}), path)
+            row["ir"] = "core-aten"
+        row["file"] = path
+    except Exception as e:  # noqa: BLE001 - a model PyTorch cannot export is reported
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if os.environ.get("CORPUS_DEBUG"):
+            traceback.print_exc()
+    return row
+
+
 def main(argv):
+    exporting = argv[:1] == ["--pt2"]
+    if exporting:
+        argv = argv[1:]
     for flag, models in (("--held-out", HELD_OUT), ("--full-size", FULL_SIZE)):
         if argv[:1] == [flag]:
             MODELS.clear()
@@ -401,13 +436,14 @@ def main(argv):
         print(f"corpus: no model {unknown[0]!r} (see --list)", file=sys.stderr)
         return 2
     os.makedirs(out_dir, exist_ok=True)
-    hf_patch()
+    if not exporting:
+        hf_patch()
     with open(os.path.join(out_dir, "corpus.jsonl"), "w") as f:
         for name in names:
-            row = trace(name, out_dir)
+            row = export(name, out_dir) if exporting else trace(name, out_dir)
             f.write(json.dumps(row) + "\n")
             f.flush()
-            status = row["error"] or "traced"
+            status = row["error"] or ("exported (" + row["ir"] + ")" if exporting else "traced")
             print(f"{name}: {status}", file=sys.stderr)
     return 0
 

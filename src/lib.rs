@@ -180,6 +180,7 @@ mod oom;
 pub mod optim;
 mod phase;
 mod profiler;
+mod program;
 mod report;
 pub mod runs;
 mod stats;

@@ -148,7 +148,7 @@ pub(crate) fn meta_read(into: &mut Vec<super::Event>) -> Result<bool> {
     Ok(total <= native::META_CAPACITY)
 }
 
-fn owned_tensor(out: *mut c_void, what: &str) -> Result<Tensor> {
+pub(super) fn owned_tensor(out: *mut c_void, what: &str) -> Result<Tensor> {
     if out.is_null() {
         return Err(Error::Native(format!("{what}: no tensor returned")));
     }

@@ -22,6 +22,7 @@ mod meta;
 mod names;
 mod oom;
 mod process;
+mod program;
 mod registry;
 mod session;
 
@@ -34,6 +35,7 @@ pub(crate) use meta::*;
 pub(crate) use names::*;
 pub(crate) use oom::*;
 pub(crate) use process::*;
+pub(crate) use program::*;
 pub(crate) use registry::*;
 pub(crate) use session::*;
 
@@ -78,6 +80,14 @@ pub(crate) mod native {
     pub const MARK_BASELINE: i32 = 4;
     pub const MARK_END: i32 = 5;
     pub const MARK_STEP: i32 = 6;
+    pub const VALUE_NONE: i32 = 0;
+    pub const VALUE_TENSOR: i32 = 1;
+    pub const VALUE_INT: i32 = 2;
+    pub const VALUE_FLOAT: i32 = 3;
+    pub const VALUE_BOOL: i32 = 4;
+    pub const VALUE_STRING: i32 = 5;
+    pub const VALUE_DEVICE: i32 = 6;
+    pub const VALUE_LIST: i32 = 7;
     pub const ATTN_AUTO: i32 = 0;
     pub const ATTN_FLASH: i32 = 1;
     pub const ATTN_EFFICIENT: i32 = 2;

@@ -15,6 +15,7 @@
 
 #include "internal.h"
 #include "dryrun/dryrun.h"
+#include "program/program.h"
 #include "script/script.h"
 
 namespace memprof {
@@ -608,6 +609,19 @@ int memprof_script_tensor(void* module, int32_t which, uint64_t index, uint64_t*
       return -1;
     }
     return script_tensor(module, which, index, n, tensor, name_buf, len, name_len);
+  });
+}
+
+int memprof_program_call(const char* op, const char* overload, const char* module,
+                         const MpValue* args, size_t n, MpValue* out, size_t cap,
+                         size_t* n_out) noexcept {
+  return guarded("memprof_program_call", [&]() -> int {
+    if (!given(op, "memprof_program_call") || !given(n_out, "memprof_program_call") ||
+        (n > 0 && !given(args, "memprof_program_call")) ||
+        (cap > 0 && !given(out, "memprof_program_call"))) {
+      return -1;
+    }
+    return program_call(op, overload, module, args, n, out, cap, n_out);
   });
 }
 

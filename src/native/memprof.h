@@ -282,6 +282,30 @@ typedef struct MpAutocast {
   int32_t dtype;  // c10::ScalarType
 } MpAutocast;
 
+// One value of an exported program's node (program/program.cpp): an argument, matched
+// to the op's schema by `name`, or a result. A list (MP_VALUE_LIST, `len` elements) is
+// followed by its elements, which are neither lists nor named.
+typedef enum MpValueKind {
+  MP_VALUE_NONE = 0,
+  MP_VALUE_TENSOR = 1,  // tensor: an at::Tensor* (arguments: borrowed; results: owned)
+  MP_VALUE_INT = 2,     // i (also a c10::ScalarType, c10::Layout or c10::MemoryFormat)
+  MP_VALUE_FLOAT = 3,   // f
+  MP_VALUE_BOOL = 4,    // i: 0 or 1
+  MP_VALUE_STRING = 5,  // str, len bytes
+  MP_VALUE_DEVICE = 6,  // str, len bytes: "meta", "cpu", "cuda:0"
+  MP_VALUE_LIST = 7,    // len elements follow
+} MpValueKind;
+
+typedef struct MpValue {
+  int32_t kind;      // MpValueKind
+  int32_t len;       // a list's element count, or a string's bytes
+  int64_t i;
+  double f;
+  void* tensor;
+  const char* name;  // an argument's name in the op's schema (NULL: a list's element, a result)
+  const char* str;
+} MpValue;
+
 // Called when an allocation fails, before the error is raised: (ctx, device slot,
 // requested bytes, allocated bytes, reserved bytes (CUDA; 0 on the CPU)).
 typedef void (*MpOomCallback)(void* ctx, int32_t slot, int64_t requested, int64_t allocated,
@@ -403,6 +427,14 @@ int memprof_autocast_listing(int32_t which, char* buf, size_t len, uint64_t* nee
 // libtorch's own: "ours" when tch-memprof registers it. NUL-terminated into buf as
 // memprof_autocast_listing writes.
 int memprof_meta_inventory(char* buf, size_t len, uint64_t* needed) MP_NOEXCEPT;
+// Calls the aten op `op` (`aten::conv2d`), overload `overload` ("" for the default),
+// with the named arguments `args` (n values, lists' elements included) matched to its
+// schema, missing ones taking the schema's defaults; the op runs with `module` (a
+// dotted module path, or NULL) as the layer the op recorder names. Its returns go to
+// out (cap values, lists' elements included; *n_out written): tensors as new handles.
+int memprof_program_call(const char* op, const char* overload, const char* module,
+                         const MpValue* args, size_t n, MpValue* out, size_t cap,
+                         size_t* n_out) MP_NOEXCEPT;
 // TorchScript modules loaded onto the meta device (a torch::jit::Module* the caller
 // frees with memprof_script_free).
 int memprof_script_load(const char* path, void** out) MP_NOEXCEPT;
@@ -576,6 +608,22 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_FIELD(MpAttention, sm, 0)                         \
   MP_FIELD(MpAttention, backend, 4)                    \
   MP_FIELD(MpAttention, runs, 8)                       \
+  MP_CONST(MP_VALUE_NONE, 0)                           \
+  MP_CONST(MP_VALUE_TENSOR, 1)                         \
+  MP_CONST(MP_VALUE_INT, 2)                            \
+  MP_CONST(MP_VALUE_FLOAT, 3)                          \
+  MP_CONST(MP_VALUE_BOOL, 4)                           \
+  MP_CONST(MP_VALUE_STRING, 5)                         \
+  MP_CONST(MP_VALUE_DEVICE, 6)                         \
+  MP_CONST(MP_VALUE_LIST, 7)                           \
+  MP_SIZE(MpValue, 48)                                 \
+  MP_FIELD(MpValue, kind, 0)                           \
+  MP_FIELD(MpValue, len, 4)                            \
+  MP_FIELD(MpValue, i, 8)                              \
+  MP_FIELD(MpValue, f, 16)                             \
+  MP_FIELD(MpValue, tensor, 24)                        \
+  MP_FIELD(MpValue, name, 32)                          \
+  MP_FIELD(MpValue, str, 40)                           \
   MP_SIZE(MpAutocast, 8)                               \
   MP_FIELD(MpAutocast, enabled, 0)                     \
   MP_FIELD(MpAutocast, dtype, 4)

@@ -137,7 +137,7 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
     if let Err(e) = options.validate(mode) {
         return fail(e);
     }
-    let model = match load_model(a.path.as_deref(), a.model.as_deref(), &mut inputs) {
+    let model = match load_model(a.path.as_deref(), a.model.as_deref(), &mut inputs, &a.inputs) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -243,22 +243,49 @@ pub(crate) fn gpu_and_memory(
     Ok((chosen, budget))
 }
 
-/// The model of a TorchScript file or of `--model NAME`; a built-in's default input is
-/// added when `inputs` is empty, a file needs one.
+/// The model of a file (an exported program or a TorchScript file) or of `--model
+/// NAME`. A built-in's default input is added when `inputs` is empty; a TorchScript file
+/// needs one; an exported program takes its exported shape when none is given (if it
+/// has no dynamic dimension), and its inputs' dtypes where `specs` (the `--input`
+/// values) name none.
 pub(crate) fn load_model(
     path: Option<&std::path::Path>,
     model: Option<&str>,
     inputs: &mut Vec<Input>,
+    specs: &[String],
 ) -> Result<Model, String> {
     let m = match (path, model) {
         (Some(p), _) => {
-            if inputs.is_empty() {
-                return Err(format!(
-                    "{}: give the model's input shape with --input (1x3x224x224)",
-                    p.display()
-                ));
+            let m = Model::from_file(p).map_err(|e| e.to_string())?;
+            match m.exported_inputs() {
+                Some(exported) => {
+                    if inputs.is_empty() {
+                        for (sizes, kind) in &exported {
+                            let shape: Option<Vec<i64>> = sizes.iter().copied().collect();
+                            let Some(shape) = shape else {
+                                return Err(format!(
+                                    "{}: the program has dynamic dimensions: give its input shapes with --input",
+                                    p.display()
+                                ));
+                            };
+                            inputs.push(Input { shape, kind: *kind });
+                        }
+                    }
+                    for ((input, spec), (_, kind)) in inputs.iter_mut().zip(specs).zip(&exported) {
+                        if !spec.contains(':') {
+                            input.kind = *kind;
+                        }
+                    }
+                }
+                None if inputs.is_empty() => {
+                    return Err(format!(
+                        "{}: give the model's input shape with --input (1x3x224x224)",
+                        p.display()
+                    ))
+                }
+                None => {}
             }
-            Model::torchscript(p)
+            Ok(m)
         }
         (None, Some(name)) => {
             if inputs.is_empty() {
@@ -266,7 +293,7 @@ pub(crate) fn load_model(
             }
             Model::builtin(name)
         }
-        (None, None) => return Err("give a TorchScript file or --model NAME".into()),
+        (None, None) => return Err("give a model file (.pt2 or TorchScript) or --model NAME".into()),
     };
     m.map_err(|e| e.to_string())
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../dryrun/dryrun.h"
+#include "../program/program.h"
 #include "script.h"
 
 namespace memprof {
@@ -59,6 +60,9 @@ inline bool append_instance(const std::string& entry, char* buf, size_t cap, siz
 }  // namespace
 
 bool script_module_path(char* buf, size_t cap, bool* fits) {
+  if (program_module_path(buf, cap, fits)) {
+    return true;  // an exported program's node: its module stack names the path
+  }
   const std::vector<std::string> frames = torch::jit::currentModuleHierarchy();
   if (frames.empty()) {
     return false;

@@ -1,0 +1,644 @@
+//! Exported programs: the `.pt2` files `torch.export.save` writes, read without Python.
+//!
+//! The archive is a zip with one root folder: `archive_format` ("pt2"),
+//! `archive_version`, `models/model.json` (the program in torch.export's serialization
+//! schema), `data/weights/` and `data/constants/` (each tensor's raw storage bytes, and a
+//! config naming them). The graph is run node by node ([`run`]): each aten node through
+//! libtorch's dispatcher, with its arguments matched to the op's schema by name, so
+//! autograd, the dry run's meta kernels and the op recorders see every op as they see an
+//! eager call. Weights come as meta tensors from their metadata (never read) for an
+//! estimate, or read for real for a profile.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result};
+
+mod run;
+mod schema;
+
+use schema::{Argument, ExportedProgram, Graph, InputSpec, OutputSpec, PayloadConfig, SymInt};
+
+/// The serialization schema's major version this reader reads (torch 2.11 to 2.13 write 8).
+const SCHEMA_MAJOR: i64 = 8;
+/// The archive versions this reader reads (`archive_version`).
+const ARCHIVE_VERSIONS: [&str; 1] = ["0"];
+
+/// What a weight of the program is to the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WeightKind {
+    /// A parameter: trained (requires grad in a training step).
+    Parameter,
+    /// A buffer (batch norm's running statistics).
+    Buffer,
+    /// A tensor constant: a non-persistent buffer or a tensor the forward pass made
+    /// from a constant (`torch.tensor(...)`), lifted to an input by torch.export.
+    Constant,
+}
+
+/// One tensor the program takes besides the user's inputs.
+#[derive(Debug, Clone)]
+pub(crate) struct Weight {
+    /// Its name in the model (`layer1.0.conv1.weight`).
+    pub name: String,
+    pub kind: WeightKind,
+    /// The graph input it is bound to.
+    input: String,
+    /// Its record in the archive (`data/weights/weight_3`), none for a constant
+    /// the archive does not hold.
+    record: Option<String>,
+    kind_dtype: Kind,
+    sizes: Vec<i64>,
+}
+
+/// A user input the program takes: its graph name and its exported sizes (a symbol's
+/// name for a dynamic dimension).
+#[derive(Debug, Clone)]
+struct UserInput {
+    name: String,
+    kind: Kind,
+    sizes: Vec<Dim>,
+}
+
+#[derive(Debug, Clone)]
+enum Dim {
+    Fixed(i64),
+    Symbol(String),
+}
+
+/// An exported program, read and checked, ready to run.
+pub(crate) struct Program {
+    path: PathBuf,
+    /// The archive's root folder, with its slash.
+    root: String,
+    graph: Graph,
+    weights: Vec<Weight>,
+    /// Graph inputs bound to constants of the signature (`constant_input`).
+    constant_inputs: HashMap<String, run::Val>,
+    user_inputs: Vec<UserInput>,
+    /// The first user output's graph value.
+    output: String,
+    ranges: HashMap<String, (Option<i64>, Option<i64>)>,
+}
+
+impl std::fmt::Debug for Program {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Program")
+            .field("path", &self.path)
+            .field("nodes", &self.graph.nodes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `path` is a torch.export archive (a zip whose root folder holds
+/// `archive_format` reading "pt2"), as opposed to a TorchScript file (also a zip).
+pub(crate) fn is_program(path: &Path) -> bool {
+    let Ok(file) = File::open(path) else {
+        return false;
+    };
+    let Ok(mut zip) = zip::ZipArchive::new(file) else {
+        return false;
+    };
+    let Some(root) = root_folder(&mut zip) else {
+        return false;
+    };
+    read_text(&mut zip, &format!("{root}archive_format")).is_ok_and(|f| f.trim() == "pt2")
+}
+
+fn root_folder(zip: &mut zip::ZipArchive<File>) -> Option<String> {
+    let first = zip.file_names().next()?.to_string();
+    let (root, _) = first.split_once('/')?;
+    Some(format!("{root}/"))
+}
+
+fn read_bytes(zip: &mut zip::ZipArchive<File>, name: &str) -> std::result::Result<Vec<u8>, String> {
+    let mut f = zip
+        .by_name(name)
+        .map_err(|e| format!("no record {name} ({e})"))?;
+    let mut out = Vec::with_capacity(f.size() as usize);
+    f.read_to_end(&mut out)
+        .map_err(|e| format!("record {name} is unreadable ({e})"))?;
+    Ok(out)
+}
+
+fn read_text(zip: &mut zip::ZipArchive<File>, name: &str) -> std::result::Result<String, String> {
+    String::from_utf8(read_bytes(zip, name)?).map_err(|_| format!("record {name} is not UTF-8"))
+}
+
+/// The schema's `ScalarType` as a tch kind (the schema numbers them its own way:
+/// FLOAT is 7 there, 6 in c10).
+pub(crate) fn kind_of(dtype: i32) -> Option<Kind> {
+    Some(match dtype {
+        1 => Kind::Uint8,
+        2 => Kind::Int8,
+        3 => Kind::Int16,
+        4 => Kind::Int,
+        5 => Kind::Int64,
+        6 => Kind::Half,
+        7 => Kind::Float,
+        8 => Kind::Double,
+        9 => Kind::ComplexHalf,
+        10 => Kind::ComplexFloat,
+        11 => Kind::ComplexDouble,
+        12 => Kind::Bool,
+        13 => Kind::BFloat16,
+        29 => Kind::Float8e4m3fn,
+        30 => Kind::Float8e5m2,
+        31 => Kind::Float8e4m3fnuz,
+        32 => Kind::Float8e5m2fnuz,
+        _ => return None,
+    })
+}
+
+/// The schema's `ScalarType` as c10's number (what an op's `ScalarType` argument is).
+fn c10_scalar_type(dtype: i32) -> Option<i64> {
+    Some(match dtype {
+        1..=12 => i64::from(dtype) - 1,
+        13 => 15,
+        28 => 27,
+        29 => 24,
+        30 => 23,
+        31 => 26,
+        32 => 25,
+        _ => return None,
+    })
+}
+
+/// The schema's `Layout` as c10's: strided only (sparse layouts are not run).
+fn c10_layout(layout: i32) -> Option<i64> {
+    (layout == 7).then_some(0)
+}
+
+/// The schema's `MemoryFormat` as c10's.
+fn c10_memory_format(format: i32) -> Option<i64> {
+    Some(match format {
+        1 => 0, // contiguous
+        4 => 1, // preserve
+        2 => 2, // channels last
+        3 => 3, // channels last 3d
+        _ => return None,
+    })
+}
+
+impl Program {
+    /// Reads and checks the program at `path`. A file that is not a torch.export
+    /// archive, a damaged one, a version this reader does not know, or a program
+    /// holding what it does not run (control flow, custom ops, script objects) is
+    /// refused in one line.
+    pub(crate) fn open(path: &Path) -> Result<Program> {
+        let fail = |reason: String| Error::ModelLoad {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if !path.is_file() {
+            return Err(fail(
+                "no such file (a program saved with torch.export.save)".into(),
+            ));
+        }
+        let file = File::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
+        let mut zip = zip::ZipArchive::new(file)
+            .map_err(|e| fail(format!("not a torch.export archive (not a readable zip: {e})")))?;
+        let root = root_folder(&mut zip)
+            .ok_or_else(|| fail("not a torch.export archive (no root folder)".into()))?;
+        let format = read_text(&mut zip, &format!("{root}archive_format"))
+            .map_err(|e| fail(format!("not a torch.export archive ({e})")))?;
+        if format.trim() != "pt2" {
+            return Err(fail(format!(
+                "archive format {:?}, where a torch.export program has \"pt2\"",
+                format.trim()
+            )));
+        }
+        let version = read_text(&mut zip, &format!("{root}archive_version")).map_err(&fail)?;
+        if !ARCHIVE_VERSIONS.contains(&version.trim()) {
+            return Err(fail(format!(
+                "archive version {:?}, which this reader does not know (it reads {})",
+                version.trim(),
+                ARCHIVE_VERSIONS.join(", ")
+            )));
+        }
+        let json = read_bytes(&mut zip, &format!("{root}models/model.json")).map_err(|e| {
+            fail(format!(
+                "{e}: an archive of AOTInductor packages or of several models is not read"
+            ))
+        })?;
+        let ep: ExportedProgram = serde_json::from_slice(&json)
+            .map_err(|e| fail(format!("models/model.json does not parse: {e}")))?;
+        if ep.schema_version.major != SCHEMA_MAJOR {
+            return Err(fail(format!(
+                "serialization schema {}.{} (torch {}), where this reader reads {SCHEMA_MAJOR}.x",
+                ep.schema_version.major, ep.schema_version.minor, ep.torch_version
+            )));
+        }
+        let mut payloads: HashMap<String, (String, schema::TensorMeta)> = HashMap::new();
+        for (folder, config) in [
+            ("weights", "model_weights_config.json"),
+            ("constants", "model_constants_config.json"),
+        ] {
+            let name = format!("{root}data/{folder}/{config}");
+            if zip.by_name(&name).is_err() {
+                continue;
+            }
+            let text = read_bytes(&mut zip, &name).map_err(&fail)?;
+            let cfg: PayloadConfig = serde_json::from_slice(&text)
+                .map_err(|e| fail(format!("data/{folder}/{config} does not parse: {e}")))?;
+            for (tensor, meta) in cfg.config {
+                if meta.use_pickle {
+                    return Err(fail(format!(
+                        "{tensor} is stored pickled (a tensor subclass), which is not read"
+                    )));
+                }
+                payloads.insert(
+                    tensor,
+                    (
+                        format!("{root}data/{folder}/{}", meta.path_name),
+                        meta.tensor_meta,
+                    ),
+                );
+            }
+        }
+        let graph_module = ep.graph_module;
+        let graph = graph_module.graph;
+        refuse_unread(&graph).map_err(&fail)?;
+        let tensor_meta = |input: &str| graph.tensor_values.get(input).cloned();
+        let mut weights = Vec::new();
+        let mut user_inputs = Vec::new();
+        let mut constant_inputs = HashMap::new();
+        let graph_inputs: Vec<String> = graph
+            .inputs
+            .iter()
+            .map(|a| match a {
+                Argument::AsTensor(t) => t.name.clone(),
+                _ => String::new(),
+            })
+            .collect();
+        for (k, spec) in graph_module.signature.input_specs.iter().enumerate() {
+            let (name, kind, input) = match spec {
+                InputSpec::Parameter(p) => {
+                    (&p.parameter_name, WeightKind::Parameter, &p.arg.name)
+                }
+                InputSpec::Buffer(b) => (&b.buffer_name, WeightKind::Buffer, &b.arg.name),
+                InputSpec::TensorConstant(c) => {
+                    (&c.tensor_constant_name, WeightKind::Constant, &c.arg.name)
+                }
+                InputSpec::UserInput(u) => {
+                    let Argument::AsTensor(t) = &u.arg else {
+                        return Err(fail(format!(
+                            "user input {k} is not a tensor; only tensor inputs are given"
+                        )));
+                    };
+                    let meta = tensor_meta(&t.name)
+                        .ok_or_else(|| fail(format!("user input {} has no metadata", t.name)))?;
+                    user_inputs.push(UserInput {
+                        name: t.name.clone(),
+                        kind: kind_of(meta.dtype).ok_or_else(|| {
+                            fail(format!("user input {} has dtype {}", t.name, meta.dtype))
+                        })?,
+                        sizes: meta
+                            .sizes
+                            .iter()
+                            .map(|s| match s {
+                                SymInt::AsInt(n) => Dim::Fixed(*n),
+                                SymInt::AsExpr(e) => Dim::Symbol(e.expr_str.clone()),
+                            })
+                            .collect(),
+                    });
+                    continue;
+                }
+                InputSpec::ConstantInput(c) => {
+                    let v = match &c.value {
+                        schema::ConstantValue::AsNone(_) => run::Val::None,
+                        schema::ConstantValue::AsInt(i) => run::Val::Int(*i),
+                        schema::ConstantValue::AsFloat(f) => run::Val::Float(*f),
+                        schema::ConstantValue::AsBool(b) => run::Val::Bool(*b),
+                        schema::ConstantValue::AsString(_) => {
+                            return Err(fail(format!(
+                                "input {} is a string constant, which is not read",
+                                c.name
+                            )))
+                        }
+                    };
+                    let input = graph_inputs.get(k).cloned().unwrap_or_default();
+                    constant_inputs.insert(if input.is_empty() { c.name.clone() } else { input }, v);
+                    continue;
+                }
+                InputSpec::CustomObj(_) => {
+                    return Err(fail(
+                        "the program takes a script object (a TorchBind class), which is not read"
+                            .into(),
+                    ))
+                }
+                InputSpec::Token(_) => {
+                    return Err(fail(
+                        "the program threads effect tokens (ops with side effects), which are not read"
+                            .into(),
+                    ))
+                }
+            };
+            let (record, meta) = match payloads.get(name) {
+                Some((record, meta)) => (Some(record.clone()), meta.clone()),
+                None => (
+                    None,
+                    tensor_meta(input).ok_or_else(|| {
+                        fail(format!("{name} has neither a record nor metadata"))
+                    })?,
+                ),
+            };
+            if c10_layout(meta.layout).is_none() {
+                return Err(fail(format!("{name} has a sparse layout, which is not read")));
+            }
+            let sizes = meta
+                .sizes
+                .iter()
+                .map(|s| match s {
+                    SymInt::AsInt(n) => Ok(*n),
+                    SymInt::AsExpr(e) => Err(fail(format!(
+                        "{name} has a symbolic size {}, which a weight cannot have",
+                        e.expr_str
+                    ))),
+                })
+                .collect::<Result<Vec<i64>>>()?;
+            weights.push(Weight {
+                name: name.clone(),
+                kind,
+                input: input.clone(),
+                record,
+                kind_dtype: kind_of(meta.dtype)
+                    .ok_or_else(|| fail(format!("{name} has dtype {}", meta.dtype)))?,
+                sizes,
+            });
+        }
+        let output = graph_module
+            .signature
+            .output_specs
+            .iter()
+            .find_map(|o| match o {
+                OutputSpec::UserOutput(u) => match &u.arg {
+                    Argument::AsTensor(t) => Some(t.name.clone()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .ok_or_else(|| fail("the program returns no tensor".into()))?;
+        let ranges = ep
+            .range_constraints
+            .into_iter()
+            .map(|(s, r)| (s, (r.min_val, r.max_val)))
+            .collect();
+        Ok(Program {
+            path: path.to_path_buf(),
+            root,
+            graph,
+            weights,
+            constant_inputs,
+            user_inputs,
+            output,
+            ranges,
+        })
+    }
+
+    /// The program's weights: parameters, buffers and tensor constants, in the order of
+    /// its signature (the order torch.export lifted them, the module's).
+    pub(crate) fn weights(&self) -> &[Weight] {
+        &self.weights
+    }
+
+    /// The kinds of the user inputs, in order.
+    pub(crate) fn input_kinds(&self) -> Vec<Kind> {
+        self.user_inputs.iter().map(|u| u.kind).collect()
+    }
+
+    /// The sizes the program was exported at (a dynamic dimension at its lower bound's
+    /// hint is not known here: None).
+    pub(crate) fn exported_sizes(&self) -> Vec<Vec<Option<i64>>> {
+        self.user_inputs
+            .iter()
+            .map(|u| {
+                u.sizes
+                    .iter()
+                    .map(|d| match d {
+                        Dim::Fixed(n) => Some(*n),
+                        Dim::Symbol(_) => None,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Checks the user's input sizes against the program's: a static dimension must be
+    /// its exported size, a dynamic one within its range constraint (the graph itself
+    /// checks neither).
+    pub(crate) fn check_inputs(&self, shapes: &[Vec<i64>]) -> Result<()> {
+        let invalid = |value: String, reason: String| Error::InvalidInput {
+            name: "input",
+            value,
+            reason,
+        };
+        let show = |s: &[i64]| s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
+        if shapes.len() != self.user_inputs.len() {
+            return Err(invalid(
+                shapes.iter().map(|s| show(s)).collect::<Vec<_>>().join(","),
+                format!(
+                    "the program takes {} input(s), {} given",
+                    self.user_inputs.len(),
+                    shapes.len()
+                ),
+            ));
+        }
+        let mut bound: HashMap<&str, i64> = HashMap::new();
+        for (u, shape) in self.user_inputs.iter().zip(shapes) {
+            let exported = u
+                .sizes
+                .iter()
+                .map(|d| match d {
+                    Dim::Fixed(n) => n.to_string(),
+                    Dim::Symbol(s) => s.clone(),
+                })
+                .collect::<Vec<_>>()
+                .join("x");
+            if shape.len() != u.sizes.len() {
+                return Err(invalid(
+                    show(shape),
+                    format!("input {} was exported with {} dimensions ({exported})", u.name, u.sizes.len()),
+                ));
+            }
+            for (d, (dim, &n)) in u.sizes.iter().zip(shape).enumerate() {
+                match dim {
+                    Dim::Fixed(m) if *m != n => {
+                        return Err(invalid(
+                            show(shape),
+                            format!(
+                                "the program was exported with static sizes {exported}: dimension {d} of input {} must be {m} (export it with dynamic_shapes to estimate other sizes)",
+                                u.name
+                            ),
+                        ))
+                    }
+                    Dim::Fixed(_) => {}
+                    Dim::Symbol(s) => {
+                        if let Some(&(lo, hi)) = self.ranges.get(s) {
+                            if lo.is_some_and(|lo| n < lo) || hi.is_some_and(|hi| n > hi) {
+                                return Err(invalid(
+                                    show(shape),
+                                    format!(
+                                        "dimension {d} of input {} ({s}) must be within {}..={} (the program's range constraint)",
+                                        u.name,
+                                        lo.map_or("-inf".into(), |v| v.to_string()),
+                                        hi.map_or("inf".into(), |v| v.to_string())
+                                    ),
+                                ));
+                            }
+                        }
+                        if let Some(prev) = bound.insert(s.as_str(), n) {
+                            if prev != n {
+                                return Err(invalid(
+                                    show(shape),
+                                    format!(
+                                        "dimension {d} of input {} is {s}, which another dimension gives as {prev}",
+                                        u.name
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The weights as tensors on `device`: on meta (`Device::Mps` in tch's terms inside
+    /// the dry run) made from their metadata, never read; on the CPU read from the
+    /// archive. Tensors that share a record share a tensor.
+    pub(crate) fn load_weights(&self, on_meta: bool) -> Result<Vec<Tensor>> {
+        let fail = |reason: String| Error::ModelLoad {
+            path: self.path.clone(),
+            reason,
+        };
+        let mut zip = if on_meta {
+            None
+        } else {
+            let file = File::open(&self.path).map_err(|e| fail(format!("cannot open: {e}")))?;
+            Some(zip::ZipArchive::new(file).map_err(|e| fail(format!("not a readable zip: {e}")))?)
+        };
+        let mut by_record: HashMap<&str, Tensor> = HashMap::new();
+        let mut out = Vec::with_capacity(self.weights.len());
+        for w in &self.weights {
+            if let Some(t) = w.record.as_deref().and_then(|r| by_record.get(r)) {
+                out.push(t.shallow_clone());
+                continue;
+            }
+            let t = if on_meta {
+                let like = Tensor::empty([0], (w.kind_dtype, Device::Cpu));
+                crate::ffi::meta_empty(&w.sizes, &like)?
+            } else {
+                let record = w.record.as_deref().ok_or_else(|| {
+                    fail(format!("{} has no record in the archive", w.name))
+                })?;
+                let zip = zip.as_mut().expect("opened above when not on meta");
+                let bytes = read_bytes(zip, record).map_err(&fail)?;
+                from_storage(&bytes, w.kind_dtype, &w.sizes).map_err(|e| {
+                    fail(format!("{} ({record}): {e}", w.name))
+                })?
+            };
+            if let Some(r) = w.record.as_deref() {
+                by_record.insert(r, t.shallow_clone());
+            }
+            out.push(t);
+        }
+        Ok(out)
+    }
+
+    /// Runs the program's graph on `weights` (as [`Program::load_weights`] gave them)
+    /// and the user's `inputs`, making what it makes on `device` ("meta" or "cpu"):
+    /// its first user output.
+    pub(crate) fn forward(&self, weights: &[Tensor], inputs: &[Tensor], device: &str) -> Result<Tensor> {
+        let mut env: HashMap<String, run::Val> = HashMap::new();
+        for (w, t) in self.weights.iter().zip(weights) {
+            env.insert(w.input.clone(), run::Val::Tensor(t.shallow_clone()));
+        }
+        for (u, t) in self.user_inputs.iter().zip(inputs) {
+            env.insert(u.name.clone(), run::Val::Tensor(t.shallow_clone()));
+        }
+        for (k, v) in &self.constant_inputs {
+            env.insert(k.clone(), v.clone());
+        }
+        let keep: HashSet<&str> = [self.output.as_str()].into_iter().collect();
+        run::run_graph(&self.graph, &mut env, &keep, device)?;
+        match env.remove(&self.output) {
+            Some(run::Val::Tensor(t)) => Ok(t),
+            _ => Err(Error::Native(format!(
+                "the program's output {} is not a tensor",
+                self.output
+            ))),
+        }
+    }
+
+    /// The archive's root folder (for messages).
+    pub(crate) fn root(&self) -> &str {
+        &self.root
+    }
+}
+
+/// A tensor of `sizes` made from raw storage bytes (`weight_N`).
+fn from_storage(bytes: &[u8], kind: Kind, sizes: &[i64]) -> std::result::Result<Tensor, String> {
+    let elem = kind.elt_size_in_bytes();
+    let numel: i64 = sizes.iter().product();
+    let needed = numel as usize * elem;
+    if bytes.len() < needed {
+        return Err(format!(
+            "the record holds {} bytes, where {sizes:?} of {kind:?} needs {needed}",
+            bytes.len()
+        ));
+    }
+    let t = Tensor::f_from_data_size(&bytes[..needed], sizes, kind).map_err(|e| e.to_string())?;
+    Ok(t)
+}
+
+/// Refuses, in one line, what the reader does not run: control flow, custom ops,
+/// autocast regions, script objects.
+fn refuse_unread(graph: &Graph) -> std::result::Result<(), String> {
+    for node in &graph.nodes {
+        let t = node.target.as_str();
+        let name = node.name.as_deref().unwrap_or("?");
+        if let Some(hop) = t.strip_prefix("torch.ops.higher_order.") {
+            match hop {
+                "wrap_with_set_grad_enabled" => {}
+                "cond" | "while_loop" | "scan" | "map_impl" | "associative_scan" => {
+                    return Err(format!(
+                        "node {name} is control flow (torch.{hop}), which is not read: the dry run runs one path of a graph without data"
+                    ))
+                }
+                other => {
+                    return Err(format!(
+                        "node {name} calls the higher-order op {other}, which is not read"
+                    ))
+                }
+            }
+        } else if let Some(op) = t.strip_prefix("torch.ops.") {
+            let ns = op.split('.').next().unwrap_or("");
+            if ns != "aten" {
+                return Err(format!(
+                    "node {name} calls the custom op {op}, which is not read (only aten ops are)"
+                ));
+            }
+        } else if !run::is_symbolic(t) {
+            return Err(format!("node {name} calls {t}, which is not read"));
+        }
+        for a in &node.inputs {
+            match &a.arg {
+                Argument::AsGraph(g) => refuse_unread(&g.graph)?,
+                Argument::AsCustomObj(c) => {
+                    return Err(format!(
+                        "node {name} takes a script object ({}), which is not read",
+                        c.class_fqn
+                    ))
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}

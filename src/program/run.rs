@@ -1,0 +1,676 @@
+//! Runs an exported program's graph node by node: aten nodes through the dispatcher
+//! (`ffi::program_call`), symbolic-integer nodes (`_operator.mul` on sizes, ...) as
+//! integer arithmetic, `wrap_with_set_grad_enabled` regions under the grad mode they
+//! name. Each value is dropped after its last use, as eager code drops a temporary, so
+//! the memory a run holds is the memory the same step holds in PyTorch.
+
+use std::collections::{HashMap, HashSet};
+
+use tch::Tensor;
+
+use super::schema::{Argument, Graph, Node, OptionalTensorArgument, SymArgument};
+use super::{c10_layout, c10_memory_format, c10_scalar_type};
+use crate::error::{torch_message, Error, Result};
+use crate::ffi::{self, Arg, Returned};
+
+/// A value of the graph.
+#[derive(Debug)]
+pub(crate) enum Val {
+    None,
+    Tensor(Tensor),
+    /// A list of tensors, some absent (`Tensor?[]`).
+    Tensors(Vec<Option<Tensor>>),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+impl Clone for Val {
+    fn clone(&self) -> Val {
+        match self {
+            Val::None => Val::None,
+            Val::Tensor(t) => Val::Tensor(t.shallow_clone()),
+            Val::Tensors(ts) => {
+                Val::Tensors(ts.iter().map(|t| t.as_ref().map(Tensor::shallow_clone)).collect())
+            }
+            Val::Int(i) => Val::Int(*i),
+            Val::Float(f) => Val::Float(*f),
+            Val::Bool(b) => Val::Bool(*b),
+        }
+    }
+}
+
+/// Python-level targets the graph computes sizes with.
+const SYMBOLIC: [&str; 30] = [
+    "_operator.add",
+    "_operator.sub",
+    "_operator.mul",
+    "_operator.floordiv",
+    "_operator.truediv",
+    "_operator.mod",
+    "_operator.pow",
+    "_operator.neg",
+    "_operator.eq",
+    "_operator.ne",
+    "_operator.lt",
+    "_operator.le",
+    "_operator.gt",
+    "_operator.ge",
+    "_operator.and_",
+    "_operator.or_",
+    "_operator.not_",
+    "_operator.getitem",
+    "torch.sym_max",
+    "torch.sym_min",
+    "torch.sym_not",
+    "torch.sym_float",
+    "torch.sym_int",
+    "torch.sym_ite",
+    "torch.sym_sqrt",
+    "math.ceil",
+    "math.floor",
+    "math.trunc",
+    "math.sqrt",
+    "builtins.round",
+];
+
+/// Nodes that only check what the exporter assumed; the run skips them.
+const CHECKS: [&str; 6] = [
+    "torch.ops.aten._assert_tensor_metadata.default",
+    "torch.ops.aten._assert_scalar.default",
+    "torch.ops.aten._assert_async.msg",
+    "torch.ops.aten.sym_constrain_range.default",
+    "torch.ops.aten.sym_constrain_range_for_size.default",
+    "torch.ops.aten._print.default",
+];
+
+pub(crate) fn is_symbolic(target: &str) -> bool {
+    SYMBOLIC.contains(&target)
+}
+
+/// The module path a node ran in, from its `nn_module_stack` metadata
+/// (`key,path,type;key,path,type`, outermost first): the innermost entry's path, as
+/// `named_modules()` names it (`layers.0.self_attn`).
+pub(crate) fn module_path(node: &Node) -> String {
+    let Some(stack) = node.metadata.get("nn_module_stack") else {
+        return String::new();
+    };
+    let Some(last) = stack.rsplit(';').next() else {
+        return String::new();
+    };
+    let mut fields = last.rsplitn(3, ',');
+    let _type = fields.next();
+    let path = fields.next().unwrap_or("");
+    clean_path(path)
+}
+
+/// `L['self'].layers.slice(None, 2, None).0` → `layers.0`; drops call counts (`@1`).
+fn clean_path(path: &str) -> String {
+    let path = path
+        .strip_prefix("L['self'].")
+        .or_else(|| path.strip_prefix("L['self']"))
+        .unwrap_or(path);
+    let mut out: Vec<&str> = Vec::new();
+    let mut depth = 0i32;
+    let mut start = 0;
+    let bytes = path.as_bytes();
+    let mut parts = Vec::new();
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'(' | b'[' => depth += 1,
+            b')' | b']' => depth -= 1,
+            b'.' if depth == 0 => {
+                parts.push(&path[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&path[start..]);
+    for p in parts {
+        let p = p.split('@').next().unwrap_or(p);
+        if p.is_empty() || p.starts_with("slice(") {
+            continue;
+        }
+        out.push(p);
+    }
+    out.join(".")
+}
+
+/// For each node, the values whose last use it is (values in `keep` are never dropped).
+fn last_uses<'g>(graph: &'g Graph, keep: &HashSet<&str>) -> Vec<Vec<&'g str>> {
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    for (k, node) in graph.nodes.iter().enumerate() {
+        for a in &node.inputs {
+            for name in names(&a.arg) {
+                last.insert(name, k);
+            }
+        }
+    }
+    for a in &graph.outputs {
+        for name in names(a) {
+            last.remove(name);
+        }
+    }
+    let mut by_node = vec![Vec::new(); graph.nodes.len()];
+    for (name, k) in last {
+        if !keep.contains(name) {
+            by_node[k].push(name);
+        }
+    }
+    by_node
+}
+
+/// The graph values an argument names.
+fn names(a: &Argument) -> Vec<&str> {
+    match a {
+        Argument::AsTensor(t) => vec![t.name.as_str()],
+        Argument::AsTensors(ts) => ts.iter().map(|t| t.name.as_str()).collect(),
+        Argument::AsOptionalTensors(ts) => ts
+            .iter()
+            .filter_map(|t| match t {
+                OptionalTensorArgument::AsTensor(t) => Some(t.name.as_str()),
+                OptionalTensorArgument::AsNone(_) => None,
+            })
+            .collect(),
+        Argument::AsOptionalTensor(OptionalTensorArgument::AsTensor(t)) => vec![t.name.as_str()],
+        Argument::AsSymInt(SymArgument::AsName(n))
+        | Argument::AsSymFloat(SymArgument::AsName(n))
+        | Argument::AsSymBool(SymArgument::AsName(n)) => vec![n.as_str()],
+        Argument::AsSymInts(xs) => sym_names(xs),
+        Argument::AsSymFloats(xs) => sym_names(xs),
+        Argument::AsSymBools(xs) => sym_names(xs),
+        _ => Vec::new(),
+    }
+}
+
+fn sym_names<T>(xs: &[SymArgument<T>]) -> Vec<&str> {
+    xs.iter()
+        .filter_map(|x| match x {
+            SymArgument::AsName(n) => Some(n.as_str()),
+            SymArgument::AsInt(_) => None,
+        })
+        .collect()
+}
+
+/// Runs `graph` over `env` (its inputs bound), leaving its outputs in `env`.
+pub(crate) fn run_graph(
+    graph: &Graph,
+    env: &mut HashMap<String, Val>,
+    keep: &HashSet<&str>,
+    device: &str,
+) -> Result<()> {
+    let drops = last_uses(graph, keep);
+    for (node, dead) in graph.nodes.iter().zip(drops) {
+        run_node(node, env, device).map_err(|e| {
+            let module = module_path(node);
+            let name = node.name.as_deref().unwrap_or("?");
+            let op = node.target.strip_prefix("torch.ops.").unwrap_or(&node.target);
+            let msg = match e {
+                Error::Native(m) => torch_message(&m),
+                other => other.to_string(),
+            };
+            let at = if module.is_empty() {
+                String::new()
+            } else {
+                format!(" in module {module}")
+            };
+            Error::Native(format!("node {name} ({op}){at}: {msg}"))
+        })?;
+        for name in dead {
+            env.remove(name);
+        }
+    }
+    Ok(())
+}
+
+fn lookup<'e>(env: &'e HashMap<String, Val>, name: &str) -> Result<&'e Val> {
+    env.get(name)
+        .ok_or_else(|| Error::Native(format!("the graph uses {name} before it is made")))
+}
+
+fn tensor<'e>(env: &'e HashMap<String, Val>, name: &str) -> Result<&'e Tensor> {
+    match lookup(env, name)? {
+        Val::Tensor(t) => Ok(t),
+        other => Err(Error::Native(format!("{name} is {other:?}, not a tensor"))),
+    }
+}
+
+fn sym<T: Copy>(env: &HashMap<String, Val>, a: &SymArgument<T>, lit: impl Fn(T) -> Val) -> Result<Val> {
+    match a {
+        SymArgument::AsName(n) => Ok(lookup(env, n)?.clone()),
+        SymArgument::AsInt(v) => Ok(lit(*v)),
+    }
+}
+
+fn scalar_arg(v: &Val) -> Result<Arg<'_>> {
+    Ok(match v {
+        Val::None => Arg::None,
+        Val::Tensor(t) => Arg::Tensor(t),
+        Val::Int(i) => Arg::Int(*i),
+        Val::Float(f) => Arg::Float(*f),
+        Val::Bool(b) => Arg::Bool(*b),
+        Val::Tensors(_) => return Err(Error::Native("a list where a value is wanted".into())),
+    })
+}
+
+/// Symbolic values of an argument, for Python-level nodes.
+fn python_value(env: &HashMap<String, Val>, a: &Argument) -> Result<Val> {
+    Ok(match a {
+        Argument::AsNone(_) => Val::None,
+        Argument::AsInt(i) => Val::Int(*i),
+        Argument::AsFloat(f) => Val::Float(*f),
+        Argument::AsBool(b) => Val::Bool(*b),
+        Argument::AsSymInt(s) => sym(env, s, Val::Int)?,
+        Argument::AsSymFloat(s) => sym(env, s, Val::Float)?,
+        Argument::AsSymBool(s) => sym(env, s, Val::Bool)?,
+        Argument::AsTensor(t) => Val::Tensor(tensor(env, &t.name)?.shallow_clone()),
+        Argument::AsTensors(ts) => Val::Tensors(
+            ts.iter()
+                .map(|t| Ok(Some(tensor(env, &t.name)?.shallow_clone())))
+                .collect::<Result<_>>()?,
+        ),
+        other => {
+            return Err(Error::Native(format!(
+                "an argument {other:?} to a size computation"
+            )))
+        }
+    })
+}
+
+fn as_f64(v: &Val) -> Result<f64> {
+    match v {
+        Val::Int(i) => Ok(*i as f64),
+        Val::Float(f) => Ok(*f),
+        Val::Bool(b) => Ok(f64::from(u8::from(*b))),
+        other => Err(Error::Native(format!("{other:?} in a size computation"))),
+    }
+}
+
+fn as_i64(v: &Val) -> Result<i64> {
+    match v {
+        Val::Int(i) => Ok(*i),
+        Val::Bool(b) => Ok(i64::from(*b)),
+        Val::Float(f) => Ok(*f as i64),
+        other => Err(Error::Native(format!("{other:?} in a size computation"))),
+    }
+}
+
+fn truthy(v: &Val) -> Result<bool> {
+    Ok(match v {
+        Val::Bool(b) => *b,
+        other => as_f64(other)? != 0.0,
+    })
+}
+
+/// A Python-level node: integer (or float, bool) arithmetic on sizes.
+fn symbolic(target: &str, args: &[Val]) -> Result<Val> {
+    let arg = |k: usize| {
+        args.get(k)
+            .ok_or_else(|| Error::Native(format!("{target} wants argument {k}")))
+    };
+    let both_int = args.iter().all(|a| matches!(a, Val::Int(_) | Val::Bool(_)));
+    let num = |f: fn(i64, i64) -> Option<i64>, g: fn(f64, f64) -> f64| -> Result<Val> {
+        let (a, b) = (arg(0)?, arg(1)?);
+        if both_int {
+            f(as_i64(a)?, as_i64(b)?)
+                .map(Val::Int)
+                .ok_or_else(|| Error::Native(format!("{target}: integer overflow or division by zero")))
+        } else {
+            Ok(Val::Float(g(as_f64(a)?, as_f64(b)?)))
+        }
+    };
+    let cmp = |f: fn(f64, f64) -> bool| -> Result<Val> {
+        Ok(Val::Bool(f(as_f64(arg(0)?)?, as_f64(arg(1)?)?)))
+    };
+    let name = target.rsplit('.').next().unwrap_or(target);
+    match name {
+        "add" => num(i64::checked_add, |a, b| a + b),
+        "sub" => num(i64::checked_sub, |a, b| a - b),
+        "mul" => num(i64::checked_mul, |a, b| a * b),
+        // Python's: the quotient rounds down, the remainder has the divisor's sign.
+        "floordiv" => num(
+            |a, b| {
+                let q = a.checked_div(b)?;
+                Some(if a % b != 0 && ((a < 0) != (b < 0)) { q - 1 } else { q })
+            },
+            |a, b| (a / b).floor(),
+        ),
+        "mod" => num(
+            |a, b| {
+                let r = a.checked_rem(b)?;
+                Some(if r != 0 && ((r < 0) != (b < 0)) { r + b } else { r })
+            },
+            |a, b| a - b * (a / b).floor(),
+        ),
+        "pow" => num(|a, b| u32::try_from(b).ok().and_then(|b| a.checked_pow(b)), f64::powf),
+        "truediv" => Ok(Val::Float(as_f64(arg(0)?)? / as_f64(arg(1)?)?)),
+        "neg" => Ok(match arg(0)? {
+            Val::Float(f) => Val::Float(-f),
+            v => Val::Int(-as_i64(v)?),
+        }),
+        "eq" => cmp(|a, b| a == b),
+        "ne" => cmp(|a, b| a != b),
+        "lt" => cmp(|a, b| a < b),
+        "le" => cmp(|a, b| a <= b),
+        "gt" => cmp(|a, b| a > b),
+        "ge" => cmp(|a, b| a >= b),
+        "and_" => Ok(Val::Bool(truthy(arg(0)?)? && truthy(arg(1)?)?)),
+        "or_" => Ok(Val::Bool(truthy(arg(0)?)? || truthy(arg(1)?)?)),
+        "not_" | "sym_not" => Ok(Val::Bool(!truthy(arg(0)?)?)),
+        "sym_max" => num(|a, b| Some(a.max(b)), f64::max),
+        "sym_min" => num(|a, b| Some(a.min(b)), f64::min),
+        "sym_float" => Ok(Val::Float(as_f64(arg(0)?)?)),
+        "sym_int" | "trunc" => Ok(Val::Int(as_f64(arg(0)?)?.trunc() as i64)),
+        "sym_ite" => Ok(if truthy(arg(0)?)? { arg(1)?.clone() } else { arg(2)?.clone() }),
+        "sym_sqrt" | "sqrt" => Ok(Val::Float(as_f64(arg(0)?)?.sqrt())),
+        "ceil" => Ok(Val::Int(as_f64(arg(0)?)?.ceil() as i64)),
+        "floor" => Ok(Val::Int(as_f64(arg(0)?)?.floor() as i64)),
+        "round" => Ok(Val::Int(as_f64(arg(0)?)?.round_ties_even() as i64)),
+        "getitem" => match (arg(0)?, arg(1)?) {
+            (Val::Tensors(ts), Val::Int(i)) => {
+                let k = usize::try_from(*i)
+                    .map_err(|_| Error::Native(format!("getitem at {i}")))?;
+                Ok(ts
+                    .get(k)
+                    .and_then(|t| t.as_ref())
+                    .map_or(Val::None, |t| Val::Tensor(t.shallow_clone())))
+            }
+            (a, b) => Err(Error::Native(format!("getitem of {a:?} at {b:?}"))),
+        },
+        _ => Err(Error::Native(format!("{target} is not read"))),
+    }
+}
+
+/// The op's argument as the dispatcher call takes it.
+fn op_arg<'e>(env: &'e HashMap<String, Val>, a: &'e Argument, device: &'e str) -> Result<Arg<'e>> {
+    let unread = |what: &str| Err(Error::Native(format!("an argument {what} is not read")));
+    let int = |x: &SymArgument<i64>| -> Result<Arg<'e>> {
+        match x {
+            SymArgument::AsInt(i) => Ok(Arg::Int(*i)),
+            SymArgument::AsName(n) => scalar_arg(lookup(env, n)?),
+        }
+    };
+    Ok(match a {
+        Argument::AsNone(_) => Arg::None,
+        Argument::AsTensor(t) => Arg::Tensor(tensor(env, &t.name)?),
+        Argument::AsTensors(ts) => Arg::List(
+            ts.iter()
+                .map(|t| tensor(env, &t.name).map(Arg::Tensor))
+                .collect::<Result<_>>()?,
+        ),
+        Argument::AsOptionalTensors(ts) => Arg::List(
+            ts.iter()
+                .map(|t| match t {
+                    OptionalTensorArgument::AsTensor(t) => tensor(env, &t.name).map(Arg::Tensor),
+                    OptionalTensorArgument::AsNone(_) => Ok(Arg::None),
+                })
+                .collect::<Result<_>>()?,
+        ),
+        Argument::AsOptionalTensor(t) => match t {
+            OptionalTensorArgument::AsTensor(t) => Arg::Tensor(tensor(env, &t.name)?),
+            OptionalTensorArgument::AsNone(_) => Arg::None,
+        },
+        Argument::AsInt(i) => Arg::Int(*i),
+        Argument::AsInts(xs) => Arg::List(xs.iter().map(|i| Arg::Int(*i)).collect()),
+        Argument::AsFloat(f) => Arg::Float(*f),
+        Argument::AsFloats(xs) => Arg::List(xs.iter().map(|f| Arg::Float(*f)).collect()),
+        Argument::AsBool(b) => Arg::Bool(*b),
+        Argument::AsBools(xs) => Arg::List(xs.iter().map(|b| Arg::Bool(*b)).collect()),
+        Argument::AsString(s) => Arg::Str(s),
+        Argument::AsSymInt(x) => int(x)?,
+        Argument::AsSymInts(xs) => Arg::List(xs.iter().map(int).collect::<Result<_>>()?),
+        Argument::AsSymFloat(x) => match x {
+            SymArgument::AsInt(f) => Arg::Float(*f),
+            SymArgument::AsName(n) => scalar_arg(lookup(env, n)?)?,
+        },
+        Argument::AsSymBool(x) => match x {
+            SymArgument::AsInt(b) => Arg::Bool(*b),
+            SymArgument::AsName(n) => scalar_arg(lookup(env, n)?)?,
+        },
+        Argument::AsScalarType(t) => Arg::Int(
+            c10_scalar_type(*t)
+                .ok_or_else(|| Error::Native(format!("dtype {t} of the schema is not read")))?,
+        ),
+        Argument::AsLayout(l) => Arg::Int(
+            c10_layout(*l).ok_or_else(|| Error::Native(format!("layout {l}: only strided tensors are run")))?,
+        ),
+        Argument::AsMemoryFormat(m) => Arg::Int(
+            c10_memory_format(*m)
+                .ok_or_else(|| Error::Native(format!("memory format {m} of the schema is not read")))?,
+        ),
+        // Every device the graph names is the run's: what the exported program made on
+        // "its" device (the CPU it was exported on) is made where the run is.
+        Argument::AsDevice(_) => Arg::Device(device),
+        Argument::AsStrings(_) => return unread("list of strings"),
+        Argument::AsSymFloats(_) | Argument::AsSymBools(_) => return unread("list of symbolic values"),
+        Argument::AsGraph(_) => return unread("subgraph"),
+        Argument::AsCustomObj(_) => return unread("script object"),
+        Argument::AsOperator(_) => return unread("operator"),
+        Argument::AsComplex(_) => return unread("complex number"),
+        Argument::AsNestedTensors(_) | Argument::AsIntLists(_) | Argument::AsStringToArgument(_) => {
+            return unread("nested list or dict")
+        }
+    })
+}
+
+/// Binds what an op returned to the node's outputs.
+fn bind(env: &mut HashMap<String, Val>, out: &Argument, r: Returned) -> Result<()> {
+    let val = |r: Returned| -> Val {
+        match r {
+            Returned::None => Val::None,
+            Returned::Tensor(t) => Val::Tensor(t),
+            Returned::Int(i) => Val::Int(i),
+            Returned::Float(f) => Val::Float(f),
+            Returned::Bool(b) => Val::Bool(b),
+            Returned::List(items) => Val::Tensors(
+                items
+                    .into_iter()
+                    .map(|x| match x {
+                        Returned::Tensor(t) => Some(t),
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+        }
+    };
+    match (out, r) {
+        (Argument::AsTensor(t), r) => {
+            env.insert(t.name.clone(), val(r));
+        }
+        (Argument::AsTensors(ts), Returned::List(items)) => {
+            for (t, x) in ts.iter().zip(items) {
+                env.insert(t.name.clone(), val(x));
+            }
+        }
+        (Argument::AsOptionalTensors(ts), Returned::List(items)) => {
+            for (t, x) in ts.iter().zip(items) {
+                if let OptionalTensorArgument::AsTensor(t) = t {
+                    env.insert(t.name.clone(), val(x));
+                }
+            }
+        }
+        (Argument::AsSymInt(SymArgument::AsName(n)), r)
+        | (Argument::AsSymFloat(SymArgument::AsName(n)), r)
+        | (Argument::AsSymBool(SymArgument::AsName(n)), r) => {
+            env.insert(n.clone(), val(r));
+        }
+        (Argument::AsSymInts(xs), Returned::List(items)) => {
+            for (x, r) in xs.iter().zip(items) {
+                if let SymArgument::AsName(n) = x {
+                    env.insert(n.clone(), val(r));
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn run_node(node: &Node, env: &mut HashMap<String, Val>, device: &str) -> Result<()> {
+    let target = node.target.as_str();
+    if CHECKS.contains(&target) {
+        return Ok(());
+    }
+    if is_symbolic(target) {
+        let args = node
+            .inputs
+            .iter()
+            .map(|a| python_value(env, &a.arg))
+            .collect::<Result<Vec<_>>>()?;
+        let v = symbolic(target, &args)?;
+        if let Some(out) = node.outputs.first() {
+            match (out, v) {
+                (Argument::AsTensor(t), v) => {
+                    env.insert(t.name.clone(), v);
+                }
+                (a, v) => {
+                    for n in names(a) {
+                        env.insert(n.to_string(), v.clone());
+                    }
+                }
+            }
+        }
+        return Ok(());
+    }
+    if target == "torch.ops.higher_order.wrap_with_set_grad_enabled" {
+        return set_grad_region(node, env, device);
+    }
+    let op = target
+        .strip_prefix("torch.ops.")
+        .ok_or_else(|| Error::Native(format!("{target} is not read")))?;
+    let mut parts = op.splitn(3, '.');
+    let (ns, name, overload) = (
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or("default"),
+    );
+    let qualified = format!("{ns}::{name}");
+    let overload = if overload == "default" { "" } else { overload };
+    let module = module_path(node);
+    let returned = {
+        let args = node
+            .inputs
+            .iter()
+            .map(|a| Ok((a.name.as_str(), op_arg(env, &a.arg, device)?)))
+            .collect::<Result<Vec<_>>>()?;
+        match ffi::program_call(&qualified, overload, &module, &args) {
+            // torch.export drops a `.contiguous()` that was a no-op where the program was
+            // exported (`x.permute(...).contiguous().view(...)`); where the tensor is laid
+            // out otherwise (a CUDA kernel's output), eager code copies there: so does
+            // the run, with the reshape the view came from.
+            Err(Error::Native(m))
+                if qualified == "aten::view" && m.contains("view size is not compatible") =>
+            {
+                let renamed: Vec<(&str, Arg<'_>)> = args
+                    .iter()
+                    .map(|(n, a)| (if *n == "size" { "shape" } else { *n }, a.clone()))
+                    .collect();
+                ffi::program_call("aten::reshape", "", &module, &renamed)?
+            }
+            other => other?,
+        }
+    };
+    let outs = &node.outputs;
+    if outs.len() == returned.len() {
+        for (o, r) in outs.iter().zip(returned) {
+            bind(env, o, r)?;
+        }
+    } else if let ([Argument::AsTensors(ts)], true) = (outs.as_slice(), returned.len() > 1) {
+        // A tuple of tensors serialized as one list.
+        for (t, r) in ts.iter().zip(returned) {
+            bind(env, &Argument::AsTensor(super::schema::TensorArgument { name: t.name.clone() }), r)?;
+        }
+    } else if let (1, Some(Returned::List(_))) = (returned.len(), returned.first()) {
+        let Some(Returned::List(items)) = returned.into_iter().next() else {
+            unreachable!()
+        };
+        for (o, r) in outs.iter().zip(items) {
+            bind(env, o, r)?;
+        }
+    } else {
+        return Err(Error::Native(format!(
+            "the op returned {} values for {} outputs",
+            returned.len(),
+            outs.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `wrap_with_set_grad_enabled(enabled, body, *operands)`: the body's graph under that
+/// grad mode.
+fn set_grad_region(node: &Node, env: &mut HashMap<String, Val>, device: &str) -> Result<()> {
+    let mut inputs = node.inputs.iter();
+    let enabled = match inputs.next().map(|a| &a.arg) {
+        Some(Argument::AsBool(b)) => *b,
+        _ => return Err(Error::Native("wrap_with_set_grad_enabled without its flag".into())),
+    };
+    let body = match inputs.next().map(|a| &a.arg) {
+        Some(Argument::AsGraph(g)) => &g.graph,
+        _ => return Err(Error::Native("wrap_with_set_grad_enabled without its body".into())),
+    };
+    let mut inner: HashMap<String, Val> = HashMap::new();
+    for (param, a) in body.inputs.iter().zip(inputs) {
+        let v = python_value(env, &a.arg)?;
+        for n in names(param) {
+            inner.insert(n.to_string(), v.clone());
+        }
+    }
+    let keep: HashSet<&str> = body.outputs.iter().flat_map(names).collect();
+    let run = |inner: &mut HashMap<String, Val>| run_graph(body, inner, &keep, device);
+    if enabled {
+        tch::with_grad(|| run(&mut inner))?;
+    } else {
+        tch::no_grad(|| run(&mut inner))?;
+    }
+    let results: Vec<Val> = body
+        .outputs
+        .iter()
+        .map(|o| match names(o).first() {
+            Some(n) => inner.remove(*n).unwrap_or(Val::None),
+            None => Val::None,
+        })
+        .collect();
+    let outs = &node.outputs;
+    if let ([Argument::AsTensors(ts)], true) = (outs.as_slice(), results.len() != 1) {
+        for (t, v) in ts.iter().zip(results) {
+            env.insert(t.name.clone(), v);
+        }
+    } else {
+        for (o, v) in outs.iter().zip(results) {
+            for n in names(o) {
+                env.insert(n.to_string(), v.clone());
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_paths_read_as_named_modules_names_them() {
+        assert_eq!(clean_path("layer1.0.conv1"), "layer1.0.conv1");
+        assert_eq!(clean_path("L['self'].layers.slice(None, 2, None).0.mlp"), "layers.0.mlp");
+        assert_eq!(clean_path("model.layers.0@1"), "model.layers.0");
+        assert_eq!(clean_path(""), "");
+    }
+
+    #[test]
+    fn size_arithmetic_follows_python() {
+        let i = |v| Val::Int(v);
+        let get = |t, a: &[Val]| match symbolic(t, a).unwrap() {
+            Val::Int(v) => v,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(get("_operator.floordiv", &[i(-7), i(2)]), -4); // Python: -7 // 2
+        assert_eq!(get("_operator.floordiv", &[i(7), i(-2)]), -4);
+        assert_eq!(get("_operator.mod", &[i(-7), i(2)]), 1); // Python: -7 % 2
+        assert_eq!(get("_operator.mul", &[i(6), i(7)]), 42);
+        assert_eq!(get("torch.sym_max", &[i(3), i(9)]), 9);
+        assert_eq!(get("math.ceil", &[Val::Float(2.1)]), 3);
+    }
+}

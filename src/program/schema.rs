@@ -1,0 +1,239 @@
+//! The parts of torch.export's serialization schema (`torch/_export/serde/schema.py`,
+//! major version 8) that an exported program is run from. Unions are JSON objects with
+//! one key (`{"as_tensor": {"name": "x"}}`): externally tagged enums here. Fields the
+//! reader does not use are skipped.
+
+use std::collections::HashMap;
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ExportedProgram {
+    pub graph_module: GraphModule,
+    #[serde(default)]
+    pub range_constraints: HashMap<String, RangeConstraint>,
+    pub schema_version: SchemaVersion,
+    #[serde(default)]
+    pub torch_version: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct SchemaVersion {
+    pub major: i64,
+    pub minor: i64,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct RangeConstraint {
+    pub min_val: Option<i64>,
+    pub max_val: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct GraphModule {
+    pub graph: Graph,
+    pub signature: GraphSignature,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Graph {
+    pub inputs: Vec<Argument>,
+    pub outputs: Vec<Argument>,
+    pub nodes: Vec<Node>,
+    #[serde(default)]
+    pub tensor_values: HashMap<String, TensorMeta>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Node {
+    pub target: String,
+    pub inputs: Vec<NamedArgument>,
+    pub outputs: Vec<Argument>,
+    #[serde(default)]
+    pub metadata: HashMap<String, String>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct NamedArgument {
+    pub name: String,
+    pub arg: Argument,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct TensorArgument {
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum SymArgument<T> {
+    AsName(String),
+    #[serde(alias = "as_float", alias = "as_bool")]
+    AsInt(T),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum OptionalTensorArgument {
+    AsTensor(TensorArgument),
+    AsNone(IgnoredAny),
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct GraphArgument {
+    pub graph: Box<Graph>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct CustomObjArgument {
+    pub class_fqn: String,
+}
+
+/// One argument or output of a node.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Argument {
+    AsNone(IgnoredAny),
+    AsTensor(TensorArgument),
+    AsTensors(Vec<TensorArgument>),
+    AsInt(i64),
+    AsInts(Vec<i64>),
+    AsFloat(f64),
+    AsFloats(Vec<f64>),
+    AsString(String),
+    AsStrings(Vec<String>),
+    AsSymInt(SymArgument<i64>),
+    AsSymInts(Vec<SymArgument<i64>>),
+    AsScalarType(i32),
+    AsMemoryFormat(i32),
+    AsLayout(i32),
+    AsDevice(IgnoredAny),
+    AsBool(bool),
+    AsBools(Vec<bool>),
+    AsSymBool(SymArgument<bool>),
+    AsSymBools(Vec<SymArgument<bool>>),
+    AsGraph(GraphArgument),
+    AsOptionalTensors(Vec<OptionalTensorArgument>),
+    AsCustomObj(CustomObjArgument),
+    AsOperator(String),
+    AsSymFloat(SymArgument<f64>),
+    AsSymFloats(Vec<SymArgument<f64>>),
+    AsOptionalTensor(OptionalTensorArgument),
+    AsComplex(IgnoredAny),
+    AsNestedTensors(IgnoredAny),
+    AsIntLists(IgnoredAny),
+    AsStringToArgument(IgnoredAny),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum SymInt {
+    AsExpr(SymExpr),
+    AsInt(i64),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct SymExpr {
+    pub expr_str: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct TensorMeta {
+    pub dtype: i32,
+    pub sizes: Vec<SymInt>,
+    #[serde(default)]
+    pub requires_grad: bool,
+    pub layout: i32,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct GraphSignature {
+    pub input_specs: Vec<InputSpec>,
+    pub output_specs: Vec<OutputSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct UserInputSpec {
+    pub arg: Argument,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ParameterSpec {
+    pub arg: TensorArgument,
+    pub parameter_name: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct BufferSpec {
+    pub arg: TensorArgument,
+    pub buffer_name: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct TensorConstantSpec {
+    pub arg: TensorArgument,
+    pub tensor_constant_name: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ConstantInputSpec {
+    pub name: String,
+    pub value: ConstantValue,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ConstantValue {
+    AsNone(IgnoredAny),
+    AsInt(i64),
+    AsFloat(f64),
+    AsString(String),
+    AsBool(bool),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum InputSpec {
+    UserInput(UserInputSpec),
+    Parameter(ParameterSpec),
+    Buffer(BufferSpec),
+    TensorConstant(TensorConstantSpec),
+    CustomObj(IgnoredAny),
+    Token(IgnoredAny),
+    ConstantInput(ConstantInputSpec),
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct UserOutputSpec {
+    pub arg: Argument,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum OutputSpec {
+    UserOutput(UserOutputSpec),
+    LossOutput(IgnoredAny),
+    BufferMutation(IgnoredAny),
+    GradientToParameter(IgnoredAny),
+    GradientToUserInput(IgnoredAny),
+    UserInputMutation(IgnoredAny),
+    Token(IgnoredAny),
+    ParameterMutation(IgnoredAny),
+}
+
+/// `data/weights/model_weights_config.json` and `data/constants/model_constants_config.json`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct PayloadConfig {
+    pub config: HashMap<String, PayloadMeta>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct PayloadMeta {
+    pub path_name: String,
+    #[serde(default)]
+    pub use_pickle: bool,
+    pub tensor_meta: TensorMeta,
+}
