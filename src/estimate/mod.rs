@@ -381,6 +381,13 @@ pub struct Options {
 /// The autocast dtypes of [`Options::autocast`] by their command-line names.
 pub const AUTOCAST_DTYPES: [(&str, Kind); 2] = [("bf16", Kind::BFloat16), ("f16", Kind::Half)];
 
+/// Whether the file at `path` is an exported program (a `.pt2` archive of
+/// `torch.export.save`) rather than a TorchScript file: read from its contents, not its
+/// name.
+pub fn is_exported_program(path: &std::path::Path) -> bool {
+    crate::program::is_program(path)
+}
+
 /// The autocast dtype called `name` (`bf16`, `f16`).
 pub fn parse_autocast(name: &str) -> Result<Kind> {
     let lower = name.to_ascii_lowercase();

@@ -1,4 +1,4 @@
-//! One real step of a TorchScript file under the profiler, as `tch-memprof profile` runs
+//! One real step of a model file (TorchScript or an exported program) under the profiler, as `tch-memprof profile` runs
 //! it: the step timeline by category, the layers and FLOPs, the plot and a summary.
 
 use std::path::{Path, PathBuf};
@@ -7,6 +7,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{catching, torch_message, Error, Result};
 use crate::estimate::Input;
+use crate::program::WeightKind;
 use crate::timeline::StepProfile;
 
 /// What [`profile_torchscript`] measured and wrote.
@@ -32,26 +33,13 @@ pub fn profile_torchscript(
     device: Device,
     output_dir: &Path,
 ) -> Result<ProfiledStep> {
-    let label = path
-        .file_name()
-        .map_or(path.display().to_string(), |f| f.to_string_lossy().into());
     if !path.is_file() {
         return Err(Error::ModelLoad {
             path: path.to_path_buf(),
             reason: "no such file (a TorchScript model saved with torch.jit.save)".into(),
         });
     }
-    if inputs.is_empty() {
-        return Err(Error::InvalidInput {
-            name: "input",
-            value: "(none)".into(),
-            reason: "the model needs at least one input shape".into(),
-        });
-    }
-    let failed = |what: &str, reason: String| Error::DryRun {
-        model: label.clone(),
-        reason: format!("{what}: {reason}"),
-    };
+    check_inputs(inputs)?;
     let load_failed = |e: tch::TchError| Error::ModelLoad {
         path: path.to_path_buf(),
         reason: format!(
@@ -72,8 +60,91 @@ pub fn profile_torchscript(
     } else {
         module.set_eval();
     }
+    profile_step(path, &vs, inputs, train, device, output_dir, |xs| {
+        module
+            .forward_ts(xs)
+            .map_err(|e| torch_message(&e.to_string()))
+    })
+}
+
+/// A model file, as `tch-memprof profile` takes it: an exported program (`.pt2`, from
+/// `torch.export.save`) or a TorchScript file, told apart by their contents; one real
+/// step of it as [`profile_torchscript`] runs one. A program's weights are read from
+/// the archive onto `device`, its parameters require grad, and its graph runs node by
+/// node through libtorch's dispatcher, so autograd records it for the backward pass.
+pub fn profile_file(
+    path: &Path,
+    inputs: &[Input],
+    train: bool,
+    device: Device,
+    output_dir: &Path,
+) -> Result<ProfiledStep> {
+    if !crate::program::is_program(path) {
+        return profile_torchscript(path, inputs, train, device, output_dir);
+    }
+    check_inputs(inputs)?;
+    let program = crate::program::Program::open(path)?;
+    let shapes: Vec<Vec<i64>> = inputs.iter().map(|i| i.shape.clone()).collect();
+    program.check_inputs(&shapes)?;
+    let vs = tch::nn::VarStore::new(device);
+    let mut weights = Vec::new();
+    for (w, t) in program.weights().iter().zip(program.load_weights(false)?) {
+        let t = if device == Device::Cpu { t } else { t.to_device(device) };
+        match w.kind {
+            WeightKind::Parameter => {
+                crate::vars::add_dotted(&vs.root(), &w.name, t.shallow_clone(), true)
+            }
+            WeightKind::Buffer => {
+                crate::vars::add_dotted(&vs.root(), &w.name, t.shallow_clone(), false)
+            }
+            WeightKind::Constant => {}
+        }
+        weights.push(t);
+    }
+    let on = match device {
+        Device::Cuda(i) => format!("cuda:{i}"),
+        _ => "cpu".to_string(),
+    };
+    profile_step(path, &vs, inputs, train, device, output_dir, |xs| {
+        program
+            .forward(&weights, xs, &on)
+            .map_err(|e| match e {
+                Error::Native(m) => m,
+                other => other.to_string(),
+            })
+    })
+}
+
+fn check_inputs(inputs: &[Input]) -> Result<()> {
+    if inputs.is_empty() {
+        return Err(Error::InvalidInput {
+            name: "input",
+            value: "(none)".into(),
+            reason: "the model needs at least one input shape".into(),
+        });
+    }
+    Ok(())
+}
+
+/// One step of `forward` over `vs` under the profiler, its files written.
+fn profile_step(
+    path: &Path,
+    vs: &tch::nn::VarStore,
+    inputs: &[Input],
+    train: bool,
+    device: Device,
+    output_dir: &Path,
+    forward: impl Fn(&[Tensor]) -> std::result::Result<Tensor, String>,
+) -> Result<ProfiledStep> {
+    let label = path
+        .file_name()
+        .map_or(path.display().to_string(), |f| f.to_string_lossy().into());
+    let failed = |what: &str, reason: String| Error::DryRun {
+        model: label.clone(),
+        reason: format!("{what}: {reason}"),
+    };
     crate::fs::create_dir_all(output_dir)?;
-    let mut profiler = super::MemoryProfiler::builder(&vs)
+    let mut profiler = super::MemoryProfiler::builder(vs)
         .timeline_step(1)
         .idle_at_peak(true)
         .csv(true)
@@ -89,12 +160,7 @@ pub fn profile_torchscript(
         })
         .collect();
     let step = || -> Result<()> {
-        let out = module.forward_ts(&xs).map_err(|e| {
-            failed(
-                "the model's forward pass failed",
-                torch_message(&e.to_string()),
-            )
-        })?;
+        let out = forward(&xs).map_err(|e| failed("the model's forward pass failed", e))?;
         if train {
             let loss =
                 crate::estimate::loss(&out, |n| Ok(Tensor::zeros([n], (Kind::Int64, device))))

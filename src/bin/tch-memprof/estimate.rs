@@ -14,7 +14,8 @@ use crate::{fail, parse_inputs};
 /// Arguments of `tch-memprof estimate`.
 #[derive(Args, Debug)]
 pub struct EstimateArgs {
-    /// A TorchScript file (torch.jit.trace or torch.jit.script, saved with .save()).
+    /// A model file: an exported program (.pt2, from torch.export.save) or a TorchScript
+    /// file (torch.jit.trace or torch.jit.script, saved with .save()).
     #[arg(required_unless_present = "model", conflicts_with = "model")]
     path: Option<PathBuf>,
     /// A built-in model instead of a file: alexnet, mobilenet_v3_small, resnet18,
@@ -257,34 +258,13 @@ pub(crate) fn load_model(
     let m = match (path, model) {
         (Some(p), _) => {
             let m = Model::from_file(p).map_err(|e| e.to_string())?;
-            match m.exported_inputs() {
-                Some(exported) => {
-                    if inputs.is_empty() {
-                        for (sizes, kind) in &exported {
-                            let shape: Option<Vec<i64>> = sizes.iter().copied().collect();
-                            let Some(shape) = shape else {
-                                return Err(format!(
-                                    "{}: the program has dynamic dimensions: give its input shapes with --input",
-                                    p.display()
-                                ));
-                            };
-                            inputs.push(Input { shape, kind: *kind });
-                        }
-                    }
-                    for ((input, spec), (_, kind)) in inputs.iter_mut().zip(specs).zip(&exported) {
-                        if !spec.contains(':') {
-                            input.kind = *kind;
-                        }
-                    }
-                }
-                None if inputs.is_empty() => {
-                    return Err(format!(
-                        "{}: give the model's input shape with --input (1x3x224x224)",
-                        p.display()
-                    ))
-                }
-                None => {}
+            if m.exported_inputs().is_none() && inputs.is_empty() {
+                return Err(format!(
+                    "{}: give the model's input shape with --input (1x3x224x224)",
+                    p.display()
+                ));
             }
+            program_inputs(p, &m, inputs, specs)?;
             Ok(m)
         }
         (None, Some(name)) => {
@@ -296,6 +276,39 @@ pub(crate) fn load_model(
         (None, None) => return Err("give a model file (.pt2 or TorchScript) or --model NAME".into()),
     };
     m.map_err(|e| e.to_string())
+}
+
+/// For an exported program: its exported shapes when `inputs` is empty (an error if it
+/// has dynamic dimensions), and its inputs' dtypes where `specs` (the `--input` values)
+/// name none. Nothing for other models.
+pub(crate) fn program_inputs(
+    p: &std::path::Path,
+    m: &Model,
+    inputs: &mut Vec<Input>,
+    specs: &[String],
+) -> Result<(), String> {
+    let Some(exported) = m.exported_inputs() else {
+        return Ok(());
+    };
+    if inputs.is_empty() {
+        for (sizes, kind) in &exported {
+            let shape: Option<Vec<i64>> = sizes.iter().copied().collect();
+            let Some(shape) = shape else {
+                return Err(format!(
+                    "{}: the program has dynamic dimensions: give its input shapes with --input",
+                    p.display()
+                ));
+            };
+            inputs.push(Input { shape, kind: *kind });
+        }
+        return Ok(());
+    }
+    for ((input, spec), (_, kind)) in inputs.iter_mut().zip(specs).zip(&exported) {
+        if !spec.contains(':') {
+            input.kind = *kind;
+        }
+    }
+    Ok(())
 }
 
 fn write_csv<'a>(

@@ -13,7 +13,8 @@ use crate::{fail, parse_inputs};
 /// Arguments of `tch-memprof plan`.
 #[derive(Args, Debug)]
 pub struct PlanArgs {
-    /// A TorchScript file (torch.jit.trace or torch.jit.script, saved with .save()).
+    /// A model file: an exported program (.pt2, from torch.export.save) or a TorchScript
+    /// file (torch.jit.trace or torch.jit.script, saved with .save()).
     #[arg(required_unless_present = "model", conflicts_with = "model")]
     path: Option<PathBuf>,
     /// A built-in model instead of a file (as for `estimate`).

@@ -1,4 +1,5 @@
-//! `tch-memprof profile`: one real step of a TorchScript file under the profiler.
+//! `tch-memprof profile`: one real step of a model file (an exported program or a
+//! TorchScript file) under the profiler.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,10 +12,11 @@ use crate::{fail, parse_inputs};
 /// Arguments of `tch-memprof profile`.
 #[derive(Args, Debug)]
 pub struct ProfileArgs {
-    /// A TorchScript file.
+    /// An exported program (.pt2, from torch.export.save) or a TorchScript file.
     path: PathBuf,
     /// An input shape, batch first, with an optional dtype after a colon; once per input.
-    #[arg(long = "input", required = true)]
+    /// An exported program takes its exported shapes and dtypes when left out.
+    #[arg(long = "input")]
     inputs: Vec<String>,
     /// Profile a training step (forward, loss, backward) instead of inference.
     #[arg(long)]
@@ -39,7 +41,7 @@ fn parse_device(s: &str) -> Result<Device, String> {
 }
 
 pub fn run(a: &ProfileArgs) -> ExitCode {
-    let inputs = match parse_inputs(&a.inputs) {
+    let mut inputs = match parse_inputs(&a.inputs) {
         Ok(i) => i,
         Err(e) => return fail(e),
     };
@@ -52,7 +54,16 @@ pub fn run(a: &ProfileArgs) -> ExitCode {
             return fail(format!("device {} is not available here", a.device));
         }
     }
-    match tch_memprof::profile_torchscript(&a.path, &inputs, a.train, device, &a.output_dir) {
+    if tch_memprof::estimate::is_exported_program(&a.path) {
+        // The program's own input shapes and dtypes where --input leaves them out.
+        let adopted = tch_memprof::estimate::Model::exported(&a.path)
+            .map_err(|e| e.to_string())
+            .and_then(|m| crate::estimate::program_inputs(&a.path, &m, &mut inputs, &a.inputs));
+        if let Err(e) = adopted {
+            return fail(e);
+        }
+    }
+    match tch_memprof::profile_file(&a.path, &inputs, a.train, device, &a.output_dir) {
         Ok(step) => {
             for f in &step.files {
                 println!("wrote {}", f.display());
