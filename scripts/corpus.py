@@ -10,7 +10,7 @@ them.
     python3 scripts/corpus.py --pt2 [--held-out] --out DIR [NAME ...]
                                                      # exported as .pt2 programs
 
-For each model, DIR/NAME.pt and a line in DIR/corpus.jsonl:
+For each model, DIR/NAME.pt (DIR/NAME.pt2 with --pt2) and a line in DIR/corpus.jsonl:
   {"name", "package", "file", "inputs": ["2x64:i64", ...], "param_bytes", "buffer_bytes",
    "data_bytes", "constant_bytes", "ops", "error"}
 where param_bytes and buffer_bytes are what PyTorch counts of the model
@@ -18,6 +18,9 @@ where param_bytes and buffer_bytes are what PyTorch counts of the model
 constant_bytes the sizes of the file's variable and graph-constant records, ops the aten
 ops its forward graph calls (`aten::name.overload`), and error is
 set when PyTorch itself could not trace the model (the model then has no file).
+With --pt2, data_bytes is the size of the archive's weight and constant records,
+constant_bytes 0, ops empty, and "ir" says which form was saved ("training" or
+"core-aten").
 
 Run with the Python of the torch wheel that scripts/with-libtorch.sh installs, with
 the packages of scripts/corpus-env.sh.
@@ -280,6 +283,21 @@ HELD_OUT = {
     "timm-vovnet": tm("ese_vovnet19b_dw"),
     "timm-crossvit": tm("crossvit_tiny_240", shape=(1, 3, 240, 240)),
     "timm-efficientvit": tm("efficientvit_b0"),
+    # Added with exported programs (.pt2), kept apart as the rest of this set.
+    "hf-gemma3": hf("Gemma3TextConfig", "Gemma3ForCausalLM", head_dim=16, sliding_window=16),
+    "hf-megatron-bert": hf("MegatronBertConfig", "MegatronBertModel"),
+    "hf-camembert": hf("CamembertConfig", "CamembertModel"),
+    "hf-deit": hf_image("DeiTConfig", "DeiTModel", image_size=64, patch_size=16, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),
+    "hf-swinv2": hf_image("Swinv2Config", "Swinv2Model", image_size=64, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4),
+    "hf-levit": hf_image("LevitConfig", "LevitModel", image_size=64, hidden_sizes=[32, 48, 64], num_attention_heads=[1, 2, 2], depths=[1, 1, 1], key_dim=[8, 8, 8]),
+    "hf-mobilenet-v1": hf_image("MobileNetV1Config", "MobileNetV1Model", image_size=64, depth_multiplier=0.25),
+    "hf-mobilenet-v2": hf_image("MobileNetV2Config", "MobileNetV2Model", image_size=64, depth_multiplier=0.35),
+    "tv-resnet34": tv("resnet34", num_classes=10),
+    "tv-vgg11": tv("vgg11", num_classes=10),
+    "tv-efficientnet-b3": tv("efficientnet_b3", num_classes=10),
+    "timm-mobileone": tm("mobileone_s0"),
+    "timm-efficientnetv2": tm("tf_efficientnetv2_b0"),
+    "timm-ghostnetv2": tm("ghostnetv2_100"),
 }
 
 
@@ -383,6 +401,21 @@ def trace(name, out_dir):
     return row
 
 
+def archive_bytes(path):
+    """Bytes of a .pt2 archive's tensor records: its weights' and constants' storages
+    (data/weights/weight_N, data/constants/tensor_N), each stored once."""
+    import zipfile
+
+    total = 0
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            parts = info.filename.split("/")
+            if len(parts) == 4 and parts[1] == "data" and parts[2] in ("weights", "constants") \
+                    and not parts[3].endswith(".json"):
+                total += info.file_size
+    return total
+
+
 def export(name, out_dir):
     """The model as its users export it now: torch.export.export, saved with
     torch.export.save. The training IR is saved where it can be; a program that saves
@@ -391,7 +424,8 @@ def export(name, out_dir):
     core ATen. row["ir"] says which."""
     build, inputs, package = MODELS[name]
     row = {"name": name, "package": package, "file": None, "inputs": inputs,
-           "param_bytes": None, "buffer_bytes": None, "ir": None, "error": None}
+           "param_bytes": None, "buffer_bytes": None, "data_bytes": None,
+           "constant_bytes": 0, "ops": [], "ir": None, "error": None}
     try:
         model = build()
         row["param_bytes"] = storage_bytes(p for _, p in model.named_parameters())
@@ -406,6 +440,7 @@ def export(name, out_dir):
             torch.export.save(ep.run_decompositions({}), path)
             row["ir"] = "core-aten"
         row["file"] = path
+        row["data_bytes"] = archive_bytes(path)
     except Exception as e:  # noqa: BLE001 - a model PyTorch cannot export is reported
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         if os.environ.get("CORPUS_DEBUG"):

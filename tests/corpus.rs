@@ -1,18 +1,23 @@
 //! The model corpus: real-world models from the transformers, torchvision and timm
 //! packages (installed from PyPI at pinned versions by `scripts/corpus-env.sh`),
-//! random-initialised from small configurations and traced by PyTorch with
-//! `torch.jit.trace` at the shape estimated (`scripts/corpus.py`), each estimated by the
-//! `tch-memprof estimate` command for inference and for an AdamW training step.
+//! random-initialised from small configurations, traced by PyTorch with
+//! `torch.jit.trace` and exported with `torch.export.export` (saved with
+//! `torch.export.save` as a `.pt2` archive) at the shape estimated
+//! (`scripts/corpus.py`), each file estimated by the `tch-memprof estimate` command for
+//! inference and for an AdamW training step.
 //!
 //! What is asserted:
-//! - every model PyTorch traced estimates in both modes, except the refusals listed in
-//!   [`REFUSED`], which must refuse in one line on standard error with exit status 2,
-//!   saying why;
+//! - every model PyTorch traced or exported estimates in both modes, except the
+//!   refusals listed in [`REFUSED`] and [`REFUSED_PT2`], which must refuse in one line on
+//!   standard error with exit status 2, saying why;
 //! - the weights the estimate counts are the file's variables, byte for byte as PyTorch
-//!   wrote them (the sizes of its `data/` records, which are the model's parameters and
-//!   buffers as PyTorch counts them), plus at most the file's graph constants;
+//!   wrote them (the sizes of a TorchScript file's `data/` records, which are the
+//!   model's parameters and buffers as PyTorch counts them, plus at most its graph
+//!   constants; an archive's weight and constant records);
 //! - the training peak holds at least the AdamW floor: weights, gradients and two
-//!   moments of every parameter.
+//!   moments of every parameter;
+//! - the `.pt2` program and the TorchScript file of one model give peaks within 5% of
+//!   each other (the median over the models, each mode).
 //!
 //! The coverage table is printed (`cargo test --test corpus -- --nocapture`).
 
@@ -32,6 +37,10 @@ const REFUSED: &[(&str, &str, &str)] = &[
     // has no derivative: PyTorch cannot train the traced file either.
     ("tv-vit", "training", "trace it in training mode"),
 ];
+
+/// Exported programs (`.pt2`) that refuse, in which mode, and the phrase of their refusal.
+/// (Mixtral's routing is data-dependent: PyTorch cannot export it.)
+const REFUSED_PT2: &[(&str, &str, &str)] = &[];
 
 /// Ops with no meta kernel that a refused model calls (its refusal names them).
 const DATA_DEPENDENT_OK: &[&str] = &["aten::nonzero"];
@@ -59,8 +68,17 @@ enum Set {
     FullSize,
 }
 
-/// Traces `set` into `dir` with the wheel's Python; None (said) without one.
-fn trace(dir: &Path, set: Set) -> Option<(Vec<Traced>, Untraced)> {
+/// The two file formats a model is given in.
+#[derive(Clone, Copy, PartialEq)]
+enum Format {
+    /// `torch.jit.trace`, saved with `.save()`.
+    TorchScript,
+    /// `torch.export.export`, saved with `torch.export.save` (a `.pt2` archive).
+    Exported,
+}
+
+/// Traces (or exports) `set` into `dir` with the wheel's Python; None (said) without one.
+fn trace(dir: &Path, set: Set, format: Format) -> Option<(Vec<Traced>, Untraced)> {
     if common::torch_python().is_none() {
         common::cannot_run(
             "the model corpus: no Python with torch beside LIBTORCH \
@@ -80,6 +98,9 @@ fn trace(dir: &Path, set: Set) -> Option<(Vec<Traced>, Untraced)> {
     let python = common::text(&env.stdout).trim().to_string();
     let mut corpus = Command::new(&python);
     corpus.arg(root.join("scripts/corpus.py"));
+    if format == Format::Exported {
+        corpus.arg("--pt2");
+    }
     match set {
         Set::Corpus => {}
         Set::HeldOut => {
@@ -180,132 +201,236 @@ fn real_world_models_estimate_for_inference_and_training() {
 }
 
 /// The held-out set (`scripts/corpus.py --held-out`: other models and configurations,
-/// kept apart from the corpus the dry run was developed on): at least 95% estimate in
-/// each mode, and every refusal is one line, exit status 2.
+/// kept apart from the corpus the dry run was developed on): at least 95% of the
+/// TorchScript files and 90% of the exported programs estimate in each mode, and every
+/// refusal is one line, exit status 2.
 #[test]
 fn a_held_out_set_estimates_at_least_95_percent() {
     run_set(true);
 }
 
+/// Runs `f` on every item, two at a time (the machine's cores; each estimate is its
+/// own process), keeping their order.
+fn in_pairs<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    if items.is_empty() {
+        return Vec::new();
+    }
+    std::thread::scope(|s| {
+        let half = items.len().div_ceil(2);
+        let f = &f;
+        let parts: Vec<_> = items
+            .chunks(half)
+            .map(|chunk| s.spawn(move || chunk.iter().map(f).collect::<Vec<_>>()))
+            .collect();
+        parts.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// The median of `xs` (not empty).
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
 fn run_set(held_out: bool) {
     let dir = tempfile::tempdir().unwrap();
     let set = if held_out { Set::HeldOut } else { Set::Corpus };
-    let Some((traced, untraced)) = trace(dir.path(), set) else {
+    let Some((traced, untraced)) = trace(&dir.path().join("pt"), set, Format::TorchScript) else {
+        return;
+    };
+    let Some((exported, unexported)) = trace(&dir.path().join("pt2"), set, Format::Exported)
+    else {
         return;
     };
     assert!(
-        traced.len() >= if held_out { 40 } else { 50 },
+        traced.len() >= if held_out { 55 } else { 50 },
         "{} traced models only",
         traced.len()
     );
-    // Two estimates at a time (the machine's cores); each is its own process.
-    let outcomes: Vec<(Outcome, Outcome)> = std::thread::scope(|s| {
-        let half = traced.len().div_ceil(2);
-        let parts: Vec<_> = traced
-            .chunks(half)
-            .map(|chunk| {
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|m| (estimate(m, false), estimate(m, true)))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        parts.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
+    assert!(
+        exported.len() >= if held_out { 55 } else { 50 },
+        "{} exported models only",
+        exported.len()
+    );
+    let outcomes = in_pairs(&traced, |m| (estimate(m, false), estimate(m, true)));
+    let outcomes_pt2 = in_pairs(&exported, |m| (estimate(m, false), estimate(m, true)));
 
     let mut failures = Vec::new();
-    let mut counts = std::collections::BTreeMap::<&str, [usize; 3]>::new();
+    // By package: [models, inference, training] for TorchScript files, then programs.
+    let mut counts = std::collections::BTreeMap::<&str, [usize; 6]>::new();
+    // Peak of the program over the TorchScript file's, by mode, where both estimate.
+    let mut ratios: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     println!(
-        "{:<24} {:<12} {:>14} {:>16} {:>16}",
-        "model", "package", "weights", "inference peak", "training peak"
+        "{:<24} {:<12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        "model", "package", "weights", ".pt infer", ".pt train", ".pt2 infer", ".pt2 train"
     );
-    for (m, (inf, train)) in traced.iter().zip(&outcomes) {
-        let c = counts.entry(m.package.as_str()).or_default();
-        c[0] += 1;
+    let mut names: Vec<&str> = traced.iter().map(|m| m.name.as_str()).collect();
+    for m in &exported {
+        if !names.contains(&m.name.as_str()) {
+            names.push(&m.name);
+        }
+    }
+    for name in names {
         let mut cells = Vec::new();
-        for (mode, outcome) in [("inference", inf), ("training", train)] {
-            // The held-out set lists no refusals: any one-line refusal is counted.
-            // The phrase a refusal must hold; the held-out set lists no refusals, so any
-            // one-line refusal there is counted (and held to the 95%).
-            let refused: Option<&str> = if held_out {
-                Some("")
-            } else {
-                REFUSED
-                    .iter()
-                    .find(|(n, md, _)| *n == m.name && *md == mode)
-                    .map(|(_, _, why)| *why)
+        let mut weights_cell = "-".to_string();
+        let mut peaks: [[Option<u64>; 2]; 2] = [[None; 2]; 2];
+        for (f, (models, outcomes)) in [(&traced, &outcomes), (&exported, &outcomes_pt2)]
+            .into_iter()
+            .enumerate()
+        {
+            let Some(k) = models.iter().position(|m| m.name == name) else {
+                cells.extend(["-".to_string(), "-".to_string()]);
+                continue;
             };
-            match (outcome, refused) {
-                (Outcome::Estimated { .. }, Some(why)) if !held_out => failures.push(format!(
-                    "{} {mode}: estimated, but listed as refused ({why}): take it off REFUSED",
-                    m.name
-                )),
-                (Outcome::Estimated { weights, peak }, _) => {
-                    c[if mode == "inference" { 1 } else { 2 }] += 1;
-                    cells.push(peak.to_string());
-                    if *weights < m.data_bytes || *weights > m.data_bytes + m.constant_bytes {
-                        failures.push(format!(
-                            "{} {mode}: weights {weights} B, the file's variables are {} B \
-                             (and its constants {} B)",
-                            m.name, m.data_bytes, m.constant_bytes
-                        ));
+            let m = &models[k];
+            let c = counts.entry(m.package.as_str()).or_default();
+            c[3 * f] += 1;
+            let format = if f == 0 { Format::TorchScript } else { Format::Exported };
+            for (j, (mode, outcome)) in [("inference", &outcomes[k].0), ("training", &outcomes[k].1)]
+                .into_iter()
+                .enumerate()
+            {
+                // The phrase a refusal must hold; the held-out set lists no refusals, so
+                // any one-line refusal there is counted (and held to the set's share).
+                let refused: Option<&str> = if held_out {
+                    Some("")
+                } else {
+                    let listed = if format == Format::TorchScript { REFUSED } else { REFUSED_PT2 };
+                    listed
+                        .iter()
+                        .find(|(n, md, _)| *n == m.name && *md == mode)
+                        .map(|(_, _, why)| *why)
+                };
+                match (outcome, refused) {
+                    (Outcome::Estimated { .. }, Some(why)) if !held_out => failures.push(format!(
+                        "{} {mode} ({}): estimated, but listed as refused ({why}): take it off the list",
+                        m.name,
+                        if f == 0 { ".pt" } else { ".pt2" }
+                    )),
+                    (Outcome::Estimated { weights, peak }, _) => {
+                        c[3 * f + 1 + j] += 1;
+                        peaks[f][j] = Some(*peak);
+                        cells.push(peak.to_string());
+                        if f == 0 {
+                            weights_cell = weights.to_string();
+                        }
+                        // A TorchScript file: its variables' records, plus at most its
+                        // graph constants. A program: its weight and constant records,
+                        // byte for byte.
+                        if *weights < m.data_bytes || *weights > m.data_bytes + m.constant_bytes {
+                            failures.push(format!(
+                                "{} {mode} ({}): weights {weights} B, the file's records are {} B \
+                                 (and its graph constants {} B)",
+                                m.name,
+                                if f == 0 { ".pt" } else { ".pt2" },
+                                m.data_bytes,
+                                m.constant_bytes
+                            ));
+                        }
+                        // AdamW: the weights, a gradient and two moments of every parameter.
+                        if mode == "training" && *peak < m.data_bytes + 3 * m.param_bytes {
+                            failures.push(format!(
+                                "{} training: peak {peak} B under the AdamW floor {} B",
+                                m.name,
+                                m.data_bytes + 3 * m.param_bytes
+                            ));
+                        }
                     }
-                    // AdamW: the weights, a gradient and two moments of every parameter.
-                    if mode == "training" && *peak < m.data_bytes + 3 * m.param_bytes {
-                        failures.push(format!(
-                            "{} training: peak {peak} B under the AdamW floor {} B",
-                            m.name,
-                            m.data_bytes + 3 * m.param_bytes
-                        ));
-                    }
-                }
-                (Outcome::Refused { status, stderr }, refused) => {
-                    let one_line = stderr.trim_end().lines().count() == 1;
-                    let ok = refused
-                        .is_some_and(|why| stderr.contains(why) && one_line && *status == Some(2));
-                    cells.push("refused".into());
-                    if !ok {
-                        failures.push(format!(
-                            "{} {mode}: exit {status:?}, {} line(s): {}",
-                            m.name,
-                            stderr.trim_end().lines().count(),
-                            stderr.trim_end()
-                        ));
+                    (Outcome::Refused { status, stderr }, refused) => {
+                        let one_line = stderr.trim_end().lines().count() == 1;
+                        let ok = refused.is_some_and(|why| {
+                            stderr.contains(why) && one_line && *status == Some(2)
+                        });
+                        cells.push("refused".into());
+                        if !ok {
+                            failures.push(format!(
+                                "{} {mode}: exit {status:?}, {} line(s): {}",
+                                m.name,
+                                stderr.trim_end().lines().count(),
+                                stderr.trim_end()
+                            ));
+                        }
                     }
                 }
             }
         }
-        let weights = match inf {
-            Outcome::Estimated { weights, .. } => weights.to_string(),
-            Outcome::Refused { .. } => "-".into(),
-        };
+        for (j, r) in ratios.iter_mut().enumerate() {
+            if let (Some(pt), Some(pt2)) = (peaks[0][j], peaks[1][j]) {
+                r.push(pt2 as f64 / pt as f64);
+            }
+        }
+        let package = traced
+            .iter()
+            .chain(&exported)
+            .find(|m| m.name == name)
+            .map_or("", |m| m.package.as_str());
         println!(
-            "{:<24} {:<12} {:>14} {:>16} {:>16}",
-            m.name, m.package, weights, cells[0], cells[1]
+            "{:<24} {:<12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+            name, package, weights_cell, cells[0], cells[1], cells[2], cells[3]
         );
     }
     for (name, e) in &untraced {
         println!("{name:<24} not traced by PyTorch: {e}");
     }
-    let total: [usize; 3] = counts
-        .values()
-        .fold([0; 3], |a, c| [a[0] + c[0], a[1] + c[1], a[2] + c[2]]);
+    for (name, e) in &unexported {
+        println!("{name:<24} not exported by PyTorch: {e}");
+    }
+    let total: [usize; 6] = counts.values().fold([0; 6], |mut a, c| {
+        for (x, y) in a.iter_mut().zip(c) {
+            *x += y;
+        }
+        a
+    });
     for (package, c) in &counts {
         println!(
-            "{package}: {} traced, {} estimate for inference, {} for training",
-            c[0], c[1], c[2]
+            "{package}: {} traced, {} estimate for inference, {} for training; \
+             {} exported, {} and {}",
+            c[0], c[1], c[2], c[3], c[4], c[5]
         );
     }
+    let set_name = if held_out { "held-out set" } else { "corpus" };
     println!(
-        "{}: {} traced ({} not traced by PyTorch), {} estimate for inference, {} for AdamW training",
-        if held_out { "held-out set" } else { "corpus" },
+        "{set_name}, TorchScript files: {} traced ({} not traced by PyTorch), {} estimate for \
+         inference, {} for AdamW training",
         total[0],
         untraced.len(),
         total[1],
         total[2]
     );
+    println!(
+        "{set_name}, exported programs (.pt2): {} exported ({} not exported by PyTorch), {} \
+         estimate for inference, {} for AdamW training",
+        total[3],
+        unexported.len(),
+        total[4],
+        total[5]
+    );
+    for (j, mode) in ["inference", "training"].into_iter().enumerate() {
+        if ratios[j].is_empty() {
+            continue;
+        }
+        let deviation = median(ratios[j].iter().map(|r| (r - 1.0).abs()).collect());
+        let (lo, hi) = ratios[j]
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+        println!(
+            "{set_name}, {mode}: the .pt2 peak over the .pt peak of the same model, {} models: \
+             median deviation {:.2}%, from {lo:.3} to {hi:.3}",
+            ratios[j].len(),
+            100.0 * deviation
+        );
+        if deviation > 0.05 {
+            failures.push(format!(
+                "{set_name} {mode}: the .pt2 and .pt peaks differ by {:.2}% (median), over 5%",
+                100.0 * deviation
+            ));
+        }
+    }
     // The ops the corpus's forward graphs call, against the meta-kernel inventory of
     // this process: none may be in libtorch's C++ gap without a kernel of ours.
     let inventory: std::collections::BTreeMap<String, bool> =
@@ -342,47 +467,83 @@ fn run_set(held_out: bool) {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // Only the listed refusals (the held-out set: any): at least 95% of the traced
-    // models in each mode.
+    // TorchScript files: only the listed refusals (the held-out set: any), at least 95%
+    // of the traced models in each mode. Programs: at least 95% of the corpus, 90% of
+    // the held-out set.
     assert!(total[1] * 100 >= total[0] * 95 && total[2] * 100 >= total[0] * 95);
+    let share = if held_out { 90 } else { 95 };
+    assert!(
+        total[4] * 100 >= total[3] * share && total[5] * 100 >= total[3] * share,
+        "exported programs: {} and {} of {} estimate, under {share}%",
+        total[4],
+        total[5],
+        total[3]
+    );
 }
 
-/// Full-size transformers decoders traced at the shape estimated (1x1024): GPT-2 small
-/// and SmolLM2-135M's Llama configuration (rotary embeddings, grouped-query attention,
-/// tied embeddings). Both estimate for inference and AdamW training; the file's
-/// variables are the parameters PyTorch counts (GPT-2's: its published 124,439,808, in
-/// f32) and the buffers, and the estimate's weights are those bytes plus at most the
-/// file's graph constants.
+/// Full-size transformers decoders traced and exported at the shape estimated
+/// (1x1024): GPT-2 small and SmolLM2-135M's Llama configuration (rotary embeddings,
+/// grouped-query attention, tied embeddings). Both estimate for inference and AdamW
+/// training in both formats; the file's variables are the parameters PyTorch counts
+/// (GPT-2's: its published 124,439,808, in f32) and the buffers, and the estimate's
+/// weights are those bytes plus at most the file's graph constants (a program: its
+/// archive's weight and constant records, exactly); the two formats' peaks are within
+/// 5% of each other.
 #[test]
 fn full_size_decoders_estimate_with_their_parameter_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let Some((traced, untraced)) = trace(dir.path(), Set::FullSize) else {
+    let Some((traced, untraced)) = trace(&dir.path().join("pt"), Set::FullSize, Format::TorchScript)
+    else {
+        return;
+    };
+    let Some((exported, unexported)) =
+        trace(&dir.path().join("pt2"), Set::FullSize, Format::Exported)
+    else {
         return;
     };
     assert!(untraced.is_empty(), "{untraced:?}");
+    assert!(unexported.is_empty(), "{unexported:?}");
     assert_eq!(traced.len(), 2);
+    assert_eq!(exported.len(), 2);
     let gpt2 = traced.iter().find(|m| m.name == "hf-gpt2-124m").unwrap();
     assert_eq!(gpt2.param_bytes, 4 * 124_439_808);
     for m in &traced {
+        let program = exported.iter().find(|p| p.name == m.name).unwrap();
         for train in [false, true] {
-            match estimate(m, train) {
-                Outcome::Estimated { weights, peak } => {
-                    println!(
-                        "{} train={train}: weights {weights} B, peak {peak} B",
-                        m.name
-                    );
-                    assert!(
-                        weights >= m.data_bytes && weights <= m.data_bytes + m.constant_bytes,
-                        "{}: weights {weights} B, the file's variables {} B",
-                        m.name,
-                        m.data_bytes
-                    );
-                    if train {
-                        assert!(peak >= m.data_bytes + 3 * m.param_bytes);
+            let mut peaks = Vec::new();
+            for (f, file) in [m, program].into_iter().enumerate() {
+                match estimate(file, train) {
+                    Outcome::Estimated { weights, peak } => {
+                        println!(
+                            "{} {} train={train}: weights {weights} B, peak {peak} B",
+                            m.name,
+                            if f == 0 { ".pt" } else { ".pt2" }
+                        );
+                        assert!(
+                            weights >= file.data_bytes
+                                && weights <= file.data_bytes + file.constant_bytes,
+                            "{}: weights {weights} B, the file's records {} B",
+                            m.name,
+                            file.data_bytes
+                        );
+                        if train {
+                            assert!(peak >= file.data_bytes + 3 * file.param_bytes);
+                        }
+                        peaks.push(peak as f64);
+                    }
+                    Outcome::Refused { stderr, .. } => {
+                        panic!("{} train={train}: {stderr}", file.file.display())
                     }
                 }
-                Outcome::Refused { stderr, .. } => panic!("{} train={train}: {stderr}", m.name),
             }
+            let ratio = peaks[1] / peaks[0];
+            assert!(
+                (ratio - 1.0).abs() <= 0.05,
+                "{} train={train}: .pt2 peak {} B, .pt peak {} B",
+                m.name,
+                peaks[1],
+                peaks[0]
+            );
         }
     }
 }

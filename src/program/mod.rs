@@ -67,14 +67,33 @@ struct UserInput {
 #[derive(Debug, Clone)]
 enum Dim {
     Fixed(i64),
+    /// A dynamic dimension: its symbol (`s77`), whose range constraint holds it.
     Symbol(String),
+    /// A size computed from symbols (`2*s77`): checked by the sizes it comes from.
+    Derived(String),
+}
+
+/// A dimension from its serialized form: an int, a symbol written as sympy's `srepr`
+/// (`Symbol('s77', positive=True, integer=True)`) or as its name, or an expression.
+fn dim_of(s: &SymInt) -> Dim {
+    let expr = match s {
+        SymInt::AsInt(n) => return Dim::Fixed(*n),
+        SymInt::AsExpr(e) => e.expr_str.trim(),
+    };
+    if let Some(rest) = expr.strip_prefix("Symbol('") {
+        if let Some((name, _)) = rest.split_once('\'') {
+            return Dim::Symbol(name.to_string());
+        }
+    }
+    if !expr.is_empty() && expr.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Dim::Symbol(expr.to_string());
+    }
+    Dim::Derived(expr.to_string())
 }
 
 /// An exported program, read and checked, ready to run.
 pub(crate) struct Program {
     path: PathBuf,
-    /// The archive's root folder, with its slash.
-    root: String,
     graph: Graph,
     weights: Vec<Weight>,
     /// Graph inputs bound to constants of the signature (`constant_input`).
@@ -297,14 +316,7 @@ impl Program {
                         kind: kind_of(meta.dtype).ok_or_else(|| {
                             fail(format!("user input {} has dtype {}", t.name, meta.dtype))
                         })?,
-                        sizes: meta
-                            .sizes
-                            .iter()
-                            .map(|s| match s {
-                                SymInt::AsInt(n) => Dim::Fixed(*n),
-                                SymInt::AsExpr(e) => Dim::Symbol(e.expr_str.clone()),
-                            })
-                            .collect(),
+                        sizes: meta.sizes.iter().map(dim_of).collect(),
                     });
                     continue;
                 }
@@ -390,7 +402,6 @@ impl Program {
             .collect();
         Ok(Program {
             path: path.to_path_buf(),
-            root,
             graph,
             weights,
             constant_inputs,
@@ -421,7 +432,7 @@ impl Program {
                     .iter()
                     .map(|d| match d {
                         Dim::Fixed(n) => Some(*n),
-                        Dim::Symbol(_) => None,
+                        Dim::Symbol(_) | Dim::Derived(_) => None,
                     })
                     .collect()
             })
@@ -455,7 +466,7 @@ impl Program {
                 .iter()
                 .map(|d| match d {
                     Dim::Fixed(n) => n.to_string(),
-                    Dim::Symbol(s) => s.clone(),
+                    Dim::Symbol(s) | Dim::Derived(s) => s.clone(),
                 })
                 .collect::<Vec<_>>()
                 .join("x");
@@ -476,7 +487,7 @@ impl Program {
                             ),
                         ))
                     }
-                    Dim::Fixed(_) => {}
+                    Dim::Fixed(_) | Dim::Derived(_) => {}
                     Dim::Symbol(s) => {
                         if let Some(&(lo, hi)) = self.ranges.get(s) {
                             if lo.is_some_and(|lo| n < lo) || hi.is_some_and(|hi| n > hi) {
@@ -575,11 +586,6 @@ impl Program {
             ))),
         }
     }
-
-    /// The archive's root folder (for messages).
-    pub(crate) fn root(&self) -> &str {
-        &self.root
-    }
 }
 
 /// A tensor of `sizes` made from raw storage bytes (`weight_N`).
@@ -606,6 +612,13 @@ fn refuse_unread(graph: &Graph) -> std::result::Result<(), String> {
         if let Some(hop) = t.strip_prefix("torch.ops.higher_order.") {
             match hop {
                 "wrap_with_set_grad_enabled" => {}
+                "wrap_with_autocast" => {
+                    if !matches!(node.inputs.get(2).map(|a| &a.arg), Some(Argument::AsBool(false))) {
+                        return Err(format!(
+                            "the program turns autocast on inside its forward (torch.autocast, node {name}), which is not read: export it without and estimate with --autocast"
+                        ));
+                    }
+                }
                 "cond" | "while_loop" | "scan" | "map_impl" | "associative_scan" => {
                     return Err(format!(
                         "node {name} is control flow (torch.{hop}), which is not read: the dry run runs one path of a graph without data"
@@ -618,10 +631,11 @@ fn refuse_unread(graph: &Graph) -> std::result::Result<(), String> {
                 }
             }
         } else if let Some(op) = t.strip_prefix("torch.ops.") {
-            let ns = op.split('.').next().unwrap_or("");
+            let mut parts = op.split('.');
+            let (ns, op_name) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
             if ns != "aten" {
                 return Err(format!(
-                    "node {name} calls the custom op {op}, which is not read (only aten ops are)"
+                    "node {name} calls the custom op {ns}::{op_name}, which is not read (only aten ops are)"
                 ));
             }
         } else if !run::is_symbolic(t) {

@@ -536,6 +536,9 @@ fn run_node(node: &Node, env: &mut HashMap<String, Val>, device: &str) -> Result
     if target == "torch.ops.higher_order.wrap_with_set_grad_enabled" {
         return set_grad_region(node, env, device);
     }
+    if target == "torch.ops.higher_order.wrap_with_autocast" {
+        return autocast_off_region(node, env, device);
+    }
     let op = target
         .strip_prefix("torch.ops.")
         .ok_or_else(|| Error::Native(format!("{target} is not read")))?;
@@ -601,30 +604,50 @@ fn run_node(node: &Node, env: &mut HashMap<String, Val>, device: &str) -> Result
 /// `wrap_with_set_grad_enabled(enabled, body, *operands)`: the body's graph under that
 /// grad mode.
 fn set_grad_region(node: &Node, env: &mut HashMap<String, Val>, device: &str) -> Result<()> {
-    let mut inputs = node.inputs.iter();
-    let enabled = match inputs.next().map(|a| &a.arg) {
+    let enabled = match node.inputs.first().map(|a| &a.arg) {
         Some(Argument::AsBool(b)) => *b,
         _ => return Err(Error::Native("wrap_with_set_grad_enabled without its flag".into())),
     };
-    let body = match inputs.next().map(|a| &a.arg) {
+    region(node, env, device, 1, Some(enabled))
+}
+
+/// `wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *operands)`
+/// with `enabled` false (the program checks at opening that it is): a region that
+/// keeps its ops out of autocast, such as rotary embeddings computed in f32. Its body
+/// runs as its surroundings do: in an estimate under autocast, its few small ops are
+/// cast as the rest (not modelled: they stay f32 on a GPU).
+fn autocast_off_region(node: &Node, env: &mut HashMap<String, Val>, device: &str) -> Result<()> {
+    region(node, env, device, 4, None)
+}
+
+/// A higher-order node's body (its input at `body`, the operands after it), under
+/// the grad mode `grad` (None: the surrounding one).
+fn region(
+    node: &Node,
+    env: &mut HashMap<String, Val>,
+    device: &str,
+    body: usize,
+    grad: Option<bool>,
+) -> Result<()> {
+    let graph = match node.inputs.get(body).map(|a| &a.arg) {
         Some(Argument::AsGraph(g)) => &g.graph,
-        _ => return Err(Error::Native("wrap_with_set_grad_enabled without its body".into())),
+        _ => return Err(Error::Native(format!("{} without its body", node.target))),
     };
     let mut inner: HashMap<String, Val> = HashMap::new();
-    for (param, a) in body.inputs.iter().zip(inputs) {
+    for (param, a) in graph.inputs.iter().zip(&node.inputs[body + 1..]) {
         let v = python_value(env, &a.arg)?;
         for n in names(param) {
             inner.insert(n.to_string(), v.clone());
         }
     }
-    let keep: HashSet<&str> = body.outputs.iter().flat_map(names).collect();
-    let run = |inner: &mut HashMap<String, Val>| run_graph(body, inner, &keep, device);
-    if enabled {
-        tch::with_grad(|| run(&mut inner))?;
-    } else {
-        tch::no_grad(|| run(&mut inner))?;
+    let keep: HashSet<&str> = graph.outputs.iter().flat_map(names).collect();
+    let run = |inner: &mut HashMap<String, Val>| run_graph(graph, inner, &keep, device);
+    match grad {
+        Some(true) => tch::with_grad(|| run(&mut inner))?,
+        Some(false) => tch::no_grad(|| run(&mut inner))?,
+        None => run(&mut inner)?,
     }
-    let results: Vec<Val> = body
+    let results: Vec<Val> = graph
         .outputs
         .iter()
         .map(|o| match names(o).first() {

@@ -104,7 +104,7 @@ pub(crate) enum Argument {
     AsFloat(f64),
     AsFloats(Vec<f64>),
     AsString(String),
-    AsStrings(Vec<String>),
+    AsStrings(IgnoredAny),
     AsSymInt(SymArgument<i64>),
     AsSymInts(Vec<SymArgument<i64>>),
     AsScalarType(i32),
@@ -118,7 +118,7 @@ pub(crate) enum Argument {
     AsGraph(GraphArgument),
     AsOptionalTensors(Vec<OptionalTensorArgument>),
     AsCustomObj(CustomObjArgument),
-    AsOperator(String),
+    AsOperator(IgnoredAny),
     AsSymFloat(SymArgument<f64>),
     AsSymFloats(Vec<SymArgument<f64>>),
     AsOptionalTensor(OptionalTensorArgument),
@@ -144,8 +144,6 @@ pub(crate) struct SymExpr {
 pub(crate) struct TensorMeta {
     pub dtype: i32,
     pub sizes: Vec<SymInt>,
-    #[serde(default)]
-    pub requires_grad: bool,
     pub layout: i32,
 }
 
@@ -190,7 +188,7 @@ pub(crate) enum ConstantValue {
     AsNone(IgnoredAny),
     AsInt(i64),
     AsFloat(f64),
-    AsString(String),
+    AsString(IgnoredAny),
     AsBool(bool),
 }
 

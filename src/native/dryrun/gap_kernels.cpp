@@ -167,6 +167,38 @@ at::Tensor take_meta(const at::Tensor& self, const at::Tensor& index) {
   return at::empty(index.sizes(), self.options());
 }
 
+// The batch norms core ATen writes (torch.export's run_decompositions()): as CUDA's
+// batch_norm_cuda, the output like the input and, in training, the batch mean and
+// inverse deviation per channel (f32 for half inputs); empty in evaluation. The
+// functional form also returns the updated running statistics.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_legit(const at::Tensor& input, bool training) {
+  const int64_t c = input.dim() > 1 ? input.size(1) : 1;
+  const auto st = input.scalar_type();
+  auto stat = input.options().dtype((st == at::kHalf || st == at::kBFloat16) ? at::kFloat : st);
+  return {at::empty(input.sizes(), input.options()), at::empty({training ? c : 0}, stat),
+          at::empty({training ? c : 0}, stat)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_legit_meta(
+    const at::Tensor& input, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+    at::Tensor&, at::Tensor&, bool training, double, double) {
+  return bn_legit(input, training);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_legit_no_stats_meta(
+    const at::Tensor& input, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+    bool training, double, double) {
+  return bn_legit(input, training);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bn_legit_functional_meta(
+    const at::Tensor& input, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+    const at::Tensor& running_mean, const at::Tensor& running_var, bool training, double,
+    double) {
+  auto [out, mean, invstd] = bn_legit(input, training);
+  return {out, mean, invstd, empty_as(running_mean), empty_as(running_var)};
+}
+
 }  // namespace
 
 const MetaKernel kGapKernels[] = {
@@ -209,6 +241,11 @@ const MetaKernel kGapKernels[] = {
     {"logical_and.out", [] { return torch::CppFunction(TORCH_FN(binary_out_meta)); }},
     {"logical_or.out", [] { return torch::CppFunction(TORCH_FN(binary_out_meta)); }},
     {"logical_xor.out", [] { return torch::CppFunction(TORCH_FN(binary_out_meta)); }},
+    {"_native_batch_norm_legit", [] { return torch::CppFunction(TORCH_FN(bn_legit_meta)); }},
+    {"_native_batch_norm_legit.no_stats",
+     [] { return torch::CppFunction(TORCH_FN(bn_legit_no_stats_meta)); }},
+    {"_native_batch_norm_legit_functional",
+     [] { return torch::CppFunction(TORCH_FN(bn_legit_functional_meta)); }},
 };
 const size_t kGapKernelCount = sizeof(kGapKernels) / sizeof(kGapKernels[0]);
 

@@ -1,0 +1,277 @@
+//! Exported programs (`.pt2`, from `torch.export.save`) as the reader takes them, on
+//! files PyTorch itself made (`scripts/export-cases.py`): both forms torch.export
+//! writes give the same estimate; a program with a dynamic batch takes the sizes its
+//! range constraint allows and refuses others in one line; what the reader does not run
+//! (control flow, custom ops, autocast turned on inside the model) and damaged archives
+//! are refused in one line with exit status 2; `profile` runs a real training step of a
+//! program on the CPU, as of the same model's TorchScript file.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use tch::{Device, Kind};
+use tch_memprof::estimate::Input;
+use tch_memprof::Category;
+
+/// The programs of `scripts/export-cases.py`, made once per test binary; None (said)
+/// without the wheel's Python.
+fn cases() -> Option<&'static Path> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if common::torch_python().is_none() {
+            common::cannot_run(
+                "exported programs: no Python with torch beside LIBTORCH \
+                 (run through scripts/with-libtorch.sh)",
+            );
+            return None;
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let env = Command::new(root.join("scripts/corpus-env.sh"))
+            .output()
+            .expect("runs scripts/corpus-env.sh");
+        assert!(env.status.success(), "{}", common::text(&env.stderr));
+        let python = common::text(&env.stdout).trim().to_string();
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("export-cases");
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = Command::new(python)
+            .arg(root.join("scripts/export-cases.py"))
+            .arg(&dir)
+            .output()
+            .expect("runs scripts/export-cases.py");
+        assert!(
+            out.status.success(),
+            "scripts/export-cases.py: {}",
+            common::text(&out.stderr)
+        );
+        Some(dir)
+    })
+    .as_deref()
+}
+
+/// `estimate FILE ARGS... --csv`: (weights, peak allocated) of the one row, or the
+/// refusal (exit status, stderr).
+fn estimate(file: &Path, args: &[&str]) -> Result<(u64, u64), (Option<i32>, String)> {
+    let mut all = vec!["estimate", file.to_str().unwrap(), "--csv"];
+    all.extend(args);
+    let out = common::cli(&all);
+    if !out.status.success() {
+        return Err((out.status.code(), common::text(&out.stderr)));
+    }
+    let csv = common::text(&out.stdout);
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let row: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| -> u64 {
+        row[header.iter().position(|h| *h == name).unwrap()]
+            .parse()
+            .unwrap()
+    };
+    Ok((col("weights_bytes"), col("peak_allocated_bytes")))
+}
+
+/// The refusal of `estimate FILE ARGS...`: exit status 2 and one line holding every
+/// phrase of `says`.
+fn refuses(file: &Path, args: &[&str], says: &[&str]) {
+    match estimate(file, args) {
+        Ok(r) => panic!("{}: estimated {r:?}, where it must refuse", file.display()),
+        Err((status, stderr)) => {
+            let lines = stderr.trim_end().lines().count();
+            assert_eq!(status, Some(2), "{stderr}");
+            assert_eq!(lines, 1, "{stderr}");
+            for s in says {
+                assert!(stderr.contains(s), "{stderr:?} does not say {s:?}");
+            }
+        }
+    }
+}
+
+fn within(a: u64, b: u64, share: f64) -> bool {
+    (a as f64 - b as f64).abs() <= share * b as f64
+}
+
+#[test]
+fn both_forms_torch_export_writes_estimate_alike() {
+    let Some(dir) = cases() else { return };
+    // The training IR (composite ops such as aten.linear kept) and core ATen
+    // (run_decompositions()) of one model: the same weights; peaks within 5%.
+    for model in ["resnet18", "bert"] {
+        for mode in [&[][..], &["--train", "--optimizer", "adamw"][..]] {
+            let training = estimate(&dir.join(format!("{model}.pt2")), mode).unwrap();
+            let core = estimate(&dir.join(format!("{model}-core.pt2")), mode).unwrap();
+            println!("{model} {mode:?}: training IR {training:?}, core ATen {core:?}");
+            assert_eq!(training.0, core.0, "{model}: weights");
+            assert!(within(core.1, training.1, 0.05), "{model} {mode:?}");
+        }
+    }
+    // The same ResNet-18 traced into TorchScript: the same weights, byte for byte.
+    let pt = estimate(&dir.join("resnet18.pt"), &["--input", "2x3x64x64"]).unwrap();
+    let pt2 = estimate(&dir.join("resnet18.pt2"), &[]).unwrap();
+    assert_eq!(pt.0, pt2.0);
+    assert!(within(pt2.1, pt.1, 0.05), "{pt:?} {pt2:?}");
+}
+
+#[test]
+fn a_dynamic_batch_takes_the_sizes_its_range_allows() {
+    let Some(dir) = cases() else { return };
+    let dynamic = dir.join("dynamic.pt2");
+    let at = |b: u32| estimate(&dynamic, &["--input", &format!("{b}x3x32x32")]).unwrap();
+    let (w4, p4) = at(4);
+    let (w16, p16) = at(16);
+    assert_eq!(w4, w16);
+    // The batch's activations grow with it: 12 more images of 16x32x32 f32 after the
+    // convolution at least.
+    assert!(p16 >= p4 + 12 * 16 * 32 * 32 * 4, "{p4} -> {p16}");
+    // Outside Dim("batch", min=2, max=16): refused, naming the dimension and its range.
+    refuses(&dynamic, &["--input", "32x3x32x32"], &["dimension 0", "2..=16"]);
+    // No shape given: a dynamic program needs one.
+    refuses(&dynamic, &[], &["dynamic dimensions", "--input"]);
+    // A static program takes its own shape (by default) and refuses another.
+    let static_ = dir.join("static.pt2");
+    assert_eq!(estimate(&static_, &[]).unwrap(), at(4));
+    refuses(&static_, &["--input", "8x3x32x32"], &["static sizes 4x3x32x32", "dimension 0"]);
+}
+
+#[test]
+fn what_the_reader_does_not_run_refuses_in_one_line() {
+    let Some(dir) = cases() else { return };
+    refuses(&dir.join("cond.pt2"), &[], &["control flow", "torch.cond"]);
+    refuses(&dir.join("custom.pt2"), &[], &["custom op memprof_test::twice"]);
+    refuses(&dir.join("autocast.pt2"), &[], &["turns autocast on", "--autocast"]);
+}
+
+/// Copies the archive `src` to `dst`, each record through `f` (None drops it).
+fn rewrite(src: &Path, dst: &Path, f: impl Fn(&str, Vec<u8>) -> Option<Vec<u8>>) {
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(src).unwrap()).unwrap();
+    let mut out = zip::ZipWriter::new(std::fs::File::create(dst).unwrap());
+    let stored =
+        zip::write::FileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for k in 0..zip.len() {
+        let mut entry = zip.by_index(k).unwrap();
+        let name = entry.name().to_string();
+        let mut bytes = Vec::new();
+        entry.read_to_end(&mut bytes).unwrap();
+        if let Some(bytes) = f(&name, bytes) {
+            out.start_file(name, stored).unwrap();
+            out.write_all(&bytes).unwrap();
+        }
+    }
+    out.finish().unwrap();
+}
+
+#[test]
+fn damaged_archives_refuse_in_one_line() {
+    let Some(dir) = cases() else { return };
+    let good = dir.join("static.pt2");
+    let tmp = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(&good).unwrap();
+    // Cut short (a copy that did not finish): not a readable zip.
+    let cut = tmp.path().join("cut.pt2");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    refuses(&cut, &["--input", "4x3x32x32"], &["cut.pt2"]);
+    // An archive version this reader does not know.
+    let future = tmp.path().join("future.pt2");
+    rewrite(&good, &future, |name, b| {
+        Some(if name.ends_with("/archive_version") {
+            b"9".to_vec()
+        } else {
+            b
+        })
+    });
+    refuses(&future, &[], &["archive version \"9\""]);
+    // A serialization schema of another major version.
+    let schema = tmp.path().join("schema.pt2");
+    rewrite(&good, &schema, |name, b| {
+        Some(if name.ends_with("models/model.json") {
+            String::from_utf8(b)
+                .unwrap()
+                .replacen("\"major\": 8", "\"major\": 99", 1)
+                .into_bytes()
+        } else {
+            b
+        })
+    });
+    refuses(&schema, &[], &["serialization schema 99."]);
+    // No program in it.
+    let empty = tmp.path().join("empty.pt2");
+    rewrite(&good, &empty, |name, b| {
+        (!name.ends_with("models/model.json")).then_some(b)
+    });
+    refuses(&empty, &[], &["models/model.json"]);
+    // A weight record cut short: the estimate never reads it; profile does.
+    let weights = tmp.path().join("weights.pt2");
+    rewrite(&good, &weights, |name, b| {
+        Some(if name.ends_with("data/weights/weight_0") {
+            b[..b.len() / 2].to_vec()
+        } else {
+            b
+        })
+    });
+    assert!(estimate(&weights, &[]).is_ok());
+    let out = common::cli(&[
+        "profile",
+        weights.to_str().unwrap(),
+        "--output-dir",
+        tmp.path().join("out").to_str().unwrap(),
+    ]);
+    let stderr = common::text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("weight_0"), "{stderr}");
+    // No such file.
+    refuses(&tmp.path().join("missing.pt2"), &[], &["no such file"]);
+}
+
+#[test]
+fn profile_runs_a_real_training_step_of_a_program() {
+    let Some(dir) = cases() else { return };
+    let _serial = common::serial();
+    let out = tempfile::tempdir().unwrap();
+    let input = [Input {
+        shape: vec![2, 3, 64, 64],
+        kind: Kind::Float,
+    }];
+    let program = tch_memprof::profile_file(
+        &dir.join("resnet18.pt2"),
+        &input,
+        true,
+        Device::Cpu,
+        &out.path().join("pt2"),
+    )
+    .unwrap();
+    for f in ["step.png", "timeline.csv", "layers.csv", "idle.csv", "summary.txt"] {
+        assert!(out.path().join("pt2").join(f).is_file(), "{f}");
+    }
+    let script = tch_memprof::profile_file(
+        &dir.join("resnet18.pt"),
+        &input,
+        true,
+        Device::Cpu,
+        &out.path().join("pt"),
+    )
+    .unwrap();
+    let (a, b) = (&program.profile, &script.profile);
+    println!(
+        "ResNet-18 training step on the CPU: .pt2 peak {} B, .pt peak {} B",
+        a.peak.bytes, b.peak.bytes
+    );
+    // The same parameters (11.2 M for 10 classes, f32), read from the archive.
+    assert_eq!(
+        a.peak.breakdown.get(Category::Param),
+        b.peak.breakdown.get(Category::Param)
+    );
+    assert!(within(a.peak.bytes, b.peak.bytes, 0.05));
+    // Layers named from the program's module stack, as from the TorchScript file's.
+    let layers = |p: &tch_memprof::ProfiledStep| -> Vec<String> {
+        let mut l: Vec<String> = p.profile.layers.iter().map(|l| l.layer.clone()).collect();
+        l.sort();
+        l
+    };
+    let named = layers(&program);
+    for l in ["conv1", "layer1.0.conv1", "layer4.1.bn2", "fc"] {
+        assert!(named.iter().any(|n| n == l), "{l} not in {named:?}");
+    }
+}
