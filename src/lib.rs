@@ -197,7 +197,8 @@ pub use oom::{OomBlock, OomCategory, OomReport};
 pub use optim::{autocast, clip_grad_norm, Checkpointed};
 pub use phase::Phase;
 pub use profiler::{
-    profile_file, profile_torchscript, MemoryProfiler, MemoryProfilerBuilder, ProfiledStep, DEFAULT_TOP_VARIABLES,
+    profile_file, profile_torchscript, MemoryProfiler, MemoryProfilerBuilder, ProfiledStep,
+    DEFAULT_TOP_VARIABLES,
 };
 pub use profiler::{Budget, BudgetExceeded, LayerUse, Overrun};
 pub use stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableList, VariableStats};

@@ -55,6 +55,8 @@ struct Traced {
     constant_bytes: u64,
     /// The aten ops its forward graph calls (`aten::name.overload`).
     ops: Vec<String>,
+    /// A program's form: "training" (the training IR) or "core-aten".
+    ir: Option<String>,
 }
 
 /// Models PyTorch could not trace, with its error.
@@ -149,6 +151,7 @@ fn trace(dir: &Path, set: Set, format: Format) -> Option<(Vec<Traced>, Untraced)
                 .iter()
                 .map(|s| s.as_str().unwrap().to_string())
                 .collect(),
+            ir: v["ir"].as_str().map(str::to_string),
         });
     }
     Some((traced, untraced))
@@ -243,8 +246,7 @@ fn run_set(held_out: bool) {
     let Some((traced, untraced)) = trace(&dir.path().join("pt"), set, Format::TorchScript) else {
         return;
     };
-    let Some((exported, unexported)) = trace(&dir.path().join("pt2"), set, Format::Exported)
-    else {
+    let Some((exported, unexported)) = trace(&dir.path().join("pt2"), set, Format::Exported) else {
         return;
     };
     assert!(
@@ -290,17 +292,26 @@ fn run_set(held_out: bool) {
             let m = &models[k];
             let c = counts.entry(m.package.as_str()).or_default();
             c[3 * f] += 1;
-            let format = if f == 0 { Format::TorchScript } else { Format::Exported };
-            for (j, (mode, outcome)) in [("inference", &outcomes[k].0), ("training", &outcomes[k].1)]
-                .into_iter()
-                .enumerate()
+            let format = if f == 0 {
+                Format::TorchScript
+            } else {
+                Format::Exported
+            };
+            for (j, (mode, outcome)) in
+                [("inference", &outcomes[k].0), ("training", &outcomes[k].1)]
+                    .into_iter()
+                    .enumerate()
             {
                 // The phrase a refusal must hold; the held-out set lists no refusals, so
                 // any one-line refusal there is counted (and held to the set's share).
                 let refused: Option<&str> = if held_out {
                     Some("")
                 } else {
-                    let listed = if format == Format::TorchScript { REFUSED } else { REFUSED_PT2 };
+                    let listed = if format == Format::TorchScript {
+                        REFUSED
+                    } else {
+                        REFUSED_PT2
+                    };
                     listed
                         .iter()
                         .find(|(n, md, _)| *n == m.name && *md == mode)
@@ -402,10 +413,16 @@ fn run_set(held_out: bool) {
         total[1],
         total[2]
     );
+    let core = exported
+        .iter()
+        .filter(|m| m.ir.as_deref() == Some("core-aten"))
+        .count();
     println!(
-        "{set_name}, exported programs (.pt2): {} exported ({} not exported by PyTorch), {} \
-         estimate for inference, {} for AdamW training",
+        "{set_name}, exported programs (.pt2): {} exported ({} in the training IR, {core} in \
+         core ATen; {} not exported by PyTorch), {} estimate for inference, {} for AdamW \
+         training",
         total[3],
+        exported.len() - core,
         unexported.len(),
         total[4],
         total[5]
@@ -492,7 +509,8 @@ fn run_set(held_out: bool) {
 #[test]
 fn full_size_decoders_estimate_with_their_parameter_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let Some((traced, untraced)) = trace(&dir.path().join("pt"), Set::FullSize, Format::TorchScript)
+    let Some((traced, untraced)) =
+        trace(&dir.path().join("pt"), Set::FullSize, Format::TorchScript)
     else {
         return;
     };

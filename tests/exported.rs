@@ -118,29 +118,52 @@ fn both_forms_torch_export_writes_estimate_alike() {
 fn a_dynamic_batch_takes_the_sizes_its_range_allows() {
     let Some(dir) = cases() else { return };
     let dynamic = dir.join("dynamic.pt2");
-    let at = |b: u32| estimate(&dynamic, &["--input", &format!("{b}x3x32x32")]).unwrap();
-    let (w4, p4) = at(4);
-    let (w16, p16) = at(16);
+    let at = |b: u32, train: bool| {
+        let input = format!("{b}x3x32x32");
+        let mut args = vec!["--input", input.as_str()];
+        if train {
+            args.push("--train");
+        }
+        estimate(&dynamic, &args).unwrap()
+    };
+    let (w4, p4) = at(4, true);
+    let (w16, p16) = at(16, true);
     assert_eq!(w4, w16);
-    // The batch's activations grow with it: 12 more images of 16x32x32 f32 after the
-    // convolution at least.
+    // A training step keeps the batch's activations for backward: 12 more images hold
+    // at least one more 16x32x32 f32 feature map each (the convolution's output).
     assert!(p16 >= p4 + 12 * 16 * 32 * 32 * 4, "{p4} -> {p16}");
     // Outside Dim("batch", min=2, max=16): refused, naming the dimension and its range.
-    refuses(&dynamic, &["--input", "32x3x32x32"], &["dimension 0", "2..=16"]);
+    refuses(
+        &dynamic,
+        &["--input", "32x3x32x32"],
+        &["dimension 0", "2..=16"],
+    );
     // No shape given: a dynamic program needs one.
     refuses(&dynamic, &[], &["dynamic dimensions", "--input"]);
     // A static program takes its own shape (by default) and refuses another.
     let static_ = dir.join("static.pt2");
-    assert_eq!(estimate(&static_, &[]).unwrap(), at(4));
-    refuses(&static_, &["--input", "8x3x32x32"], &["static sizes 4x3x32x32", "dimension 0"]);
+    assert_eq!(estimate(&static_, &[]).unwrap(), at(4, false));
+    refuses(
+        &static_,
+        &["--input", "8x3x32x32"],
+        &["static sizes 4x3x32x32", "dimension 0"],
+    );
 }
 
 #[test]
 fn what_the_reader_does_not_run_refuses_in_one_line() {
     let Some(dir) = cases() else { return };
     refuses(&dir.join("cond.pt2"), &[], &["control flow", "torch.cond"]);
-    refuses(&dir.join("custom.pt2"), &[], &["custom op memprof_test::twice"]);
-    refuses(&dir.join("autocast.pt2"), &[], &["turns autocast on", "--autocast"]);
+    refuses(
+        &dir.join("custom.pt2"),
+        &[],
+        &["custom op memprof_test::twice"],
+    );
+    refuses(
+        &dir.join("autocast.pt2"),
+        &[],
+        &["turns autocast on", "--autocast"],
+    );
 }
 
 /// Copies the archive `src` to `dst`, each record through `f` (None drops it).
@@ -242,7 +265,13 @@ fn profile_runs_a_real_training_step_of_a_program() {
         &out.path().join("pt2"),
     )
     .unwrap();
-    for f in ["step.png", "timeline.csv", "layers.csv", "idle.csv", "summary.txt"] {
+    for f in [
+        "step.png",
+        "timeline.csv",
+        "layers.csv",
+        "idle.csv",
+        "summary.txt",
+    ] {
         assert!(out.path().join("pt2").join(f).is_file(), "{f}");
     }
     let script = tch_memprof::profile_file(

@@ -158,23 +158,51 @@ const CASES: &[Case] = &[
         with_grad(&a, a.group_norm(3, Some(&w), Some(&b), 1e-5, false))
     }),
     // The batch norms of core ATen (torch.export's run_decompositions()).
-    ("_native_batch_norm_legit (training, evaluation, no stats)", |d| {
-        let a = x(&[2, 6, 4, 4], d);
-        let w = x(&[6], d);
-        let (rm, rv) = (Tensor::zeros([6], (Kind::Float, d)), Tensor::ones([6], (Kind::Float, d)));
-        let (y, m, v) =
-            a.internal_native_batch_norm_legit(Some(&w), None::<Tensor>, &rm, &rv, true, 0.1, 1e-5);
-        let (ye, me, ve) =
-            a.internal_native_batch_norm_legit(Some(&w), None::<Tensor>, &rm, &rv, false, 0.1, 1e-5);
-        let (yn, mn, vn) =
-            a.internal_native_batch_norm_legit_no_stats(Some(&w), None::<Tensor>, true, 0.1, 1e-5);
-        let mut out = with_grad(&a, y);
-        out.extend([m, v, ye.detach(), me, ve, yn.detach(), mn, vn]);
-        out
-    }),
+    (
+        "_native_batch_norm_legit (training, evaluation, no stats)",
+        |d| {
+            let a = x(&[2, 6, 4, 4], d);
+            let w = x(&[6], d);
+            let (rm, rv) = (
+                Tensor::zeros([6], (Kind::Float, d)),
+                Tensor::ones([6], (Kind::Float, d)),
+            );
+            let (y, m, v) = a.internal_native_batch_norm_legit(
+                Some(&w),
+                None::<&Tensor>,
+                &rm,
+                &rv,
+                true,
+                0.1,
+                1e-5,
+            );
+            let (ye, me, ve) = a.internal_native_batch_norm_legit(
+                Some(&w),
+                None::<&Tensor>,
+                &rm,
+                &rv,
+                false,
+                0.1,
+                1e-5,
+            );
+            let (yn, mn, vn) = a.internal_native_batch_norm_legit_no_stats(
+                Some(&w),
+                None::<&Tensor>,
+                true,
+                0.1,
+                1e-5,
+            );
+            let mut out = with_grad(&a, y);
+            out.extend([m, v, ye.detach(), me, ve, yn.detach(), mn, vn]);
+            out
+        },
+    ),
     ("_native_batch_norm_legit_functional", |d| {
         let a = x(&[2, 6, 4, 4], d);
-        let (rm, rv) = (Tensor::zeros([6], (Kind::Float, d)), Tensor::ones([6], (Kind::Float, d)));
+        let (rm, rv) = (
+            Tensor::zeros([6], (Kind::Float, d)),
+            Tensor::ones([6], (Kind::Float, d)),
+        );
         let (y, m, v, rm2, rv2) = a.internal_native_batch_norm_legit_functional(
             None::<Tensor>,
             None::<Tensor>,

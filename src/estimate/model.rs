@@ -65,7 +65,7 @@ enum Runner {
         vs: nn::VarStore,
     },
     Program {
-        program: Program,
+        program: Box<Program>,
         /// The program's weights, in its signature's order (on meta).
         weights: Vec<Tensor>,
         vs: nn::VarStore,
@@ -406,7 +406,7 @@ impl Model {
         }
         Ok(Model {
             runner: Runner::Program {
-                program,
+                program: Box::new(program),
                 weights,
                 vs,
             },
@@ -490,12 +490,10 @@ impl Model {
             } => {
                 let shapes: Vec<Vec<i64>> = xs.iter().map(Tensor::size).collect();
                 program.check_inputs(&shapes)?;
-                program
-                    .forward(weights, xs, "meta")
-                    .map_err(|e| match e {
-                        Error::Native(m) => self.failed("the model's forward pass failed", m),
-                        other => other,
-                    })
+                program.forward(weights, xs, "meta").map_err(|e| match e {
+                    Error::Native(m) => self.failed("the model's forward pass failed", m),
+                    other => other,
+                })
             }
         }
     }
@@ -509,9 +507,7 @@ impl Model {
 
     fn var_store(&self) -> &nn::VarStore {
         match &self.runner {
-            Runner::Code { vs, .. } | Runner::Script { vs, .. } | Runner::Program { vs, .. } => {
-                vs
-            }
+            Runner::Code { vs, .. } | Runner::Script { vs, .. } | Runner::Program { vs, .. } => vs,
         }
     }
 

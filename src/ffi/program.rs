@@ -117,7 +117,9 @@ fn flat(arg: &Arg<'_>, name: *const c_char, out: &mut Vec<Value>) -> Result<()> 
             out.push(v);
             for item in items {
                 if matches!(item, Arg::List(_)) {
-                    return Err(Error::Native("a list of lists is not an op argument".into()));
+                    return Err(Error::Native(
+                        "a list of lists is not an op argument".into(),
+                    ));
                 }
                 flat(item, std::ptr::null(), out)?;
             }

@@ -89,7 +89,11 @@ pub fn profile_file(
     let vs = tch::nn::VarStore::new(device);
     let mut weights = Vec::new();
     for (w, t) in program.weights().iter().zip(program.load_weights(false)?) {
-        let t = if device == Device::Cpu { t } else { t.to_device(device) };
+        let t = if device == Device::Cpu {
+            t
+        } else {
+            t.to_device(device)
+        };
         match w.kind {
             WeightKind::Parameter => {
                 crate::vars::add_dotted(&vs.root(), &w.name, t.shallow_clone(), true)
@@ -106,12 +110,10 @@ pub fn profile_file(
         _ => "cpu".to_string(),
     };
     profile_step(path, &vs, inputs, train, device, output_dir, |xs| {
-        program
-            .forward(&weights, xs, &on)
-            .map_err(|e| match e {
-                Error::Native(m) => m,
-                other => other.to_string(),
-            })
+        program.forward(&weights, xs, &on).map_err(|e| match e {
+            Error::Native(m) => m,
+            other => other.to_string(),
+        })
     })
 }
 

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 
 mod run;
 mod schema;
+mod symbolic;
 
 use schema::{Argument, ExportedProgram, Graph, InputSpec, OutputSpec, PayloadConfig, SymInt};
 
@@ -219,8 +220,11 @@ impl Program {
             ));
         }
         let file = File::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
-        let mut zip = zip::ZipArchive::new(file)
-            .map_err(|e| fail(format!("not a torch.export archive (not a readable zip: {e})")))?;
+        let mut zip = zip::ZipArchive::new(file).map_err(|e| {
+            fail(format!(
+                "not a torch.export archive (not a readable zip: {e})"
+            ))
+        })?;
         let root = root_folder(&mut zip)
             .ok_or_else(|| fail("not a torch.export archive (no root folder)".into()))?;
         let format = read_text(&mut zip, &format!("{root}archive_format"))
@@ -296,9 +300,7 @@ impl Program {
             .collect();
         for (k, spec) in graph_module.signature.input_specs.iter().enumerate() {
             let (name, kind, input) = match spec {
-                InputSpec::Parameter(p) => {
-                    (&p.parameter_name, WeightKind::Parameter, &p.arg.name)
-                }
+                InputSpec::Parameter(p) => (&p.parameter_name, WeightKind::Parameter, &p.arg.name),
                 InputSpec::Buffer(b) => (&b.buffer_name, WeightKind::Buffer, &b.arg.name),
                 InputSpec::TensorConstant(c) => {
                     (&c.tensor_constant_name, WeightKind::Constant, &c.arg.name)
@@ -334,7 +336,14 @@ impl Program {
                         }
                     };
                     let input = graph_inputs.get(k).cloned().unwrap_or_default();
-                    constant_inputs.insert(if input.is_empty() { c.name.clone() } else { input }, v);
+                    constant_inputs.insert(
+                        if input.is_empty() {
+                            c.name.clone()
+                        } else {
+                            input
+                        },
+                        v,
+                    );
                     continue;
                 }
                 InputSpec::CustomObj(_) => {
@@ -343,24 +352,23 @@ impl Program {
                             .into(),
                     ))
                 }
-                InputSpec::Token(_) => {
-                    return Err(fail(
-                        "the program threads effect tokens (ops with side effects), which are not read"
-                            .into(),
-                    ))
-                }
+                InputSpec::Token(_) => return Err(fail(
+                    "the program threads effect tokens (ops with side effects), which are not read"
+                        .into(),
+                )),
             };
             let (record, meta) = match payloads.get(name) {
                 Some((record, meta)) => (Some(record.clone()), meta.clone()),
                 None => (
                     None,
-                    tensor_meta(input).ok_or_else(|| {
-                        fail(format!("{name} has neither a record nor metadata"))
-                    })?,
+                    tensor_meta(input)
+                        .ok_or_else(|| fail(format!("{name} has neither a record nor metadata")))?,
                 ),
             };
             if c10_layout(meta.layout).is_none() {
-                return Err(fail(format!("{name} has a sparse layout, which is not read")));
+                return Err(fail(format!(
+                    "{name} has a sparse layout, which is not read"
+                )));
             }
             let sizes = meta
                 .sizes
@@ -448,7 +456,12 @@ impl Program {
             value,
             reason,
         };
-        let show = |s: &[i64]| s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
+        let show = |s: &[i64]| {
+            s.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("x")
+        };
         if shapes.len() != self.user_inputs.len() {
             return Err(invalid(
                 shapes.iter().map(|s| show(s)).collect::<Vec<_>>().join(","),
@@ -473,7 +486,11 @@ impl Program {
             if shape.len() != u.sizes.len() {
                 return Err(invalid(
                     show(shape),
-                    format!("input {} was exported with {} dimensions ({exported})", u.name, u.sizes.len()),
+                    format!(
+                        "input {} was exported with {} dimensions ({exported})",
+                        u.name,
+                        u.sizes.len()
+                    ),
                 ));
             }
             for (d, (dim, &n)) in u.sizes.iter().zip(shape).enumerate() {
@@ -545,14 +562,14 @@ impl Program {
                 let like = Tensor::empty([0], (w.kind_dtype, Device::Cpu));
                 crate::ffi::meta_empty(&w.sizes, &like)?
             } else {
-                let record = w.record.as_deref().ok_or_else(|| {
-                    fail(format!("{} has no record in the archive", w.name))
-                })?;
+                let record = w
+                    .record
+                    .as_deref()
+                    .ok_or_else(|| fail(format!("{} has no record in the archive", w.name)))?;
                 let zip = zip.as_mut().expect("opened above when not on meta");
                 let bytes = read_bytes(zip, record).map_err(&fail)?;
-                from_storage(&bytes, w.kind_dtype, &w.sizes).map_err(|e| {
-                    fail(format!("{} ({record}): {e}", w.name))
-                })?
+                from_storage(&bytes, w.kind_dtype, &w.sizes)
+                    .map_err(|e| fail(format!("{} ({record}): {e}", w.name)))?
             };
             if let Some(r) = w.record.as_deref() {
                 by_record.insert(r, t.shallow_clone());
@@ -565,7 +582,12 @@ impl Program {
     /// Runs the program's graph on `weights` (as [`Program::load_weights`] gave them)
     /// and the user's `inputs`, making what it makes on `device` ("meta" or "cpu"):
     /// its first user output.
-    pub(crate) fn forward(&self, weights: &[Tensor], inputs: &[Tensor], device: &str) -> Result<Tensor> {
+    pub(crate) fn forward(
+        &self,
+        weights: &[Tensor],
+        inputs: &[Tensor],
+        device: &str,
+    ) -> Result<Tensor> {
         let mut env: HashMap<String, run::Val> = HashMap::new();
         for (w, t) in self.weights.iter().zip(weights) {
             env.insert(w.input.clone(), run::Val::Tensor(t.shallow_clone()));
@@ -638,7 +660,7 @@ fn refuse_unread(graph: &Graph) -> std::result::Result<(), String> {
                     "node {name} calls the custom op {ns}::{op_name}, which is not read (only aten ops are)"
                 ));
             }
-        } else if !run::is_symbolic(t) {
+        } else if !symbolic::is_symbolic(t) {
             return Err(format!("node {name} calls {t}, which is not read"));
         }
         for a in &node.inputs {

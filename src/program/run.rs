@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 use tch::Tensor;
 
 use super::schema::{Argument, Graph, Node, OptionalTensorArgument, SymArgument};
+use super::symbolic::{is_symbolic, symbolic};
 use super::{c10_layout, c10_memory_format, c10_scalar_type};
 use crate::error::{torch_message, Error, Result};
 use crate::ffi::{self, Arg, Returned};
@@ -30,49 +31,17 @@ impl Clone for Val {
         match self {
             Val::None => Val::None,
             Val::Tensor(t) => Val::Tensor(t.shallow_clone()),
-            Val::Tensors(ts) => {
-                Val::Tensors(ts.iter().map(|t| t.as_ref().map(Tensor::shallow_clone)).collect())
-            }
+            Val::Tensors(ts) => Val::Tensors(
+                ts.iter()
+                    .map(|t| t.as_ref().map(Tensor::shallow_clone))
+                    .collect(),
+            ),
             Val::Int(i) => Val::Int(*i),
             Val::Float(f) => Val::Float(*f),
             Val::Bool(b) => Val::Bool(*b),
         }
     }
 }
-
-/// Python-level targets the graph computes sizes with.
-const SYMBOLIC: [&str; 30] = [
-    "_operator.add",
-    "_operator.sub",
-    "_operator.mul",
-    "_operator.floordiv",
-    "_operator.truediv",
-    "_operator.mod",
-    "_operator.pow",
-    "_operator.neg",
-    "_operator.eq",
-    "_operator.ne",
-    "_operator.lt",
-    "_operator.le",
-    "_operator.gt",
-    "_operator.ge",
-    "_operator.and_",
-    "_operator.or_",
-    "_operator.not_",
-    "_operator.getitem",
-    "torch.sym_max",
-    "torch.sym_min",
-    "torch.sym_not",
-    "torch.sym_float",
-    "torch.sym_int",
-    "torch.sym_ite",
-    "torch.sym_sqrt",
-    "math.ceil",
-    "math.floor",
-    "math.trunc",
-    "math.sqrt",
-    "builtins.round",
-];
 
 /// Nodes that only check what the exporter assumed; the run skips them.
 const CHECKS: [&str; 6] = [
@@ -83,10 +52,6 @@ const CHECKS: [&str; 6] = [
     "torch.ops.aten.sym_constrain_range_for_size.default",
     "torch.ops.aten._print.default",
 ];
-
-pub(crate) fn is_symbolic(target: &str) -> bool {
-    SYMBOLIC.contains(&target)
-}
 
 /// The module path a node ran in, from its `nn_module_stack` metadata
 /// (`key,path,type;key,path,type`, outermost first): the innermost entry's path, as
@@ -205,7 +170,10 @@ pub(crate) fn run_graph(
         run_node(node, env, device).map_err(|e| {
             let module = module_path(node);
             let name = node.name.as_deref().unwrap_or("?");
-            let op = node.target.strip_prefix("torch.ops.").unwrap_or(&node.target);
+            let op = node
+                .target
+                .strip_prefix("torch.ops.")
+                .unwrap_or(&node.target);
             let msg = match e {
                 Error::Native(m) => torch_message(&m),
                 other => other.to_string(),
@@ -236,7 +204,11 @@ fn tensor<'e>(env: &'e HashMap<String, Val>, name: &str) -> Result<&'e Tensor> {
     }
 }
 
-fn sym<T: Copy>(env: &HashMap<String, Val>, a: &SymArgument<T>, lit: impl Fn(T) -> Val) -> Result<Val> {
+fn sym<T: Copy>(
+    env: &HashMap<String, Val>,
+    a: &SymArgument<T>,
+    lit: impl Fn(T) -> Val,
+) -> Result<Val> {
     match a {
         SymArgument::AsName(n) => Ok(lookup(env, n)?.clone()),
         SymArgument::AsInt(v) => Ok(lit(*v)),
@@ -276,110 +248,6 @@ fn python_value(env: &HashMap<String, Val>, a: &Argument) -> Result<Val> {
             )))
         }
     })
-}
-
-fn as_f64(v: &Val) -> Result<f64> {
-    match v {
-        Val::Int(i) => Ok(*i as f64),
-        Val::Float(f) => Ok(*f),
-        Val::Bool(b) => Ok(f64::from(u8::from(*b))),
-        other => Err(Error::Native(format!("{other:?} in a size computation"))),
-    }
-}
-
-fn as_i64(v: &Val) -> Result<i64> {
-    match v {
-        Val::Int(i) => Ok(*i),
-        Val::Bool(b) => Ok(i64::from(*b)),
-        Val::Float(f) => Ok(*f as i64),
-        other => Err(Error::Native(format!("{other:?} in a size computation"))),
-    }
-}
-
-fn truthy(v: &Val) -> Result<bool> {
-    Ok(match v {
-        Val::Bool(b) => *b,
-        other => as_f64(other)? != 0.0,
-    })
-}
-
-/// A Python-level node: integer (or float, bool) arithmetic on sizes.
-fn symbolic(target: &str, args: &[Val]) -> Result<Val> {
-    let arg = |k: usize| {
-        args.get(k)
-            .ok_or_else(|| Error::Native(format!("{target} wants argument {k}")))
-    };
-    let both_int = args.iter().all(|a| matches!(a, Val::Int(_) | Val::Bool(_)));
-    let num = |f: fn(i64, i64) -> Option<i64>, g: fn(f64, f64) -> f64| -> Result<Val> {
-        let (a, b) = (arg(0)?, arg(1)?);
-        if both_int {
-            f(as_i64(a)?, as_i64(b)?)
-                .map(Val::Int)
-                .ok_or_else(|| Error::Native(format!("{target}: integer overflow or division by zero")))
-        } else {
-            Ok(Val::Float(g(as_f64(a)?, as_f64(b)?)))
-        }
-    };
-    let cmp = |f: fn(f64, f64) -> bool| -> Result<Val> {
-        Ok(Val::Bool(f(as_f64(arg(0)?)?, as_f64(arg(1)?)?)))
-    };
-    let name = target.rsplit('.').next().unwrap_or(target);
-    match name {
-        "add" => num(i64::checked_add, |a, b| a + b),
-        "sub" => num(i64::checked_sub, |a, b| a - b),
-        "mul" => num(i64::checked_mul, |a, b| a * b),
-        // Python's: the quotient rounds down, the remainder has the divisor's sign.
-        "floordiv" => num(
-            |a, b| {
-                let q = a.checked_div(b)?;
-                Some(if a % b != 0 && ((a < 0) != (b < 0)) { q - 1 } else { q })
-            },
-            |a, b| (a / b).floor(),
-        ),
-        "mod" => num(
-            |a, b| {
-                let r = a.checked_rem(b)?;
-                Some(if r != 0 && ((r < 0) != (b < 0)) { r + b } else { r })
-            },
-            |a, b| a - b * (a / b).floor(),
-        ),
-        "pow" => num(|a, b| u32::try_from(b).ok().and_then(|b| a.checked_pow(b)), f64::powf),
-        "truediv" => Ok(Val::Float(as_f64(arg(0)?)? / as_f64(arg(1)?)?)),
-        "neg" => Ok(match arg(0)? {
-            Val::Float(f) => Val::Float(-f),
-            v => Val::Int(-as_i64(v)?),
-        }),
-        "eq" => cmp(|a, b| a == b),
-        "ne" => cmp(|a, b| a != b),
-        "lt" => cmp(|a, b| a < b),
-        "le" => cmp(|a, b| a <= b),
-        "gt" => cmp(|a, b| a > b),
-        "ge" => cmp(|a, b| a >= b),
-        "and_" => Ok(Val::Bool(truthy(arg(0)?)? && truthy(arg(1)?)?)),
-        "or_" => Ok(Val::Bool(truthy(arg(0)?)? || truthy(arg(1)?)?)),
-        "not_" | "sym_not" => Ok(Val::Bool(!truthy(arg(0)?)?)),
-        "sym_max" => num(|a, b| Some(a.max(b)), f64::max),
-        "sym_min" => num(|a, b| Some(a.min(b)), f64::min),
-        "sym_float" => Ok(Val::Float(as_f64(arg(0)?)?)),
-        "sym_int" | "trunc" => Ok(Val::Int(as_f64(arg(0)?)?.trunc() as i64)),
-        "sym_ite" => Ok(if truthy(arg(0)?)? { arg(1)?.clone() } else { arg(2)?.clone() }),
-        "sym_sqrt" | "sqrt" => Ok(Val::Float(as_f64(arg(0)?)?.sqrt())),
-        "ceil" => Ok(Val::Int(as_f64(arg(0)?)?.ceil() as i64)),
-        "floor" => Ok(Val::Int(as_f64(arg(0)?)?.floor() as i64)),
-        "round" => Ok(Val::Int(as_f64(arg(0)?)?.round_ties_even() as i64)),
-        "getitem" => match (arg(0)?, arg(1)?) {
-            (Val::Tensors(ts), Val::Int(i)) => {
-                let k = usize::try_from(*i)
-                    .map_err(|_| Error::Native(format!("getitem at {i}")))?;
-                Ok(ts
-                    .get(k)
-                    .and_then(|t| t.as_ref())
-                    .map_or(Val::None, |t| Val::Tensor(t.shallow_clone())))
-            }
-            (a, b) => Err(Error::Native(format!("getitem of {a:?} at {b:?}"))),
-        },
-        _ => Err(Error::Native(format!("{target} is not read"))),
-    }
 }
 
 /// The op's argument as the dispatcher call takes it.
@@ -432,25 +300,28 @@ fn op_arg<'e>(env: &'e HashMap<String, Val>, a: &'e Argument, device: &'e str) -
             c10_scalar_type(*t)
                 .ok_or_else(|| Error::Native(format!("dtype {t} of the schema is not read")))?,
         ),
-        Argument::AsLayout(l) => Arg::Int(
-            c10_layout(*l).ok_or_else(|| Error::Native(format!("layout {l}: only strided tensors are run")))?,
-        ),
-        Argument::AsMemoryFormat(m) => Arg::Int(
-            c10_memory_format(*m)
-                .ok_or_else(|| Error::Native(format!("memory format {m} of the schema is not read")))?,
-        ),
+        Argument::AsLayout(l) => {
+            Arg::Int(c10_layout(*l).ok_or_else(|| {
+                Error::Native(format!("layout {l}: only strided tensors are run"))
+            })?)
+        }
+        Argument::AsMemoryFormat(m) => Arg::Int(c10_memory_format(*m).ok_or_else(|| {
+            Error::Native(format!("memory format {m} of the schema is not read"))
+        })?),
         // Every device the graph names is the run's: what the exported program made on
         // "its" device (the CPU it was exported on) is made where the run is.
         Argument::AsDevice(_) => Arg::Device(device),
         Argument::AsStrings(_) => return unread("list of strings"),
-        Argument::AsSymFloats(_) | Argument::AsSymBools(_) => return unread("list of symbolic values"),
+        Argument::AsSymFloats(_) | Argument::AsSymBools(_) => {
+            return unread("list of symbolic values")
+        }
         Argument::AsGraph(_) => return unread("subgraph"),
         Argument::AsCustomObj(_) => return unread("script object"),
         Argument::AsOperator(_) => return unread("operator"),
         Argument::AsComplex(_) => return unread("complex number"),
-        Argument::AsNestedTensors(_) | Argument::AsIntLists(_) | Argument::AsStringToArgument(_) => {
-            return unread("nested list or dict")
-        }
+        Argument::AsNestedTensors(_)
+        | Argument::AsIntLists(_)
+        | Argument::AsStringToArgument(_) => return unread("nested list or dict"),
     })
 }
 
@@ -582,7 +453,13 @@ fn run_node(node: &Node, env: &mut HashMap<String, Val>, device: &str) -> Result
     } else if let ([Argument::AsTensors(ts)], true) = (outs.as_slice(), returned.len() > 1) {
         // A tuple of tensors serialized as one list.
         for (t, r) in ts.iter().zip(returned) {
-            bind(env, &Argument::AsTensor(super::schema::TensorArgument { name: t.name.clone() }), r)?;
+            bind(
+                env,
+                &Argument::AsTensor(super::schema::TensorArgument {
+                    name: t.name.clone(),
+                }),
+                r,
+            )?;
         }
     } else if let (1, Some(Returned::List(_))) = (returned.len(), returned.first()) {
         let Some(Returned::List(items)) = returned.into_iter().next() else {
@@ -606,7 +483,11 @@ fn run_node(node: &Node, env: &mut HashMap<String, Val>, device: &str) -> Result
 fn set_grad_region(node: &Node, env: &mut HashMap<String, Val>, device: &str) -> Result<()> {
     let enabled = match node.inputs.first().map(|a| &a.arg) {
         Some(Argument::AsBool(b)) => *b,
-        _ => return Err(Error::Native("wrap_with_set_grad_enabled without its flag".into())),
+        _ => {
+            return Err(Error::Native(
+                "wrap_with_set_grad_enabled without its flag".into(),
+            ))
+        }
     };
     region(node, env, device, 1, Some(enabled))
 }
@@ -677,23 +558,11 @@ mod tests {
     #[test]
     fn module_paths_read_as_named_modules_names_them() {
         assert_eq!(clean_path("layer1.0.conv1"), "layer1.0.conv1");
-        assert_eq!(clean_path("L['self'].layers.slice(None, 2, None).0.mlp"), "layers.0.mlp");
+        assert_eq!(
+            clean_path("L['self'].layers.slice(None, 2, None).0.mlp"),
+            "layers.0.mlp"
+        );
         assert_eq!(clean_path("model.layers.0@1"), "model.layers.0");
         assert_eq!(clean_path(""), "");
-    }
-
-    #[test]
-    fn size_arithmetic_follows_python() {
-        let i = |v| Val::Int(v);
-        let get = |t, a: &[Val]| match symbolic(t, a).unwrap() {
-            Val::Int(v) => v,
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(get("_operator.floordiv", &[i(-7), i(2)]), -4); // Python: -7 // 2
-        assert_eq!(get("_operator.floordiv", &[i(7), i(-2)]), -4);
-        assert_eq!(get("_operator.mod", &[i(-7), i(2)]), 1); // Python: -7 % 2
-        assert_eq!(get("_operator.mul", &[i(6), i(7)]), 42);
-        assert_eq!(get("torch.sym_max", &[i(3), i(9)]), 9);
-        assert_eq!(get("math.ceil", &[Val::Float(2.1)]), 3);
     }
 }

@@ -3,6 +3,9 @@
 //! one key (`{"as_tensor": {"name": "x"}}`): externally tagged enums here. Fields the
 //! reader does not use are skipped.
 
+// The variants are named after the schema's own fields (`as_tensor`), which serde maps.
+#![allow(clippy::enum_variant_names)]
+
 use std::collections::HashMap;
 
 use serde::de::IgnoredAny;

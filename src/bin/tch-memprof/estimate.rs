@@ -138,7 +138,12 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
     if let Err(e) = options.validate(mode) {
         return fail(e);
     }
-    let model = match load_model(a.path.as_deref(), a.model.as_deref(), &mut inputs, &a.inputs) {
+    let model = match load_model(
+        a.path.as_deref(),
+        a.model.as_deref(),
+        &mut inputs,
+        &a.inputs,
+    ) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -273,7 +278,9 @@ pub(crate) fn load_model(
             }
             Model::builtin(name)
         }
-        (None, None) => return Err("give a model file (.pt2 or TorchScript) or --model NAME".into()),
+        (None, None) => {
+            return Err("give a model file (.pt2 or TorchScript) or --model NAME".into())
+        }
     };
     m.map_err(|e| e.to_string())
 }

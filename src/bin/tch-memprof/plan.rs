@@ -71,7 +71,12 @@ pub fn run(a: &PlanArgs) -> ExitCode {
         Ok((_, None)) => return fail("give the budget with --memory (24GB or a GPU name)"),
         Err(e) => return fail(e),
     };
-    let model = match load_model(a.path.as_deref(), a.model.as_deref(), &mut inputs, &a.inputs) {
+    let model = match load_model(
+        a.path.as_deref(),
+        a.model.as_deref(),
+        &mut inputs,
+        &a.inputs,
+    ) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
