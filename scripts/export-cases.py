@@ -11,7 +11,10 @@ DIR/dynamic.pt2: a small CNN exported with a dynamic batch, Dim("batch", min=2, 
 DIR/static.pt2: the same CNN exported at batch 4;
 DIR/cond.pt2: a module branching with torch.cond;
 DIR/custom.pt2: a module calling a custom op (torch.library.custom_op "memprof_test::twice");
-DIR/autocast.pt2: a module that turns autocast on inside its forward.
+DIR/autocast.pt2: a module that turns autocast on inside its forward;
+DIR/causal.pt2: attention with a causal mask filled with -inf (the float the schema
+    writes as the string "-Infinity");
+DIR/views.pt2: buffers that view one storage: a slice at an offset and a transpose.
 Run with the Python of the torch wheel that scripts/with-libtorch.sh installs, with the
 packages of scripts/corpus-env.sh.
 """
@@ -80,6 +83,31 @@ class Autocasting(torch.nn.Module):
             return self.fc(x)
 
 
+class Causal(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = q @ k.transpose(-2, -1) / 4.0
+        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1)
+        return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
+
+
+class Views(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        table = torch.randn(100, 8)
+        self.register_buffer("table", table)
+        self.register_buffer("tail", table[50:])
+        self.register_buffer("table_t", table.t())
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x @ self.table_t[:, :8]) + self.tail.sum()
+
+
 def save(ep, path, core=False):
     torch.export.save(ep.run_decompositions({}) if core else ep, path)
 
@@ -118,9 +146,12 @@ def main(argv):
     save(ep, os.path.join(out, "dynamic.pt2"))
     save(torch.export.export(cnn, (torch.randn(4, 3, 32, 32),)), os.path.join(out, "static.pt2"))
 
-    for name, module in (("cond", Branching()), ("custom", Custom()), ("autocast", Autocasting())):
+    for name, module in (("cond", Branching()), ("custom", Custom()), ("autocast", Autocasting()),
+                         ("views", Views())):
         ep = torch.export.export(module.eval(), (torch.randn(4, 8),))
         save(ep, os.path.join(out, name + ".pt2"))
+    ep = torch.export.export(Causal().eval(), (torch.randn(2, 10, 16),))
+    save(ep, os.path.join(out, "causal.pt2"))
     return 0
 
 

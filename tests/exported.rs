@@ -4,7 +4,8 @@
 //! range constraint allows and refuses others in one line; what the reader does not run
 //! (control flow, custom ops, autocast turned on inside the model) and damaged archives
 //! are refused in one line with exit status 2; `profile` runs a real training step of a
-//! program on the CPU, as of the same model's TorchScript file.
+//! program on the CPU, as of the same model's TorchScript file; infinite floats, weights
+//! that view one storage, and the largest batch searched within a program's range.
 
 mod common;
 
@@ -224,7 +225,7 @@ fn damaged_archives_refuse_in_one_line() {
         (!name.ends_with("models/model.json")).then_some(b)
     });
     refuses(&empty, &[], &["models/model.json"]);
-    // A weight record cut short: the estimate never reads it; profile does.
+    // A weight record cut short: refused at opening, before any weight is read.
     let weights = tmp.path().join("weights.pt2");
     rewrite(&good, &weights, |name, b| {
         Some(if name.ends_with("data/weights/weight_0") {
@@ -233,7 +234,7 @@ fn damaged_archives_refuse_in_one_line() {
             b
         })
     });
-    assert!(estimate(&weights, &[]).is_ok());
+    refuses(&weights, &[], &["weight_0", "damaged"]);
     let out = common::cli(&[
         "profile",
         weights.to_str().unwrap(),
@@ -303,4 +304,45 @@ fn profile_runs_a_real_training_step_of_a_program() {
     for l in ["conv1", "layer1.0.conv1", "layer4.1.bn2", "fc"] {
         assert!(named.iter().any(|n| n == l), "{l} not in {named:?}");
     }
+}
+
+#[test]
+fn infinite_floats_storage_views_and_the_largest_batch_a_program_takes() {
+    let Some(dir) = cases() else { return };
+    // A causal mask filled with float("-inf"): the schema writes it as "-Infinity".
+    estimate(&dir.join("causal.pt2"), &["--train"]).unwrap();
+    // Buffers viewing one storage (a slice at an offset, a transpose): one 100x8 f32
+    // table, the linear layer's 8x8 weight and 8 biases, and nothing more.
+    let (weights, _) = estimate(&dir.join("views.pt2"), &["--train"]).unwrap();
+    assert_eq!(weights, (100 * 8 + 8 * 8 + 8) * 4);
+    let out = tempfile::tempdir().unwrap();
+    let profiled = common::cli(&[
+        "profile",
+        dir.join("views.pt2").to_str().unwrap(),
+        "--train",
+        "--output-dir",
+        out.path().to_str().unwrap(),
+    ]);
+    assert!(
+        profiled.status.success(),
+        "{}",
+        common::text(&profiled.stderr)
+    );
+    // The largest batch is searched within the batch's range constraint (2..=16):
+    // with memory for any batch, the row found is batch 16.
+    let out = common::cli(&[
+        "estimate",
+        dir.join("dynamic.pt2").to_str().unwrap(),
+        "--input",
+        "4x3x32x32",
+        "--train",
+        "--memory",
+        "1GB",
+        "--csv",
+    ]);
+    let csv = common::text(&out.stdout);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let largest: Vec<&str> = csv.lines().filter(|l| l.contains(",true,")).collect();
+    assert_eq!(largest.len(), 1, "{csv}");
+    assert!(largest[0].starts_with("dynamic.pt2,16,"), "{csv}");
 }

@@ -445,6 +445,16 @@ impl Model {
         }
     }
 
+    /// The batches the model takes, first and last: an exported program's exported
+    /// batch (static) or its batch dimension's range constraint (dynamic). None for
+    /// other models (any batch).
+    pub fn batch_range(&self) -> Option<(i64, i64)> {
+        match &self.runner {
+            Runner::Program { program, .. } => program.batch_range(),
+            _ => None,
+        }
+    }
+
     /// A built-in model by name ([`models::BUILTIN`]), 1000 classes.
     /// Built on the meta device ([`Model::build_on_meta`]): no host memory.
     pub fn builtin(name: &str) -> Result<Model> {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use tch::{Device, Kind, Tensor};
 
-use crate::error::{Error, Result};
+use crate::error::{torch_message, Error, Result};
 
 mod run;
 mod schema;
@@ -52,8 +52,35 @@ pub(crate) struct Weight {
     /// Its record in the archive (`data/weights/weight_3`), none for a constant
     /// the archive does not hold.
     record: Option<String>,
+    /// The record's bytes: the whole storage the tensor views.
+    record_bytes: u64,
     kind_dtype: Kind,
     sizes: Vec<i64>,
+    strides: Vec<i64>,
+    offset: i64,
+}
+
+impl Weight {
+    /// Whether the tensor is its record's whole storage, laid out contiguously.
+    fn is_whole_record(&self) -> bool {
+        let numel = self
+            .sizes
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(u64::try_from(d).ok()?));
+        self.offset == 0
+            && self.strides == contiguous_strides(&self.sizes)
+            && numel
+                .and_then(|n| n.checked_mul(self.kind_dtype.elt_size_in_bytes() as u64))
+                .is_some_and(|b| b == self.record_bytes)
+    }
+}
+
+fn contiguous_strides(sizes: &[i64]) -> Vec<i64> {
+    let mut strides = vec![1i64; sizes.len()];
+    for k in (0..sizes.len().saturating_sub(1)).rev() {
+        strides[k] = strides[k + 1].saturating_mul(sizes[k + 1].max(1));
+    }
+    strides
 }
 
 /// A user input the program takes: its graph name and its exported sizes (a symbol's
@@ -139,7 +166,8 @@ fn read_bytes(zip: &mut zip::ZipArchive<File>, name: &str) -> std::result::Resul
     let mut f = zip
         .by_name(name)
         .map_err(|e| format!("no record {name} ({e})"))?;
-    let mut out = Vec::with_capacity(f.size() as usize);
+    // The directory's size is a hint only (a damaged archive may claim any).
+    let mut out = Vec::with_capacity((f.size() as usize).min(1 << 26));
     f.read_to_end(&mut out)
         .map_err(|e| format!("record {name} is unreadable ({e})"))?;
     Ok(out)
@@ -256,7 +284,9 @@ impl Program {
                 ep.schema_version.major, ep.schema_version.minor, ep.torch_version
             )));
         }
-        let mut payloads: HashMap<String, (String, schema::TensorMeta)> = HashMap::new();
+        // Each tensor's record, the record's bytes (from the zip's directory: nothing is
+        // read) and the tensor's metadata.
+        let mut payloads: HashMap<String, (String, u64, schema::TensorMeta)> = HashMap::new();
         for (folder, config) in [
             ("weights", "model_weights_config.json"),
             ("constants", "model_constants_config.json"),
@@ -269,18 +299,21 @@ impl Program {
             let cfg: PayloadConfig = serde_json::from_slice(&text)
                 .map_err(|e| fail(format!("data/{folder}/{config} does not parse: {e}")))?;
             for (tensor, meta) in cfg.config {
+                // No tensor metadata: a script object, which the signature refuses.
+                let Some(tensor_meta) = meta.tensor_meta else {
+                    continue;
+                };
                 if meta.use_pickle {
                     return Err(fail(format!(
                         "{tensor} is stored pickled (a tensor subclass), which is not read"
                     )));
                 }
-                payloads.insert(
-                    tensor,
-                    (
-                        format!("{root}data/{folder}/{}", meta.path_name),
-                        meta.tensor_meta,
-                    ),
-                );
+                let record = format!("{root}data/{folder}/{}", meta.path_name);
+                let bytes = zip
+                    .by_name(&record)
+                    .map_err(|e| fail(format!("no record {record} for {tensor} ({e})")))?
+                    .size();
+                payloads.insert(tensor, (record, bytes, tensor_meta));
             }
         }
         let graph_module = ep.graph_module;
@@ -326,7 +359,7 @@ impl Program {
                     let v = match &c.value {
                         schema::ConstantValue::AsNone(_) => run::Val::None,
                         schema::ConstantValue::AsInt(i) => run::Val::Int(*i),
-                        schema::ConstantValue::AsFloat(f) => run::Val::Float(*f),
+                        schema::ConstantValue::AsFloat(f) => run::Val::Float(f.0),
                         schema::ConstantValue::AsBool(b) => run::Val::Bool(*b),
                         schema::ConstantValue::AsString(_) => {
                             return Err(fail(format!(
@@ -358,7 +391,7 @@ impl Program {
                 )),
             };
             let (record, meta) = match payloads.get(name) {
-                Some((record, meta)) => (Some(record.clone()), meta.clone()),
+                Some((record, bytes, meta)) => (Some((record.clone(), *bytes)), meta.clone()),
                 None => (
                     None,
                     tensor_meta(input)
@@ -370,24 +403,56 @@ impl Program {
                     "{name} has a sparse layout, which is not read"
                 )));
             }
-            let sizes = meta
-                .sizes
-                .iter()
-                .map(|s| match s {
-                    SymInt::AsInt(n) => Ok(*n),
-                    SymInt::AsExpr(e) => Err(fail(format!(
-                        "{name} has a symbolic size {}, which a weight cannot have",
-                        e.expr_str
-                    ))),
-                })
-                .collect::<Result<Vec<i64>>>()?;
+            let fixed = |xs: &[SymInt]| {
+                xs.iter()
+                    .map(|s| match s {
+                        SymInt::AsInt(n) => Ok(*n),
+                        SymInt::AsExpr(e) => Err(fail(format!(
+                            "{name} has a symbolic size {}, which a weight cannot have",
+                            e.expr_str
+                        ))),
+                    })
+                    .collect::<Result<Vec<i64>>>()
+            };
+            let sizes = fixed(&meta.sizes)?;
+            let strides = fixed(&meta.strides)?;
+            let offset = fixed(meta.storage_offset.as_slice())?
+                .first()
+                .copied()
+                .unwrap_or(0);
+            // The extent the tensor views must lie in its record (a record cut short is
+            // a damaged archive; the estimate never reads it, so this is checked here).
+            if let Some((record, bytes)) = &record {
+                let elem = kind_of(meta.dtype).map_or(1, |k| k.elt_size_in_bytes() as i64);
+                let span = sizes.iter().zip(&strides).try_fold(offset, |a, (&n, &st)| {
+                    a.checked_add(n.checked_sub(1)?.checked_mul(st)?)
+                });
+                let needed = span.and_then(|s| s.checked_add(1)?.checked_mul(elem));
+                let empty = sizes.contains(&0);
+                if !empty
+                    && strides.len() == sizes.len()
+                    && !needed.is_some_and(|n| n <= *bytes as i64)
+                {
+                    let record = record.rsplit('/').next().unwrap_or(record);
+                    return Err(fail(format!(
+                        "{name}: its record {record} holds {bytes} B, fewer than its sizes {sizes:?} need (a damaged archive)"
+                    )));
+                }
+            }
             weights.push(Weight {
                 name: name.clone(),
                 kind,
                 input: input.clone(),
-                record,
+                record: record.as_ref().map(|(r, _)| r.clone()),
+                record_bytes: record.map_or(0, |(_, b)| b),
                 kind_dtype: kind_of(meta.dtype)
                     .ok_or_else(|| fail(format!("{name} has dtype {}", meta.dtype)))?,
+                strides: if strides.len() == sizes.len() {
+                    strides
+                } else {
+                    contiguous_strides(&sizes)
+                },
+                offset,
                 sizes,
             });
         }
@@ -430,8 +495,8 @@ impl Program {
         self.user_inputs.iter().map(|u| u.kind).collect()
     }
 
-    /// The sizes the program was exported at (a dynamic dimension at its lower bound's
-    /// hint is not known here: None).
+    /// The sizes the program was exported at, a dynamic dimension as None (its size is
+    /// the caller's to give).
     pub(crate) fn exported_sizes(&self) -> Vec<Vec<Option<i64>>> {
         self.user_inputs
             .iter()
@@ -537,9 +602,11 @@ impl Program {
         Ok(())
     }
 
-    /// The weights as tensors on `device`: on meta (`Device::Mps` in tch's terms inside
-    /// the dry run) made from their metadata, never read; on the CPU read from the
-    /// archive. Tensors that share a record share a tensor.
+    /// The weights as tensors: on meta (`Device::Mps` in tch's terms inside the dry run)
+    /// made from their metadata, never read; on the CPU read from the archive. A weight
+    /// that is its record's whole storage is made as itself; weights that view one
+    /// storage otherwise (ties of other shapes, offsets, strides) are views of one tensor
+    /// of that storage, as PyTorch loads them.
     pub(crate) fn load_weights(&self, on_meta: bool) -> Result<Vec<Tensor>> {
         let fail = |reason: String| Error::ModelLoad {
             path: self.path.clone(),
@@ -551,16 +618,49 @@ impl Program {
             let file = File::open(&self.path).map_err(|e| fail(format!("cannot open: {e}")))?;
             Some(zip::ZipArchive::new(file).map_err(|e| fail(format!("not a readable zip: {e}")))?)
         };
-        let mut by_record: HashMap<&str, Tensor> = HashMap::new();
+        let native = |e: Error| match e {
+            Error::Native(m) => fail(torch_message(&m)),
+            other => other,
+        };
+        // A record's tensor: the weight itself, or its whole storage (1-d).
+        let mut made: HashMap<&str, (Tensor, bool)> = HashMap::new();
         let mut out = Vec::with_capacity(self.weights.len());
         for w in &self.weights {
-            if let Some(t) = w.record.as_deref().and_then(|r| by_record.get(r)) {
-                out.push(t.shallow_clone());
+            let whole = w.is_whole_record();
+            if let Some((t, was_whole)) = w.record.as_deref().and_then(|r| made.get(r)) {
+                let tied = *was_whole && whole && t.size() == w.sizes;
+                let t = if tied {
+                    t.shallow_clone()
+                } else {
+                    let base = if *was_whole {
+                        t.view([-1])
+                    } else {
+                        t.shallow_clone()
+                    };
+                    base.f_as_strided(&w.sizes, &w.strides, Some(w.offset))
+                        .map_err(|e| {
+                            fail(format!("{}: {}", w.name, torch_message(&e.to_string())))
+                        })?
+                };
+                out.push(t);
                 continue;
             }
+            let elem = w.kind_dtype.elt_size_in_bytes() as u64;
+            // The sizes to make: the weight's own, or its record's whole storage.
+            let storage_sizes = if whole || w.record.is_none() {
+                w.sizes.clone()
+            } else {
+                if w.record_bytes % elem != 0 {
+                    return Err(fail(format!(
+                        "{}: its record's {} bytes are not whole {:?} elements",
+                        w.name, w.record_bytes, w.kind_dtype
+                    )));
+                }
+                vec![(w.record_bytes / elem) as i64]
+            };
             let t = if on_meta {
                 let like = Tensor::empty([0], (w.kind_dtype, Device::Cpu));
-                crate::ffi::meta_empty(&w.sizes, &like)?
+                crate::ffi::meta_empty(&storage_sizes, &like).map_err(native)?
             } else {
                 let record = w
                     .record
@@ -568,15 +668,34 @@ impl Program {
                     .ok_or_else(|| fail(format!("{} has no record in the archive", w.name)))?;
                 let zip = zip.as_mut().expect("opened above when not on meta");
                 let bytes = read_bytes(zip, record).map_err(&fail)?;
-                from_storage(&bytes, w.kind_dtype, &w.sizes)
+                from_storage(&bytes, w.kind_dtype, &storage_sizes)
                     .map_err(|e| fail(format!("{} ({record}): {e}", w.name)))?
             };
+            let view = if whole || w.record.is_none() {
+                t.shallow_clone()
+            } else {
+                t.f_as_strided(&w.sizes, &w.strides, Some(w.offset))
+                    .map_err(|e| fail(format!("{}: {}", w.name, torch_message(&e.to_string()))))?
+            };
             if let Some(r) = w.record.as_deref() {
-                by_record.insert(r, t.shallow_clone());
+                made.insert(r, (t, whole));
             }
-            out.push(t);
+            out.push(view);
         }
         Ok(out)
+    }
+
+    /// The range of the first input's first size (the batch) the program takes: its
+    /// exported size for a static program, its range constraint for a dynamic one.
+    pub(crate) fn batch_range(&self) -> Option<(i64, i64)> {
+        match self.user_inputs.first()?.sizes.first()? {
+            Dim::Fixed(n) => Some((*n, *n)),
+            Dim::Symbol(s) => {
+                let (lo, hi) = self.ranges.get(s).copied().unwrap_or((None, None));
+                Some((lo.unwrap_or(1).max(1), hi.unwrap_or(i64::MAX)))
+            }
+            Dim::Derived(_) => None,
+        }
     }
 
     /// Runs the program's graph on `weights` (as [`Program::load_weights`] gave them)
@@ -613,16 +732,18 @@ impl Program {
 /// A tensor of `sizes` made from raw storage bytes (`weight_N`).
 fn from_storage(bytes: &[u8], kind: Kind, sizes: &[i64]) -> std::result::Result<Tensor, String> {
     let elem = kind.elt_size_in_bytes();
-    let numel: i64 = sizes.iter().product();
-    let needed = numel as usize * elem;
+    let needed = sizes
+        .iter()
+        .try_fold(elem, |a, &d| a.checked_mul(usize::try_from(d).ok()?))
+        .ok_or_else(|| format!("sizes {sizes:?} overflow"))?;
     if bytes.len() < needed {
         return Err(format!(
             "the record holds {} bytes, where {sizes:?} of {kind:?} needs {needed}",
             bytes.len()
         ));
     }
-    let t = Tensor::f_from_data_size(&bytes[..needed], sizes, kind).map_err(|e| e.to_string())?;
-    Ok(t)
+    Tensor::f_from_data_size(&bytes[..needed], sizes, kind)
+        .map_err(|e| torch_message(&e.to_string()))
 }
 
 /// Refuses, in one line, what the reader does not run: control flow, custom ops,

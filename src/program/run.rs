@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 
 use tch::Tensor;
 
-use super::schema::{Argument, Graph, Node, OptionalTensorArgument, SymArgument};
+use super::schema::{Argument, Float, Graph, Node, OptionalTensorArgument, SymArgument};
 use super::symbolic::{is_symbolic, symbolic};
 use super::{c10_layout, c10_memory_format, c10_scalar_type};
 use crate::error::{torch_message, Error, Result};
@@ -60,12 +60,15 @@ pub(crate) fn module_path(node: &Node) -> String {
     let Some(stack) = node.metadata.get("nn_module_stack") else {
         return String::new();
     };
+    // Entries are `key,path,type`; a path may hold commas (`slice(None, 2, None)`), a
+    // key and a type do not.
     let Some(last) = stack.rsplit(';').next() else {
         return String::new();
     };
-    let mut fields = last.rsplitn(3, ',');
-    let _type = fields.next();
-    let path = fields.next().unwrap_or("");
+    let path = last
+        .split_once(',')
+        .and_then(|(_, rest)| rest.rsplit_once(','))
+        .map_or("", |(path, _type)| path);
     clean_path(path)
 }
 
@@ -102,13 +105,21 @@ fn clean_path(path: &str) -> String {
     out.join(".")
 }
 
-/// For each node, the values whose last use it is (values in `keep` are never dropped).
+/// For each node, the values whose last use it is: the last node that reads them, or
+/// the node that makes them when none does (an op's unused outputs, such as core ATen's
+/// batch-norm statistics in evaluation). Values in `keep` and the graph's outputs are
+/// never dropped.
 fn last_uses<'g>(graph: &'g Graph, keep: &HashSet<&str>) -> Vec<Vec<&'g str>> {
     let mut last: HashMap<&str, usize> = HashMap::new();
     for (k, node) in graph.nodes.iter().enumerate() {
         for a in &node.inputs {
             for name in names(&a.arg) {
                 last.insert(name, k);
+            }
+        }
+        for o in &node.outputs {
+            for name in names(o) {
+                last.entry(name).or_insert(k);
             }
         }
     }
@@ -231,10 +242,10 @@ fn python_value(env: &HashMap<String, Val>, a: &Argument) -> Result<Val> {
     Ok(match a {
         Argument::AsNone(_) => Val::None,
         Argument::AsInt(i) => Val::Int(*i),
-        Argument::AsFloat(f) => Val::Float(*f),
+        Argument::AsFloat(f) => Val::Float(f.0),
         Argument::AsBool(b) => Val::Bool(*b),
         Argument::AsSymInt(s) => sym(env, s, Val::Int)?,
-        Argument::AsSymFloat(s) => sym(env, s, Val::Float)?,
+        Argument::AsSymFloat(s) => sym(env, s, |f: Float| Val::Float(f.0))?,
         Argument::AsSymBool(s) => sym(env, s, Val::Bool)?,
         Argument::AsTensor(t) => Val::Tensor(tensor(env, &t.name)?.shallow_clone()),
         Argument::AsTensors(ts) => Val::Tensors(
@@ -281,15 +292,15 @@ fn op_arg<'e>(env: &'e HashMap<String, Val>, a: &'e Argument, device: &'e str) -
         },
         Argument::AsInt(i) => Arg::Int(*i),
         Argument::AsInts(xs) => Arg::List(xs.iter().map(|i| Arg::Int(*i)).collect()),
-        Argument::AsFloat(f) => Arg::Float(*f),
-        Argument::AsFloats(xs) => Arg::List(xs.iter().map(|f| Arg::Float(*f)).collect()),
+        Argument::AsFloat(f) => Arg::Float(f.0),
+        Argument::AsFloats(xs) => Arg::List(xs.iter().map(|f| Arg::Float(f.0)).collect()),
         Argument::AsBool(b) => Arg::Bool(*b),
         Argument::AsBools(xs) => Arg::List(xs.iter().map(|b| Arg::Bool(*b)).collect()),
         Argument::AsString(s) => Arg::Str(s),
         Argument::AsSymInt(x) => int(x)?,
         Argument::AsSymInts(xs) => Arg::List(xs.iter().map(int).collect::<Result<_>>()?),
         Argument::AsSymFloat(x) => match x {
-            SymArgument::AsInt(f) => Arg::Float(*f),
+            SymArgument::AsInt(f) => Arg::Float(f.0),
             SymArgument::AsName(n) => scalar_arg(lookup(env, n)?)?,
         },
         Argument::AsSymBool(x) => match x {
@@ -532,7 +543,7 @@ fn region(
         .outputs
         .iter()
         .map(|o| match names(o).first() {
-            Some(n) => inner.remove(*n).unwrap_or(Val::None),
+            Some(n) => inner.get(*n).cloned().unwrap_or(Val::None),
             None => Val::None,
         })
         .collect();
@@ -564,5 +575,22 @@ mod tests {
         );
         assert_eq!(clean_path("model.layers.0@1"), "model.layers.0");
         assert_eq!(clean_path(""), "");
+        let node = |stack: &str| Node {
+            target: String::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            metadata: [("nn_module_stack".to_string(), stack.to_string())].into(),
+            name: None,
+        };
+        assert_eq!(
+            module_path(&node(
+                "L__self__,,m.Model;L__self___layers_0,L['self'].layers.slice(None, 2, None).0,m.Block"
+            )),
+            "layers.0"
+        );
+        assert_eq!(
+            module_path(&node("L__self__,,m.M;L__self__fc,fc,torch.nn.Linear")),
+            "fc"
+        );
     }
 }

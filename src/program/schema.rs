@@ -9,7 +9,34 @@
 use std::collections::HashMap;
 
 use serde::de::IgnoredAny;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
+
+/// A float as the serializer writes it: a number, or "Infinity", "-Infinity", "NaN"
+/// (JSON has no literal for them).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Float(pub f64);
+
+impl<'de> Deserialize<'de> for Float {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Float, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(f64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Number(f) => Ok(Float(f)),
+            Raw::Text(t) => match t.as_str() {
+                "Infinity" | "inf" => Ok(Float(f64::INFINITY)),
+                "-Infinity" | "-inf" => Ok(Float(f64::NEG_INFINITY)),
+                "NaN" | "nan" => Ok(Float(f64::NAN)),
+                other => Err(serde::de::Error::custom(format!(
+                    "{other:?} is not a float"
+                ))),
+            },
+        }
+    }
+}
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct ExportedProgram {
@@ -104,8 +131,8 @@ pub(crate) enum Argument {
     AsTensors(Vec<TensorArgument>),
     AsInt(i64),
     AsInts(Vec<i64>),
-    AsFloat(f64),
-    AsFloats(Vec<f64>),
+    AsFloat(Float),
+    AsFloats(Vec<Float>),
     AsString(String),
     AsStrings(IgnoredAny),
     AsSymInt(SymArgument<i64>),
@@ -122,8 +149,8 @@ pub(crate) enum Argument {
     AsOptionalTensors(Vec<OptionalTensorArgument>),
     AsCustomObj(CustomObjArgument),
     AsOperator(IgnoredAny),
-    AsSymFloat(SymArgument<f64>),
-    AsSymFloats(Vec<SymArgument<f64>>),
+    AsSymFloat(SymArgument<Float>),
+    AsSymFloats(Vec<SymArgument<Float>>),
     AsOptionalTensor(OptionalTensorArgument),
     AsComplex(IgnoredAny),
     AsNestedTensors(IgnoredAny),
@@ -147,6 +174,10 @@ pub(crate) struct SymExpr {
 pub(crate) struct TensorMeta {
     pub dtype: i32,
     pub sizes: Vec<SymInt>,
+    #[serde(default)]
+    pub strides: Vec<SymInt>,
+    #[serde(default)]
+    pub storage_offset: Option<SymInt>,
     pub layout: i32,
 }
 
@@ -190,7 +221,7 @@ pub(crate) struct ConstantInputSpec {
 pub(crate) enum ConstantValue {
     AsNone(IgnoredAny),
     AsInt(i64),
-    AsFloat(f64),
+    AsFloat(Float),
     AsString(IgnoredAny),
     AsBool(bool),
 }
@@ -236,5 +267,7 @@ pub(crate) struct PayloadMeta {
     pub path_name: String,
     #[serde(default)]
     pub use_pickle: bool,
-    pub tensor_meta: TensorMeta,
+    /// None for a script object (the signature refuses it).
+    #[serde(default)]
+    pub tensor_meta: Option<TensorMeta>,
 }

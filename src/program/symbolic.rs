@@ -2,12 +2,11 @@
 //! arithmetic it computes sizes with (`sym_size` then `_operator.mul`, `floordiv`,
 //! `torch.sym_max`, ...), evaluated as Python evaluates it.
 
-
 use super::run::Val;
 use crate::error::{Error, Result};
 
 /// Python-level targets the graph computes sizes with.
-const SYMBOLIC: [&str; 30] = [
+const SYMBOLIC: [&str; 33] = [
     "_operator.add",
     "_operator.sub",
     "_operator.mul",
@@ -26,6 +25,9 @@ const SYMBOLIC: [&str; 30] = [
     "_operator.or_",
     "_operator.not_",
     "_operator.getitem",
+    "_operator.pos",
+    "_operator.lshift",
+    "_operator.rshift",
     "torch.sym_max",
     "torch.sym_min",
     "torch.sym_not",
@@ -132,8 +134,24 @@ pub(super) fn symbolic(target: &str, args: &[Val]) -> Result<Val> {
         "le" => cmp(|a, b| a <= b),
         "gt" => cmp(|a, b| a > b),
         "ge" => cmp(|a, b| a >= b),
-        "and_" => Ok(Val::Bool(truthy(arg(0)?)? && truthy(arg(1)?)?)),
-        "or_" => Ok(Val::Bool(truthy(arg(0)?)? || truthy(arg(1)?)?)),
+        // Python's & and |: bitwise on ints, logical on bools.
+        "and_" | "or_" => match (arg(0)?, arg(1)?) {
+            (Val::Int(a), Val::Int(b)) => Ok(Val::Int(if name == "and_" { a & b } else { a | b })),
+            (a, b) => Ok(Val::Bool(if name == "and_" {
+                truthy(a)? && truthy(b)?
+            } else {
+                truthy(a)? || truthy(b)?
+            })),
+        },
+        "pos" => Ok(arg(0)?.clone()),
+        "lshift" => num(
+            |a, b| u32::try_from(b).ok().and_then(|b| a.checked_shl(b)),
+            |a, _| a,
+        ),
+        "rshift" => num(
+            |a, b| u32::try_from(b).ok().map(|b| a >> b.min(63)),
+            |a, _| a,
+        ),
         "not_" | "sym_not" => Ok(Val::Bool(!truthy(arg(0)?)?)),
         "sym_max" => num(|a, b| Some(a.max(b)), f64::max),
         "sym_min" => num(|a, b| Some(a.min(b)), f64::min),

@@ -8,7 +8,9 @@ use crate::estimate::{Estimate, Fit, Input, Mode, Options};
 impl Model {
     /// The largest batch whose predicted peak reserved fits in `memory` (default: the
     /// GPU's usable memory, [`Gpu::usable`](crate::estimate::Gpu::usable)): batches 1, 2, 4, ... until one does not
-    /// fit, then a bisection between the last two.
+    /// fit, then a bisection between the last two. An exported program is searched
+    /// within the batches it takes ([`Model::batch_range`]): from its range's first,
+    /// doubling up to its last (a static program: its own batch only).
     pub fn largest_batch(
         &self,
         inputs: &[Input],
@@ -37,12 +39,17 @@ impl Model {
         };
         let mut fits: Option<Estimate> = None;
         let mut too_big: Option<Estimate> = None;
-        let mut b = 1;
-        while b <= MAX_BATCH {
+        let (first, last) = self.batch_range().unwrap_or((1, MAX_BATCH));
+        let last = last.min(MAX_BATCH);
+        let mut b = first;
+        loop {
             let e = at(b)?;
             if e.peak_reserved <= memory {
                 fits = Some(e);
-                b *= 2;
+                if b >= last {
+                    break;
+                }
+                b = b.saturating_mul(2).min(last);
             } else {
                 too_big = Some(e);
                 break;

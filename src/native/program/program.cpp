@@ -303,11 +303,21 @@ int program_call(const char* op, const char* overload, const char* module, const
     handle.callBoxed(stack);
   }
   size_t k = 0;
-  for (const c10::IValue& r : stack) {
-    if (!put_result(r, out, cap, &k)) {
-      free_results(out, k);
-      TORCH_CHECK(false, op, " returned more than ", cap, " values");
+  bool fitted = true;
+  try {
+    for (const c10::IValue& r : stack) {
+      if (!put_result(r, out, cap, &k)) {
+        fitted = false;
+        break;
+      }
     }
+  } catch (...) {
+    free_results(out, k);  // the handles made before a return that cannot be passed
+    throw;
+  }
+  if (!fitted) {
+    free_results(out, k);
+    TORCH_CHECK(false, op, " returned more than ", cap, " values");
   }
   *n_out = k;
   return 0;

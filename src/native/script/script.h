@@ -17,9 +17,10 @@ at::Tensor* script_forward(void* m, const at::Tensor* const* inputs, size_t n);
 std::vector<std::pair<std::string, at::Tensor>> script_tensors(void* m, int32_t which);
 int script_tensor(void* m, int32_t which, uint64_t index, uint64_t* n, void** tensor,
                   char* name_buf, size_t len, uint64_t* name_len);
-// Whether a TorchScript interpreter runs on this thread; if so, buf (cap bytes) gets the
-// innermost module's path as named_modules() names it (`layer4.0.conv2`; empty for the
-// root module's own ops) and *fits whether it fitted.
+// Whether a TorchScript interpreter (or an exported program's node, program/) runs on
+// this thread; if so, buf (cap bytes) gets the innermost module's path as
+// named_modules() names it (`layer4.0.conv2`; empty for the root module's own ops) and
+// *fits whether it fitted.
 bool script_module_path(char* buf, size_t cap, bool* fits);
 
 }  // namespace memprof
