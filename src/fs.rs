@@ -49,3 +49,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         source,
     })
 }
+
+/// A file's name as messages call a model file (`resnet18.pt2`), its whole path when it
+/// has no name.
+pub(crate) fn file_label(path: &Path) -> String {
+    path.file_name()
+        .map_or(path.display().to_string(), |f| f.to_string_lossy().into())
+}

@@ -81,23 +81,8 @@ enum Format {
 
 /// Traces (or exports) `set` into `dir` with the wheel's Python; None (said) without one.
 fn trace(dir: &Path, set: Set, format: Format) -> Option<(Vec<Traced>, Untraced)> {
-    if common::torch_python().is_none() {
-        common::cannot_run(
-            "the model corpus: no Python with torch beside LIBTORCH \
-             (run through scripts/with-libtorch.sh)",
-        );
-        return None;
-    }
+    let python = common::corpus_python("the model corpus")?;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let env = Command::new(root.join("scripts/corpus-env.sh"))
-        .output()
-        .expect("runs scripts/corpus-env.sh");
-    assert!(
-        env.status.success(),
-        "scripts/corpus-env.sh: {}",
-        common::text(&env.stderr)
-    );
-    let python = common::text(&env.stdout).trim().to_string();
     let mut corpus = Command::new(&python);
     corpus.arg(root.join("scripts/corpus.py"));
     if format == Format::Exported {

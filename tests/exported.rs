@@ -23,19 +23,8 @@ use tch_memprof::Category;
 fn cases() -> Option<&'static Path> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
-        if common::torch_python().is_none() {
-            common::cannot_run(
-                "exported programs: no Python with torch beside LIBTORCH \
-                 (run through scripts/with-libtorch.sh)",
-            );
-            return None;
-        }
+        let python = common::corpus_python("exported programs")?;
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let env = Command::new(root.join("scripts/corpus-env.sh"))
-            .output()
-            .expect("runs scripts/corpus-env.sh");
-        assert!(env.status.success(), "{}", common::text(&env.stderr));
-        let python = common::text(&env.stdout).trim().to_string();
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("export-cases");
         let _ = std::fs::remove_dir_all(&dir);
         let out = Command::new(python)

@@ -13,6 +13,7 @@ use super::models::{self, Chain};
 use super::replay::{as_requested, peak_step, predicted_step, through_allocator, ModelVars};
 
 mod dry_run;
+mod exported;
 mod fit;
 mod steps;
 use super::{Estimate, Input, Mode, Options, NOT_MODELLED};
@@ -20,7 +21,7 @@ use crate::error::{catching, torch_message, Error, Result};
 use crate::ffi::{self, native, Event};
 use crate::names::{layer_of, Names, MISSING};
 use crate::phase::Phase;
-use crate::program::{Program, WeightKind};
+use crate::program::Program;
 use crate::timeline::sites::SiteNames;
 use crate::timeline::{VarEntry, UNKNOWN_SITE};
 pub(crate) use dry_run::{loss, DryRun};
@@ -371,88 +372,10 @@ impl Model {
             runner: Runner::Script { module, vs },
             weights,
             weights_bytes,
-            label: path
-                .file_name()
-                .map_or(path.display().to_string(), |f| f.to_string_lossy().into()),
+            label: crate::fs::file_label(path),
             chain: None,
             user_code: false,
         })
-    }
-
-    /// An exported program (`torch.export.export`, saved with `torch.export.save`: a
-    /// `.pt2` archive), its weights made on the meta device from their metadata, never
-    /// read: a program of any size estimates on a small machine. Its graph runs node by
-    /// node through libtorch's dispatcher; for training, with grad enabled over its
-    /// parameters, so autograd records it and the backward pass runs as in eager
-    /// PyTorch. Both forms torch.export writes are read: the training IR of
-    /// `torch.export.export` and the core-ATen IR of `run_decompositions()`.
-    pub fn exported(path: &Path) -> Result<Model> {
-        let program = Program::open(path)?;
-        let trace = Trace::begin()?;
-        let weights = program.load_weights(true)?;
-        let trace_events = trace.finish()?;
-        let weights_bytes = live_bytes(&trace_events);
-        let vs = nn::VarStore::new(Device::Cpu);
-        for (w, t) in program.weights().iter().zip(&weights) {
-            match w.kind {
-                WeightKind::Parameter => {
-                    crate::vars::add_dotted(&vs.root(), &w.name, t.shallow_clone(), true)
-                }
-                WeightKind::Buffer => {
-                    crate::vars::add_dotted(&vs.root(), &w.name, t.shallow_clone(), false)
-                }
-                WeightKind::Constant => {}
-            }
-        }
-        Ok(Model {
-            runner: Runner::Program {
-                program: Box::new(program),
-                weights,
-                vs,
-            },
-            weights: trace_events,
-            weights_bytes,
-            label: path
-                .file_name()
-                .map_or(path.display().to_string(), |f| f.to_string_lossy().into()),
-            chain: None,
-            user_code: false,
-        })
-    }
-
-    /// A model file: an exported program (`.pt2`, [`Model::exported`]) or a TorchScript
-    /// file ([`Model::torchscript`]), told apart by their contents.
-    pub fn from_file(path: &Path) -> Result<Model> {
-        if crate::program::is_program(path) {
-            Model::exported(path)
-        } else {
-            Model::torchscript(path)
-        }
-    }
-
-    /// For an exported program, the inputs it takes, in order: each one's sizes as
-    /// exported (`None` for a dynamic dimension) and its dtype. `None` for other models.
-    pub fn exported_inputs(&self) -> Option<Vec<(Vec<Option<i64>>, tch::Kind)>> {
-        match &self.runner {
-            Runner::Program { program, .. } => Some(
-                program
-                    .exported_sizes()
-                    .into_iter()
-                    .zip(program.input_kinds())
-                    .collect(),
-            ),
-            _ => None,
-        }
-    }
-
-    /// The batches the model takes, first and last: an exported program's exported
-    /// batch (static) or its batch dimension's range constraint (dynamic). None for
-    /// other models (any batch).
-    pub fn batch_range(&self) -> Option<(i64, i64)> {
-        match &self.runner {
-            Runner::Program { program, .. } => program.batch_range(),
-            _ => None,
-        }
     }
 
     /// A built-in model by name ([`models::BUILTIN`]), 1000 classes.

@@ -7,7 +7,6 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{catching, torch_message, Error, Result};
 use crate::estimate::Input;
-use crate::program::WeightKind;
 use crate::timeline::StepProfile;
 
 /// What [`profile_torchscript`] measured and wrote.
@@ -87,24 +86,8 @@ pub fn profile_file(
     let shapes: Vec<Vec<i64>> = inputs.iter().map(|i| i.shape.clone()).collect();
     program.check_inputs(&shapes)?;
     let vs = tch::nn::VarStore::new(device);
-    let mut weights = Vec::new();
-    for (w, t) in program.weights().iter().zip(program.load_weights(false)?) {
-        let t = if device == Device::Cpu {
-            t
-        } else {
-            t.to_device(device)
-        };
-        match w.kind {
-            WeightKind::Parameter => {
-                crate::vars::add_dotted(&vs.root(), &w.name, t.shallow_clone(), true)
-            }
-            WeightKind::Buffer => {
-                crate::vars::add_dotted(&vs.root(), &w.name, t.shallow_clone(), false)
-            }
-            WeightKind::Constant => {}
-        }
-        weights.push(t);
-    }
+    let weights = program.load_weights(Some(device))?;
+    crate::program::add_to_var_store(&vs, program.weights(), &weights);
     let on = match device {
         Device::Cuda(i) => format!("cuda:{i}"),
         _ => "cpu".to_string(),
@@ -138,9 +121,7 @@ fn profile_step(
     output_dir: &Path,
     forward: impl Fn(&[Tensor]) -> std::result::Result<Tensor, String>,
 ) -> Result<ProfiledStep> {
-    let label = path
-        .file_name()
-        .map_or(path.display().to_string(), |f| f.to_string_lossy().into());
+    let label = crate::fs::file_label(path);
     let failed = |what: &str, reason: String| Error::DryRun {
         model: label.clone(),
         reason: format!("{what}: {reason}"),

@@ -109,6 +109,28 @@ pub fn torch_python() -> Option<std::path::PathBuf> {
     py.exists().then_some(py)
 }
 
+/// The wheel's Python with the model corpus's packages (`scripts/corpus-env.sh`
+/// installs them once); None, said with `NOT RUN: {what}` (a failure under `CI`),
+/// without a Python beside LIBTORCH.
+pub fn corpus_python(what: &str) -> Option<String> {
+    if torch_python().is_none() {
+        cannot_run(&format!(
+            "{what}: no Python with torch beside LIBTORCH (run through scripts/with-libtorch.sh)"
+        ));
+        return None;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let env = std::process::Command::new(root.join("scripts/corpus-env.sh"))
+        .output()
+        .expect("runs scripts/corpus-env.sh");
+    assert!(
+        env.status.success(),
+        "scripts/corpus-env.sh: {}",
+        text(&env.stderr)
+    );
+    Some(text(&env.stdout).trim().to_string())
+}
+
 /// A check that cannot run here: says so on the test's stderr handle (which the test
 /// harness does not capture, so it shows even when the test passes) as
 /// `NOT RUN: {what}`, and fails the test when `CI` is set, where every check must run.
