@@ -1,13 +1,16 @@
 //! How the profiler's own calls grow with the work they see: `record_stats` and
-//! `epoch_end` against 100, 1,000 and 10,000 variables, and `epoch_end` (the leak hunt)
-//! against 10,000 and 1,000,000 live blocks in the leak registry.
+//! `epoch_end` against 100, 1,000, 10,000 and 100,000 variables, and `epoch_end` (the
+//! leak hunt) against 10,000 and 1,000,000 live blocks in the leak registry.
 //!
 //!     scripts/with-libtorch.sh cargo bench --bench scaling
 //!
 //! Each variable is a 16-float parameter with a gradient. `record_stats` is timed in the
 //! state a training loop calls it in (nothing printed, no CSV: a non-reporting call), and
 //! once more reporting (a CSV row every call, the terminal off). Every figure is the
-//! median of the timed calls. Options (after `--`): `--calls N` (default 200).
+//! median of the timed calls (a reporting call writes a row per variable: at 100,000
+//! variables it is timed over at most 10 calls). The last line is the ratio of the
+//! per-variable cost at 10,000 variables to the cost at 1,000. Options (after `--`):
+//! `--calls N` (default 200).
 
 use std::time::{Duration, Instant};
 
@@ -76,7 +79,8 @@ fn main() {
     println!();
     println!("| variables | record_stats | per variable | record_stats, CSV row | epoch_end |");
     println!("|---:|---:|---:|---:|---:|");
-    for n in [100usize, 1_000, 10_000] {
+    let mut per_variable = Vec::new();
+    for n in [100usize, 1_000, 10_000, 100_000] {
         let vs = store(n);
         let quiet = {
             let mut p = MemoryProfiler::builder(&vs)
@@ -96,8 +100,9 @@ fn main() {
                 .csv_dir(dir.path())
                 .build()
                 .expect("profiler");
-            let t = time_calls(calls, || p.record_stats());
-            let e = time_calls(calls.min(50), || p.epoch_end());
+            let rounds = if n >= 100_000 { calls.min(10) } else { calls };
+            let t = time_calls(rounds, || p.record_stats());
+            let e = time_calls(rounds.min(50), || p.epoch_end());
             assert_eq!(p.failures(), 0);
             (t, e)
         };
@@ -107,6 +112,15 @@ fn main() {
             us(quiet) / n as f64,
             us(csv),
             us(epoch)
+        );
+        per_variable.push((n, us(quiet) / n as f64));
+    }
+    let cost = |n| per_variable.iter().find(|(m, _)| *m == n).map(|(_, c)| *c);
+    if let (Some(a), Some(b)) = (cost(1_000), cost(10_000)) {
+        println!();
+        println!(
+            "record_stats per variable, 10,000 against 1,000 variables: {:.2}x",
+            b / a
         );
     }
     println!();

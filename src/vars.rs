@@ -1,6 +1,7 @@
 //! The VarStore's variables with the blocks behind them and their gradients, in name
 //! order: [`VarTable`], kept between `record_stats` calls (what only changes with the
-//! variable set is computed once), and [`walk`], a one-off walk for the step timeline.
+//! variable set is computed once, and the blocks are re-read only when one may have
+//! changed).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -11,18 +12,6 @@ use tch::Tensor;
 use crate::error::Result;
 use crate::ffi::{self, Block};
 use crate::names::layer_of;
-
-/// One defined VarStore variable.
-pub(crate) struct Var<'a> {
-    /// Its path (`layer1.0.conv1.weight`).
-    pub name: &'a String,
-    /// The block behind its storage.
-    pub block: Block,
-    /// The block behind its `.grad` (undefined without one).
-    pub grad: Block,
-    /// A trainable parameter (else a buffer).
-    pub trainable: bool,
-}
 
 /// Adds `tensor` (shared, not copied) to the store under its dotted module path
 /// (`layer4.0.conv2.weight`, as PyTorch's `named_parameters()` writes it): one store path
@@ -44,36 +33,6 @@ pub(crate) fn lock(vars: &Arc<Mutex<Variables>>) -> MutexGuard<'_, Variables> {
         Ok(v) => v,
         Err(poisoned) => poisoned.into_inner(),
     }
-}
-
-/// Every defined variable, by name.
-pub(crate) fn walk(vars: &Variables) -> Result<Vec<Var<'_>>> {
-    // The store lists trainable variables without names: a named variable is trainable
-    // when its storage is among theirs.
-    let mut trainable = HashSet::with_capacity(vars.trainable_variables.len());
-    for v in &vars.trainable_variables {
-        let b = ffi::tensor_block(&v.tensor, false)?;
-        if b.is_defined() {
-            trainable.insert(b.base);
-        }
-    }
-    let mut names: Vec<&String> = vars.named_variables.keys().collect();
-    names.sort();
-    let mut out = Vec::with_capacity(names.len());
-    for name in names {
-        let tensor = &vars.named_variables[name];
-        let block = ffi::tensor_block(tensor, false)?;
-        if !block.is_defined() {
-            continue;
-        }
-        out.push(Var {
-            name,
-            block,
-            grad: ffi::tensor_block(tensor, true)?,
-            trainable: trainable.contains(&block.base),
-        });
-    }
-    Ok(out)
 }
 
 /// What is known of one variable while the variable set stays the same.
@@ -100,6 +59,18 @@ pub(crate) struct Entry {
 /// the set changed: another tensor under a name, a variable added or removed, a
 /// trainable flag changed, or a storage replaced or resized (`set_data`, loading into a
 /// new storage).
+///
+/// Reading every block chases pointers through each tensor, its storage and its
+/// gradient (about ten cache lines a variable): with thousands of variables that no
+/// longer fits a core's cache, and the read would cost far more a variable than with a
+/// hundred. So the blocks a read finds are *watched* by the native layer, which counts
+/// their frees ([`ffi::watched_frees`]); while that count, the store's tensors and its
+/// trainable list stay the same, every watched block is still where it was, and a
+/// refresh re-reads only the variables a free would not reveal a change of (a block
+/// whose birth was not seen, a variable without a gradient yet). What this cannot see:
+/// a variable or gradient moved to another block while its old block stays held by some
+/// other tensor (no free); it is seen at the next free of a watched block or change of
+/// the set.
 #[derive(Debug, Default)]
 pub(crate) struct VarTable {
     /// Tensor handles in the map's iteration order, and of the trainable list: the key
@@ -110,27 +81,51 @@ pub(crate) struct VarTable {
     entries: Vec<Entry>,
     /// Bumped at each rebuild.
     generation: u64,
-    /// This call's blocks and gradient blocks, in map order.
+    /// Bumped at each read that found a block or gradient block other than before.
+    version: u64,
+    /// The last read's blocks and gradient blocks, in map order.
     blocks: Vec<Block>,
     grads: Vec<Block>,
+    /// Map positions a watched free would not reveal a change of: a block or gradient
+    /// block whose birth was not seen, or no gradient yet (one may appear). Re-read at
+    /// every refresh.
+    unwatched: Vec<usize>,
+    /// [`ffi::watched_frees`] before the last full read (none before the first).
+    frees: Option<u64>,
+    /// Scratch buffers of a read.
+    scratch: (Vec<Block>, Vec<Block>),
 }
 
 impl VarTable {
-    /// Reads the blocks of every variable now; returns whether the facts were rebuilt.
+    /// Brings the blocks up to date; returns whether the facts were rebuilt.
     pub(crate) fn refresh(&mut self, vars: &Variables) -> Result<bool> {
+        let same_set = self.same_set(vars);
+        if same_set
+            && self.frees.is_some()
+            && self.frees == Some(ffi::watched_frees()?)
+            && self.unwatched_same(vars)?
+        {
+            return Ok(false);
+        }
         let tensors: Vec<&Tensor> = vars.named_variables.values().collect();
-        ffi::tensor_blocks(&tensors, &mut self.blocks, &mut self.grads)?;
-        let same_set = tensors.len() == self.handles.len()
-            && tensors
-                .iter()
-                .zip(&self.handles)
-                .all(|(t, h)| ffi::tensor_handle(t) == *h)
-            && vars.trainable_variables.len() == self.trainable_handles.len()
-            && vars
-                .trainable_variables
-                .iter()
-                .zip(&self.trainable_handles)
-                .all(|(v, h)| ffi::tensor_handle(&v.tensor) == *h);
+        let (mut blocks, mut grads) = std::mem::take(&mut self.scratch);
+        self.frees = Some(ffi::tensor_blocks(&tensors, &mut blocks, &mut grads, true)?);
+        let same = |now: &[Block], before: &[Block]| {
+            now.len() == before.len() && now.iter().zip(before).all(|(a, b)| a.same(b))
+        };
+        if !same(&blocks, &self.blocks) || !same(&grads, &self.grads) {
+            self.version += 1;
+        }
+        self.scratch = (
+            std::mem::replace(&mut self.blocks, blocks),
+            std::mem::replace(&mut self.grads, grads),
+        );
+        self.unwatched = (0..self.blocks.len())
+            .filter(|&i| {
+                let (b, g) = (&self.blocks[i], &self.grads[i]);
+                (b.is_defined() && !b.is_watched()) || !g.is_defined() || !g.is_watched()
+            })
+            .collect();
         let same_blocks = same_set
             && self.defined_count() == self.blocks.iter().filter(|b| b.is_defined()).count()
             && self.entries.iter().all(|e| {
@@ -142,6 +137,51 @@ impl VarTable {
         }
         self.rebuild(vars, &tensors)?;
         Ok(true)
+    }
+
+    /// The same tensors under the same names, and the same trainable list, as at the
+    /// last read (the map's order is then the same too).
+    fn same_set(&self, vars: &Variables) -> bool {
+        vars.named_variables.len() == self.handles.len()
+            && vars
+                .named_variables
+                .values()
+                .zip(&self.handles)
+                .all(|(t, h)| ffi::tensor_handle(t) == *h)
+            && vars.trainable_variables.len() == self.trainable_handles.len()
+            && vars
+                .trainable_variables
+                .iter()
+                .zip(&self.trainable_handles)
+                .all(|(v, h)| ffi::tensor_handle(&v.tensor) == *h)
+    }
+
+    /// Whether the variables a watched free would not reveal a change of still have the
+    /// blocks of the last read.
+    fn unwatched_same(&mut self, vars: &Variables) -> Result<bool> {
+        if self.unwatched.is_empty() {
+            return Ok(true);
+        }
+        let mut want = self.unwatched.iter().copied().peekable();
+        let mut tensors = Vec::with_capacity(self.unwatched.len());
+        for (pos, t) in vars.named_variables.values().enumerate() {
+            if want.peek() == Some(&pos) {
+                tensors.push(t);
+                want.next();
+                if want.peek().is_none() {
+                    break;
+                }
+            }
+        }
+        let (mut blocks, mut grads) = std::mem::take(&mut self.scratch);
+        ffi::tensor_blocks(&tensors, &mut blocks, &mut grads, false)?;
+        let same = self
+            .unwatched
+            .iter()
+            .zip(blocks.iter().zip(&grads))
+            .all(|(&p, (b, g))| b.same(&self.blocks[p]) && g.same(&self.grads[p]));
+        self.scratch = (blocks, grads);
+        Ok(same)
     }
 
     fn defined_count(&self) -> usize {
@@ -160,7 +200,7 @@ impl VarTable {
         let trainable_tensors: Vec<&Tensor> =
             vars.trainable_variables.iter().map(|v| &v.tensor).collect();
         let (mut tb, mut tg) = (Vec::new(), Vec::new());
-        ffi::tensor_blocks(&trainable_tensors, &mut tb, &mut tg)?;
+        ffi::tensor_blocks(&trainable_tensors, &mut tb, &mut tg, false)?;
         let trainable: HashSet<u64> = tb
             .iter()
             .filter(|b| b.is_defined())
@@ -195,12 +235,18 @@ impl VarTable {
             });
         }
         self.generation += 1;
+        self.version += 1;
         Ok(())
     }
 
     /// Bumped each time the facts are rebuilt.
     pub(crate) fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// Bumped each time a block or gradient block changed.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
     }
 
     /// The defined variables by name, with their block and gradient block as read by
@@ -216,16 +262,22 @@ impl VarTable {
     }
 }
 
-/// The native table of model variables (storage -> variable index in walk order and
+/// The native table of model variables (storage -> variable index in name order and
 /// the name id of its layer), replaced when the store's storages change.
 #[derive(Debug, Default)]
 pub(crate) struct ParamSync {
     ptrs: Vec<u64>,
+    /// The table's version the native table was last checked against.
+    version: Option<u64>,
 }
 
 impl ParamSync {
-    /// [`update`](Self::update) from a table.
+    /// Replaces the native table if the variables' storages changed since the last call.
     pub(crate) fn sync(&mut self, table: &VarTable) -> Result<()> {
+        if self.version == Some(table.version()) {
+            return Ok(());
+        }
+        self.version = Some(table.version());
         if table.len() == self.ptrs.len()
             && table
                 .rows()
@@ -239,23 +291,6 @@ impl ParamSync {
         let layers: Vec<i32> = table
             .rows()
             .map(|(e, _, _)| ffi::intern(&e.layer).unwrap_or(-1))
-            .collect();
-        ffi::set_params(ffi::Target::Step, &ptrs, &ids, &layers)?;
-        self.ptrs = ptrs;
-        Ok(())
-    }
-
-    pub(crate) fn update(&mut self, vars: &[Var<'_>]) -> Result<()> {
-        if vars.len() == self.ptrs.len()
-            && vars.iter().zip(&self.ptrs).all(|(v, p)| v.block.base == *p)
-        {
-            return Ok(());
-        }
-        let ptrs: Vec<u64> = vars.iter().map(|v| v.block.base).collect();
-        let ids: Vec<i32> = (0..ptrs.len() as i32).collect();
-        let layers: Vec<i32> = vars
-            .iter()
-            .map(|v| ffi::intern(&layer_of(v.name)).unwrap_or(-1))
             .collect();
         ffi::set_params(ffi::Target::Step, &ptrs, &ids, &layers)?;
         self.ptrs = ptrs;

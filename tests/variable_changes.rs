@@ -90,3 +90,58 @@ fn each_report_shows_the_variables_as_they_are_at_that_call() {
         "rebuilt without a change"
     );
 }
+
+/// Once every variable has a gradient, record_stats re-reads the blocks only after a
+/// free of one of the blocks it read (the native layer counts those frees). Each change
+/// below happens in that state, and each must show in the next report.
+#[test]
+fn changes_show_once_every_variable_has_a_gradient() {
+    let _guard = serial();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let fc = nn::linear(vs.root() / "fc", 8, 4, Default::default());
+    let mut profiler = MemoryProfiler::builder(&vs).print(false).build().unwrap();
+    let step = || {
+        fc.forward(&Tensor::ones([3, 8], (Kind::Float, Device::Cpu)))
+            .sum(Kind::Float)
+            .backward()
+    };
+    let linear = F32 * (8 * 4 + 4);
+    step();
+    profiler.record_stats();
+    profiler.record_stats();
+    let s = profiler.last_stats().unwrap().clone();
+    assert_eq!((s.weights_bytes, s.gradients_bytes), (linear, linear));
+
+    // A weight's storage replaced (its old block freed).
+    tch::no_grad(|| {
+        let mut w = fc.ws.shallow_clone();
+        w.set_data(&Tensor::zeros([4, 16], (Kind::Float, Device::Cpu)));
+    });
+    profiler.record_stats();
+    let s = profiler.last_stats().unwrap().clone();
+    let w = by_name(&s, "fc.weight");
+    assert_eq!((w.bytes, w.shape.as_slice()), (F32 * 64, &[4i64, 16][..]));
+    assert_eq!(s.weights_bytes, F32 * (64 + 4));
+
+    // A gradient's storage replaced (its old block freed).
+    tch::no_grad(|| {
+        let mut g = fc.bs.as_ref().unwrap().grad();
+        g.set_data(&Tensor::zeros([40], (Kind::Float, Device::Cpu)));
+    });
+    profiler.record_stats();
+    let s = profiler.last_stats().unwrap().clone();
+    assert_eq!(by_name(&s, "fc.bias").grad_bytes, Some(F32 * 40));
+    assert_eq!(s.gradients_bytes, F32 * (32 + 40));
+
+    // A freed gradient that is not a variable's changes nothing in the report.
+    let other = Tensor::ones([5], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    other.sum(Kind::Float).backward();
+    drop(other);
+    profiler.record_stats();
+    let s2 = profiler.last_stats().unwrap().clone();
+    assert_eq!(
+        (s2.weights_bytes, s2.gradients_bytes),
+        (s.weights_bytes, s.gradients_bytes)
+    );
+    assert_eq!(profiler.failures(), 0);
+}

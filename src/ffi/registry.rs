@@ -16,7 +16,10 @@ extern "C" {
         n: usize,
         blocks: *mut Block,
         grads: *mut Block,
+        watch: i32,
+        frees: *mut u64,
     ) -> i32;
+    fn memprof_watched_frees(out: *mut u64) -> i32;
     fn memprof_selftest_block_table(n: u64, errors: *mut u64) -> i32;
 }
 
@@ -29,7 +32,7 @@ pub(crate) struct Block {
     pub tracked: i32,
     pub phase: u32,
     pub generation: u32,
-    pub pad: u32,
+    pub watched: u32,
     pub base: u64,
     pub bytes: i64,
 }
@@ -47,6 +50,26 @@ impl Block {
     }
     pub(crate) fn size(&self) -> u64 {
         self.bytes.max(0) as u64
+    }
+    /// Whether its free will count in [`watched_frees`].
+    pub(crate) fn is_watched(&self) -> bool {
+        self.watched != 0
+    }
+    /// The same block as read before (whether it is watched aside).
+    pub(crate) fn same(&self, other: &Block) -> bool {
+        (
+            self.defined,
+            self.device,
+            self.tracked,
+            self.phase,
+            self.generation,
+        ) == (
+            other.defined,
+            other.device,
+            other.tracked,
+            other.phase,
+            other.generation,
+        ) && (self.base, self.bytes) == (other.base, other.bytes)
     }
 }
 
@@ -118,12 +141,15 @@ pub(crate) fn tensor_block(t: &Tensor, grad: bool) -> Result<Block> {
 }
 
 /// The blocks behind each of `tensors` and behind their `.grad`, into `blocks` and
-/// `grads` (replacing their contents), in one native call.
+/// `grads` (replacing their contents), in one native call. With `watch`, each block whose
+/// birth was seen is watched from now on ([`Block::watched`]): its free counts in
+/// [`watched_frees`]. Returns [`watched_frees`] as it was before the blocks were read.
 pub(crate) fn tensor_blocks(
     tensors: &[&Tensor],
     blocks: &mut Vec<Block>,
     grads: &mut Vec<Block>,
-) -> Result<()> {
+    watch: bool,
+) -> Result<u64> {
     let handles: Vec<*const c_void> = tensors
         .iter()
         .map(|t| t.as_ptr() as *const c_void)
@@ -135,14 +161,27 @@ pub(crate) fn tensor_blocks(
     // SAFETY: every handle points to an at::Tensor that outlives this call (we hold the
     // `&Tensor`s); `blocks` and `grads` hold `handles.len()` initialised Blocks each, and
     // the callee writes exactly that many.
+    let mut frees = 0;
     check(unsafe {
         memprof_tensor_blocks(
             handles.as_ptr(),
             handles.len(),
             blocks.as_mut_ptr(),
             grads.as_mut_ptr(),
+            watch as i32,
+            &mut frees,
         )
-    })
+    })?;
+    Ok(frees)
+}
+
+/// How many watched blocks (see [`tensor_blocks`]) were freed since the process
+/// started: while it stays the same, every watched block is still where it was.
+pub(crate) fn watched_frees() -> Result<u64> {
+    let mut n = 0;
+    // SAFETY: `n` is a valid out-pointer.
+    check(unsafe { memprof_watched_frees(&mut n) })?;
+    Ok(n)
 }
 
 /// A tensor's handle as a number: the same tensor object gives the same number for as

@@ -178,8 +178,13 @@ int memprof_tensor_block(const void* tensor, int32_t grad, MpBlock* out) noexcep
 }
 
 int memprof_tensor_blocks(const void* const* tensors, size_t n, MpBlock* blocks,
-                          MpBlock* grads) noexcept {
+                          MpBlock* grads, int32_t watch, uint64_t* frees) noexcept {
   return guarded("memprof_tensor_blocks", [&]() -> int {
+    if (!given(frees, "memprof_tensor_blocks")) {
+      return -1;
+    }
+    // Before the reads: a watched block freed while they run changes the count after.
+    *frees = g_watched_frees.load(std::memory_order_acquire);
     if (n == 0) {
       return 0;
     }
@@ -193,7 +198,17 @@ int memprof_tensor_blocks(const void* const* tensors, size_t n, MpBlock* blocks,
         return -1;
       }
     }
-    fill_blocks(tensors, n, blocks, grads);
+    fill_blocks(tensors, n, blocks, grads, watch != 0);
+    return 0;
+  });
+}
+
+int memprof_watched_frees(uint64_t* out) noexcept {
+  return guarded("memprof_watched_frees", [&]() -> int {
+    if (!given(out, "memprof_watched_frees")) {
+      return -1;
+    }
+    *out = g_watched_frees.load(std::memory_order_acquire);
     return 0;
   });
 }

@@ -165,7 +165,7 @@ typedef struct MpBlock {
   int32_t tracked;  // the block's birth was seen
   uint32_t phase;   // birth phase (tracked only)
   uint32_t generation;  // birth generation (tracked only)
-  uint32_t pad;
+  uint32_t watched;     // its free is counted in memprof_watched_frees (see there)
   uint64_t base;    // storage base pointer (block identity)
   int64_t bytes;    // block bytes as accounted (CUDA: rounded)
 } MpBlock;
@@ -350,9 +350,16 @@ int memprof_live_blocks(int32_t slot, MpLiveBlock* out, uint64_t cap, uint64_t* 
 // The block behind a tensor (an at::Tensor*), or behind its .grad with grad = 1.
 int memprof_tensor_block(const void* tensor, int32_t grad, MpBlock* out) MP_NOEXCEPT;
 // The blocks behind n tensors and behind their .grad in one call, as memprof_tensor_block
-// fills them (blocks[i], grads[i]): record_stats reads every variable each iteration.
+// fills them (blocks[i], grads[i]). With watch = 1 each block whose birth was seen (on
+// the CPU or a CUDA device) is also watched (watched = 1): its free will be counted.
+// *frees: memprof_watched_frees as it was before the blocks were read.
 int memprof_tensor_blocks(const void* const* tensors, size_t n, MpBlock* blocks,
-                          MpBlock* grads) MP_NOEXCEPT;
+                          MpBlock* grads, int32_t watch, uint64_t* frees) MP_NOEXCEPT;
+// How many watched blocks were freed since the process started. While it stays the same,
+// no watched block was freed, so no tensor that pointed to one points elsewhere unless
+// that block is still held by another tensor: record_stats re-reads the variables' blocks
+// only when it changes.
+int memprof_watched_frees(uint64_t* out) MP_NOEXCEPT;
 
 // Names of ops, layers and scopes.
 int memprof_name(int32_t id, char* buf, size_t len, int64_t* name_len) MP_NOEXCEPT;  // -1: unknown id
@@ -530,7 +537,7 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_FIELD(MpBlock, tracked, 8)                        \
   MP_FIELD(MpBlock, phase, 12)                         \
   MP_FIELD(MpBlock, generation, 16)                    \
-  MP_FIELD(MpBlock, pad, 20)                           \
+  MP_FIELD(MpBlock, watched, 20)                           \
   MP_FIELD(MpBlock, base, 24)                          \
   MP_FIELD(MpBlock, bytes, 32)                         \
   MP_SIZE(MpCudaStats, 96)                             \

@@ -66,19 +66,21 @@ pub fn distinct_bytes<'a>(blocks: impl IntoIterator<Item = &'a BlockInfo>) -> u6
         .sum()
 }
 
-/// Optimizer state: live bytes born in optimizer phases, less the weights and gradients
-/// among them (a gradient re-created by a `zero_grad` after `step`, say), which have
-/// their own category.
-pub fn optimizer_state<'a>(
-    optimizer_born_live: i64,
-    weights_and_grads: impl IntoIterator<Item = &'a BlockInfo>,
-) -> u64 {
+/// Bytes of the distinct weight and gradient blocks born in an optimizer phase (a
+/// gradient re-created by a `zero_grad` after `step`, say): they are counted among the
+/// optimizer phase's live bytes but have their own category.
+pub fn optimizer_claimed<'a>(weights_and_grads: impl IntoIterator<Item = &'a BlockInfo>) -> u64 {
     let mut seen = HashSet::new();
-    let claimed: u64 = weights_and_grads
+    weights_and_grads
         .into_iter()
         .filter(|b| b.born_in_optimizer && seen.insert(b.base))
         .map(|b| b.bytes)
-        .sum();
+        .sum()
+}
+
+/// Optimizer state: live bytes born in optimizer phases, less the weights and gradients
+/// among them ([`optimizer_claimed`]).
+pub fn optimizer_state(optimizer_born_live: i64, claimed: u64) -> u64 {
     (optimizer_born_live.max(0) as u64).saturating_sub(claimed)
 }
 
@@ -158,7 +160,11 @@ mod tests {
             bytes: 32,
             born_in_optimizer: false,
         };
-        assert_eq!(optimizer_state(1000, &[grad, weight, grad]), 936);
-        assert_eq!(optimizer_state(10, &[grad]), 0);
+        assert_eq!(optimizer_claimed(&[grad, weight, grad]), 64);
+        assert_eq!(
+            optimizer_state(1000, optimizer_claimed(&[grad, weight, grad])),
+            936
+        );
+        assert_eq!(optimizer_state(10, optimizer_claimed(&[grad])), 0);
     }
 }

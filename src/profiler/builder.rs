@@ -17,7 +17,7 @@ use crate::report::html_page::HtmlReport;
 use crate::report::terminal::TerminalReport;
 use crate::report::Reports;
 use crate::timeline::Recorder;
-use crate::vars::{self, ParamSync};
+use crate::vars::{self, ParamSync, VarTable};
 
 use super::measure::device_name;
 use super::{MemoryProfiler, Shared};
@@ -248,15 +248,15 @@ impl MemoryProfilerBuilder {
             self.leak_check,
         )?;
         let mut params = ParamSync::default();
+        let mut table = VarTable::default();
         let mut recorder =
             timeline.then(|| Recorder::new(slot, self.timeline_step, self.idle_at_peak));
         if self.leak_check || timeline {
             // Layers of the first iteration's ops, and what is live when it begins.
-            let store = vars::lock(&self.variables);
-            let walk = vars::walk(&store)?;
-            params.update(&walk)?;
+            table.refresh(&vars::lock(&self.variables))?;
+            params.sync(&table)?;
             if let Some(r) = recorder.as_mut() {
-                r.begin(&walk, 1)?;
+                r.begin(&table, 1)?;
             }
         }
 
@@ -324,7 +324,7 @@ impl MemoryProfilerBuilder {
             log: Vec::new(),
             recorder,
             params,
-            table: Default::default(),
+            table,
             sums: Default::default(),
             hunter: self
                 .leak_check

@@ -67,10 +67,12 @@ impl MemoryProfiler {
             }
         });
 
-        let optimizer_state = accounting::optimizer_state(
-            ds.optimizer_born_live,
-            self.sums.weights.iter().chain(&self.sums.grads),
-        );
+        if weights_changed || grads_changed {
+            self.sums.optimizer_claimed =
+                accounting::optimizer_claimed(self.sums.weights.iter().chain(&self.sums.grads));
+        }
+        let optimizer_state =
+            accounting::optimizer_state(ds.optimizer_born_live, self.sums.optimizer_claimed);
         let intermediate =
             accounting::intermediate_peak(&self.log, self.slot as u32, &self.sums.grad_set);
         let (weights, buffers, gradients) = (
@@ -175,6 +177,10 @@ pub(super) struct Sums {
     grads: Vec<BlockInfo>,
     grad_set: HashSet<u64>,
     grad_bytes: u64,
+    /// The table version the gradient sums are of.
+    grads_version: Option<u64>,
+    /// Bytes of the weight and gradient blocks born in an optimizer phase.
+    optimizer_claimed: u64,
     /// The report's variables, as of the last change.
     variables: Option<VariableList>,
 }
@@ -201,6 +207,10 @@ impl Sums {
     /// reallocated); returns whether it did. Gradients usually keep their blocks from one
     /// iteration to the next (`zero_grad` zeroes them in place).
     fn update_grads(&mut self, table: &VarTable) -> bool {
+        if self.grads_version == Some(table.version()) {
+            return false;
+        }
+        self.grads_version = Some(table.version());
         let mut now = table
             .rows()
             .filter(|(_, _, g)| g.is_defined())

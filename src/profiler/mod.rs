@@ -199,11 +199,10 @@ impl MemoryProfiler {
     }
 
     fn begin_step(&mut self) -> Result<()> {
-        let store = vars::lock(&self.variables);
-        let walk = vars::walk(&store)?;
-        self.params.update(&walk)?;
+        self.table.refresh(&vars::lock(&self.variables))?;
+        self.params.sync(&self.table)?;
         match &mut self.recorder {
-            Some(r) => r.begin(&walk, self.step + 1),
+            Some(r) => r.begin(&self.table, self.step + 1),
             None => Ok(()),
         }
     }

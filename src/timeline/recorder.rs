@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use crate::error::Result;
 use crate::ffi::{self, Event};
-use crate::names::{layer_of, Names};
-use crate::vars::Var;
+use crate::names::Names;
+use crate::vars::VarTable;
 
 use super::replay::replay;
 use super::sites::SiteNames;
@@ -64,7 +64,7 @@ impl Recorder {
     /// Classifies what is live at the start of an iteration (step `step`, from 1) and
     /// turns its detail on or off. Call right after the native iteration began, before
     /// any op runs, with the store's variables.
-    pub(crate) fn begin(&mut self, vars: &[Var<'_>], step: u64) -> Result<()> {
+    pub(crate) fn begin(&mut self, vars: &VarTable, step: u64) -> Result<()> {
         let detail = self.idle && self.requested_step == Some(step);
         if detail || self.detail {
             self.detail = false;
@@ -86,18 +86,18 @@ impl Recorder {
                 opt_claimed += b.bytes;
             }
         };
-        for v in vars {
+        for (v, block, grad) in vars.rows() {
             if v.trainable {
-                claim(&mut start.param, &v.block);
+                claim(&mut start.param, &block);
             } else {
-                claim(&mut start.buffer, &v.block);
+                claim(&mut start.buffer, &block);
             }
-            if v.grad.is_defined() {
-                claim(&mut start.grad, &v.grad);
+            if grad.is_defined() {
+                claim(&mut start.grad, &grad);
             }
             entries.push(VarEntry {
-                layer: layer_of(v.name),
-                bytes: v.block.size(),
+                layer: v.layer.clone(),
+                bytes: block.size(),
             });
         }
         let ds = ffi::device_stats(self.slot)?;

@@ -25,7 +25,7 @@ struct BlockHeader {
   uint32_t gen;
   uint32_t phase;
   uint32_t reg;         // live-block registry entry, kNoReg if not registered
-  uint32_t pad;
+  uint32_t watched;     // 1: its free counts in g_watched_frees
 };
 static_assert(sizeof(BlockHeader) <= 64, "header fits the minimum alignment");
 
@@ -42,6 +42,9 @@ void tracked_delete(void* data) {
   void* base = static_cast<char*>(data) - h->head_bytes;
   if (h->magic == kMagic) {
     on_free(0, uint64_t(data), int64_t(h->size), h->gen, h->phase);
+    if (h->watched) {
+      g_watched_frees.fetch_add(1, std::memory_order_release);
+    }
     reg_remove(h->reg);
     hist_append(0, uint64_t(data), -int64_t(h->size));
   } else {
@@ -78,6 +81,7 @@ struct TrackingCpuAllocator final : public c10::Allocator {
     h->head_bytes = head;
     h->gen = cur_gen(gp);
     h->phase = cur_phase(gp);
+    h->watched = 0;
     h->reg = reg_add(uint64_t(data), int64_t(n), h->phase, 0);
     hist_append(0, uint64_t(data), int64_t(n));
     on_alloc(0, uint64_t(data), int64_t(n), h->gen, h->phase);
@@ -104,17 +108,22 @@ void install_cpu_allocator() {
   g_cpu_installed.store(c10::GetCPUAllocator() == tracking_allocator());
 }
 
-bool cpu_block_tag(const c10::DataPtr& dp, int64_t* size, uint32_t* gen, uint32_t* phase) {
+bool cpu_block_tag(const c10::DataPtr& dp, int64_t* size, uint32_t* gen, uint32_t* phase,
+                   bool watch) {
   if (dp.get_deleter() != &tracked_delete || !dp.get()) {
     return false;
   }
-  const BlockHeader* h = header_of(dp.get());
+  BlockHeader* h = header_of(dp.get());
   if (h->magic != kMagic) {
     return false;
   }
   *size = int64_t(h->size);
   *gen = h->gen;
   *phase = h->phase;
+  if (watch && !h->watched) {
+    // The caller holds a tensor on this block: it cannot be freed meanwhile.
+    h->watched = 1;
+  }
   return true;
 }
 

@@ -104,6 +104,7 @@ void reg_remove(uint32_t idx) {
 
 BlockTable g_cuda_blocks;
 std::atomic<int64_t> g_cuda_untracked{0};
+std::atomic<uint64_t> g_watched_frees{0};
 
 namespace {
 constexpr uint64_t kEmpty = 0;
@@ -117,6 +118,7 @@ inline uint64_t home(const BlockTable& t, uint64_t ptr) {
 inline void publish(BlockSlot& s, uint64_t ptr, uint64_t tag, uint32_t reg) {
   s.tag.store(tag, std::memory_order_relaxed);
   s.reg.store(reg, std::memory_order_relaxed);
+  s.watched.store(0, std::memory_order_relaxed);
   s.key.store(ptr, std::memory_order_release);
 }
 
@@ -161,6 +163,10 @@ bool table_insert(BlockTable& t, uint64_t ptr, uint64_t tag, uint32_t reg, uint3
       // An entry for this pointer whose free was never reported: replace it.
       if (s.key.compare_exchange_strong(k, kBusy, std::memory_order_acq_rel)) {
         *stale_reg = s.reg.load(std::memory_order_relaxed);
+        if (s.watched.load(std::memory_order_relaxed)) {
+          // The watched block went (its free unreported): its address is reused.
+          g_watched_frees.fetch_add(1, std::memory_order_release);
+        }
         publish(s, ptr, tag, reg);
         return true;
       }
@@ -207,9 +213,13 @@ bool table_remove(BlockTable& t, uint64_t ptr, uint64_t* tag, uint32_t* reg) {
     }
     const uint64_t v = s.tag.load(std::memory_order_relaxed);
     const uint32_t r = s.reg.load(std::memory_order_relaxed);
+    const uint32_t w = s.watched.load(std::memory_order_relaxed);
     if (s.key.compare_exchange_strong(k, kTomb, std::memory_order_acq_rel)) {
       *tag = v;
       *reg = r;
+      if (w) {
+        g_watched_frees.fetch_add(1, std::memory_order_release);
+      }
       reclaim(t, i);
       return true;
     }
@@ -235,6 +245,26 @@ bool table_find(const BlockTable& t, uint64_t ptr, uint64_t* tag) {
         *tag = v;
         return true;
       }
+    }
+  }
+  return false;
+}
+
+bool table_watch(BlockTable& t, uint64_t ptr) {
+  if (!t.slots || ptr <= kBusy) {
+    return false;
+  }
+  const uint64_t h = home(t, ptr);
+  for (int p = 0; p < kMaxProbe; ++p) {
+    BlockSlot& s = t.slots[(h + uint64_t(p)) & t.mask];
+    const uint64_t k = s.key.load(std::memory_order_acquire);
+    if (k == kEmpty) {
+      return false;
+    }
+    if (k == ptr) {
+      // The caller holds a tensor on this block: its entry stays while this runs.
+      s.watched.store(1, std::memory_order_relaxed);
+      return true;
     }
   }
   return false;
@@ -310,7 +340,7 @@ int device_slot(const c10::Device& dev) {
 }  // namespace
 
 // The block behind `t0` (or behind its .grad): what memprof_tensor_block(s) report.
-void fill_block(const at::Tensor& t0, bool grad, MpBlock* out) {
+void fill_block(const at::Tensor& t0, bool grad, MpBlock* out, bool watch) {
   std::memset(out, 0, sizeof(MpBlock));
   out->device = -1;
   if (!t0.defined()) {
@@ -331,8 +361,9 @@ void fill_block(const at::Tensor& t0, bool grad, MpBlock* out) {
     int64_t size = 0;
     uint32_t gen = 0;
     uint32_t phase = 0;
-    if (cpu_block_tag(dp, &size, &gen, &phase)) {
+    if (cpu_block_tag(dp, &size, &gen, &phase, watch)) {
       out->tracked = 1;
+      out->watched = watch ? 1 : 0;
       out->bytes = size;
       out->generation = gen;
       out->phase = phase;
@@ -342,6 +373,7 @@ void fill_block(const at::Tensor& t0, bool grad, MpBlock* out) {
     uint64_t tag = 0;
     if (table_find(g_cuda_blocks, out->base, &tag)) {
       out->tracked = 1;
+      out->watched = (watch && table_watch(g_cuda_blocks, out->base)) ? 1 : 0;
       out->bytes = slot_bytes(tag);
       out->generation = slot_gen(tag);
       out->phase = slot_phase(tag);
@@ -349,11 +381,11 @@ void fill_block(const at::Tensor& t0, bool grad, MpBlock* out) {
   }
 }
 
-void fill_blocks(const void* const* tensors, size_t n, MpBlock* blocks, MpBlock* grads) {
+void fill_blocks(const void* const* tensors, size_t n, MpBlock* blocks, MpBlock* grads, bool watch) {
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor& t = *static_cast<const at::Tensor*>(tensors[i]);
-    fill_block(t, false, &blocks[i]);
-    fill_block(t, true, &grads[i]);
+    fill_block(t, false, &blocks[i], watch);
+    fill_block(t, true, &grads[i], watch);
   }
 }
 
