@@ -16,6 +16,13 @@ fn main() {
     let header = Path::new(NATIVE).join("memprof.h");
     write_layout_checks(&header);
 
+    // The API docs without libtorch (`--features doc-only`, as docs.rs builds them):
+    // torch-sys finds no libtorch then, and nothing is compiled or linked.
+    if env::var_os("CARGO_FEATURE_DOC_ONLY").is_some() {
+        println!("cargo:rustc-env=TCH_MEMPROF_LIBTORCH_VERSION=none (doc-only build)");
+        return;
+    }
+
     let lib = match env::var("DEP_TCH_LIBTORCH_LIB") {
         Ok(lib) => PathBuf::from(lib),
         Err(_) => panic!(
