@@ -13,9 +13,11 @@
 //! what the report needs (the live-block list, the history it includes, the text and
 //! the snapshot), and gives up otherwise rather than abort the process.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
+
+use rustc_hash::FxHashSet;
 
 use crate::ffi::{self, HistEvent, LiveBlock, OomEvent};
 use crate::names::Names;
@@ -122,8 +124,8 @@ pub(crate) struct OomState {
     pub slot: usize,
     pub device: String,
     pub step: u64,
-    pub weights: HashSet<u64>,
-    pub grads: HashSet<u64>,
+    pub weights: FxHashSet<u64>,
+    pub grads: FxHashSet<u64>,
     pub weights_by_layer: HashMap<String, u64>,
     pub weight_bytes: u64,
     /// Events of the memory history included in the snapshot (0: none).
@@ -143,8 +145,8 @@ impl OomState {
             slot,
             device,
             step: 1,
-            weights: HashSet::new(),
-            grads: HashSet::new(),
+            weights: FxHashSet::default(),
+            grads: FxHashSet::default(),
             weights_by_layer: HashMap::new(),
             weight_bytes: 0,
             history_entries: 0,

@@ -54,23 +54,28 @@ pub(crate) struct Entry {
 }
 
 /// The variables of a VarStore, kept between calls. [`refresh`](Self::refresh) reads
-/// every variable's block and gradient block in one native call, and rebuilds the
+/// the variables' blocks and gradient blocks in one native call, and rebuilds the
 /// per-variable facts (names sorted, layer, dtype, shape, trainable or buffer) only when
 /// the set changed: another tensor under a name, a variable added or removed, a
 /// trainable flag changed, or a storage replaced or resized (`set_data`, loading into a
 /// new storage).
 ///
-/// Reading every block chases pointers through each tensor, its storage and its
-/// gradient (about ten cache lines a variable): with thousands of variables that no
-/// longer fits a core's cache, and the read would cost far more a variable than with a
-/// hundred. So the blocks a read finds are *watched* by the native layer, which counts
-/// their frees ([`ffi::watched_frees`]); while that count, the store's tensors and its
-/// trainable list stay the same, every watched block is still where it was, and a
-/// refresh re-reads only the variables a free would not reveal a change of (a block
-/// whose birth was not seen, a variable without a gradient yet). What this cannot see:
-/// a variable or gradient moved to another block while its old block stays held by some
-/// other tensor (no free); it is seen at the next free of a watched block or change of
-/// the set.
+/// Each variable's blocks sit at the end of a chain of pointers (its tensor, the
+/// storage, the autograd meta, the gradient's tensor and storage, the block header):
+/// with thousands of variables these no longer fit a core's cache. So the blocks a read
+/// finds are *watched* by the native layer, which counts their frees
+/// ([`ffi::watched_frees`]), the variables' own blocks apart from the gradients'. While
+/// the store's tensors and trainable list stay the same and no watched variable block
+/// was freed, the variables' blocks are not read again; the gradient blocks are read
+/// again only after a watched gradient block was freed (as an optimizer's `zero_grad`
+/// does each step: the gradients are then new blocks); and at every refresh the
+/// variables a free would not reveal a change of are read (a block whose birth was not
+/// seen, a variable without a gradient yet). The native read walks many variables at
+/// once so that their cache misses overlap. What this cannot see: a variable or
+/// gradient moved to another block while its old block stays held by another tensor
+/// (no free), or freed on a thread the native layer does not see (a CUDA free on a
+/// thread the user started); it is seen at the next free of a watched block of its
+/// kind, or change of the set.
 #[derive(Debug, Default)]
 pub(crate) struct VarTable {
     /// Tensor handles in the map's iteration order, and of the trainable list: the key
@@ -81,7 +86,8 @@ pub(crate) struct VarTable {
     entries: Vec<Entry>,
     /// Bumped at each rebuild.
     generation: u64,
-    /// Bumped at each read that found a block or gradient block other than before.
+    /// Bumped at each rebuild and at each read that found a block or gradient block
+    /// other than before.
     version: u64,
     /// The last read's blocks and gradient blocks, in map order.
     blocks: Vec<Block>,
@@ -90,8 +96,9 @@ pub(crate) struct VarTable {
     /// block whose birth was not seen, or no gradient yet (one may appear). Re-read at
     /// every refresh.
     unwatched: Vec<usize>,
-    /// [`ffi::watched_frees`] before the last full read (none before the first).
-    frees: Option<u64>,
+    /// [`ffi::watched_frees`] before the blocks were last read (none before the first
+    /// read, or after a read that failed).
+    frees: Option<ffi::WatchedFrees>,
     /// Scratch buffers of a read.
     scratch: (Vec<Block>, Vec<Block>),
 }
@@ -99,44 +106,80 @@ pub(crate) struct VarTable {
 impl VarTable {
     /// Brings the blocks up to date; returns whether the facts were rebuilt.
     pub(crate) fn refresh(&mut self, vars: &Variables) -> Result<bool> {
-        let same_set = self.same_set(vars);
-        if same_set
-            && self.frees.is_some()
-            && self.frees == Some(ffi::watched_frees()?)
-            && self.unwatched_same(vars)?
-        {
-            return Ok(false);
+        if let Some(before) = self.frees.filter(|_| self.same_set(vars)) {
+            let now = ffi::watched_frees()?;
+            if now.variables == before.variables {
+                if now.grads != before.grads {
+                    self.read_grads(vars, before.variables)?;
+                    return Ok(false);
+                }
+                if self.unwatched_same(vars)? {
+                    return Ok(false);
+                }
+            }
         }
+        self.read_all(vars)
+    }
+
+    /// Reads every block and gradient block; rebuilds the facts if the set or a
+    /// variable's block changed.
+    fn read_all(&mut self, vars: &Variables) -> Result<bool> {
+        let same_set = self.same_set(vars);
+        // Until this read succeeds, the next refresh reads everything again.
+        self.frees = None;
         let tensors: Vec<&Tensor> = vars.named_variables.values().collect();
         let (mut blocks, mut grads) = std::mem::take(&mut self.scratch);
-        self.frees = Some(ffi::tensor_blocks(&tensors, &mut blocks, &mut grads, true)?);
-        let same = |now: &[Block], before: &[Block]| {
-            now.len() == before.len() && now.iter().zip(before).all(|(a, b)| a.same(b))
-        };
-        if !same(&blocks, &self.blocks) || !same(&grads, &self.grads) {
+        let frees = ffi::tensor_blocks(&tensors, Some(&mut blocks), &mut grads, true)?;
+        if !same_blocks(&blocks, &self.blocks) || !same_blocks(&grads, &self.grads) {
             self.version += 1;
         }
         self.scratch = (
             std::mem::replace(&mut self.blocks, blocks),
             std::mem::replace(&mut self.grads, grads),
         );
+        self.find_unwatched();
+        let facts_hold = same_set
+            && self.defined_count() == self.blocks.iter().filter(|b| b.is_defined()).count()
+            && self.entries.iter().all(|e| {
+                let b = &self.blocks[e.pos];
+                b.base == e.block.base && b.bytes == e.block.bytes
+            });
+        let rebuilt = !facts_hold;
+        if rebuilt {
+            self.rebuild(vars, &tensors)?;
+        }
+        self.frees = Some(frees);
+        Ok(rebuilt)
+    }
+
+    /// Reads every gradient block again (the variables' own blocks are known to be
+    /// where they were when the count of their frees was `variables`).
+    fn read_grads(&mut self, vars: &Variables, variables: u64) -> Result<()> {
+        self.frees = None;
+        let tensors: Vec<&Tensor> = vars.named_variables.values().collect();
+        let mut grads = std::mem::take(&mut self.scratch.1);
+        let frees = ffi::tensor_blocks(&tensors, None, &mut grads, true)?;
+        if !same_blocks(&grads, &self.grads) {
+            self.version += 1;
+        }
+        self.scratch.1 = std::mem::replace(&mut self.grads, grads);
+        self.find_unwatched();
+        // A variable block freed since `variables` was counted is seen next time.
+        self.frees = Some(ffi::WatchedFrees {
+            variables,
+            grads: frees.grads,
+        });
+        Ok(())
+    }
+
+    /// The positions a watched free would not reveal a change of.
+    fn find_unwatched(&mut self) {
         self.unwatched = (0..self.blocks.len())
             .filter(|&i| {
                 let (b, g) = (&self.blocks[i], &self.grads[i]);
                 (b.is_defined() && !b.is_watched()) || !g.is_defined() || !g.is_watched()
             })
             .collect();
-        let same_blocks = same_set
-            && self.defined_count() == self.blocks.iter().filter(|b| b.is_defined()).count()
-            && self.entries.iter().all(|e| {
-                let b = &self.blocks[e.pos];
-                b.base == e.block.base && b.bytes == e.block.bytes
-            });
-        if same_blocks {
-            return Ok(false);
-        }
-        self.rebuild(vars, &tensors)?;
-        Ok(true)
     }
 
     /// The same tensors under the same names, and the same trainable list, as at the
@@ -174,7 +217,7 @@ impl VarTable {
             }
         }
         let (mut blocks, mut grads) = std::mem::take(&mut self.scratch);
-        ffi::tensor_blocks(&tensors, &mut blocks, &mut grads, false)?;
+        ffi::tensor_blocks(&tensors, Some(&mut blocks), &mut grads, false)?;
         let same = self
             .unwatched
             .iter()
@@ -189,18 +232,15 @@ impl VarTable {
     }
 
     fn rebuild(&mut self, vars: &Variables, tensors: &[&Tensor]) -> Result<()> {
-        self.handles = tensors.iter().map(|t| ffi::tensor_handle(t)).collect();
-        self.trainable_handles = vars
-            .trainable_variables
-            .iter()
-            .map(|v| ffi::tensor_handle(&v.tensor))
-            .collect();
+        // The set the facts are of is recorded last: a rebuild that fails leaves a set
+        // that the next refresh finds changed.
+        self.handles.clear();
         // The store lists trainable variables without names: a named variable is
         // trainable when its storage is among theirs.
         let trainable_tensors: Vec<&Tensor> =
             vars.trainable_variables.iter().map(|v| &v.tensor).collect();
         let (mut tb, mut tg) = (Vec::new(), Vec::new());
-        ffi::tensor_blocks(&trainable_tensors, &mut tb, &mut tg, false)?;
+        ffi::tensor_blocks(&trainable_tensors, Some(&mut tb), &mut tg, false)?;
         let trainable: HashSet<u64> = tb
             .iter()
             .filter(|b| b.is_defined())
@@ -234,6 +274,12 @@ impl VarTable {
                 block,
             });
         }
+        self.handles = tensors.iter().map(|t| ffi::tensor_handle(t)).collect();
+        self.trainable_handles = vars
+            .trainable_variables
+            .iter()
+            .map(|v| ffi::tensor_handle(&v.tensor))
+            .collect();
         self.generation += 1;
         self.version += 1;
         Ok(())
@@ -244,7 +290,7 @@ impl VarTable {
         self.generation
     }
 
-    /// Bumped each time a block or gradient block changed.
+    /// Bumped at each rebuild and each time a block or gradient block changed.
     pub(crate) fn version(&self) -> u64 {
         self.version
     }
@@ -277,13 +323,13 @@ impl ParamSync {
         if self.version == Some(table.version()) {
             return Ok(());
         }
-        self.version = Some(table.version());
         if table.len() == self.ptrs.len()
             && table
                 .rows()
                 .zip(&self.ptrs)
                 .all(|((_, b, _), p)| b.base == *p)
         {
+            self.version = Some(table.version());
             return Ok(());
         }
         let ptrs: Vec<u64> = table.rows().map(|(_, b, _)| b.base).collect();
@@ -294,6 +340,12 @@ impl ParamSync {
             .collect();
         ffi::set_params(ffi::Target::Step, &ptrs, &ids, &layers)?;
         self.ptrs = ptrs;
+        self.version = Some(table.version());
         Ok(())
     }
+}
+
+/// The same blocks, one for one (whether they are watched aside).
+fn same_blocks(now: &[Block], before: &[Block]) -> bool {
+    now.len() == before.len() && now.iter().zip(before).all(|(a, b)| a.same(b))
 }

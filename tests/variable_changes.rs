@@ -7,7 +7,7 @@
 
 mod common;
 use common::*;
-use tch::{nn, nn::Module, Device, Kind, Tensor};
+use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
 use tch_memprof::MemoryProfiler;
 
 fn by_name<'a>(s: &'a tch_memprof::IterationStats, name: &str) -> &'a tch_memprof::VariableStats {
@@ -91,9 +91,10 @@ fn each_report_shows_the_variables_as_they_are_at_that_call() {
     );
 }
 
-/// Once every variable has a gradient, record_stats re-reads the blocks only after a
-/// free of one of the blocks it read (the native layer counts those frees). Each change
-/// below happens in that state, and each must show in the next report.
+/// Once every variable has a gradient, record_stats re-reads the variables' blocks only
+/// after a free of one of them, and their gradients' blocks only after a free of one of
+/// those (the native layer counts those frees). Each change below happens in that
+/// state, and each must show in the next report.
 #[test]
 fn changes_show_once_every_variable_has_a_gradient() {
     let _guard = serial();
@@ -111,6 +112,24 @@ fn changes_show_once_every_variable_has_a_gradient() {
     profiler.record_stats();
     let s = profiler.last_stats().unwrap().clone();
     assert_eq!((s.weights_bytes, s.gradients_bytes), (linear, linear));
+
+    // An optimizer's zero_grad sets the gradients to none (libtorch's default), and the
+    // next backward pass makes new ones.
+    let mut opt = nn::Sgd::default().build(&vs, 0.0).unwrap();
+    opt.zero_grad();
+    profiler.record_stats();
+    let s = profiler.last_stats().unwrap().clone();
+    assert_eq!((s.weights_bytes, s.gradients_bytes), (linear, 0));
+    assert_eq!(by_name(&s, "fc.weight").grad_bytes, None);
+    for _ in 0..2 {
+        opt.zero_grad();
+        step();
+        profiler.record_stats();
+        let s = profiler.last_stats().unwrap().clone();
+        assert_eq!((s.weights_bytes, s.gradients_bytes), (linear, linear));
+        assert_eq!(by_name(&s, "fc.weight").grad_bytes, Some(F32 * 32));
+    }
+    drop(opt);
 
     // A weight's storage replaced (its old block freed).
     tch::no_grad(|| {

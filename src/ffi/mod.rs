@@ -64,6 +64,10 @@ pub(crate) mod native {
     pub const TARGET_STEP: i32 = 0;
     pub const TARGET_DRY_RUN: i32 = 1;
     pub const SITE_DEPTH: usize = 96;
+    pub const BLOCKS_WATCH: i32 = 1;
+    pub const BLOCKS_GRADS_ONLY: i32 = 2;
+    pub const WATCH_VARIABLE: u32 = 1;
+    pub const WATCH_GRAD: u32 = 2;
     pub const DEVICE_CPU: i32 = 0;
     pub const DEVICE_CUDA: i32 = 1;
     pub const CUDA_RESET_PEAKS: i32 = 0;

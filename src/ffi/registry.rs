@@ -16,7 +16,7 @@ extern "C" {
         n: usize,
         blocks: *mut Block,
         grads: *mut Block,
-        watch: i32,
+        flags: i32,
         frees: *mut u64,
     ) -> i32;
     fn memprof_watched_frees(out: *mut u64) -> i32;
@@ -140,48 +140,75 @@ pub(crate) fn tensor_block(t: &Tensor, grad: bool) -> Result<Block> {
     Ok(b)
 }
 
+/// Frees of watched blocks since the process started: of the variables' own blocks, and
+/// of their `.grad` blocks ([`tensor_blocks`] watches them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WatchedFrees {
+    pub variables: u64,
+    pub grads: u64,
+}
+
 /// The blocks behind each of `tensors` and behind their `.grad`, into `blocks` and
-/// `grads` (replacing their contents), in one native call. With `watch`, each block whose
-/// birth was seen is watched from now on ([`Block::watched`]): its free counts in
-/// [`watched_frees`]. Returns [`watched_frees`] as it was before the blocks were read.
+/// `grads` (replacing their contents), in one native call; with `blocks` `None`, the
+/// `.grad` blocks only. With `watch`, each block whose birth was seen is watched from now
+/// on ([`Block::is_watched`]): its free counts in [`watched_frees`]. Returns
+/// [`watched_frees`] as it was before the blocks were read.
 pub(crate) fn tensor_blocks(
     tensors: &[&Tensor],
-    blocks: &mut Vec<Block>,
+    blocks: Option<&mut Vec<Block>>,
     grads: &mut Vec<Block>,
     watch: bool,
-) -> Result<u64> {
+) -> Result<WatchedFrees> {
     let handles: Vec<*const c_void> = tensors
         .iter()
         .map(|t| t.as_ptr() as *const c_void)
         .collect();
-    blocks.clear();
-    blocks.resize(handles.len(), Block::default());
+    let mut flags = if watch { native::BLOCKS_WATCH } else { 0 };
+    let blocks_ptr = match blocks {
+        Some(b) => {
+            b.clear();
+            b.resize(handles.len(), Block::default());
+            b.as_mut_ptr()
+        }
+        None => {
+            flags |= native::BLOCKS_GRADS_ONLY;
+            std::ptr::null_mut()
+        }
+    };
     grads.clear();
     grads.resize(handles.len(), Block::default());
+    let mut frees = [0u64; 2];
     // SAFETY: every handle points to an at::Tensor that outlives this call (we hold the
-    // `&Tensor`s); `blocks` and `grads` hold `handles.len()` initialised Blocks each, and
-    // the callee writes exactly that many.
-    let mut frees = 0;
+    // `&Tensor`s); `grads`, and `blocks` unless null (then the callee reads the .grad
+    // blocks only), hold `handles.len()` initialised Blocks each, and the callee writes
+    // exactly that many; `frees` has the two slots the callee writes.
     check(unsafe {
         memprof_tensor_blocks(
             handles.as_ptr(),
             handles.len(),
-            blocks.as_mut_ptr(),
+            blocks_ptr,
             grads.as_mut_ptr(),
-            watch as i32,
-            &mut frees,
+            flags,
+            frees.as_mut_ptr(),
         )
     })?;
-    Ok(frees)
+    Ok(WatchedFrees {
+        variables: frees[0],
+        grads: frees[1],
+    })
 }
 
-/// How many watched blocks (see [`tensor_blocks`]) were freed since the process
-/// started: while it stays the same, every watched block is still where it was.
-pub(crate) fn watched_frees() -> Result<u64> {
-    let mut n = 0;
-    // SAFETY: `n` is a valid out-pointer.
-    check(unsafe { memprof_watched_frees(&mut n) })?;
-    Ok(n)
+/// How many watched blocks (see [`tensor_blocks`]) were freed since the process started,
+/// by kind: while a count stays the same, every watched block of its kind is still where
+/// it was.
+pub(crate) fn watched_frees() -> Result<WatchedFrees> {
+    let mut n = [0u64; 2];
+    // SAFETY: `n` has the two slots the callee writes.
+    check(unsafe { memprof_watched_frees(n.as_mut_ptr()) })?;
+    Ok(WatchedFrees {
+        variables: n[0],
+        grads: n[1],
+    })
 }
 
 /// A tensor's handle as a number: the same tensor object gives the same number for as

@@ -178,18 +178,19 @@ int memprof_tensor_block(const void* tensor, int32_t grad, MpBlock* out) noexcep
 }
 
 int memprof_tensor_blocks(const void* const* tensors, size_t n, MpBlock* blocks,
-                          MpBlock* grads, int32_t watch, uint64_t* frees) noexcept {
+                          MpBlock* grads, int32_t flags, uint64_t* frees) noexcept {
   return guarded("memprof_tensor_blocks", [&]() -> int {
     if (!given(frees, "memprof_tensor_blocks")) {
       return -1;
     }
     // Before the reads: a watched block freed while they run changes the count after.
-    *frees = g_watched_frees.load(std::memory_order_acquire);
+    frees[0] = g_watched_frees[0].load(std::memory_order_acquire);
+    frees[1] = g_watched_frees[1].load(std::memory_order_acquire);
     if (n == 0) {
       return 0;
     }
-    if (!given(tensors, "memprof_tensor_blocks") || !given(blocks, "memprof_tensor_blocks") ||
-        !given(grads, "memprof_tensor_blocks")) {
+    if (!given(tensors, "memprof_tensor_blocks") || !given(grads, "memprof_tensor_blocks") ||
+        (!(flags & MP_BLOCKS_GRADS_ONLY) && !given(blocks, "memprof_tensor_blocks"))) {
       return -1;
     }
     for (size_t i = 0; i < n; ++i) {
@@ -198,7 +199,7 @@ int memprof_tensor_blocks(const void* const* tensors, size_t n, MpBlock* blocks,
         return -1;
       }
     }
-    fill_blocks(tensors, n, blocks, grads, watch != 0);
+    fill_blocks(tensors, n, blocks, grads, flags);
     return 0;
   });
 }
@@ -208,7 +209,8 @@ int memprof_watched_frees(uint64_t* out) noexcept {
     if (!given(out, "memprof_watched_frees")) {
       return -1;
     }
-    *out = g_watched_frees.load(std::memory_order_acquire);
+    out[0] = g_watched_frees[0].load(std::memory_order_acquire);
+    out[1] = g_watched_frees[1].load(std::memory_order_acquire);
     return 0;
   });
 }

@@ -390,7 +390,7 @@ struct BlockSlot {
   std::atomic<uint64_t> key;  // 0 empty, 1 tombstone, 2 being written, else the pointer
   std::atomic<uint64_t> tag;
   std::atomic<uint32_t> reg;
-  std::atomic<uint32_t> watched;  // 1: its removal counts in g_watched_frees
+  std::atomic<uint32_t> watched;  // MpWatch: its removal counts in g_watched_frees
 };
 struct BlockTable {
   BlockSlot* slots = nullptr;
@@ -404,10 +404,16 @@ bool table_insert(BlockTable& t, uint64_t ptr, uint64_t tag, uint32_t reg, uint3
 bool table_remove(BlockTable& t, uint64_t ptr, uint64_t* tag, uint32_t* reg);
 // Reads `ptr`'s tag without removing it. False: not found.
 bool table_find(const BlockTable& t, uint64_t ptr, uint64_t* tag);
-// Marks `ptr`'s entry watched (its removal will count in g_watched_frees); false if absent.
-bool table_watch(BlockTable& t, uint64_t ptr);
-// Watched blocks freed since the process started (memprof_watched_frees).
-extern std::atomic<uint64_t> g_watched_frees;
+// Marks `ptr`'s entry watched as `kind` (MpWatch: its removal will count in
+// g_watched_frees[kind - 1]); false if absent.
+bool table_watch(BlockTable& t, uint64_t ptr, uint32_t kind);
+// Watched blocks freed since the process started, by kind - 1 (memprof_watched_frees).
+extern std::atomic<uint64_t> g_watched_frees[2];
+inline void count_watched_free(uint32_t kind) {
+  if (kind == MP_WATCH_VARIABLE || kind == MP_WATCH_GRAD) {
+    g_watched_frees[kind - 1].fetch_add(1, std::memory_order_release);
+  }
+}
 
 extern BlockTable g_cuda_blocks;
 extern std::atomic<int64_t> g_cuda_untracked;
@@ -418,10 +424,13 @@ void registry_stats(MpRegistry* out);
 // count of all in *count.
 void live_blocks(int32_t slot, MpLiveBlock* out, uint64_t cap, uint64_t* count);
 // The block behind `t` (or behind its .grad).
-// With watch, a tracked block is also marked watched (MpBlock.watched).
+// With watch, a tracked block is also marked watched (MpBlock.watched: MP_WATCH_GRAD
+// for a .grad, else MP_WATCH_VARIABLE).
 void fill_block(const at::Tensor& t, bool grad, MpBlock* out, bool watch = false);
-// fill_block for n tensor handles (at::Tensor*, none null), tensor and .grad.
-void fill_blocks(const void* const* tensors, size_t n, MpBlock* blocks, MpBlock* grads, bool watch);
+// fill_block for n tensor handles (at::Tensor*, none null), tensor and .grad (flags:
+// MpBlocksFlags; with MP_BLOCKS_GRADS_ONLY, blocks is not written).
+void fill_blocks(const void* const* tensors, size_t n, MpBlock* blocks, MpBlock* grads,
+                 int32_t flags);
 int selftest_block_table(uint64_t n, uint64_t* errors);
 
 // ---------------------------------------------------------------------------------
@@ -506,9 +515,10 @@ extern thread_local OpStack tls_dry_ops;
 extern std::atomic<bool> g_cpu_installed;
 void install_cpu_allocator();
 // Fills the tag of a CPU block if it is ours; false otherwise.
-// With watch, also marks the block watched (its free counts in g_watched_frees).
+// With watch (an MpWatch kind), also marks the block watched (its free counts in
+// g_watched_frees).
 bool cpu_block_tag(const c10::DataPtr& dp, int64_t* size, uint32_t* gen, uint32_t* phase,
-                   bool watch = false);
+                   uint32_t watch = MP_WATCH_NONE);
 // Re-enters the CPU allocation hook on purpose (memprof_selftest_reenter).
 void reenter_cpu_hook();
 

@@ -68,6 +68,18 @@ enum MpTarget {
 // Frames kept of an allocation's call stack (MpSite.ips), with the step detail on.
 #define MP_SITE_DEPTH 96
 
+// What memprof_tensor_blocks reads and marks (flags, or-ed).
+enum MpBlocksFlags {
+  MP_BLOCKS_WATCH = 1,       // watch the blocks read (MpBlock.watched)
+  MP_BLOCKS_GRADS_ONLY = 2,  // read the .grad blocks only (blocks may be null)
+};
+// The kinds of watched blocks (MpBlock.watched), each with its own count of frees.
+enum MpWatch {
+  MP_WATCH_NONE = 0,
+  MP_WATCH_VARIABLE = 1,  // a variable's own block
+  MP_WATCH_GRAD = 2,      // a variable's .grad block
+};
+
 // Marks the estimator's dry run sets (memprof_meta_mark): they become the trace's phase
 // and baseline events.
 enum MpMetaMark {
@@ -165,7 +177,7 @@ typedef struct MpBlock {
   int32_t tracked;  // the block's birth was seen
   uint32_t phase;   // birth phase (tracked only)
   uint32_t generation;  // birth generation (tracked only)
-  uint32_t watched;     // its free is counted in memprof_watched_frees (see there)
+  uint32_t watched;     // MpWatch: its free is counted in memprof_watched_frees
   uint64_t base;    // storage base pointer (block identity)
   int64_t bytes;    // block bytes as accounted (CUDA: rounded)
 } MpBlock;
@@ -350,15 +362,17 @@ int memprof_live_blocks(int32_t slot, MpLiveBlock* out, uint64_t cap, uint64_t* 
 // The block behind a tensor (an at::Tensor*), or behind its .grad with grad = 1.
 int memprof_tensor_block(const void* tensor, int32_t grad, MpBlock* out) MP_NOEXCEPT;
 // The blocks behind n tensors and behind their .grad in one call, as memprof_tensor_block
-// fills them (blocks[i], grads[i]). With watch = 1 each block whose birth was seen (on
-// the CPU or a CUDA device) is also watched (watched = 1): its free will be counted.
-// *frees: memprof_watched_frees as it was before the blocks were read.
+// fills them (blocks[i], grads[i]; with MP_BLOCKS_GRADS_ONLY only grads[i]). With
+// MP_BLOCKS_WATCH each block whose birth was seen (on the CPU or a CUDA device) is also
+// watched (MpBlock.watched: MP_WATCH_VARIABLE or MP_WATCH_GRAD): its free will be
+// counted. frees[2]: memprof_watched_frees as it was before the blocks were read.
 int memprof_tensor_blocks(const void* const* tensors, size_t n, MpBlock* blocks,
-                          MpBlock* grads, int32_t watch, uint64_t* frees) MP_NOEXCEPT;
-// How many watched blocks were freed since the process started. While it stays the same,
-// no watched block was freed, so no tensor that pointed to one points elsewhere unless
-// that block is still held by another tensor: record_stats re-reads the variables' blocks
-// only when it changes.
+                          MpBlock* grads, int32_t flags, uint64_t* frees) MP_NOEXCEPT;
+// How many watched blocks were freed since the process started, by kind: out[0] the
+// variables' blocks, out[1] the .grad blocks. While a count stays the same, no watched
+// block of its kind was freed, so no tensor that pointed to one points elsewhere unless
+// that block is still held by another tensor: record_stats re-reads the variables'
+// blocks only when the first changes, their .grad blocks only when the second does.
 int memprof_watched_frees(uint64_t* out) MP_NOEXCEPT;
 
 // Names of ops, layers and scopes.
@@ -492,6 +506,10 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_CONST(MP_TARGET_STEP, 0)                          \
   MP_CONST(MP_TARGET_DRY_RUN, 1)                       \
   MP_CONST(MP_SITE_DEPTH, 96)                          \
+  MP_CONST(MP_BLOCKS_WATCH, 1)                         \
+  MP_CONST(MP_BLOCKS_GRADS_ONLY, 2)                    \
+  MP_CONST(MP_WATCH_VARIABLE, 1)                       \
+  MP_CONST(MP_WATCH_GRAD, 2)                           \
   MP_SIZE(MpSite, 776)                                 \
   MP_FIELD(MpSite, frames, 0)                          \
   MP_FIELD(MpSite, ips, 8)                             \

@@ -1,7 +1,10 @@
 //! Turning what the native layer measured into the numbers of a report. Pure functions
 //! over plain data, so every rule here is unit-tested without libtorch.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::hash::BuildHasher;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::ffi::LogEvent;
 
@@ -12,10 +15,14 @@ use crate::ffi::LogEvent;
 /// a pass is a run of events with the same generation. `grads` holds the block
 /// addresses of the weight gradients live now (after backward): a birth is a weight
 /// gradient's if it is the last birth at such an address and no death follows it.
-pub fn intermediate_peak(events: &[LogEvent], device: u32, grads: &HashSet<u64>) -> u64 {
+pub fn intermediate_peak<S: BuildHasher>(
+    events: &[LogEvent],
+    device: u32,
+    grads: &HashSet<u64, S>,
+) -> u64 {
     let events: Vec<&LogEvent> = events.iter().filter(|e| e.device == device).collect();
     // Births still alive at the end, by address.
-    let mut alive: HashMap<u64, usize> = HashMap::new();
+    let mut alive: FxHashMap<u64, usize> = FxHashMap::default();
     for (i, e) in events.iter().enumerate() {
         if e.delta > 0 {
             alive.insert(e.ptr, i);
@@ -23,7 +30,7 @@ pub fn intermediate_peak(events: &[LogEvent], device: u32, grads: &HashSet<u64>)
             alive.remove(&e.ptr);
         }
     }
-    let grad_births: HashSet<usize> = alive
+    let grad_births: FxHashSet<usize> = alive
         .iter()
         .filter(|(ptr, _)| grads.contains(ptr))
         .map(|(_, &i)| i)
@@ -58,7 +65,7 @@ pub struct BlockInfo {
 
 /// Sum of the bytes of distinct blocks (variables that share storage count once).
 pub fn distinct_bytes<'a>(blocks: impl IntoIterator<Item = &'a BlockInfo>) -> u64 {
-    let mut seen = HashSet::new();
+    let mut seen = FxHashSet::default();
     blocks
         .into_iter()
         .filter(|b| seen.insert(b.base))
@@ -70,7 +77,7 @@ pub fn distinct_bytes<'a>(blocks: impl IntoIterator<Item = &'a BlockInfo>) -> u6
 /// gradient re-created by a `zero_grad` after `step`, say): they are counted among the
 /// optimizer phase's live bytes but have their own category.
 pub fn optimizer_claimed<'a>(weights_and_grads: impl IntoIterator<Item = &'a BlockInfo>) -> u64 {
-    let mut seen = HashSet::new();
+    let mut seen = FxHashSet::default();
     weights_and_grads
         .into_iter()
         .filter(|b| b.born_in_optimizer && seen.insert(b.base))

@@ -1,7 +1,7 @@
 //! Measuring one iteration: the variables, classified by the blocks they point to,
 //! against the allocator's counters.
 
-use std::collections::HashSet;
+use rustc_hash::FxHashSet;
 
 use tch::Device;
 
@@ -113,9 +113,19 @@ impl MemoryProfiler {
             .saturating_sub(gradients)
             .saturating_sub(optimizer_state);
 
-        if weights_changed || grads_changed || self.sums.variables.is_none() {
-            // A variable's bytes change only with its block (a table rebuild), its
-            // gradient's with the gradient blocks.
+        // A variable's bytes change only with its block (a table rebuild), its gradient's
+        // with the gradient blocks: new gradient blocks of the same sizes (an optimizer's
+        // zero_grad sets them to none, backward makes new ones) keep the list.
+        let kept = !weights_changed
+            && self.sums.variables.as_ref().is_some_and(|list| {
+                !grads_changed
+                    || (list.len() == self.table.len()
+                        && list
+                            .iter()
+                            .zip(self.table.rows())
+                            .all(|(v, (_, _, g))| v.grad_bytes == g.is_defined().then(|| g.size())))
+            });
+        if !kept {
             self.sums.variables = Some(
                 self.table
                     .rows()
@@ -175,7 +185,7 @@ pub(super) struct Sums {
     buffer_bytes: u64,
     /// Every defined gradient's block (by name), their addresses and distinct bytes.
     grads: Vec<BlockInfo>,
-    grad_set: HashSet<u64>,
+    grad_set: FxHashSet<u64>,
     grad_bytes: u64,
     /// The table version the gradient sums are of.
     grads_version: Option<u64>,

@@ -25,7 +25,7 @@ struct BlockHeader {
   uint32_t gen;
   uint32_t phase;
   uint32_t reg;         // live-block registry entry, kNoReg if not registered
-  uint32_t watched;     // 1: its free counts in g_watched_frees
+  uint32_t watched;     // MpWatch: its free counts in g_watched_frees
 };
 static_assert(sizeof(BlockHeader) <= 64, "header fits the minimum alignment");
 
@@ -42,9 +42,7 @@ void tracked_delete(void* data) {
   void* base = static_cast<char*>(data) - h->head_bytes;
   if (h->magic == kMagic) {
     on_free(0, uint64_t(data), int64_t(h->size), h->gen, h->phase);
-    if (h->watched) {
-      g_watched_frees.fetch_add(1, std::memory_order_release);
-    }
+    count_watched_free(h->watched);
     reg_remove(h->reg);
     hist_append(0, uint64_t(data), -int64_t(h->size));
   } else {
@@ -109,7 +107,7 @@ void install_cpu_allocator() {
 }
 
 bool cpu_block_tag(const c10::DataPtr& dp, int64_t* size, uint32_t* gen, uint32_t* phase,
-                   bool watch) {
+                   uint32_t watch) {
   if (dp.get_deleter() != &tracked_delete || !dp.get()) {
     return false;
   }
@@ -120,9 +118,9 @@ bool cpu_block_tag(const c10::DataPtr& dp, int64_t* size, uint32_t* gen, uint32_
   *size = int64_t(h->size);
   *gen = h->gen;
   *phase = h->phase;
-  if (watch && !h->watched) {
+  if (watch != MP_WATCH_NONE && h->watched != watch) {
     // The caller holds a tensor on this block: it cannot be freed meanwhile.
-    h->watched = 1;
+    h->watched = watch;
   }
   return true;
 }
