@@ -22,6 +22,10 @@ With --pt2, data_bytes is the size of the archive's weight and constant records,
 constant_bytes 0, ops empty, and "ir" says which form was saved ("training" or
 "core-aten").
 
+Models run in a worker process: a model whose tracer or exporter crashes PyTorch (an
+abort or a fatal signal) is tried once more in a new worker, then reported with the
+error "Crash: ...", and the models after it still run.
+
 Run with the Python of the torch wheel that scripts/with-libtorch.sh installs, with
 the packages of scripts/corpus-env.sh.
 """
@@ -448,14 +452,78 @@ def export(name, out_dir):
     return row
 
 
+def crashed_row(name, exporting, how):
+    """The row of a model whose tracer or exporter crashed the process twice."""
+    _, inputs, package = MODELS[name]
+    verb = "exporting" if exporting else "tracing"
+    row = {"name": name, "package": package, "file": None, "inputs": inputs,
+           "param_bytes": None, "buffer_bytes": None, "data_bytes": None,
+           "constant_bytes": 0 if exporting else None, "ops": [],
+           "error": f"Crash: PyTorch crashed {verb} it, twice ({how})"}
+    if exporting:
+        row["ir"] = None
+    return row
+
+
+def supervise(flags, out_dir, names, exporting):
+    """Runs the models in a worker process (this script under CORPUS_WORKER=1), which
+    appends a row a model to corpus.jsonl. A crash of PyTorch's tracer or exporter (an
+    abort or a fatal signal, which no `except` catches) then costs one model, not the
+    set: the first model without a row is the one that crashed; it is tried once more
+    (a crash of PyTorch can be a flake) and then reported as crashed, and a new worker
+    goes on with the models after it. A worker that exits with an error status is a
+    fault of this script and ends the run with that status."""
+    import signal
+    import subprocess
+
+    rows = os.path.join(out_dir, "corpus.jsonl")
+    open(rows, "w").close()
+    tried = set()
+    todo = list(names)
+    env = dict(os.environ, CORPUS_WORKER="1")
+    while todo:
+        worker = subprocess.run([sys.executable, os.path.abspath(__file__), *flags,
+                                 "--out", out_dir, *todo], env=env)
+        with open(rows) as f:
+            done = {json.loads(line)["name"] for line in f if line.strip()}
+        todo = [n for n in todo if n not in done]
+        code = worker.returncode
+        if code >= 0:
+            if code == 0 and todo:
+                print(f"corpus: the worker ended without rows for {todo}", file=sys.stderr)
+                return 1
+            return code
+        try:
+            how = "killed by " + signal.Signals(-code).name
+        except ValueError:
+            how = f"killed by signal {-code}"
+        if not todo:
+            print(f"corpus: PyTorch crashed at exit ({how}), after every model's row",
+                  file=sys.stderr)
+            return 0
+        name = todo[0]
+        if name not in tried:
+            tried.add(name)
+            print(f"{name}: PyTorch crashed ({how}); trying it once more", file=sys.stderr)
+            continue
+        with open(rows, "a") as f:
+            f.write(json.dumps(crashed_row(name, exporting, how)) + "\n")
+        print(f"{name}: PyTorch crashed ({how}), twice", file=sys.stderr)
+        todo = todo[1:]
+    return 0
+
+
 def main(argv):
+    flags = []
     exporting = argv[:1] == ["--pt2"]
     if exporting:
+        flags.append(argv[0])
         argv = argv[1:]
     for flag, models in (("--held-out", HELD_OUT), ("--full-size", FULL_SIZE)):
         if argv[:1] == [flag]:
             MODELS.clear()
             MODELS.update(models)
+            flags.append(argv[0])
             argv = argv[1:]
     if argv[:1] == ["--list"]:
         for name, (_, inputs, package) in MODELS.items():
@@ -471,9 +539,11 @@ def main(argv):
         print(f"corpus: no model {unknown[0]!r} (see --list)", file=sys.stderr)
         return 2
     os.makedirs(out_dir, exist_ok=True)
+    if not os.environ.get("CORPUS_WORKER"):
+        return supervise(flags, out_dir, names, exporting)
     if not exporting:
         hf_patch()
-    with open(os.path.join(out_dir, "corpus.jsonl"), "w") as f:
+    with open(os.path.join(out_dir, "corpus.jsonl"), "a") as f:
         for name in names:
             row = export(name, out_dir) if exporting else trace(name, out_dir)
             f.write(json.dumps(row) + "\n")
