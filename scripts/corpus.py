@@ -9,6 +9,8 @@ them.
     python3 scripts/corpus.py --full-size ...        # and for full-size decoders
     python3 scripts/corpus.py --pt2 [--held-out] --out DIR [NAME ...]
                                                      # exported as .pt2 programs
+    python3 scripts/corpus.py [--pt2] [--held-out] --cache ROOT --out DIR [NAME ...]
+                                                     # through a cache under ROOT
 
 For each model, DIR/NAME.pt (DIR/NAME.pt2 with --pt2) and a line in DIR/corpus.jsonl:
   {"name", "package", "file", "inputs": ["2x64:i64", ...], "param_bytes", "buffer_bytes",
@@ -21,6 +23,10 @@ set when PyTorch itself could not trace the model (the model then has no file).
 With --pt2, data_bytes is the size of the archive's weight and constant records,
 constant_bytes 0, ops empty, and "ir" says which form was saved ("training" or
 "core-aten").
+
+With --cache ROOT the files are written under ROOT (one folder for each set and format,
+named by a hash of this script, the Python, and the versions of torch and the corpus's
+packages) and reused while that hash holds; DIR/corpus.jsonl then names the cached files.
 
 Models run in a worker process: a model whose tracer or exporter crashes PyTorch (an
 abort or a fatal signal) is tried once more in a new worker, then reported with the
@@ -513,6 +519,69 @@ def supervise(flags, out_dir, names, exporting):
     return 0
 
 
+def cache_key(flags, names):
+    """What the files depend on: this script, the Python, torch and the corpus's
+    packages (their versions), the set and format, and the models asked for."""
+    import hashlib
+    from importlib import metadata
+
+    h = hashlib.sha256()
+    with open(os.path.abspath(__file__), "rb") as f:
+        h.update(f.read())
+    parts = [sys.version, torch.__version__, *flags, *names]
+    for package in ("transformers", "timm", "torchvision"):
+        try:
+            parts.append(f"{package}=={metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{package} missing")
+    h.update("\0".join(parts).encode())
+    return h.hexdigest()[:16]
+
+
+def cached(cache_root, flags, out_dir, names, exporting):
+    """supervise(), through a cache: the files of a run with the same cache_key are
+    reused as they are (DIR/corpus.jsonl then names the cached files). A new entry is
+    written in place and marked complete last, so a run killed halfway is redone; one
+    with a crashed model is not kept. An entry replaces the older ones of its set and
+    format, so the cache holds one entry of each."""
+    import fcntl
+    import shutil
+
+    sets = [f.lstrip("-") for f in flags if f != "--pt2"] or ["corpus"]
+    prefix = ("pt2-" if exporting else "pt-") + sets[0]
+    entry = os.path.join(cache_root, f"{prefix}-{cache_key(flags, names)}")
+    os.makedirs(cache_root, exist_ok=True)
+    with open(entry + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        complete = os.path.join(entry, "complete")
+        if os.path.exists(complete):
+            print(f"corpus: {len(names)} models from the cache, {entry} "
+                  "(same script, Python and packages)", file=sys.stderr)
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+            os.makedirs(entry)
+            code = supervise(flags, entry, names, exporting)
+            if code != 0:
+                return code
+            with open(os.path.join(entry, "corpus.jsonl")) as f:
+                crashed = any((json.loads(line)["error"] or "").startswith("Crash:")
+                              for line in f if line.strip())
+            if not crashed:
+                open(complete, "w").close()
+                for other in os.listdir(cache_root):
+                    stale = os.path.join(cache_root, other)
+                    if other.startswith(prefix + "-") and len(other) == len(prefix) + 17 \
+                            and stale != entry:
+                        shutil.rmtree(stale, ignore_errors=True)
+                        try:
+                            os.remove(stale + ".lock")
+                        except OSError:
+                            pass
+        shutil.copyfile(os.path.join(entry, "corpus.jsonl"),
+                        os.path.join(out_dir, "corpus.jsonl"))
+    return 0
+
+
 def main(argv):
     flags = []
     exporting = argv[:1] == ["--pt2"]
@@ -529,6 +598,10 @@ def main(argv):
         for name, (_, inputs, package) in MODELS.items():
             print(name, package, " ".join(inputs))
         return 0
+    cache_root = None
+    if argv[:1] == ["--cache"] and len(argv) >= 2:
+        cache_root = argv[1]
+        argv = argv[2:]
     if argv[:1] != ["--out"] or len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
@@ -539,6 +612,8 @@ def main(argv):
         print(f"corpus: no model {unknown[0]!r} (see --list)", file=sys.stderr)
         return 2
     os.makedirs(out_dir, exist_ok=True)
+    if cache_root is not None:
+        return cached(cache_root, flags, out_dir, names, exporting)
     if not os.environ.get("CORPUS_WORKER"):
         return supervise(flags, out_dir, names, exporting)
     if not exporting:

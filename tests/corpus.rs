@@ -20,6 +20,13 @@
 //!   each other (the median over the models, each mode).
 //!
 //! The coverage table is printed (`cargo test --test corpus -- --nocapture`).
+//!
+//! Exporting is the slow part (about 5 minutes a libtorch for the corpus and the
+//! held-out set on a 2-core machine), so their `.pt2` programs are kept in a cache
+//! (`scripts/corpus.py --cache`): beside the wheel's Python, or in
+//! `TCH_MEMPROF_CORPUS_CACHE` (`off`: export anew). An entry is reused only while
+//! the script, the Python, and the versions of torch and the corpus's packages are
+//! the same (a hash of them names it); the estimates always run.
 
 mod common;
 
@@ -79,6 +86,19 @@ enum Format {
     Exported,
 }
 
+/// Where exported programs are cached: `TCH_MEMPROF_CORPUS_CACHE` (`off`: nowhere),
+/// else `corpus-cache` in the venv of the wheel's Python, which goes with the wheel.
+fn corpus_cache(python: &Path) -> Option<PathBuf> {
+    match std::env::var_os("TCH_MEMPROF_CORPUS_CACHE") {
+        Some(v) if v == "off" => None,
+        Some(v) => Some(PathBuf::from(v)),
+        None => python
+            .parent()
+            .and_then(Path::parent)
+            .map(|venv| venv.join("corpus-cache")),
+    }
+}
+
 /// Traces (or exports) `set` into `dir` with the wheel's Python; None (said) without one.
 fn trace(dir: &Path, set: Set, format: Format) -> Option<(Vec<Traced>, Untraced)> {
     let python = common::corpus_python("the model corpus")?;
@@ -95,6 +115,13 @@ fn trace(dir: &Path, set: Set, format: Format) -> Option<(Vec<Traced>, Untraced)
         }
         Set::FullSize => {
             corpus.arg("--full-size");
+        }
+    }
+    // The programs of the corpus and the held-out set (the full-size decoders' files
+    // are large and quick to make; TorchScript traces are quick).
+    if format == Format::Exported && set != Set::FullSize {
+        if let Some(cache) = corpus_cache(Path::new(&python)) {
+            corpus.arg("--cache").arg(cache);
         }
     }
     let out = corpus
