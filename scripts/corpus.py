@@ -26,7 +26,8 @@ constant_bytes 0, ops empty, and "ir" says which form was saved ("training" or
 
 With --cache ROOT the files are written under ROOT (one folder for each set and format,
 named by a hash of this script, the Python, and the versions of torch and the corpus's
-packages) and reused while that hash holds; DIR/corpus.jsonl then names the cached files.
+packages) and reused while that hash holds; the files are hard-linked (else copied) into
+DIR, and DIR/corpus.jsonl names them there.
 
 Models run in a worker process: a model whose tracer or exporter crashes PyTorch (an
 abort or a fatal signal) is tried once more in a new worker, then reported with the
@@ -475,7 +476,8 @@ def supervise(flags, out_dir, names, exporting):
     """Runs the models in a worker process (this script under CORPUS_WORKER=1), which
     appends a row a model to corpus.jsonl. A crash of PyTorch's tracer or exporter (an
     abort or a fatal signal, which no `except` catches) then costs one model, not the
-    set: the first model without a row is the one that crashed; it is tried once more
+    set: the first model without a row, if the worker had started it (it names the
+    model it starts in DIR/started), is the one that crashed; it is tried once more
     (a crash of PyTorch can be a flake) and then reported as crashed, and a new worker
     goes on with the models after it. A worker that exits with an error status is a
     fault of this script and ends the run with that status."""
@@ -483,11 +485,14 @@ def supervise(flags, out_dir, names, exporting):
     import subprocess
 
     rows = os.path.join(out_dir, "corpus.jsonl")
+    started = os.path.join(out_dir, "started")
     open(rows, "w").close()
     tried = set()
     todo = list(names)
     env = dict(os.environ, CORPUS_WORKER="1")
     while todo:
+        if os.path.exists(started):
+            os.remove(started)
         worker = subprocess.run([sys.executable, os.path.abspath(__file__), *flags,
                                  "--out", out_dir, *todo], env=env)
         with open(rows) as f:
@@ -508,6 +513,11 @@ def supervise(flags, out_dir, names, exporting):
                   file=sys.stderr)
             return 0
         name = todo[0]
+        with open(started) if os.path.exists(started) else open(os.devnull) as f:
+            if f.read() != name:
+                print(f"corpus: the worker was {how} before it started {name}",
+                      file=sys.stderr)
+                return 1
         if name not in tried:
             tried.add(name)
             print(f"{name}: PyTorch crashed ({how}); trying it once more", file=sys.stderr)
@@ -540,15 +550,18 @@ def cache_key(flags, names):
 
 def cached(cache_root, flags, out_dir, names, exporting):
     """supervise(), through a cache: the files of a run with the same cache_key are
-    reused as they are (DIR/corpus.jsonl then names the cached files). A new entry is
-    written in place and marked complete last, so a run killed halfway is redone; one
-    with a crashed model is not kept. An entry replaces the older ones of its set and
-    format, so the cache holds one entry of each."""
+    reused. A new entry is written in place and marked complete last, so a run killed
+    halfway is redone; one with a crashed model is not kept. Either way the files are
+    hard-linked (else copied) into DIR and DIR/corpus.jsonl names them there, so that
+    nothing done to the cache later touches a run that read it. An entry replaces the
+    older ones of its set, format and torch (those no run is writing), so the cache
+    holds one entry of each."""
     import fcntl
     import shutil
 
+    cache_root = os.path.abspath(cache_root)
     sets = [f.lstrip("-") for f in flags if f != "--pt2"] or ["corpus"]
-    prefix = ("pt2-" if exporting else "pt-") + sets[0]
+    prefix = f"{'pt2' if exporting else 'pt'}-{sets[0]}-torch{torch.__version__}"
     entry = os.path.join(cache_root, f"{prefix}-{cache_key(flags, names)}")
     os.makedirs(cache_root, exist_ok=True)
     with open(entry + ".lock", "w") as lock:
@@ -568,18 +581,42 @@ def cached(cache_root, flags, out_dir, names, exporting):
                               for line in f if line.strip())
             if not crashed:
                 open(complete, "w").close()
-                for other in os.listdir(cache_root):
-                    stale = os.path.join(cache_root, other)
-                    if other.startswith(prefix + "-") and len(other) == len(prefix) + 17 \
-                            and stale != entry:
-                        shutil.rmtree(stale, ignore_errors=True)
-                        try:
-                            os.remove(stale + ".lock")
-                        except OSError:
-                            pass
-        shutil.copyfile(os.path.join(entry, "corpus.jsonl"),
-                        os.path.join(out_dir, "corpus.jsonl"))
+                evict(cache_root, prefix, entry)
+        with open(os.path.join(entry, "corpus.jsonl")) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        for row in rows:
+            if row["file"]:
+                mine = os.path.join(out_dir, os.path.basename(row["file"]))
+                if os.path.exists(mine):
+                    os.remove(mine)
+                try:
+                    os.link(row["file"], mine)
+                except OSError:
+                    shutil.copyfile(row["file"], mine)
+                row["file"] = mine
+    with open(os.path.join(out_dir, "corpus.jsonl"), "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
     return 0
+
+
+def evict(cache_root, prefix, keep):
+    """Removes the entries of `prefix` other than `keep` that no run holds the lock of
+    (their lock files stay: removing one would let two runs lock the same entry)."""
+    import fcntl
+    import shutil
+
+    for other in os.listdir(cache_root):
+        stale = os.path.join(cache_root, other)
+        if not other.startswith(prefix + "-") or len(other) != len(prefix) + 17 \
+                or stale == keep:
+            continue
+        with open(stale + ".lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def main(argv):
@@ -620,6 +657,8 @@ def main(argv):
         hf_patch()
     with open(os.path.join(out_dir, "corpus.jsonl"), "a") as f:
         for name in names:
+            with open(os.path.join(out_dir, "started"), "w") as mark:
+                mark.write(name)
             row = export(name, out_dir) if exporting else trace(name, out_dir)
             f.write(json.dumps(row) + "\n")
             f.flush()
