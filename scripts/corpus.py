@@ -388,11 +388,20 @@ def record_bytes(path):
     return sizes["data"], sizes["constants"]
 
 
-def trace(name, out_dir):
-    build, inputs, package = MODELS[name]
+def blank_row(name, exporting):
+    """A model's row before its trace or export has filled it in."""
+    _, inputs, package = MODELS[name]
     row = {"name": name, "package": package, "file": None, "inputs": inputs,
            "param_bytes": None, "buffer_bytes": None, "data_bytes": None,
-           "constant_bytes": None, "ops": [], "error": None}
+           "constant_bytes": 0 if exporting else None, "ops": [], "error": None}
+    if exporting:
+        row["ir"] = None
+    return row
+
+
+def trace(name, out_dir):
+    build, inputs, _ = MODELS[name]
+    row = blank_row(name, exporting=False)
     try:
         model = build()
         row["param_bytes"] = storage_bytes(p for _, p in model.named_parameters())
@@ -433,10 +442,8 @@ def export(name, out_dir):
     only after run_decompositions() (transformers' decoders build their causal mask
     under vmap, which the training IR keeps and torch.export.save refuses) is saved in
     core ATen. row["ir"] says which."""
-    build, inputs, package = MODELS[name]
-    row = {"name": name, "package": package, "file": None, "inputs": inputs,
-           "param_bytes": None, "buffer_bytes": None, "data_bytes": None,
-           "constant_bytes": 0, "ops": [], "ir": None, "error": None}
+    build, inputs, _ = MODELS[name]
+    row = blank_row(name, exporting=True)
     try:
         model = build()
         row["param_bytes"] = storage_bytes(p for _, p in model.named_parameters())
@@ -461,14 +468,9 @@ def export(name, out_dir):
 
 def crashed_row(name, exporting, how):
     """The row of a model whose tracer or exporter crashed the process twice."""
-    _, inputs, package = MODELS[name]
+    row = blank_row(name, exporting)
     verb = "exporting" if exporting else "tracing"
-    row = {"name": name, "package": package, "file": None, "inputs": inputs,
-           "param_bytes": None, "buffer_bytes": None, "data_bytes": None,
-           "constant_bytes": 0 if exporting else None, "ops": [],
-           "error": f"Crash: PyTorch crashed {verb} it, twice ({how})"}
-    if exporting:
-        row["ir"] = None
+    row["error"] = f"Crash: PyTorch crashed {verb} it, twice ({how})"
     return row
 
 
