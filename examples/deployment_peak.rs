@@ -63,6 +63,13 @@ struct Row {
 }
 
 fn measure(name: &str, device: Device, explain: bool) -> Result<Row, Box<dyn std::error::Error>> {
+    if device.is_cuda() {
+        // Each model from a clean allocator, as in a process of its own: the cuBLAS
+        // workspaces the previous model's matrix products took released (as
+        // torch._C._cuda_clearCublasWorkspaces() does), the cache returned to the driver.
+        tch_memprof::cuda::clear_cublas_workspaces()?;
+        tch_memprof::cuda::empty_cache()?;
+    }
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
     let model = build(name, &vs.root())?;
@@ -109,6 +116,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         args::arg("--output").unwrap_or_else(|| "deployment_results/deployment_peak.csv".into()),
     );
     println!("Inference at batch 1, 3x224x224, eval mode, no_grad, on {device:?}; MB = 2^20 bytes");
+    if device.is_cuda() {
+        println!(
+            "Each model from a clean allocator: the cuBLAS workspaces of the model before \
+             released and the cache emptied; its own workspaces count in its peak"
+        );
+    }
 
     let mut rows = Vec::new();
     for m in &models {

@@ -83,7 +83,7 @@ fn profiler_matches_the_allocator_on_a_gpu() {
 /// The explicit allocator calls and snapshots fail softly without a GPU, each with a
 /// reason; with one, they succeed.
 #[test]
-fn allocator_calls_fail_softly_without_a_gpu() {
+fn allocator_calls_answer_as_pytorch_before_a_cuda_tensor_and_fail_in_one_line_without_cuda() {
     let _serial = common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let p = MemoryProfiler::builder(&vs).print(false).build().unwrap();
@@ -91,18 +91,35 @@ fn allocator_calls_fail_softly_without_a_gpu() {
     assert!(e.to_string().contains("CUDA VarStore"), "{e}");
     drop(p);
     if tch::Cuda::is_available() {
-        tch_memprof::cuda::stats(0).unwrap();
+        // Whether or not a test before this one made a CUDA tensor: before one,
+        // torch.cuda.memory_stats() answers with zeros and reset/empty do nothing;
+        // after, the allocator's counters. Either way no error.
+        let s = tch_memprof::cuda::stats(0).unwrap();
+        assert!(s.allocated_current >= 0 && s.reserved_current >= s.allocated_current);
         tch_memprof::cuda::reset_peak_stats(0).unwrap();
         tch_memprof::cuda::empty_cache().unwrap();
+        tch_memprof::cuda::clear_cublas_workspaces().unwrap();
+        // A device the machine lacks: refused in one line that names it.
+        let n = tch::Cuda::device_count() as usize;
+        let e = tch_memprof::cuda::stats(n).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("cuda:{n}")) && e.lines().count() == 1,
+            "{e}"
+        );
         return;
     }
     for (what, r) in [
         ("stats", tch_memprof::cuda::stats(0).map(|_| ())),
         ("reset_peak_stats", tch_memprof::cuda::reset_peak_stats(0)),
         ("empty_cache", tch_memprof::cuda::empty_cache()),
+        (
+            "clear_cublas_workspaces",
+            tch_memprof::cuda::clear_cublas_workspaces(),
+        ),
     ] {
         let e = r.expect_err(what).to_string();
         assert!(e.contains("CUDA is not available"), "{what}: {e}");
+        assert_eq!(e.lines().count(), 1, "{what}: {e}");
     }
     assert!(tch_memprof::cuda::devices_in_use().is_empty());
 }

@@ -65,3 +65,9 @@ pub(crate) fn cuda_empty_cache() -> Result<()> {
     // SAFETY: plain call; fails softly without CUDA.
     check(unsafe { memprof_cuda_control(0, native::CUDA_EMPTY_CACHE) })
 }
+
+/// CUDA: releases the cuBLAS and cuBLASLt workspaces into the caching allocator.
+pub(crate) fn cuda_clear_workspaces() -> Result<()> {
+    // SAFETY: plain call; fails softly without CUDA.
+    check(unsafe { memprof_cuda_control(0, native::CUDA_CLEAR_WORKSPACES) })
+}

@@ -72,6 +72,7 @@ pub(crate) mod native {
     pub const DEVICE_CUDA: i32 = 1;
     pub const CUDA_RESET_PEAKS: i32 = 0;
     pub const CUDA_EMPTY_CACHE: i32 = 1;
+    pub const CUDA_CLEAR_WORKSPACES: i32 = 2;
     pub const META_CAPACITY: u64 = 33_554_432;
     pub const AUTOCAST_LIST_CUDA: i32 = 0;
     pub const AUTOCAST_LIST_CPU: i32 = 1;

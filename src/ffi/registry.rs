@@ -20,6 +20,8 @@ extern "C" {
         frees: *mut u64,
     ) -> i32;
     fn memprof_watched_frees(out: *mut u64) -> i32;
+    fn memprof_adopt_blocks(tensors: *const *const c_void, n: usize, bytes: *mut i64) -> i32;
+    fn memprof_forget_cpu_blocks() -> i32;
     fn memprof_selftest_block_table(n: u64, errors: *mut u64) -> i32;
 }
 
@@ -153,6 +155,27 @@ pub(crate) struct WatchedFrees {
 /// `.grad` blocks only. With `watch`, each block whose birth was seen is watched from now
 /// on ([`Block::is_watched`]): its free counts in [`watched_frees`]. Returns
 /// [`watched_frees`] as it was before the blocks were read.
+/// Adopts the blocks behind `tensors` and their gradients that no report showed born
+/// (CUDA blocks from before the session): counted live from now on. The bytes adopted.
+pub(crate) fn adopt_blocks(tensors: &[&Tensor]) -> Result<u64> {
+    let handles: Vec<*const c_void> = tensors
+        .iter()
+        .map(|t| t.as_ptr() as *const c_void)
+        .collect();
+    let mut bytes = 0i64;
+    // SAFETY: every handle points to an at::Tensor that outlives this call (we hold the
+    // `&Tensor`s); `bytes` is a valid, writable i64.
+    check(unsafe { memprof_adopt_blocks(handles.as_ptr(), handles.len(), &mut bytes) })?;
+    Ok(bytes.max(0) as u64)
+}
+
+/// Test mode: the CPU accounting made to see only what happens from now on, as CUDA's
+/// reporter does (every CPU block born so far unknown until adopted). For the process.
+pub(crate) fn forget_cpu_blocks() -> Result<()> {
+    // SAFETY: plain call.
+    check(unsafe { memprof_forget_cpu_blocks() })
+}
+
 pub(crate) fn tensor_blocks(
     tensors: &[&Tensor],
     blocks: Option<&mut Vec<Block>>,

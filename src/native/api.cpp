@@ -215,6 +215,30 @@ int memprof_watched_frees(uint64_t* out) noexcept {
   });
 }
 
+int memprof_adopt_blocks(const void* const* tensors, size_t n, int64_t* bytes) noexcept {
+  return guarded("memprof_adopt_blocks", [&]() -> int {
+    if (!given(bytes, "memprof_adopt_blocks") ||
+        (n > 0 && !given(tensors, "memprof_adopt_blocks"))) {
+      return -1;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (!tensors[i]) {
+        set_error("memprof_adopt_blocks: a null tensor handle");
+        return -1;
+      }
+    }
+    adopt_blocks(tensors, n, bytes);
+    return 0;
+  });
+}
+
+int memprof_forget_cpu_blocks(void) noexcept {
+  return guarded("memprof_forget_cpu_blocks", [&]() -> int {
+    forget_cpu_blocks();
+    return 0;
+  });
+}
+
 int memprof_selftest_block_table(uint64_t n, uint64_t* errors) noexcept {
   return guarded("memprof_selftest_block_table", [&]() -> int {
     if (!given(errors, "memprof_selftest_block_table")) {

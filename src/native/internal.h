@@ -249,6 +249,8 @@ inline void steplog_append(const MpTlEvent& e) {
 
 // Empties the step log for a new iteration whose first generation is `gen`.
 void begin_steplog(uint32_t gen);
+// Blocks adopted on device slot `dev` were live when the step began: its start counts them.
+void steplog_add_start_live(int dev, int64_t bytes);
 
 // The step detail (sites.cpp; off unless asked for, one profiled step): every op's
 // tensor inputs (MP_EV_READ) and the call stack of every allocation of the timeline
@@ -432,6 +434,11 @@ void fill_block(const at::Tensor& t, bool grad, MpBlock* out, bool watch = false
 void fill_blocks(const void* const* tensors, size_t n, MpBlock* blocks, MpBlock* grads,
                  int32_t flags);
 int selftest_block_table(uint64_t n, uint64_t* errors);
+// Adopts the blocks behind n tensors and their .grad that the counters never saw born
+// (CUDA blocks from before the session's reporter; CPU blocks in the test mode): tagged
+// as born before the session in the forward phase, counted live from now on, their frees
+// then seen like any other. *bytes: the bytes adopted.
+void adopt_blocks(const void* const* tensors, size_t n, int64_t* bytes);
 
 // ---------------------------------------------------------------------------------
 // Counting births and deaths (every device).
@@ -521,6 +528,12 @@ bool cpu_block_tag(const c10::DataPtr& dp, int64_t* size, uint32_t* gen, uint32_
                    uint32_t watch = MP_WATCH_NONE);
 // Re-enters the CPU allocation hook on purpose (memprof_selftest_reenter).
 void reenter_cpu_hook();
+// The CUDA-like test mode (memprof_forget_cpu_blocks): every CPU block born so far is
+// unknown, and the CPU counters start from zero.
+void forget_cpu_blocks();
+// Tags a CPU block that the test mode made unknown as born in (gen, phase); its size in
+// *size. False: the block is known already, or not the tracking allocator's.
+bool cpu_adopt(const c10::DataPtr& dp, uint32_t gen, uint32_t phase, int64_t* size);
 
 // cuda.cpp: the CUDA reporter, libtorch_cuda, allocator statistics and control.
 extern std::atomic<int64_t> g_cuda_ooms_seen;

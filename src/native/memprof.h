@@ -123,6 +123,7 @@ enum MpDeviceType {
 enum MpCudaControl {
   MP_CUDA_RESET_PEAKS = 0,
   MP_CUDA_EMPTY_CACHE = 1,
+  MP_CUDA_CLEAR_WORKSPACES = 2,  // release the cuBLAS/cuBLASLt workspaces, as PyTorch does
 };
 
 // ---------------------------------------------------------------------------------
@@ -374,6 +375,16 @@ int memprof_tensor_blocks(const void* const* tensors, size_t n, MpBlock* blocks,
 // that block is still held by another tensor: record_stats re-reads the variables'
 // blocks only when the first changes, their .grad blocks only when the second does.
 int memprof_watched_frees(uint64_t* out) MP_NOEXCEPT;
+// Adopts the blocks behind n tensors (at::Tensor*) and behind their .grad that no
+// report showed born: on CUDA, blocks allocated before the session pushed its reporter
+// (a model moved to the GPU before the profiler was built). They are counted live from
+// now on, as born before the session's first iteration in the forward phase; their
+// frees are then seen like any block's. *bytes: the bytes adopted.
+int memprof_adopt_blocks(const void* const* tensors, size_t n, int64_t* bytes) MP_NOEXCEPT;
+// Test mode, for the CUDA accounting run on the CPU: every CPU block born so far becomes
+// unknown and the CPU counters restart from zero, as CUDA's start with the session's
+// reporter. Call before memprof_start; the mode lasts for the process.
+int memprof_forget_cpu_blocks(void) MP_NOEXCEPT;
 
 // Names of ops, layers and scopes.
 int memprof_name(int32_t id, char* buf, size_t len, int64_t* name_len) MP_NOEXCEPT;  // -1: unknown id
@@ -517,6 +528,7 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_CONST(MP_DEVICE_CUDA, 1)                          \
   MP_CONST(MP_CUDA_RESET_PEAKS, 0)                     \
   MP_CONST(MP_CUDA_EMPTY_CACHE, 1)                     \
+  MP_CONST(MP_CUDA_CLEAR_WORKSPACES, 2)                \
   MP_SIZE(MpDeviceStats, 104)                          \
   MP_FIELD(MpDeviceStats, live, 0)                     \
   MP_FIELD(MpDeviceStats, peak_iter, 8)                \

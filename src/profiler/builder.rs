@@ -45,9 +45,20 @@ pub struct MemoryProfilerBuilder {
     leak_threshold: u64,
     leak_warmup_epochs: u64,
     label: Option<String>,
+    forget_earlier_cpu_blocks: bool,
 }
 
 impl MemoryProfilerBuilder {
+    /// For tests of the CUDA accounting on a machine without a GPU: the CPU accounting
+    /// sees only what is reported after the session starts, as CUDA's reporter does (the
+    /// variables are then known from the tensors themselves, as on CUDA). The mode lasts
+    /// for the rest of the process: use it in a test process of its own.
+    #[doc(hidden)]
+    pub fn cpu_reports_only_after_start(mut self, on: bool) -> Self {
+        self.forget_earlier_cpu_blocks = on;
+        self
+    }
+
     /// Report every `n`-th `record_stats` call (default 1: every iteration). Must be at
     /// least 1. Every iteration is still measured, so epoch peaks cover all of them.
     pub fn print_period(mut self, n: usize) -> Self {
@@ -242,11 +253,22 @@ impl MemoryProfilerBuilder {
             .unwrap_or_else(|| run_stem(&self.csv_dir, start));
 
         let timeline = self.timeline || self.timeline_step.is_some();
+        if self.forget_earlier_cpu_blocks && self.device == Device::Cpu {
+            crate::ffi::forget_cpu_blocks()?;
+        }
         let mut session = Session::start(
             matches!(self.device, Device::Cuda(_)),
             timeline.then_some(slot),
             self.leak_check,
         )?;
+        // Blocks born before the session that the counters never saw (on CUDA: the
+        // model moved to the GPU before the profiler was built) are known from the
+        // variables themselves: counted from now on, their frees seen.
+        {
+            let vars = vars::lock(&self.variables);
+            let tensors: Vec<&tch::Tensor> = vars.named_variables.values().collect();
+            crate::ffi::adopt_blocks(&tensors)?;
+        }
         let mut params = ParamSync::default();
         let mut table = VarTable::default();
         let mut recorder =
@@ -368,6 +390,7 @@ impl MemoryProfiler {
             leak_threshold: crate::leaks::DEFAULT_LEAK_THRESHOLD,
             leak_warmup_epochs: crate::leaks::DEFAULT_WARMUP_EPOCHS,
             label: None,
+            forget_earlier_cpu_blocks: false,
         }
     }
 }

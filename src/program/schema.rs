@@ -271,3 +271,63 @@ pub(crate) struct PayloadMeta {
     #[serde(default)]
     pub tensor_meta: Option<TensorMeta>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn float(json: &str) -> f64 {
+        match serde_json::from_str::<Argument>(&format!(r#"{{"as_float": {json}}}"#)).unwrap() {
+            Argument::AsFloat(Float(f)) => f,
+            other => panic!("{json}: read as {other:?}"),
+        }
+    }
+
+    fn int(json: &str) -> i64 {
+        match serde_json::from_str::<Argument>(&format!(r#"{{"as_int": {json}}}"#)).unwrap() {
+            Argument::AsInt(i) => i,
+            other => panic!("{json}: read as {other:?}"),
+        }
+    }
+
+    /// The numbers an exported program holds are the numbers written, to the bit. The
+    /// texts are what `torch.export.save` writes (Python's `repr` of a float) for the
+    /// values that sit on the edges; the expected values come from Rust's own constants
+    /// and IEEE arithmetic, not from the parser under test.
+    #[test]
+    fn edge_values_read_from_a_program_are_exact() {
+        // torch.finfo(torch.float32).min/max: the mask value of transformers' encoders.
+        // One unit in the last place off, and libtorch refuses to make a float of it.
+        assert_eq!(
+            float("-3.4028234663852886e+38").to_bits(),
+            (f32::MIN as f64).to_bits()
+        );
+        assert_eq!(
+            float("3.4028234663852886e+38").to_bits(),
+            (f32::MAX as f64).to_bits()
+        );
+        assert_eq!((float("-3.4028234663852886e+38") as f32), f32::MIN);
+        // torch.finfo(torch.bfloat16).min: (2 - 2^-7) * 2^127.
+        assert_eq!(
+            float("-3.3895313892515355e+38"),
+            -(2.0 - 2f64.powi(-7)) * 2f64.powi(127)
+        );
+        // torch.finfo(torch.float16).min and the smallest float16 subnormal.
+        assert_eq!(float("-65504.0"), -65504.0);
+        assert_eq!(float("5.960464477539063e-08"), 2f64.powi(-24));
+        // float64's own edges: the largest finite and the smallest subnormal.
+        assert_eq!(float("1.7976931348623157e+308"), f64::MAX);
+        assert_eq!(float("5e-324").to_bits(), 1);
+        assert_eq!(float("0.1").to_bits(), 0x3fb999999999999a);
+        assert_eq!(float("-0.0").to_bits(), (-0.0f64).to_bits());
+        // Non-finite values, written as strings.
+        assert_eq!(float(r#""-Infinity""#), f64::NEG_INFINITY);
+        assert_eq!(float(r#""Infinity""#), f64::INFINITY);
+        assert!(float(r#""NaN""#).is_nan());
+        // Integers beyond 2^53 (which a float cannot hold) stay integers, exactly:
+        // sys.maxsize is the end of an open slice.
+        assert_eq!(int("9007199254740993"), (1i64 << 53) + 1);
+        assert_eq!(int("9223372036854775807"), i64::MAX);
+        assert_eq!(int("-9223372036854775808"), i64::MIN);
+    }
+}

@@ -15,6 +15,11 @@ namespace memprof {
 
 std::atomic<bool> g_cpu_installed{false};
 
+// The CUDA-like test mode (memprof_forget_cpu_blocks): blocks of an earlier epoch are
+// unknown, as CUDA blocks born before the session's reporter was pushed are.
+std::atomic<bool> g_cpu_forget{false};
+std::atomic<uint32_t> g_cpu_epoch{0};
+
 namespace {
 constexpr uint64_t kMagic = 0x6d656d70726f6631ull;  // "memprof1"
 
@@ -26,11 +31,17 @@ struct BlockHeader {
   uint32_t phase;
   uint32_t reg;         // live-block registry entry, kNoReg if not registered
   uint32_t watched;     // MpWatch: its free counts in g_watched_frees
+  uint32_t epoch;       // g_cpu_epoch at its birth (or adoption)
 };
 static_assert(sizeof(BlockHeader) <= 64, "header fits the minimum alignment");
 
 inline BlockHeader* header_of(void* data) {
   return reinterpret_cast<BlockHeader*>(static_cast<char*>(data) - sizeof(BlockHeader));
+}
+
+inline bool forgotten(const BlockHeader* h) {
+  return g_cpu_forget.load(std::memory_order_relaxed) &&
+         h->epoch != g_cpu_epoch.load(std::memory_order_relaxed);
 }
 
 void tracked_delete(void* data) {
@@ -40,7 +51,10 @@ void tracked_delete(void* data) {
   HookScope hook;
   BlockHeader* h = header_of(data);
   void* base = static_cast<char*>(data) - h->head_bytes;
-  if (h->magic == kMagic) {
+  if (h->magic == kMagic && forgotten(h)) {
+    // Unknown to the accounting, as CUDA's reporter ignores frees it never saw born.
+    reg_remove(h->reg);
+  } else if (h->magic == kMagic) {
     on_free(0, uint64_t(data), int64_t(h->size), h->gen, h->phase);
     count_watched_free(h->watched);
     reg_remove(h->reg);
@@ -80,6 +94,7 @@ struct TrackingCpuAllocator final : public c10::Allocator {
     h->gen = cur_gen(gp);
     h->phase = cur_phase(gp);
     h->watched = 0;
+    h->epoch = g_cpu_epoch.load(std::memory_order_relaxed);
     h->reg = reg_add(uint64_t(data), int64_t(n), h->phase, 0);
     hist_append(0, uint64_t(data), int64_t(n));
     on_alloc(0, uint64_t(data), int64_t(n), h->gen, h->phase);
@@ -112,7 +127,7 @@ bool cpu_block_tag(const c10::DataPtr& dp, int64_t* size, uint32_t* gen, uint32_
     return false;
   }
   BlockHeader* h = header_of(dp.get());
-  if (h->magic != kMagic) {
+  if (h->magic != kMagic || forgotten(h)) {
     return false;
   }
   *size = int64_t(h->size);
@@ -122,6 +137,37 @@ bool cpu_block_tag(const c10::DataPtr& dp, int64_t* size, uint32_t* gen, uint32_
     // The caller holds a tensor on this block: it cannot be freed meanwhile.
     h->watched = watch;
   }
+  return true;
+}
+
+void forget_cpu_blocks() {
+  g_cpu_epoch.fetch_add(1, std::memory_order_relaxed);
+  g_cpu_forget.store(true, std::memory_order_relaxed);
+  // Counted from now on, as CUDA's counters start with the reporter.
+  DeviceState& d = g_dev[0];
+  d.live.store(0);
+  for (auto& slot : d.slots) {
+    slot.store(0);
+  }
+  for (auto& old : d.old_by_phase) {
+    old.store(0);
+  }
+}
+
+bool cpu_adopt(const c10::DataPtr& dp, uint32_t gen, uint32_t phase, int64_t* size) {
+  if (dp.get_deleter() != &tracked_delete || !dp.get()) {
+    return false;
+  }
+  BlockHeader* h = header_of(dp.get());
+  if (h->magic != kMagic || !forgotten(h)) {
+    return false;
+  }
+  reg_remove(h->reg);
+  h->reg = kNoReg;
+  h->epoch = g_cpu_epoch.load(std::memory_order_relaxed);
+  h->gen = gen;
+  h->phase = phase;
+  *size = int64_t(h->size);
   return true;
 }
 

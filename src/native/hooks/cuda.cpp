@@ -118,14 +118,18 @@ bool nvidia_driver_present() {
   return access("/proc/driver/nvidia/version", F_OK) == 0 || access("/dev/nvidiactl", F_OK) == 0;
 }
 
-c10::DeviceAllocator* cuda_allocator() {
+// The CUDA caching allocator; null with the error set when CUDA is not available. Null
+// with *uninitialized set (and no error) when it is, but no CUDA tensor was made yet:
+// PyTorch's own calls answer then as if nothing was ever allocated.
+c10::DeviceAllocator* cuda_allocator(bool* uninitialized) {
+  *uninitialized = false;
   if (!g_cuda_loaded.load()) {
     set_error((std::string("CUDA is not available: ") + g_cuda_message).c_str());
     return nullptr;
   }
   auto* alloc = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(c10::DeviceType::CUDA));
   if (!alloc || !alloc->initialized()) {
-    set_error("the CUDA caching allocator is not initialized (no CUDA tensor yet)");
+    *uninitialized = true;
     return nullptr;
   }
   return alloc;
@@ -194,8 +198,15 @@ void pop_cuda_reporter() {
 }
 
 int cuda_stats(int32_t index, MpCudaStats* out) {
-  auto* alloc = cuda_allocator();
+  bool uninitialized = false;
+  auto* alloc = cuda_allocator(&uninitialized);
   if (!alloc) {
+    // No CUDA tensor yet: every counter zero, as torch.cuda.memory_stats() answers then
+    // (free and total memory too: asking the driver would create the CUDA context).
+    if (uninitialized) {
+      *out = MpCudaStats{};
+      return 0;
+    }
     return -1;
   }
   auto s = alloc->getDeviceStats(c10::DeviceIndex(index));
@@ -252,15 +263,27 @@ int cuda_snapshot(const char* path) {
 }
 
 int cuda_control(int32_t index, int32_t what) {
-  if (what != MP_CUDA_RESET_PEAKS && what != MP_CUDA_EMPTY_CACHE) {
+  if (what != MP_CUDA_RESET_PEAKS && what != MP_CUDA_EMPTY_CACHE &&
+      what != MP_CUDA_CLEAR_WORKSPACES) {
     set_error("memprof_cuda_control: unknown action");
     return -1;
   }
-  auto* alloc = cuda_allocator();
+  bool uninitialized = false;
+  auto* alloc = cuda_allocator(&uninitialized);
   if (!alloc) {
-    return -1;
+    // No CUDA tensor yet: no peak to reset, no cached block to release.
+    return uninitialized ? 0 : -1;
   }
-  if (what == MP_CUDA_RESET_PEAKS) {
+  if (what == MP_CUDA_CLEAR_WORKSPACES) {
+    // at::cuda::clearCublasWorkspaces(): what torch._C._cuda_clearCublasWorkspaces()
+    // calls. The workspaces go back to the caching allocator (empty_cache returns them).
+    using ClearFn = void (*)();
+    auto f = reinterpret_cast<ClearFn>(cuda_symbol("_ZN2at4cuda21clearCublasWorkspacesEv"));
+    if (!f) {
+      return -1;
+    }
+    f();
+  } else if (what == MP_CUDA_RESET_PEAKS) {
     alloc->resetPeakStats(c10::DeviceIndex(index));
   } else {
     alloc->emptyCache();

@@ -45,6 +45,12 @@ void begin_steplog(uint32_t gen) {
   g_steplog_len.store(0);
 }
 
+void steplog_add_start_live(int dev, int64_t bytes) {
+  if (g_steplog_on.load() && dev == g_steplog_device.load()) {
+    g_steplog_start_live.fetch_add(bytes);
+  }
+}
+
 MpHistEvent* g_hist = nullptr;
 std::atomic<bool> g_hist_on{false};
 std::atomic<uint64_t> g_hist_len{0};

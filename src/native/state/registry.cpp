@@ -460,6 +460,62 @@ void fill_blocks(const void* const* tensors, size_t n, MpBlock* blocks, MpBlock*
 // The block table's self-test (memprof_selftest_block_table): two writers on one
 // table of its own; *errors counts every check that failed.
 
+namespace {
+// Adopts the block behind `t` (see adopt_blocks); the bytes adopted, 0 if none.
+int64_t adopt_one(const at::Tensor& t, uint32_t gen, uint32_t phase) {
+  if (!t.defined() || !t.has_storage()) {
+    return 0;
+  }
+  const c10::DataPtr& dp = t.storage().data_ptr();
+  const int dev = device_slot(dp.device());
+  if (dev < 0 || !dp.get()) {
+    return 0;
+  }
+  int64_t size = 0;
+  if (dp.device().is_cpu()) {
+    if (!cpu_adopt(dp, gen, phase, &size)) {
+      return 0;
+    }
+  } else {
+    const uint64_t key = uint64_t(dp.get());
+    uint64_t tag = 0;
+    if (!g_cuda_blocks.slots || table_find(g_cuda_blocks, key, &tag)) {
+      return 0;
+    }
+    // A storage's block is the allocator's block for its bytes (the same rounding the
+    // estimate models): what the reporter will report when it is freed.
+    size = cuda_round(int64_t(t.storage().nbytes()));
+    uint32_t stale = kNoReg;
+    if (!table_insert(g_cuda_blocks, key, pack(gen, phase, size), kNoReg, &stale)) {
+      g_cuda_untracked.fetch_add(1, std::memory_order_relaxed);
+      return 0;
+    }
+    reg_remove(stale);
+  }
+  DeviceState& d = g_dev[dev];
+  const int64_t live = d.live.fetch_add(size) + size;
+  atomic_max(d.peak_iter, live);
+  atomic_max(d.peak_run, live);
+  slot_add(d, gen, phase, size);
+  steplog_add_start_live(dev, size);
+  return size;
+}
+}  // namespace
+
+void adopt_blocks(const void* const* tensors, size_t n, int64_t* bytes) {
+  *bytes = 0;
+  // Born before the session's first generation, in the forward phase (as a model built
+  // before the loop is on the CPU).
+  const uint32_t gen = cur_gen(g_genphase.load()) - 1;
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& t = *static_cast<const at::Tensor*>(tensors[i]);
+    *bytes += adopt_one(t, gen, kForward);
+    if (t.defined()) {
+      *bytes += adopt_one(t.grad(), gen, kForward);
+    }
+  }
+}
+
 int selftest_block_table(uint64_t n, uint64_t* errors) {
   uint64_t slots = 64;
   while (slots < 4 * n) {
