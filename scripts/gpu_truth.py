@@ -1,0 +1,221 @@
+"""The GPU truth cases: real-world models from transformers, torchvision and timm, built
+and traced exactly as they were when their CUDA peaks were measured on an NVIDIA H200
+(tests/data/gpu-truth/h200-2026-11-26/README.md says how), so that `tch-memprof
+estimate FILE --gpu h200` can be held to those peaks.
+
+    python3 scripts/gpu_truth.py --list               # the cases, one a line
+    python3 scripts/gpu_truth.py --out DIR [MODEL ...] # trace them into DIR
+    python3 scripts/gpu_truth.py --cache ROOT          # all of them, through a cache
+
+With --cache the files are written into a folder under ROOT named by a hash of this
+script, scripts/corpus.py, the Python and the versions of torch and the packages, reused
+while that hash holds (the entry is marked complete last, so a killed run is redone;
+older entries are removed), and that folder is printed on standard output.
+
+For each model and each mode it was measured in (inference traced in eval() under
+no_grad; training traced in train() with grad enabled), DIR/MODEL.MODE.pt and a line in
+DIR/cases.jsonl: {"model", "mode", "file", "input"} (mode: infer or train; every
+train-* measurement of a model uses its train file).
+
+Run with the Python of the torch wheel that scripts/with-libtorch.sh installs, with the
+packages of scripts/corpus-env.sh (transformers 4.57.6, torchvision 0.26.0 for torch
+2.11, timm 1.0.31: the versions the measurements were made with).
+"""
+
+import json
+import os
+import sys
+import warnings
+
+warnings.filterwarnings("ignore")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from corpus import hf_patch  # noqa: E402  (the older SDPA mask functions, as measured)
+
+IDS_DECODER = (4, 1024)
+IDS_ENCODER = (8, 512)
+PIXELS = (32, 3, 224, 224)
+
+
+def hf(model_cls, config_cls, **cfg):
+    def build():
+        import transformers as tf
+
+        return getattr(tf, model_cls)(getattr(tf, config_cls)(**cfg))
+
+    return build
+
+
+def tv(name):
+    def build():
+        import torchvision.models as tvm
+
+        return getattr(tvm, name)(weights=None)
+
+    return build
+
+
+def timm_model(name):
+    def build():
+        import timm
+
+        return timm.create_model(name, pretrained=False)
+
+    return build
+
+
+# model -> (constructor, input kind, shape), as the measurement's README lists them.
+MODELS = {
+    "hf_gpt2": (hf("GPT2LMHeadModel", "GPT2Config", use_cache=False,
+                   attn_implementation="sdpa"), "ids", IDS_DECODER),
+    "hf_smollm2_135m": (hf("LlamaForCausalLM", "LlamaConfig", vocab_size=49152,
+                           hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                           num_attention_heads=9, num_key_value_heads=3,
+                           max_position_embeddings=2048, tie_word_embeddings=True,
+                           use_cache=False, attn_implementation="sdpa"), "ids", IDS_DECODER),
+    "hf_qwen2_tiny": (hf("Qwen2ForCausalLM", "Qwen2Config", vocab_size=32000, hidden_size=512,
+                         intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
+                         num_key_value_heads=2, use_cache=False,
+                         attn_implementation="sdpa"), "ids", IDS_DECODER),
+    "hf_bert_base": (hf("BertForMaskedLM", "BertConfig", attn_implementation="sdpa"),
+                     "ids", IDS_ENCODER),
+    "hf_distilbert": (hf("DistilBertForMaskedLM", "DistilBertConfig",
+                         attn_implementation="sdpa"), "ids", IDS_ENCODER),
+    "hf_vit_base": (hf("ViTForImageClassification", "ViTConfig", attn_implementation="sdpa"),
+                    "pixels", PIXELS),
+    "timm_vit_small_patch16_224": (timm_model("vit_small_patch16_224"), "pixels", PIXELS),
+    "timm_convnextv2_nano": (timm_model("convnextv2_nano"), "pixels", PIXELS),
+}
+for _name in ["resnet50", "convnext_tiny", "efficientnet_b0", "swin_t", "mobilenet_v3_large",
+              "vgg16", "regnet_y_400mf"]:
+    MODELS["tv_" + _name] = (tv(_name), "pixels", PIXELS)
+
+MODES = ("infer", "train")
+
+
+class First(torch.nn.Module):
+    """forward(x) returns the model's first output, as measured: Hugging Face models
+    called with return_dict=False; a dict gives `out` or its first value; a tuple or a
+    list its first element."""
+
+    def __init__(self, model, hf_model):
+        super().__init__()
+        self.m = model
+        self.hf = hf_model
+
+    def forward(self, x):
+        out = self.m(x, return_dict=False) if self.hf else self.m(x)
+        if isinstance(out, dict):
+            out = out["out"] if "out" in out else next(iter(out.values()))
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        return out
+
+
+def spec(kind, shape):
+    return "x".join(map(str, shape)) + (":i64" if kind == "ids" else "")
+
+
+def trace(model, out_dir):
+    build, kind, shape = MODELS[model]
+    rows = []
+    for mode in MODES:
+        torch.manual_seed(0)
+        wrapper = First(build(), model.startswith("hf_"))
+        x = torch.randint(0, 1000, shape) if kind == "ids" else torch.randn(shape)
+        path = os.path.join(out_dir, f"{model}.{mode}.pt")
+        if mode == "infer":
+            wrapper.eval()
+            with torch.no_grad():
+                traced = torch.jit.trace(wrapper, (x,), check_trace=False, strict=False)
+        else:
+            wrapper.train()
+            traced = torch.jit.trace(wrapper, (x,), check_trace=False, strict=False)
+        traced.save(path)
+        rows.append({"model": model, "mode": mode, "file": path, "input": spec(kind, shape)})
+    return rows
+
+
+def cache_key():
+    import hashlib
+    from importlib import metadata
+
+    h = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for script in ("gpu_truth.py", "corpus.py"):
+        with open(os.path.join(here, script), "rb") as f:
+            h.update(f.read())
+    parts = [sys.version, torch.__version__]
+    for package in ("transformers", "timm", "torchvision"):
+        try:
+            parts.append(f"{package}=={metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{package} missing")
+    h.update("\0".join(parts).encode())
+    return h.hexdigest()[:16]
+
+
+def cached(root):
+    import fcntl
+    import shutil
+
+    root = os.path.abspath(root)
+    os.makedirs(root, exist_ok=True)
+    prefix = f"gpu-truth-torch{torch.__version__}"
+    entry = os.path.join(root, f"{prefix}-{cache_key()}")
+    with open(os.path.join(root, "gpu-truth.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(os.path.join(entry, "complete")):
+            for other in os.listdir(root):
+                if other.startswith("gpu-truth-torch"):
+                    shutil.rmtree(os.path.join(root, other), ignore_errors=True)
+            code = trace_all(entry, list(MODELS))
+            if code != 0:
+                return code
+            open(os.path.join(entry, "complete"), "w").close()
+        else:
+            print(f"gpu_truth: the traced cases from the cache, {entry}", file=sys.stderr)
+    print(entry)
+    return 0
+
+
+def trace_all(out_dir, names):
+    os.makedirs(out_dir, exist_ok=True)
+    hf_patch()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    with open(os.path.join(out_dir, "cases.jsonl"), "w") as f:
+        for name in names:
+            for row in trace(name, out_dir):
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                print(f"{row['model']} {row['mode']}: traced", file=sys.stderr)
+    return 0
+
+
+def main(argv):
+    if "--cache" in argv:
+        return cached(argv[argv.index("--cache") + 1])
+    if "--list" in argv:
+        for m in MODELS:
+            print(m)
+        return 0
+    if "--out" not in argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    i = argv.index("--out")
+    out_dir = argv[i + 1]
+    names = [a for a in argv[:i] + argv[i + 2:] if not a.startswith("--")] or list(MODELS)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        print(f"gpu_truth.py: unknown model(s) {', '.join(unknown)}; known: "
+              f"{', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    return trace_all(out_dir, names)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

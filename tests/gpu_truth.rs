@@ -1,0 +1,305 @@
+//! The estimate held to what a real GPU measured: real-world models from transformers,
+//! torchvision and timm, whose CUDA peaks an NVIDIA H200 measured in eager PyTorch 2.11
+//! (`tests/data/gpu-truth/h200-2026-11-26/`: the data and how it was measured), rebuilt
+//! and traced here exactly as they were there (`scripts/gpu_truth.py`), each case
+//! estimated with `tch-memprof estimate FILE --gpu h200` in its mode (inference; AdamW
+//! training; under bf16 autocast; the foreach and fused AdamW steps are estimated as the
+//! plain one, whose peaks they match within 0.01% on the GPU).
+//!
+//! The target: allocated within 2% and reserved within 3% in every case. The table of
+//! every case with its errors is printed (`cargo test --test gpu_truth -- --nocapture`).
+//! A case outside the target fails the test unless [`KNOWN_GAPS`] lists it with the
+//! error it has now; a listed case fails when its error grows by more than half a point,
+//! or when it meets the target (take it off the list). The list is the estimate's known
+//! error on real models, one line a cause; the docs quote it.
+//!
+//! The measurements were made with PyTorch 2.11; under another libtorch (the compat
+//! suite) the kernels CUDA picks may differ, so the test runs under 2.11 only and says so
+//! otherwise. Traced files are cached beside the wheel's Python (about 5.5 GB), reused
+//! while the script and the packages are the same.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const DATA: &str = "tests/data/gpu-truth/h200-2026-11-26";
+
+/// Allocated and reserved targets, as a share of the measured peak.
+const ALLOCATED_TARGET: f64 = 0.02;
+const RESERVED_TARGET: f64 = 0.03;
+
+/// Grouped-query attention in f32.
+const GQA: &str = "eager transformers skips the causal mask and calls SDPA with enable_gqa, \
+                   which CUDA runs on the f32 math path (bmm, the attention weights kept); the \
+                   traced file holds the mask and the key/value heads repeated, which the \
+                   memory-efficient kernel takes";
+/// The same under bf16 autocast (errs high).
+const GQA_BF16: &str = "under autocast eager runs cuDNN attention on the key/value heads as they \
+                        are; the traced file repeats them to the query's heads";
+/// Convolution nets' inference.
+const CONV: &str = "cuDNN's convolution workspaces, taken and freed inside each call, are not \
+                    modelled (VGG16: 784 MiB inside one 3x3 convolution)";
+/// Convolution nets' training: allocated right, reserved low.
+const CONV_RESERVED: &str = "reserved: cuDNN's workspaces inside the convolutions and their \
+                             backward (up to 304 MiB a call) are not modelled, and the pool \
+                             they leave fragments";
+/// Attention models' inference.
+const LOCALS: &str = "probably: eager Python holds a module's locals until its forward \
+                      returns, where the TorchScript interpreter frees each value after its \
+                      last use (the peak is in the first block's MLP, with the block's \
+                      residual and norm outputs still live)";
+/// Reserved alone, a little past the target.
+const RESERVED: &str = "reserved: the caching allocator's pool fragments more on the GPU than \
+                        its model predicts";
+/// GPT-2 training errs high.
+const GPT2_HIGH: &str = "errs high, not yet explained";
+
+/// Cases outside the target: (model, mode, allocated error %, reserved error %, why), the
+/// errors as the estimate has them now (predicted over measured, minus one, in %).
+const KNOWN_GAPS: &[(&str, &str, f64, f64, &str)] = &[
+    ("hf_bert_base", "infer", -1.26, -3.07, RESERVED),
+    ("hf_gpt2", "train", 2.22, 10.10, GPT2_HIGH),
+    ("hf_gpt2", "train-foreach", 2.22, 10.10, GPT2_HIGH),
+    ("hf_gpt2", "train-fused", 2.22, 10.10, GPT2_HIGH),
+    ("hf_qwen2_tiny", "infer", 0.00, -21.87, GQA),
+    ("hf_qwen2_tiny", "train", -17.57, -14.91, GQA),
+    ("hf_qwen2_tiny", "train-bf16", 3.26, 3.25, GQA_BF16),
+    ("hf_smollm2_135m", "infer", 0.00, -15.65, GQA),
+    ("hf_smollm2_135m", "train", -26.19, -22.93, GQA),
+    ("hf_smollm2_135m", "train-bf16", 5.27, 6.42, GQA_BF16),
+    ("hf_smollm2_135m", "train-fused", -26.19, -22.93, GQA),
+    ("hf_vit_base", "infer", -14.49, -12.08, LOCALS),
+    ("hf_vit_base", "train-bf16", 0.03, -3.80, RESERVED),
+    ("timm_convnextv2_nano", "infer", -11.41, -11.97, CONV),
+    ("timm_convnextv2_nano", "train", 0.00, -12.23, CONV_RESERVED),
+    ("timm_vit_small_patch16_224", "infer", -11.23, 0.00, LOCALS),
+    ("tv_convnext_tiny", "infer", -6.92, -10.20, CONV),
+    ("tv_convnext_tiny", "train", -0.03, -6.64, CONV_RESERVED),
+    ("tv_efficientnet_b0", "infer", -7.08, -10.00, CONV),
+    ("tv_efficientnet_b0", "train", -0.01, -6.99, CONV_RESERVED),
+    ("tv_mobilenet_v3_large", "infer", -9.42, -7.30, CONV),
+    ("tv_mobilenet_v3_large", "train", 0.00, -9.14, CONV_RESERVED),
+    ("tv_regnet_y_400mf", "infer", -30.00, -23.12, CONV),
+    ("tv_regnet_y_400mf", "train", 0.00, -18.49, CONV_RESERVED),
+    ("tv_resnet50", "infer", -5.64, -21.38, CONV),
+    ("tv_swin_t", "infer", -15.38, -4.24, LOCALS),
+    ("tv_swin_t", "train", 0.19, -3.26, RESERVED),
+    ("tv_vgg16", "infer", -37.07, -36.97, CONV),
+    ("tv_vgg16", "train", -1.13, -5.53, CONV_RESERVED),
+];
+
+struct Measured {
+    model: String,
+    mode: String,
+    input: String,
+    allocated: u64,
+    reserved: u64,
+}
+
+fn measured() -> Vec<Measured> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(DATA);
+    let mut r = csv::Reader::from_path(root.join("measured.csv")).unwrap();
+    let h = r.headers().unwrap().clone();
+    let col = |name: &str| h.iter().position(|c| c == name).unwrap();
+    let (m, md, i, a, rs) = (
+        col("model"),
+        col("mode"),
+        col("input"),
+        col("measured_allocated"),
+        col("measured_reserved"),
+    );
+    r.records()
+        .map(|row| {
+            let row = row.unwrap();
+            Measured {
+                model: row[m].to_string(),
+                mode: row[md].to_string(),
+                input: row[i].to_string(),
+                allocated: row[a].parse().unwrap(),
+                reserved: row[rs].parse().unwrap(),
+            }
+        })
+        .collect()
+}
+
+/// The traced files, by (model, infer|train), from `scripts/gpu_truth.py --cache`.
+fn traced() -> Option<BTreeMap<(String, String), PathBuf>> {
+    let python = common::corpus_python("the GPU truth cases")?;
+    let venv = Path::new(&python).parent()?.parent()?.to_path_buf();
+    let cache = match std::env::var_os("TCH_MEMPROF_CORPUS_CACHE") {
+        Some(v) if v != "off" => PathBuf::from(v),
+        _ => venv.join("corpus-cache"),
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(&python)
+        .arg(root.join("scripts/gpu_truth.py"))
+        .arg("--cache")
+        .arg(&cache)
+        .output()
+        .expect("runs scripts/gpu_truth.py");
+    assert!(
+        out.status.success(),
+        "scripts/gpu_truth.py: {}",
+        common::text(&out.stderr)
+    );
+    let entry = PathBuf::from(common::text(&out.stdout).trim());
+    let lines = std::fs::read_to_string(entry.join("cases.jsonl")).unwrap();
+    let mut files = BTreeMap::new();
+    for line in lines.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        files.insert(
+            (
+                v["model"].as_str().unwrap().to_string(),
+                v["mode"].as_str().unwrap().to_string(),
+            ),
+            PathBuf::from(v["file"].as_str().unwrap()),
+        );
+    }
+    Some(files)
+}
+
+/// The estimate's (allocated, reserved, attention) of one case, or its stderr.
+fn estimate(file: &Path, case: &Measured) -> Result<(u64, u64, String), String> {
+    let mut args = vec![
+        "estimate",
+        file.to_str().unwrap(),
+        "--input",
+        case.input.as_str(),
+        "--gpu",
+        "h200",
+        "--csv",
+    ];
+    if case.mode.starts_with("train") {
+        args.extend(["--train", "--optimizer", "adamw"]);
+    }
+    if case.mode == "train-bf16" {
+        args.extend(["--autocast", "bf16"]);
+    }
+    let out = common::cli(&args);
+    if !out.status.success() {
+        return Err(common::text(&out.stderr));
+    }
+    let text = common::text(&out.stdout);
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let row: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
+    Ok((
+        col("peak_allocated_bytes").parse().unwrap(),
+        col("peak_reserved_bytes").parse().unwrap(),
+        col("attention").to_string(),
+    ))
+}
+
+#[test]
+fn the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models() {
+    let version = std::env::var("TCH_MEMPROF_TORCH_VERSION").unwrap_or_default();
+    if !version.starts_with("2.11.") {
+        // Not a failure under CI: the compat suite runs another libtorch on purpose.
+        eprintln!(
+            "NOT RUN: the GPU truth cases were measured with PyTorch 2.11; this libtorch is \
+             {version:?} (the test runs under scripts/with-libtorch.sh with tch 0.24)"
+        );
+        return;
+    }
+    let Some(files) = traced() else { return };
+    let cases = measured();
+    assert_eq!(cases.len(), 42, "the measured cases");
+    let mut failures = Vec::new();
+    let mut seen_gaps = Vec::new();
+    println!(
+        "{:<28} {:<14} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8}  attention",
+        "model", "mode", "alloc meas", "alloc pred", "err %", "resv meas", "resv pred", "err %"
+    );
+    let (mut within_alloc, mut within_both) = (0, 0);
+    let file_of = |c: &Measured| {
+        let kind = if c.mode == "infer" { "infer" } else { "train" };
+        files
+            .get(&(c.model.clone(), kind.to_string()))
+            .unwrap_or_else(|| panic!("{} {kind}: not traced", c.model))
+            .clone()
+    };
+    // Two estimates at a time (the machine's cores), each its own process.
+    let results: Vec<_> = std::thread::scope(|s| {
+        let half = cases.len().div_ceil(2);
+        let parts: Vec<_> = cases
+            .chunks(half)
+            .map(|chunk| {
+                let file_of = &file_of;
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|c| estimate(&file_of(c), c))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        parts.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    for (c, result) in cases.iter().zip(results) {
+        let (alloc, resv, attention) = match result {
+            Ok(r) => r,
+            Err(e) => {
+                failures.push(format!("{} {}: the estimate failed: {e}", c.model, c.mode));
+                continue;
+            }
+        };
+        let ea = 100.0 * (alloc as f64 / c.allocated as f64 - 1.0);
+        let er = 100.0 * (resv as f64 / c.reserved as f64 - 1.0);
+        println!(
+            "{:<28} {:<14} {:>12} {:>12} {:>+8.2} {:>12} {:>12} {:>+8.2}  {attention}",
+            c.model, c.mode, c.allocated, alloc, ea, c.reserved, resv, er
+        );
+        let ok_alloc = ea.abs() <= 100.0 * ALLOCATED_TARGET;
+        let ok = ok_alloc && er.abs() <= 100.0 * RESERVED_TARGET;
+        within_alloc += ok_alloc as usize;
+        within_both += ok as usize;
+        let gap = KNOWN_GAPS
+            .iter()
+            .find(|(m, md, ..)| *m == c.model && *md == c.mode);
+        match (ok, gap) {
+            (true, None) => {}
+            (true, Some(_)) => failures.push(format!(
+                "{} {}: meets the target now (allocated {ea:+.2}%, reserved {er:+.2}%): \
+                 take it off KNOWN_GAPS",
+                c.model, c.mode
+            )),
+            (false, None) => failures.push(format!(
+                "{} {}: allocated {ea:+.2}%, reserved {er:+.2}%: outside the target \
+                 (allocated within {}%, reserved within {}%)",
+                c.model,
+                c.mode,
+                100.0 * ALLOCATED_TARGET,
+                100.0 * RESERVED_TARGET
+            )),
+            (false, Some((_, _, ga, gr, why))) => {
+                seen_gaps.push((c.model.clone(), c.mode.clone()));
+                if (ea - ga).abs() > 0.5 && ea.abs() > ga.abs()
+                    || (er - gr).abs() > 0.5 && er.abs() > gr.abs()
+                {
+                    failures.push(format!(
+                        "{} {}: allocated {ea:+.2}%, reserved {er:+.2}%, worse than the known \
+                         gap ({ga:+.2}%, {gr:+.2}%: {why})",
+                        c.model, c.mode
+                    ));
+                }
+            }
+        }
+    }
+    println!(
+        "{} cases: {within_alloc} within {}% allocated, {within_both} within that and {}% \
+         reserved; {} known gaps",
+        cases.len(),
+        100.0 * ALLOCATED_TARGET,
+        100.0 * RESERVED_TARGET,
+        KNOWN_GAPS.len()
+    );
+    for (m, md, ..) in KNOWN_GAPS {
+        if !cases.iter().any(|c| c.model == *m && c.mode == *md) {
+            failures.push(format!("KNOWN_GAPS lists {m} {md}, which was not measured"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
