@@ -4,36 +4,78 @@
 # docs/gpu-validation.md with the device, the driver and the date.
 #
 #   ./run.sh                          # everything
-#   ./run.sh --quick                  # the transformer cases of gpt2, bert-base, vit-b16 only
+#   ./run.sh --quick                  # the transformer cases of gpt2, bert-base, vit-b16 only,
+#                                     # six GPU truth cases (truth.py cases --quick)
 #   ./run.sh --models gpt2,llama3.2-1b
 #
 # Arguments go to transformers.py (the transformer cases); the other checks always run.
+# Each step runs under its own timeout, the most valuable first.
 set -uo pipefail
 cd "$(dirname "$0")"
 TRANSFORMERS_ARGS=("$@")  # expanded as ${A[@]+"${A[@]}"}: empty is fine under set -u on old bash
+QUICK=""
+for a in "$@"; do [ "$a" = --quick ] && QUICK=--quick; done
+# The binaries come xz-compressed (bundle.sh); the pinned packages as wheels.
+for f in bin/*.xz; do
+  [ -e "$f" ] || continue
+  python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+    "$f" "./$(basename "${f%.xz}")" && chmod +x "./$(basename "${f%.xz}")" && rm "$f"
+done
+if ls wheels/*.whl >/dev/null 2>&1 && [ ! -d pylib ]; then
+  python3 -m pip install --quiet --no-index --no-deps --target pylib wheels/*.whl
+fi
 TORCH_LIB=$(python3 -c "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
 export LD_LIBRARY_PATH="$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
 declare -a names results
+# step NAME SECONDS COMMAND...: the command under a timeout.
 step() {
-  local name=$1; shift
+  local name=$1 limit=$2; shift 2
   echo; echo "=== $name: $*"
-  if "$@"; then results+=("ok"); else results+=("FAILED ($?)"); fi
+  if timeout "$limit" "$@"; then results+=("ok"); else results+=("FAILED ($?)"); fi
   names+=("$name")
 }
-step "allocated == allocator counter, calls, snapshots, OOM" ./cuda_test --nocapture --test-threads 1
-step "quickstart on cuda" ./quickstart --device cuda --epochs 2 --iterations 5
-step "step timeline on cuda" ./resnet_profile --device cuda --batch_size 16 --output out/resnet.png
-step "deployment table on cuda" ./deployment_peak --device cuda --explain --output out/deployment_peak.csv
-step "optimizations on cuda" ./optimizations --device cuda --output out/comparison.csv
-for leak in "" --graph --outputs --cache; do
-  step "leak_hunt ${leak:-clean} on cuda" ./leak_hunt --device cuda $leak
-done
 mkdir -p out
-step "leak_hunt --graph with snapshots on cuda" ./leak_hunt --device cuda --graph --snapshot out/leak_graph.pickle
-step "snapshots open in torch.cuda._memory_viz" python3 viewer_check.py
+step "allocated == allocator counter, calls, snapshots, OOM" 60 ./cuda_test --nocapture --test-threads 1
+step "CUDA-style accounting of blocks made before the session (CPU)" 60 ./cuda_accounting_test --nocapture
+weights_shown() {
+  ./resnet_profile --device cuda --batch_size 16 --output out/resnet.png || return 1
+  # The step timeline's weights on CUDA: ResNet-152's 241 MB, not 0.
+  grep -h "Max Weights Memory" out/memory_summary_bs16.txt memory_summary_bs16.txt 2>/dev/null | head -n 1
+  ! grep -qh "Max Weights Memory (GB): 0.000" out/memory_summary_bs16.txt memory_summary_bs16.txt 2>/dev/null
+}
+step "step timeline on cuda shows the weights" 120 weights_shown
+step "deployment table on cuda (a clean allocator per model)" 120 ./deployment_peak --device cuda --explain --output out/deployment_peak.csv
+
+# The GPU truth cases: the models traced here as they were measured (gpu_truth.py, on
+# this machine's CPUs), estimated, and measured on the GPU, three processes at a time.
+truth_cases() {
+  local rc=0 model mode input args
+  rm -rf out/truth && mkdir -p out/truth/est
+  local cases; cases=$(PYTHONPATH=pylib python3 truth.py cases $QUICK) || return 1
+  # shellcheck disable=SC2046
+  PYTHONPATH=pylib python3 gpu_truth.py --out out/truth/files $(cut -d' ' -f1 <<<"$cases" | sort -u) || return 1
+  while read -r model mode input; do
+    args=(estimate "out/truth/files/$model.$mode.pt" --input "$input" --csv)
+    [ "$mode" = train ] && args+=(--train --optimizer adamw)
+    [ -n "$EST_GPU" ] && args+=(--gpu "$EST_GPU")
+    ./tch-memprof "${args[@]}" >"out/truth/est/$model.$mode.csv" 2>"out/truth/est/$model.$mode.err" || rc=1
+  done <<<"$cases"
+  echo "model,mode,input,weights_allocated,measured_allocated,measured_reserved" >out/truth/measured.csv
+  xargs -P 3 -L 1 sh -c 'PYTHONPATH=pylib python3 truth.py measure "$0" "$1"' <<<"$(cut -d' ' -f1,2 <<<"$cases")" \
+    >>out/truth/measured.csv || rc=1
+  python3 truth.py table --measured out/truth/measured.csv --estimates out/truth/est --reference truth_h200.csv || rc=1
+  return $rc
+}
+step "quickstart on cuda" 60 ./quickstart --device cuda --epochs 2 --iterations 5
+step "optimizations on cuda" 120 ./optimizations --device cuda --output out/comparison.csv
+for leak in "" --graph --outputs --cache; do
+  step "leak_hunt ${leak:-clean} on cuda" 60 ./leak_hunt --device cuda $leak
+done
+step "leak_hunt --graph with snapshots on cuda" 60 ./leak_hunt --device cuda --graph --snapshot out/leak_graph.pickle
+step "snapshots open in torch.cuda._memory_viz" 60 python3 viewer_check.py
 
 # Transformers: the estimate of each case (transformers.py --list-cases), then the same
 # models in PyTorch measured on cuda:0, then the two side by side.
@@ -63,13 +105,14 @@ estimate_transformers() {
   done <<<"$cases"
   return $rc
 }
-step "transformers estimated (tch-memprof estimate)" estimate_transformers
-step "transformers measured on cuda (PyTorch)" \
+step "GPU truth cases: estimated beside measured" 300 truth_cases
+step "transformers estimated (tch-memprof estimate)" 120 estimate_transformers
+step "transformers measured on cuda (PyTorch)" 300 \
   python3 transformers.py ${TRANSFORMERS_ARGS[@]+"${TRANSFORMERS_ARGS[@]}"} --out out/transformers_measured.csv
-step "transformers predicted beside measured" python3 transformers_join.py \
+step "transformers predicted beside measured" 60 python3 transformers_join.py \
   --measured out/transformers_measured.csv --estimates out/estimate --out out/transformers_joined.csv
 
-step "plan levers (allocator settings, checkpointing) measured and estimated" \
+step "plan levers (allocator settings, checkpointing) measured and estimated" 300 \
   python3 plan_levers.py --estimate ./tch-memprof ${EST_GPU:+--gpu "$EST_GPU"} --out out/plan_levers.csv
 
 echo; echo "=== summary"
