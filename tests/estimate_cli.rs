@@ -149,6 +149,80 @@ fn bad_input_is_one_line_and_exit_2() {
     assert!(err.contains("forward pass failed"), "{err}");
 }
 
+/// What a new user trips on first: a size without a unit, a token model's shape without
+/// a dtype, a file that is no model, the defaults and the help.
+#[test]
+fn first_hour_inputs_say_what_to_do() {
+    let _serial = common::serial();
+    let refused = |args: &[&str], says: &[&str]| {
+        let out = cli(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        for s in says {
+            assert!(err.contains(s), "{args:?}: {err:?} lacks {s:?}");
+        }
+    };
+    // 24 is not 24 bytes: a size needs a unit, and the message shows it.
+    refused(
+        &["estimate", "--model", "resnet18", "--memory", "24"],
+        &["needs a unit", "24GiB", "24GB"],
+    );
+    refused(
+        &["plan", "--model", "gpt2", "--memory", "24"],
+        &["needs a unit"],
+    );
+    // Files told apart by their contents, saying which file was expected.
+    let dir = tempfile::tempdir().unwrap();
+    let text_file = dir.path().join("model.pt2");
+    std::fs::write(&text_file, "not a model\n").unwrap();
+    refused(
+        &["estimate", text_file.to_str().unwrap(), "--input", "1x3"],
+        &["not a model file", "zip", "exported program"],
+    );
+    let zip_file = dir.path().join("model.pt");
+    {
+        let mut z = zip::ZipWriter::new(std::fs::File::create(&zip_file).unwrap());
+        z.start_file(
+            "model/readme.txt",
+            zip::write::FileOptions::default().compression_method(zip::CompressionMethod::Stored),
+        )
+        .unwrap();
+        std::io::Write::write_all(&mut z, b"hello").unwrap();
+        z.finish().unwrap();
+    }
+    refused(
+        &["estimate", zip_file.to_str().unwrap(), "--input", "1x3"],
+        &["neither an exported program", "nor a TorchScript file"],
+    );
+    refused(
+        &["profile", zip_file.to_str().unwrap(), "--input", "1x3"],
+        &["neither an exported program"],
+    );
+    refused(
+        &["estimate", dir.path().join("missing.pt2").to_str().unwrap()],
+        &["no such file", "exported program"],
+    );
+    // A built-in token model takes int64 ids without `:i64`.
+    let out = cli(&["estimate", "--model", "gpt2", "--input", "1x64", "--csv"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // One default optimizer, named in both helps; the command's help says what it does.
+    for sub in ["estimate", "plan"] {
+        let help = text(&cli(&[sub, "--help"]).stdout);
+        assert!(help.contains("[default: adamw]"), "{sub} --help: {help}");
+    }
+    let help = text(&cli(&["--help"]).stdout);
+    assert!(help.contains("predict its CUDA peak"), "{help}");
+    let help = text(&cli(&["profile", "--help"]).stdout);
+    assert!(help.contains(".pt2"), "{help}");
+    let out = cli(&["estimate", "--model", "resnet18", "--train", "--csv"]);
+    assert!(
+        text(&out.stdout).contains("train-adamw"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
 /// A small CNN exported by PyTorch with torch.jit.trace; prints its parameter bytes and
 /// its buffer bytes (as PyTorch counts them).
 const EXPORT: &str = r#"

@@ -118,8 +118,8 @@ impl Gpu {
     }
 }
 
-/// Parses a memory size: `80GiB`, `24 GB` (10^9 bytes), `512MiB`, `1.5TiB`, or a plain
-/// number of bytes.
+/// Parses a memory size: `80GiB`, `24 GB` (10^9 bytes), `512MiB`, `1.5TiB`, `4096B`. A
+/// number without a unit is refused: `24` is far likelier meant as 24 GB than as bytes.
 pub fn parse_size(text: &str) -> Result<u64> {
     let t = text.trim();
     let split = t
@@ -135,7 +135,13 @@ pub fn parse_size(text: &str) -> Result<u64> {
         .parse()
         .map_err(|_| bad("not a size (write 80GiB, 24GB, 512MiB or a GPU name such as h100)"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
+        "" => {
+            return Err(bad(&format!(
+                "a size needs a unit: {num}GiB, {num}GB, {num}MiB (or {num}B for bytes), \
+                 or a GPU name such as h100"
+            )))
+        }
+        "b" => 1.0,
         "kib" => 1024.0,
         "mib" => 1024.0 * 1024.0,
         "gib" => 1024.0 * 1024.0 * 1024.0,
@@ -186,7 +192,10 @@ mod tests {
         assert_eq!(parse_size("80GiB").unwrap(), 80 << 30);
         assert_eq!(parse_size("24 GB").unwrap(), 24_000_000_000);
         assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("4096B").unwrap(), 4096);
+        // No unit: refused, saying how to write it.
+        let e = parse_size("24").unwrap_err().to_string();
+        assert!(e.contains("needs a unit") && e.contains("24GiB"), "{e}");
         for bad in ["", "GiB", "12 parsecs", "-3GiB", "0"] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }

@@ -348,10 +348,10 @@ impl Model {
     /// the file and dropped, in the file's order, which is the order a CUDA load
     /// allocates them.
     pub fn torchscript(path: &Path) -> Result<Model> {
-        if !path.is_file() {
+        if let Some(reason) = crate::program::not_torchscript(path) {
             return Err(Error::ModelLoad {
                 path: path.to_path_buf(),
-                reason: "no such file (a TorchScript model saved with torch.jit.save)".into(),
+                reason,
             });
         }
         let trace = Trace::begin()?;

@@ -32,10 +32,10 @@ pub fn profile_torchscript(
     device: Device,
     output_dir: &Path,
 ) -> Result<ProfiledStep> {
-    if !path.is_file() {
+    if let Some(reason) = crate::program::not_torchscript(path) {
         return Err(Error::ModelLoad {
             path: path.to_path_buf(),
-            reason: "no such file (a TorchScript model saved with torch.jit.save)".into(),
+            reason,
         });
     }
     check_inputs(inputs)?;

@@ -93,6 +93,44 @@ impl std::fmt::Debug for Program {
 
 /// Whether `path` is a torch.export archive (a zip whose root folder holds
 /// `archive_format` reading "pt2"), as opposed to a TorchScript file (also a zip).
+/// Why `path` cannot be a TorchScript file, told by its contents (what
+/// [`is_program`] is not): missing; not a zip archive (both formats are); a zip
+/// archive with neither an exported program's `archive_format` nor TorchScript's
+/// `code/` folder. None: it may load as TorchScript. The reason says which file was
+/// expected: an exported program when the name ends in `.pt2`.
+pub(crate) fn not_torchscript(path: &Path) -> Option<String> {
+    let expected = if path.extension().is_some_and(|e| e == "pt2") {
+        "an exported program (torch.export.save)"
+    } else {
+        "a model file: an exported program (.pt2, torch.export.save) or a TorchScript file \
+         (torch.jit.save)"
+    };
+    let Ok(file) = File::open(path) else {
+        return Some(if path.exists() {
+            format!("cannot be read (expected {expected})")
+        } else {
+            format!("no such file (expected {expected})")
+        });
+    };
+    let Ok(zip) = zip::ZipArchive::new(file) else {
+        return Some(format!(
+            "not a model file: exported programs and TorchScript files are zip archives, \
+             this is not one (expected {expected})"
+        ));
+    };
+    let torchscript = zip.file_names().any(|n| {
+        n.split('/')
+            .nth(1)
+            .is_some_and(|d| d == "code" || d == "constants.pkl")
+    });
+    (!torchscript).then(|| {
+        format!(
+            "a zip archive, but neither an exported program (no archive_format) nor a \
+             TorchScript file (no code/ folder) (expected {expected})"
+        )
+    })
+}
+
 pub(crate) fn is_program(path: &Path) -> bool {
     let Ok(file) = File::open(path) else {
         return false;

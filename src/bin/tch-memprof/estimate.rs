@@ -33,15 +33,16 @@ pub struct EstimateArgs {
     /// token), the mean otherwise.
     #[arg(long)]
     train: bool,
-    /// The optimizer of --train: sgd, sgd-momentum, adam, adamw.
-    #[arg(long, default_value = "adam")]
+    /// The optimizer of --train: sgd, sgd-momentum, adam, adamw (the default of plan too).
+    #[arg(long, default_value = "adamw")]
     optimizer: String,
     /// Batch sizes to estimate (they replace the first size of every input): 1,8,32.
     #[arg(long, value_delimiter = ',')]
     batch_sizes: Vec<i64>,
     /// The GPU (its cuBLAS workspace, its compute capability, which picks the attention
-    /// kernels, and its memory for --memory): h100, a100-80gb, rtx4090, ... Default: a
-    /// GPU before Hopper of unknown memory, compute capability 8.0.
+    /// kernels, and its memory for --memory): h100, a100-80gb, rtx4090, ... Default: the
+    /// GPU --memory names (--memory h100), else a GPU before Hopper of unknown memory,
+    /// compute capability 8.0.
     #[arg(long)]
     gpu: Option<String>,
     /// Find the largest batch whose predicted peak reserved fits: a size (80GiB, 24GB)
@@ -273,8 +274,17 @@ pub(crate) fn load_model(
             Ok(m)
         }
         (None, Some(name)) => {
+            let default = models::default_input(name);
             if inputs.is_empty() {
-                inputs.push(models::default_input(name));
+                inputs.push(default);
+            } else {
+                // A shape without a dtype takes the model's own: token ids (int64) for
+                // the built-in transformers, float images for the rest.
+                for (input, spec) in inputs.iter_mut().zip(specs) {
+                    if !spec.contains(':') {
+                        input.kind = default.kind;
+                    }
+                }
             }
             Model::builtin(name)
         }

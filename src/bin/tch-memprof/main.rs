@@ -1,4 +1,5 @@
-//! The `tch-memprof` command: work with the files a profiled run left.
+//! The `tch-memprof` command: profile a step, predict its CUDA peak without a GPU, plan
+//! what makes it fit, and read the files of profiled runs back.
 //!
 //!     tch-memprof report RUN... [--label TEXT]... [-o report.html]
 //!     tch-memprof diff BASE NEW [--max-increase 5%] [--label BASE --label NEW]
@@ -35,7 +36,8 @@ use tch_memprof::estimate::Input;
 #[command(
     name = "tch-memprof",
     version,
-    about = "Work with the files of tch-memprof runs"
+    about = "Where the memory of a tch model goes: profile a step, predict its CUDA peak \
+             without a GPU, plan what makes it fit, and read runs back"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -58,8 +60,8 @@ enum Command {
     /// accumulation, optimizer, allocator settings) whose predicted peak fits a memory
     /// budget; exit 1 when none does.
     Plan(plan::PlanArgs),
-    /// Profile one step of a TorchScript model for real (timeline by category, layers,
-    /// FLOPs, plot, summary).
+    /// Profile one step of a model file (an exported program .pt2 or a TorchScript file)
+    /// for real (timeline by category, layers, FLOPs, plot, summary).
     Profile(profile::ProfileArgs),
 }
 
