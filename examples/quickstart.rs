@@ -45,7 +45,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let iterations = args::number("--iterations", 20)?;
     let batch = args::number("--batch-size", 32)?;
     let device = args::device(Device::cuda_if_available())?;
-    println!("quickstart: small CNN, Adam, {epochs} epochs x {iterations} iterations, batch {batch}, {device:?}");
+    let device_name = match device {
+        Device::Cuda(i) => format!("cuda:{i}"),
+        _ => "cpu".to_string(),
+    };
+    let plural = |n: i64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    println!(
+        "quickstart: small CNN, Adam, {} x {}, batch {batch}, {device_name}",
+        plural(epochs, "epoch", "epochs"),
+        plural(iterations, "iteration", "iterations")
+    );
 
     let vs = nn::VarStore::new(device);
     let net = cnn(&vs.root(), 10);

@@ -7,8 +7,10 @@
 #   cd gpu_bundle && ./run.sh        # there (PyTorch 2.11.0+cu130 installed)
 #
 # The binaries are xz-compressed (run.sh unpacks them with Python's lzma); the wheels of
-# the packages the GPU truth cases pin (transformers, timm) come along, installed there
-# into a folder of the bundle. The bundle stays under 64 MiB (checked). See
+# the packages the GPU truth cases pin (transformers, timm), and of the two transformers
+# checks the versions of at import (huggingface_hub, tokenizers: the GPU machine's are
+# those of its newer transformers), come along, installed there into a folder of the
+# bundle that comes first on PYTHONPATH. The bundle stays under 64 MiB (checked). See
 # docs/gpu-validation.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,7 +35,10 @@ cp scripts/gpu/run.sh scripts/gpu/viewer_check.py scripts/gpu/transformers.py \
 mv gpu_bundle/measured.csv gpu_bundle/truth_h200.csv
 py="$(scripts/with-libtorch.sh scripts/corpus-env.sh)"
 "$py" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-  -d gpu_bundle/wheels transformers==4.57.6 timm==1.0.31
+  -d gpu_bundle/wheels transformers==4.57.6 timm==1.0.31 \
+  "huggingface_hub==$("$py" -c 'from importlib.metadata import version; print(version("huggingface_hub"))')" \
+  "tokenizers==$("$py" -c 'from importlib.metadata import version; print(version("tokenizers"))')" \
+  --platform manylinux2014_x86_64 --python-version 3.12
 size=$(du -sm gpu_bundle | cut -f1)
 [ "$size" -le 64 ] || { echo "bundle.sh: gpu_bundle/ is $size MiB, over the 64 MiB a GPU machine takes" >&2; exit 1; }
 echo "gpu_bundle/ is ready ($size MiB): copy it to the GPU machine and run ./run.sh there"
