@@ -60,7 +60,7 @@ impl From<ffi::CudaStats> for CudaStats {
 }
 
 /// Whether CUDA is usable by the profiler, and if not, why (no driver, a CPU-only
-/// libtorch, no CUDA tensor allocated yet, ...).
+/// libtorch, ...). Before the first CUDA tensor it is usable (the statistics are zero).
 pub fn status() -> std::result::Result<(), String> {
     ffi::cuda_stats(0).map(|_| ()).map_err(|e| e.to_string())
 }
