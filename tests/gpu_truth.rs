@@ -1,7 +1,9 @@
 //! The estimate held to what a real GPU measured: real-world models from transformers,
 //! torchvision and timm, whose CUDA peaks an NVIDIA H200 measured in eager PyTorch 2.11
 //! (`tests/data/gpu-truth/h200-2026-11-26/`: the data and how it was measured), rebuilt
-//! and traced here exactly as they were there (`scripts/gpu_truth.py`), each case
+//! and traced here as they were there (`scripts/gpu_truth.py`; at batch 1, which gives
+//! byte-identical estimates at the measured batch, and traces in a third of the time),
+//! each case
 //! estimated with `tch-memprof estimate FILE --gpu h200` in its mode (inference; AdamW
 //! training; under bf16 autocast; the foreach and fused AdamW steps are estimated as the
 //! plain one, whose peaks they match within 0.01% on the GPU).
@@ -15,8 +17,8 @@
 //!
 //! The measurements were made with PyTorch 2.11; under another libtorch (the compat
 //! suite) the kernels CUDA picks may differ, so the test runs under 2.11 only and says so
-//! otherwise. Traced files are cached beside the wheel's Python (about 5.5 GB), reused
-//! while the script and the packages are the same.
+//! otherwise. Traced files are cached beside the wheel's Python (about 6 GB, mostly
+//! weights), reused while the script and the packages are the same.
 
 mod common;
 

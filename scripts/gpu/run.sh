@@ -56,7 +56,7 @@ truth_cases() {
   rm -rf out/truth && mkdir -p out/truth/est
   local cases; cases=$(PYTHONPATH=pylib python3 truth.py cases $QUICK) || return 1
   # shellcheck disable=SC2046
-  PYTHONPATH=pylib python3 gpu_truth.py --out out/truth/files $(cut -d' ' -f1 <<<"$cases" | sort -u) || return 1
+  PYTHONPATH=pylib python3 gpu_truth.py --measured-batch --out out/truth/files $(cut -d' ' -f1 <<<"$cases" | sort -u) || return 1
   while read -r model mode input; do
     args=(estimate "out/truth/files/$model.$mode.pt" --input "$input" --csv)
     [ "$mode" = train ] && args+=(--train --optimizer adamw)
