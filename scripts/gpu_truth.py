@@ -22,7 +22,11 @@ The models are traced at batch 1 with the measured sequence length or image size
 batch is an input size of the traced program, and the estimates of all 42 cases from
 files traced at batch 1 and at the measured batch were byte-identical (weights, peak
 allocated, peak reserved; checked with torch 2.11 on 2026-11-26), at 1m24s of tracing
-instead of 3m37s on a 2-core machine. --measured-batch traces at the measured shape.
+instead of 3m37s on a 2-core machine (`time python3 scripts/gpu_truth.py --out A` and
+`... --measured-batch --out B`). --measured-batch traces at the measured shape. To check
+it again: run `tch-memprof estimate FILE --input INPUT --gpu h200 --csv` (with `--train
+--optimizer adamw`, and `--autocast bf16` for train-bf16, as tests/gpu_truth.rs does) on
+each case's file from A and from B, and compare the rows.
 
 Run with the Python of the torch wheel that scripts/with-libtorch.sh installs, with the
 packages of scripts/corpus-env.sh (transformers 4.57.6, torchvision 0.26.0 for torch
