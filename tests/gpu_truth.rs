@@ -224,22 +224,7 @@ fn the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models() {
             .clone()
     };
     // Two estimates at a time (the machine's cores), each its own process.
-    let results: Vec<_> = std::thread::scope(|s| {
-        let half = cases.len().div_ceil(2);
-        let parts: Vec<_> = cases
-            .chunks(half)
-            .map(|chunk| {
-                let file_of = &file_of;
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|c| estimate(&file_of(c), c))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        parts.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
+    let results = common::in_pairs(&cases, |c| estimate(&file_of(c), c));
     for (c, result) in cases.iter().zip(results) {
         let (alloc, resv, attention) = match result {
             Ok(r) => r,

@@ -162,3 +162,20 @@ pub fn cli(args: &[&str]) -> std::process::Output {
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
+
+/// Runs `f` on every item, two at a time (the machine's cores; each estimate is its
+/// own process), keeping their order.
+pub fn in_pairs<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    if items.is_empty() {
+        return Vec::new();
+    }
+    std::thread::scope(|s| {
+        let half = items.len().div_ceil(2);
+        let f = &f;
+        let parts: Vec<_> = items
+            .chunks(half)
+            .map(|chunk| s.spawn(move || chunk.iter().map(f).collect::<Vec<_>>()))
+            .collect();
+        parts.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    })
+}
