@@ -16,20 +16,22 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 scripts/with-libtorch.sh cargo build --release --examples
 scripts/with-libtorch.sh cargo build --release --bin tch-memprof
+# test_bin KIND NAME: the executable of a test (KIND test) or a bench (KIND bench).
 test_bin() {
-  scripts/with-libtorch.sh cargo test --release --no-run --test "$1" --message-format=json \
-    | grep -o "\"executable\":\"[^\"]*/$1-[^\"]*\"" | cut -d'"' -f4 | head -n 1
+  scripts/with-libtorch.sh cargo "$1" --no-run --"$1" "$2" --message-format=json $([ "$1" = test ] && echo --release) \
+    | grep -o "\"executable\":\"[^\"]*/$2-[^\"]*\"" | cut -d'"' -f4 | head -n 1
 }
 rm -rf gpu_bundle && mkdir -p gpu_bundle/bin gpu_bundle/wheels
-cp "$(test_bin cuda)" gpu_bundle/bin/cuda_test
-cp "$(test_bin cuda_accounting)" gpu_bundle/bin/cuda_accounting_test
+cp "$(test_bin test cuda)" gpu_bundle/bin/cuda_test
+cp "$(test_bin test cuda_accounting)" gpu_bundle/bin/cuda_accounting_test
+cp "$(test_bin bench overhead)" gpu_bundle/bin/overhead
 for e in quickstart resnet_profile leak_hunt optimizations deployment_peak; do
   cp "target/release/examples/$e" gpu_bundle/bin/
 done
 cp target/release/tch-memprof gpu_bundle/bin/
 xz -T0 -6 gpu_bundle/bin/*
-cp scripts/gpu/run.sh scripts/gpu/viewer_check.py scripts/gpu/transformers.py \
-  scripts/gpu/transformers_join.py scripts/gpu/plan_levers.py scripts/gpu/truth.py \
+cp scripts/gpu/run.sh scripts/gpu/viewer_check.py scripts/gpu/builtin_mirrors.py \
+  scripts/gpu/builtin_join.py scripts/gpu/plan_levers.py scripts/gpu/truth.py \
   scripts/gpu_truth.py scripts/corpus.py \
   tests/data/gpu-truth/h200-2026-11-26/measured.csv gpu_bundle/
 mv gpu_bundle/measured.csv gpu_bundle/truth_h200.csv

@@ -2,7 +2,7 @@
 what `tch-memprof estimate` predicts for them: the caching allocator's settings
 (`PYTORCH_CUDA_ALLOC_CONF`: they change reserved, never allocated) and activation
 checkpointing of every segment and of every 2nd segment, on GPT-2 trained with AdamW in
-f32 at 8x1024 (transformers.py's mirror of the built-in model).
+f32 at 8x1024 (builtin_mirrors.py's mirror of the built-in model).
 
 Checkpointing runs as `tch_memprof::Checkpointed` does (src/optim.rs), written out here
 in PyTorch: the segments are GPT-2's chain (the embeddings, each block, the head: the

@@ -7,14 +7,24 @@
 #   ./run.sh --quick                  # the transformer cases of gpt2, bert-base, vit-b16 only,
 #                                     # six GPU truth cases (truth.py cases --quick)
 #   ./run.sh --models gpt2,llama3.2-1b
+#   ./run.sh --no-transformers --measure-all
+#                                     # no transformer or plan lever cases; every GPU truth
+#                                     # case measured (no estimate: that runs anywhere)
 #
-# Arguments go to transformers.py (the transformer cases); the other checks always run.
-# Each step runs under its own timeout, the most valuable first.
+# Other arguments go to builtin_mirrors.py (the transformer cases); the other checks always
+# run. Each step runs under its own timeout, the most valuable first; the summary gives
+# each step's seconds.
 set -uo pipefail
 cd "$(dirname "$0")"
-TRANSFORMERS_ARGS=("$@")  # expanded as ${A[@]+"${A[@]}"}: empty is fine under set -u on old bash
-QUICK=""
-for a in "$@"; do [ "$a" = --quick ] && QUICK=--quick; done
+TRANSFORMERS_ARGS=()  # expanded as ${A[@]+"${A[@]}"}: empty is fine under set -u on old bash
+QUICK="" NO_TRANSFORMERS="" MEASURE_ALL=""
+for a in "$@"; do
+  case "$a" in
+    --no-transformers) NO_TRANSFORMERS=1 ;;
+    --measure-all) MEASURE_ALL=1 ;;
+    *) [ "$a" = --quick ] && QUICK=--quick; TRANSFORMERS_ARGS+=("$a") ;;
+  esac
+done
 # The binaries come xz-compressed (bundle.sh); the pinned packages as wheels.
 for f in bin/*.xz; do
   [ -e "$f" ] || continue
@@ -32,9 +42,22 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 declare -a names results
 # step NAME SECONDS COMMAND...: the command under a timeout.
 step() {
-  local name=$1 limit=$2; shift 2
+  local name=$1 limit=$2 t0=$SECONDS; shift 2
+  # SKIP=REGEX ./run.sh ...: the steps whose names match are left out (a rerun).
+  if [ -n "${SKIP:-}" ] && [[ $name =~ $SKIP ]]; then
+    echo; echo "=== $name: skipped (SKIP)"; return
+  fi
   echo; echo "=== $name: $*"
-  if timeout "$limit" "$@"; then results+=("ok"); else results+=("FAILED ($?)"); fi
+  local rc=0
+  if [ "$(type -t "$1")" = function ]; then
+    # timeout runs programs, not this script's functions: a bash given them, and the
+    # variables they read.
+    timeout "$limit" bash -c "$(declare -p QUICK EST_GPU TRANSFORMERS_ARGS 2>/dev/null); $(declare -f); \"\$@\"" step "$@" || rc=$?
+  else
+    timeout "$limit" "$@" || rc=$?
+  fi
+  if [ $rc = 0 ]; then results+=("ok"); else results+=("FAILED ($rc)"); fi
+  results[-1]+=" $((SECONDS - t0)) s"
   names+=("$name")
 }
 mkdir -p out
@@ -47,6 +70,9 @@ weights_shown() {
   ! grep -qh "Max Weights Memory (GB): 0.000" out/memory_summary_bs16.txt memory_summary_bs16.txt 2>/dev/null
 }
 step "step timeline on cuda shows the weights" 120 weights_shown
+# The profiler's cost on a GPU, where a small step is CPU-bound: ratios to the plain loop
+# measured in the same run (benches/overhead.rs).
+step "overhead of each profiler mode on cuda (ResNet-18 step)" 180 ./overhead --device cuda --rounds 6 --steps 40
 step "deployment table on cuda (a clean allocator per model)" 120 ./deployment_peak --device cuda --explain --output out/deployment_peak.csv
 
 # The GPU truth cases: the models traced here as they were measured (gpu_truth.py, on
@@ -77,10 +103,10 @@ done
 step "leak_hunt --graph with snapshots on cuda" 60 ./leak_hunt --device cuda --graph --snapshot out/leak_graph.pickle
 step "snapshots open in torch.cuda._memory_viz" 60 python3 viewer_check.py
 
-# Transformers: the estimate of each case (transformers.py --list-cases), then the same
+# Transformers: the estimate of each case (builtin_mirrors.py --list-cases), then the same
 # models in PyTorch measured on cuda:0, then the two side by side.
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-if EST_GPU=$(python3 transformers_join.py --gpu-name "$GPU_NAME"); then
+if EST_GPU=$(python3 builtin_join.py --gpu-name "$GPU_NAME"); then
   echo "estimates for --gpu $EST_GPU ($GPU_NAME)"
 else
   EST_GPU=""
@@ -89,7 +115,7 @@ fi
 estimate_transformers() {
   local rc=0 cases model input est_input mode autocast args
   rm -rf out/estimate && mkdir -p out/estimate
-  cases=$(python3 transformers.py --list-cases ${TRANSFORMERS_ARGS[@]+"${TRANSFORMERS_ARGS[@]}"}) || return 1
+  cases=$(python3 builtin_mirrors.py --list-cases ${TRANSFORMERS_ARGS[@]+"${TRANSFORMERS_ARGS[@]}"}) || return 1
   while read -r model input est_input mode autocast; do
     args=(estimate --model "$model" --input "$est_input" --csv)
     [ "$mode" = train ] && args+=(--train --optimizer adamw)
@@ -105,15 +131,31 @@ estimate_transformers() {
   done <<<"$cases"
   return $rc
 }
-step "GPU truth cases: estimated beside measured" 300 truth_cases
+# Every GPU truth case of the reference (truth_h200.csv) measured, four processes at a
+# time (the estimates run anywhere).
+measure_all() {
+  echo "model,mode,input,weights_allocated,measured_allocated,measured_reserved" >out/truth_measured_all.csv
+  tail -n +2 truth_h200.csv | cut -d, -f1,2 | tr , ' ' \
+    | xargs -P 4 -L 1 sh -c 'PYTHONPATH=pylib python3 truth.py measure "$0" "$1"' >>out/truth_measured_all.csv
+}
+if [ -n "$MEASURE_ALL" ]; then
+  step "GPU truth cases, every one, measured" 300 measure_all
+else
+  step "GPU truth cases: estimated beside measured" 300 truth_cases
+fi
+if [ -n "$NO_TRANSFORMERS" ]; then
+  echo; echo "=== summary (in $SECONDS s)"
+  for i in "${!names[@]}"; do printf '%-55s %s\n' "${names[$i]}" "${results[$i]}"; done
+  exit 0
+fi
 step "transformers estimated (tch-memprof estimate)" 120 estimate_transformers
 step "transformers measured on cuda (PyTorch)" 300 \
-  python3 transformers.py ${TRANSFORMERS_ARGS[@]+"${TRANSFORMERS_ARGS[@]}"} --out out/transformers_measured.csv
-step "transformers predicted beside measured" 60 python3 transformers_join.py \
+  python3 builtin_mirrors.py ${TRANSFORMERS_ARGS[@]+"${TRANSFORMERS_ARGS[@]}"} --out out/transformers_measured.csv
+step "transformers predicted beside measured" 60 python3 builtin_join.py \
   --measured out/transformers_measured.csv --estimates out/estimate --out out/transformers_joined.csv
 
 step "plan levers (allocator settings, checkpointing) measured and estimated" 300 \
   python3 plan_levers.py --estimate ./tch-memprof ${EST_GPU:+--gpu "$EST_GPU"} --out out/plan_levers.csv
 
-echo; echo "=== summary"
+echo; echo "=== summary (in $SECONDS s)"
 for i in "${!names[@]}"; do printf '%-55s %s\n' "${names[$i]}" "${results[$i]}"; done

@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # gpu_truth.py and corpus.py: beside this file in the bundle, one folder up in the tree.
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
-MODES = ("infer", "train", "train-bf16")
+MODES = ("infer", "train", "train-bf16", "train-foreach", "train-fused")
 QUICK = [("hf_smollm2_135m", "train"), ("hf_gpt2", "train"), ("hf_vit_base", "infer"),
          ("tv_vgg16", "infer"), ("tv_resnet50", "train"), ("tv_regnet_y_400mf", "train")]
 
@@ -76,8 +76,10 @@ def measure(model, mode, device):
             wrapper(new_input())
     else:
         wrapper.train()
-        opt = torch.optim.AdamW(wrapper.parameters(), lr=1e-4, weight_decay=0.01,
-                                foreach=False)
+        # train-foreach and train-fused: AdamW's other implementations.
+        impl = ({"fused": True} if mode == "train-fused" else
+                {"foreach": mode == "train-foreach"})
+        opt = torch.optim.AdamW(wrapper.parameters(), lr=1e-4, weight_decay=0.01, **impl)
         for _ in range(2):
             x = new_input()
             if mode == "train-bf16":

@@ -502,6 +502,38 @@ int64_t adopt_one(const at::Tensor& t, uint32_t gen, uint32_t phase) {
 }
 }  // namespace
 
+void forget_cuda_blocks() {
+  // No reporter is installed between sessions, so the frees of that time went unseen:
+  // what the table holds may name blocks long gone, and their addresses reused. A new
+  // session starts from what it can know, as a first one does (the variables, adopted).
+  if (g_cuda_blocks.slots) {
+    for (uint64_t i = 0; i <= g_cuda_blocks.mask; ++i) {
+      BlockSlot& s = g_cuda_blocks.slots[i];
+      const uint64_t k = s.key.load(std::memory_order_relaxed);
+      if (k == kEmpty) {
+        continue;  // read only: untouched pages stay uncommitted
+      }
+      if (k != kTomb) {
+        reg_remove(s.reg.load(std::memory_order_relaxed));
+      }
+      s.tag.store(0, std::memory_order_relaxed);
+      s.reg.store(kNoReg, std::memory_order_relaxed);
+      s.watched.store(0, std::memory_order_relaxed);
+      s.key.store(kEmpty, std::memory_order_release);
+    }
+  }
+  for (int dev = 1; dev <= kMaxCuda; ++dev) {
+    DeviceState& d = g_dev[dev];
+    d.live.store(0);
+    for (auto& slot : d.slots) {
+      slot.store(0);
+    }
+    for (auto& old : d.old_by_phase) {
+      old.store(0);
+    }
+  }
+}
+
 void adopt_blocks(const void* const* tensors, size_t n, int64_t* bytes) {
   *bytes = 0;
   // Born before the session's first generation, in the forward phase (as a model built

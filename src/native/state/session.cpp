@@ -60,6 +60,9 @@ int session_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
       return -1;
     }
   }
+  if (want_cuda) {
+    forget_cuda_blocks();
+  }
   g_active_backward.store(0);
   g_backward_passes.store(0);
   g_log_len.store(0);

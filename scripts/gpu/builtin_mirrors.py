@@ -1,7 +1,8 @@
-"""The built-in transformers of `tch-memprof estimate` (gpt2, gpt2-medium, bert-base,
+"""(Not named transformers.py: the scripts beside it in the GPU bundle import the
+`transformers` package.) The built-in transformers of `tch-memprof estimate` (gpt2, gpt2-medium, bert-base,
 vit-b16, llama3.2-1b, llama3-8b), written in plain PyTorch as the tch code of
 src/estimate/models/{blocks,gpt2,bert,vit,llama}.rs writes them, and their CUDA peaks
-measured on `cuda:0`, to be set beside the estimate's (transformers_join.py).
+measured on `cuda:0`, to be set beside the estimate's (builtin_join.py).
 
 The mirror is op for op: the same parameters created in the same order (tch's `Linear`
 and `Conv2D` create the bias before the weight, its initialisers allocate what they
@@ -31,10 +32,10 @@ By default each case runs in a process of its own (a fresh CUDA context, cuBLAS
 workspaces and caching allocator, as one estimate assumes); `--in-process` runs them in
 one, freeing each model and emptying the cache between cases.
 
-    python3 transformers.py [--quick | --models gpt2,bert-base] [--out FILE]
-    python3 transformers.py --list-cases [--quick | --models ...]   # for run.sh
-    python3 transformers.py --count-params          # full configs on the meta device
-    python3 transformers.py --device cpu --tiny     # tiny configs: the models run
+    python3 builtin_mirrors.py [--quick | --models gpt2,bert-base] [--out FILE]
+    python3 builtin_mirrors.py --list-cases [--quick | --models ...]   # for run.sh
+    python3 builtin_mirrors.py --count-params          # full configs on the meta device
+    python3 builtin_mirrors.py --device cpu --tiny     # tiny configs: the models run
 
 Prints CSV: model,input,mode,autocast,measured_allocated,measured_reserved,sdpa_backend,note
 (note: ok, skipped and why, OOM, or the error).

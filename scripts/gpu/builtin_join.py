@@ -1,13 +1,13 @@
 """Sets the estimate of each transformer case beside its measurement on the GPU.
 
-    python3 transformers_join.py --gpu-name "NVIDIA H100 80GB HBM3"   # -> h100
-    python3 transformers_join.py --measured out/transformers_measured.csv \\
+    python3 builtin_join.py --gpu-name "NVIDIA H100 80GB HBM3"   # -> h100
+    python3 builtin_join.py --measured out/transformers_measured.csv \\
         --estimates out/estimate [--out out/transformers_joined.csv]
 
 --gpu-name maps a name as `nvidia-smi --query-gpu=name` prints it to the `--gpu` name of
 `tch-memprof estimate` (printed; exit 1 when the GPU is not one the estimate knows).
 
-The join reads transformers.py's CSV and, for each row, the CSV `tch-memprof estimate
+The join reads builtin_mirrors.py's CSV and, for each row, the CSV `tch-memprof estimate
 --csv` wrote for the same case to ESTIMATES/<model>_<input>_<mode>_<autocast>.csv (run.sh
 writes them), and prints predicted beside measured peak allocated and peak reserved with
 the error ((predicted - measured) / measured, in %), and the attention backend the
@@ -108,7 +108,7 @@ def print_table(rows):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpu-name", help="map an nvidia-smi GPU name to the estimate's --gpu")
-    p.add_argument("--measured", help="transformers.py's CSV")
+    p.add_argument("--measured", help="builtin_mirrors.py's CSV")
     p.add_argument("--estimates", help="the folder of the estimates' CSVs")
     p.add_argument("--out", help="also write the joined table as CSV")
     a = p.parse_args()
