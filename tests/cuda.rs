@@ -88,7 +88,8 @@ fn profiler_matches_the_allocator_on_a_gpu() {
 /// A second profiler in one process: between two sessions no reporter is installed, so
 /// the frees of that time go unseen, and the caching allocator hands their addresses
 /// out again. A block freed there and a weight made at its address afterwards: the new
-/// profiler counts the weight at its own size, not at the size of the block that went.
+/// profiler counts the weight at its own size, not at the size of the block that went,
+/// and its peak is its own, not the allocated bytes the first session last saw.
 #[test]
 fn a_second_profiler_forgets_blocks_freed_between_sessions() {
     let _serial = common::serial();
@@ -109,8 +110,12 @@ fn a_second_profiler_forgets_blocks_freed_between_sessions() {
     // 4 MiB, from a new 20 MiB segment of the large pool (its first block).
     let gone = Tensor::zeros([1 << 20], (Kind::Float, dev));
     let addr = gone.data_ptr() as usize;
+    // 64 MiB more: the allocated bytes last reported in the first session.
+    let big = Tensor::zeros([16 << 20], (Kind::Float, dev));
     drop(p);
     drop(gone); // unseen: no session
+    drop(big);
+    tch_memprof::cuda::reset_peak_stats(0).unwrap();
                 // 6 MiB: the best fit is the freed segment, from its start.
     let second = nn::VarStore::new(dev);
     let w = second.root().zeros("w", &[3 << 19]);
@@ -126,6 +131,14 @@ fn a_second_profiler_forgets_blocks_freed_between_sessions() {
         6 << 20,
         "the weight at the freed block's address ({}) counted at that block's size",
         if same { "same" } else { "not the same" }
+    );
+    // Nor does the first session's last report stand for this one's peak.
+    let allocator = tch_memprof::cuda::stats(0).unwrap();
+    assert!(
+        s.peak_allocated_bytes as i64 <= allocator.allocated_peak,
+        "peak {} above the allocator's own {}",
+        s.peak_allocated_bytes,
+        allocator.allocated_peak
     );
     assert_eq!(p.failures(), 0);
 }

@@ -134,6 +134,7 @@ estimate_transformers() {
 # Every GPU truth case of the reference (truth_h200.csv) measured, four processes at a
 # time (the estimates run anywhere).
 measure_all() {
+  PYTHONPATH=pylib python3 -c "import transformers, timm, torchvision; print('transformers', transformers.__version__, 'timm', timm.__version__, 'torchvision', torchvision.__version__)"
   echo "model,mode,input,weights_allocated,measured_allocated,measured_reserved" >out/truth_measured_all.csv
   tail -n +2 truth_h200.csv | cut -d, -f1,2 | tr , ' ' \
     | xargs -P 4 -L 1 sh -c 'PYTHONPATH=pylib python3 truth.py measure "$0" "$1"' >>out/truth_measured_all.csv

@@ -439,8 +439,8 @@ int selftest_block_table(uint64_t n, uint64_t* errors);
 // as born before the session in the forward phase, counted live from now on, their frees
 // then seen like any other. *bytes: the bytes adopted.
 void adopt_blocks(const void* const* tensors, size_t n, int64_t* bytes);
-// Empties the CUDA block table and the CUDA devices' live counters (at a session's
-// start, with no reporter installed).
+// Empties the CUDA block table, the CUDA devices' live counters and their last reported
+// allocator counters (at a session's start, with no reporter installed).
 void forget_cuda_blocks();
 
 // ---------------------------------------------------------------------------------
