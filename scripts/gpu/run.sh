@@ -9,7 +9,8 @@
 #   ./run.sh --models gpt2,llama3.2-1b
 #   ./run.sh --no-transformers --measure-all
 #                                     # no transformer or plan lever cases; every GPU truth
-#                                     # case measured (no estimate: that runs anywhere)
+#                                     # case measured, eager and from its traced file (no
+#                                     # estimate: that runs anywhere)
 #
 # Other arguments go to builtin_mirrors.py (the transformer cases); the other checks always
 # run. Each step runs under its own timeout, the most valuable first; the summary gives
@@ -139,8 +140,19 @@ measure_all() {
   tail -n +2 truth_h200.csv | cut -d, -f1,2 | tr , ' ' \
     | xargs -P 4 -L 1 sh -c 'PYTHONPATH=pylib python3 truth.py measure "$0" "$1"' >>out/truth_measured_all.csv
 }
+# The same cases run from their traced files (what a tch user loading them runs, and
+# what the estimate predicts), traced here as they were measured.
+measure_traced() {
+  rm -rf out/traced && mkdir -p out/traced
+  PYTHONPATH=pylib python3 gpu_truth.py --measured-batch --out out/traced/files >/dev/null || return 1
+  echo "model,mode,input,weights_allocated,measured_allocated,measured_reserved" >out/truth_measured_traced.csv
+  tail -n +2 truth_h200.csv | cut -d, -f1,2 | tr , ' ' \
+    | xargs -P 4 -L 1 sh -c 'PYTHONPATH=pylib python3 truth.py measure "$0" "$1" --traced "out/traced/files/$0.${1%%-*}.pt"' \
+    >>out/truth_measured_traced.csv
+}
 if [ -n "$MEASURE_ALL" ]; then
   step "GPU truth cases, every one, measured" 300 measure_all
+  step "GPU truth cases, every one, run from their traced files" 420 measure_traced
 else
   step "GPU truth cases: estimated beside measured" 300 truth_cases
 fi

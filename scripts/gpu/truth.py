@@ -4,6 +4,7 @@ beside `tch-memprof estimate --gpu GPU` of the file traced the same way.
 
     python3 truth.py cases [--quick]              # model mode input, one case a line
     python3 truth.py measure MODEL MODE           # one case, in this process: a CSV row
+    python3 truth.py measure MODEL MODE --traced FILE  # the same, running the traced file
     python3 truth.py table --measured CSV --estimates DIR [--reference CSV]
 
 `measure` prints `model,mode,input,weights_allocated,measured_allocated,
@@ -12,6 +13,13 @@ cuBLAS workspaces and caching allocator). `table` joins the measured rows with t
 estimate CSVs written as DIR/MODEL.MODE.csv and prints the errors (predicted over
 measured), and, with --reference, the measured peaks beside those of an earlier run.
 `--device cpu` runs `measure` on the CPU (a smoke test: no memory figures).
+
+`--traced FILE` runs the TorchScript file gpu_truth.py traced (torch.jit.load, moved
+to the device) in place of the eager module, the rest alike: what a tch user loading
+that file runs, and what `tch-memprof estimate FILE` predicts. Eager and traced differ
+where tracing fixed a path eager picks at run time (transformers' grouped-query attention:
+eager calls SDPA with enable_gqa, the trace repeats the key/value heads) or where the
+interpreter frees values earlier than Python does.
 """
 
 import csv
@@ -49,14 +57,17 @@ def loss_of(out, torch):
     return out.mean()
 
 
-def measure(model, mode, device):
+def measure(model, mode, device, traced=None):
     import torch
     import gpu_truth
 
     gpu_truth.hf_patch()
     build, kind, shape = gpu_truth.MODELS[model]
     torch.manual_seed(0)
-    wrapper = gpu_truth.First(build(), model.startswith("hf_"))
+    if traced:
+        wrapper = torch.jit.load(traced, map_location="cpu")
+    else:
+        wrapper = gpu_truth.First(build(), model.startswith("hf_"))
 
     def new_input():
         x = torch.randint(0, 1000, shape) if kind == "ids" else torch.randn(shape)
@@ -142,7 +153,8 @@ def main(argv):
         if argv[2] not in MODES:
             print(f"truth.py: unknown mode {argv[2]!r}: {', '.join(MODES)}", file=sys.stderr)
             return 2
-        measure(argv[1], argv[2], device)
+        traced = argv[argv.index("--traced") + 1] if "--traced" in argv else None
+        measure(argv[1], argv[2], device, traced)
         return 0
     if argv[:1] == ["table"]:
         opt = lambda k: argv[argv.index(k) + 1] if k in argv else None  # noqa: E731
