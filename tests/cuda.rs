@@ -116,7 +116,7 @@ fn a_second_profiler_forgets_blocks_freed_between_sessions() {
     drop(gone); // unseen: no session
     drop(big);
     tch_memprof::cuda::reset_peak_stats(0).unwrap();
-                // 6 MiB: the best fit is the freed segment, from its start.
+    // 6 MiB: the best fit is the freed segment, from its start.
     let second = nn::VarStore::new(dev);
     let w = second.root().zeros("w", &[3 << 19]);
     let same = w.data_ptr() as usize == addr;

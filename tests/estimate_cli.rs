@@ -617,3 +617,70 @@ fn the_estimate_names_the_module_of_a_torchscript_peak() {
         text(&out.stdout)
     );
 }
+
+/// The answer first: with --memory, a `fits` column (✓ and the bytes left, ✗ and the
+/// bytes over, against the peak reserved the CSV gives), the budget and the largest
+/// batch on the lines right under the table, and no idle line that saves nothing.
+#[test]
+fn the_answer_comes_first_under_the_estimate_table() {
+    let _serial = common::serial();
+    let args = [
+        "estimate",
+        "--model",
+        "resnet18",
+        "--train",
+        "--batch-sizes",
+        "8,512",
+        "--memory",
+        "4GB",
+    ];
+    let out = cli(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let mut csv_args = args.to_vec();
+    csv_args.push("--csv");
+    let csv = text(&cli(&csv_args).stdout);
+    let budget: u64 = 4_000_000_000;
+    let lines: Vec<&str> = stdout.lines().collect();
+    let mut checked = 0;
+    for row in csv.lines().skip(1).filter(|r| r.contains(",false,")) {
+        let f: Vec<&str> = row.split(',').collect();
+        let (batch, reserved) = (f[1], f[5].parse::<u64>().unwrap());
+        let cell = lines
+            .iter()
+            .find(|l| {
+                l.split('┆')
+                    .next()
+                    .is_some_and(|c| c.trim_matches(['│', ' ']) == batch)
+            })
+            .unwrap_or_else(|| panic!("no table row for batch {batch}:\n{stdout}"));
+        let want = if reserved <= budget { "✓" } else { "✗" };
+        assert!(
+            cell.contains(want),
+            "batch {batch}, {reserved} B reserved: {cell}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 2, "{csv}");
+    assert!(stdout.contains("✗") && stdout.contains("over"), "{stdout}");
+    let end = lines.iter().position(|l| l.starts_with('└')).unwrap();
+    assert!(
+        lines[end + 1].starts_with("fits: peak reserved within 3.73 GiB"),
+        "{stdout}"
+    );
+    assert!(
+        lines[end + 1].contains("CUDA context"),
+        "{}",
+        lines[end + 1]
+    );
+    assert!(
+        lines[end + 2].starts_with("largest batch that fits in 3.73 GiB: "),
+        "{stdout}"
+    );
+    // An idle line whose saving the sizes cannot show is left out.
+    for l in lines.iter().filter(|l| l.contains("the peak would be")) {
+        let (after, before) = l.split_once(" (from ").unwrap();
+        let after = after.rsplit("would be ").next().unwrap();
+        assert_ne!(after, before.trim_end_matches(')'), "{l}");
+    }
+}

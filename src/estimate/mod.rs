@@ -61,7 +61,7 @@ pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE
 pub(crate) use model::loss;
 pub use model::{Model, Segment};
 pub use plan::{breakdown, Config, Cost, Dominant, Plan, Plans, MAX_PLANS};
-pub use text::{anatomy, table};
+pub use text::{anatomy, budget_line, fits_cell, peak_lines, table};
 
 /// An optimizer whose step (and state) the estimate of a training step includes: tch's
 /// optimizers, which are libtorch's C++ ones.

@@ -9,6 +9,7 @@ use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 
 use tch::Kind;
 
+use super::gpu::CONTEXT_ALLOWANCE;
 use super::plan::{breakdown, Config, Cost, Dominant, Plan};
 use super::{AllocatorConfig, Estimate, Fit, Mode, Optimizer, Options, Plans};
 use crate::format::bytes;
@@ -16,36 +17,79 @@ use crate::names::MISSING;
 use crate::timeline::{IdleAtPeak, UNKNOWN_SITE};
 
 /// The estimates as a table (batch, weights, baseline, peak allocated, peak reserved,
-/// time; it wraps its cells to the terminal), then one line per batch naming the op,
-/// phase and step where allocated peaked.
-pub fn table(rows: &[Estimate]) -> String {
+/// time, and with a `budget` whether the peak reserved fits in it: `✓` and the bytes
+/// left, or `✗` and the bytes over); it wraps its cells to the terminal.
+pub fn table(rows: &[Estimate], budget: Option<u64>) -> String {
     let mut t = Table::new();
+    let mut header = vec![
+        "batch",
+        "weights",
+        "baseline",
+        "peak allocated",
+        "peak reserved",
+        "time",
+    ];
+    if budget.is_some() {
+        header.push("fits");
+    }
     t.load_preset(UTF8_FULL)
         .set_content_arrangement(ContentArrangement::Dynamic)
-        .set_header(vec![
-            "batch",
-            "weights",
-            "baseline",
-            "peak allocated",
-            "peak reserved",
-            "time",
-        ]);
+        .set_header(header);
     for e in rows {
-        t.add_row(vec![
+        let mut row = vec![
             batch_label(e, false),
             bytes(e.weights_bytes),
             bytes(e.baseline_allocated),
             bytes(e.peak_allocated),
             bytes(e.peak_reserved),
             format!("{:.2} s", e.elapsed.as_secs_f64()),
-        ]);
+        ];
+        if let Some(b) = budget {
+            row.push(fits_cell(e.peak_reserved, b));
+        }
+        t.add_row(row);
     }
-    for c in 0..6 {
+    for c in 0..7 {
         if let Some(col) = t.column_mut(c) {
             col.set_cell_alignment(CellAlignment::Right);
         }
     }
-    let mut out = t.to_string();
+    t.to_string()
+}
+
+/// `✓ 1.20 GiB left` or `✗ 300.00 MiB over`: a peak reserved against a budget.
+pub fn fits_cell(peak_reserved: u64, budget: u64) -> String {
+    if peak_reserved <= budget {
+        format!("✓ {} left", bytes(budget - peak_reserved))
+    } else {
+        format!("✗ {} over", bytes(peak_reserved - budget))
+    }
+}
+
+/// The budget the table's `fits` column is against, and what it keeps for the CUDA
+/// context: a GPU name keeps [`CONTEXT_ALLOWANCE`] out of its memory, a plain size none.
+pub fn budget_line(budget: u64, spec: &str) -> String {
+    if spec.trim().starts_with(|c: char| c.is_ascii_digit()) {
+        format!(
+            "fits: peak reserved within {} (--memory {spec}, all of it for the caching \
+             allocator: the CUDA context takes memory beside it, so keep {} out, or name the GPU)",
+            bytes(budget),
+            bytes(CONTEXT_ALLOWANCE)
+        )
+    } else {
+        format!(
+            "fits: peak reserved within {} (--memory {spec}: its memory less {} for the CUDA \
+             context)",
+            bytes(budget),
+            bytes(CONTEXT_ALLOWANCE)
+        )
+    }
+}
+
+/// One line per estimate naming the op, phase and step where allocated peaked, and the
+/// blocks idle there when freeing them would lower the peak.
+pub fn peak_lines(rows: &[Estimate]) -> String {
+    let mut out = String::new();
     for e in rows {
         out.push_str(&format!(
             "\n{}: allocated peaks in {} ({}, step {}{}); attention ran as {}",
@@ -59,7 +103,11 @@ pub fn table(rows: &[Estimate]) -> String {
                 .unwrap_or_default(),
             e.attention.label()
         ));
-        if let Some(idle) = e.idle().filter(|i| !i.blocks.is_empty()) {
+        // Left out when dropping the idle blocks saves nothing the sizes show.
+        if let Some(idle) = e
+            .idle()
+            .filter(|i| !i.blocks.is_empty() && saves(i.peak_if_dropped, i.peak))
+        {
             out.push_str(&idle_lines(idle));
         }
     }
@@ -94,6 +142,12 @@ pub fn anatomy(e: &Estimate, top: usize) -> Option<String> {
     ))
 }
 
+/// Whether a peak of `after` instead of `before` is a saving one can read: the two print
+/// differently.
+fn saves(after: u64, before: u64) -> bool {
+    after < before && bytes(after) != bytes(before)
+}
+
 /// What a `drop` would save at the peak: the idle bytes, the peak had they been freed
 /// after their last read, the largest groups (three at most).
 fn idle_lines(idle: &IdleAtPeak) -> String {
@@ -105,10 +159,12 @@ fn idle_lines(idle: &IdleAtPeak) -> String {
         bytes(idle.peak_if_dropped),
         bytes(idle.peak)
     );
-    // The three largest, each at least 1% of the idle bytes.
+    // The three largest, each at least 1% of the idle bytes, that would lower the peak
+    // if dropped alone.
     for g in idle
         .groups()
         .iter()
+        .filter(|g| saves(g.peak_if_dropped, idle.peak))
         .take(3)
         .filter(|g| g.bytes * 100 >= idle.bytes)
     {

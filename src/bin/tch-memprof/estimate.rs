@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 use tch_memprof::estimate::{
-    anatomy, gpu_memory, models, parse_autocast, table, AllocatorConfig, Attention, Estimate, Gpu,
-    Input, Mode, Model, Optimizer, Options, NOT_MODELLED,
+    anatomy, budget_line, gpu_memory, models, parse_autocast, peak_lines, table, AllocatorConfig,
+    Attention, Estimate, Gpu, Input, Mode, Model, Optimizer, Options, NOT_MODELLED,
 };
 
 use crate::{fail, parse_inputs};
@@ -196,10 +196,16 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         };
     }
     println!("tch-memprof estimate: {label}, {}", options.describe(mode));
-    println!("{}", table(&rows));
+    println!("{}", table(&rows, memory));
+    // The answer first: the budget and the largest batch under the table, then where
+    // each batch peaked.
+    if let (Some(m), Some(spec)) = (memory, a.memory.as_deref()) {
+        println!("{}", budget_line(m, spec));
+    }
     if let Some(f) = &fit {
         println!("{f}");
     }
+    println!("{}", peak_lines(&rows).trim_start_matches('\n'));
     if let Some(text) = rows
         .last()
         .filter(|_| a.top > 0)
@@ -240,11 +246,11 @@ pub(crate) fn gpu_and_memory(
     let budget = match memory {
         None => None,
         Some(m) => {
-            let (bytes, named) = gpu_memory(m).map_err(|e| e.to_string())?;
+            let (size, named) = gpu_memory(m).map_err(|e| e.to_string())?;
             if let (Some(g), None) = (named, gpu) {
                 chosen = g;
             }
-            Some(bytes)
+            Some(size)
         }
     };
     Ok((chosen, budget))
