@@ -665,7 +665,7 @@ fn the_answer_comes_first_under_the_estimate_table() {
     assert!(stdout.contains("✗") && stdout.contains("over"), "{stdout}");
     let end = lines.iter().position(|l| l.starts_with('└')).unwrap();
     assert!(
-        lines[end + 1].starts_with("fits: peak reserved within 3.73 GiB"),
+        lines[end + 1].starts_with("budget: peak reserved within 3.73 GiB"),
         "{stdout}"
     );
     assert!(
@@ -683,4 +683,41 @@ fn the_answer_comes_first_under_the_estimate_table() {
         let after = after.rsplit("would be ").next().unwrap();
         assert_ne!(after, before.trim_end_matches(')'), "{l}");
     }
+}
+
+/// `plan` puts the answer first: the step as it is against the budget (its peak the one
+/// `estimate` predicts for the same step), what the budget keeps for the CUDA context, and
+/// a warning when the first plan leaves less than 1% of the budget.
+#[test]
+fn plan_says_where_the_step_stands_and_flags_a_thin_margin() {
+    let _serial = common::serial();
+    let est = cli(&["estimate", "--model", "resnet18", "--train", "--csv"]);
+    assert!(est.status.success(), "{}", text(&est.stderr));
+    let csv = text(&est.stdout);
+    let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    let reserved: u64 = row[5].parse().unwrap();
+    // A budget 1 MiB above the step as it is: plan 1 is the step, with 1 MiB left.
+    let budget = format!("{}B", reserved + (1 << 20));
+    let out = cli(&["plan", "--model", "resnet18", "--memory", &budget]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}\n{}", stdout, text(&out.stderr));
+    assert!(stdout.contains("keep 1.00 GiB out"), "{stdout}");
+    let as_is = stdout
+        .lines()
+        .find(|l| l.starts_with("As it is: peak reserved "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(as_is.contains("1.00 MiB within"), "{as_is}");
+    assert!(
+        stdout.contains("warning: plan 1 leaves 1.00 MiB"),
+        "{stdout}"
+    );
+    // Over the budget: how far.
+    let tight = format!("{}B", reserved / 2);
+    let out = cli(&["plan", "--model", "resnet18", "--memory", &tight]);
+    let stdout = text(&out.stdout);
+    let as_is = stdout
+        .lines()
+        .find(|l| l.starts_with("As it is: "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(as_is.contains(" over the "), "{as_is}");
 }

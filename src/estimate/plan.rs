@@ -192,7 +192,13 @@ pub struct Plans {
     /// Configurations whose dry run failed (an op the autocast dtype refuses), with why:
     /// left out of the search.
     pub skipped: Vec<String>,
+    /// The peak reserved of the step as it is (no lever, the user's allocator settings).
+    pub as_is: u64,
 }
+
+/// A plan's margin under this share of the budget is flagged: the estimate's measured
+/// error on real models is of that order.
+pub const THIN_MARGIN: f64 = 0.01;
 
 /// How many plans that fit a search returns at most.
 pub const MAX_PLANS: usize = 5;
@@ -293,6 +299,19 @@ impl Model {
         options: &Options,
         memory: u64,
     ) -> Result<Plans> {
+        self.plan_with_progress(inputs, optimizer, options, memory, &mut |_| {})
+    }
+
+    /// [`plan`](Self::plan), calling `progress` with the number of dry runs made so far
+    /// before each new one (a progress line).
+    pub fn plan_with_progress(
+        &self,
+        inputs: &[Input],
+        optimizer: Optimizer,
+        options: &Options,
+        memory: u64,
+        progress: &mut dyn FnMut(u32),
+    ) -> Result<Plans> {
         let batch = inputs.first().map_or(1, Input::batch);
         options.validate(Mode::Train(optimizer))?;
         if memory == 0 {
@@ -357,6 +376,7 @@ impl Model {
         let mut smallest: Option<Plan> = None;
         let mut dry_runs = 0;
         let mut skipped = Vec::new();
+        let mut as_is = 0;
         // FLOPs of each step without checkpointing, by (optimizer, micro-batches,
         // autocast): what a checkpointed step's recomputation is measured against. The
         // search reaches a checkpointed configuration after the same one without.
@@ -377,6 +397,7 @@ impl Model {
                 ..options.clone()
             };
             let first = dry_runs == 0;
+            progress(dry_runs);
             dry_runs += 1;
             let (run, estimates) = match self.estimate_each(&xs, Mode::Train(o), &opts, &settings) {
                 Ok(e) => e,
@@ -391,6 +412,9 @@ impl Model {
                     continue;
                 }
             };
+            if first {
+                as_is = estimates[0].peak_reserved;
+            }
             let flops = estimates[0].step_flops;
             let recompute = match config.checkpoint {
                 None => {
@@ -494,6 +518,7 @@ impl Model {
             fits,
             dry_runs,
             skipped,
+            as_is,
         })
     }
 }

@@ -10,7 +10,7 @@ use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 use tch::Kind;
 
 use super::gpu::CONTEXT_ALLOWANCE;
-use super::plan::{breakdown, Config, Cost, Dominant, Plan};
+use super::plan::{breakdown, Config, Cost, Dominant, Plan, THIN_MARGIN};
 use super::{AllocatorConfig, Estimate, Fit, Mode, Optimizer, Options, Plans};
 use crate::format::bytes;
 use crate::names::MISSING;
@@ -71,14 +71,14 @@ pub fn fits_cell(peak_reserved: u64, budget: u64) -> String {
 pub fn budget_line(budget: u64, spec: &str) -> String {
     if spec.trim().starts_with(|c: char| c.is_ascii_digit()) {
         format!(
-            "fits: peak reserved within {} (--memory {spec}, all of it for the caching \
+            "budget: peak reserved within {} (--memory {spec}, all of it for the caching \
              allocator: the CUDA context takes memory beside it, so keep {} out, or name the GPU)",
             bytes(budget),
             bytes(CONTEXT_ALLOWANCE)
         )
     } else {
         format!(
-            "fits: peak reserved within {} (--memory {spec}: its memory less {} for the CUDA \
+            "budget: peak reserved within {} (--memory {spec}: its memory less {} for the CUDA \
              context)",
             bytes(budget),
             bytes(CONTEXT_ALLOWANCE)
@@ -295,6 +295,18 @@ impl fmt::Display for Plans {
         for why in &self.skipped {
             writeln!(f, "skipped ({why})")?;
         }
+        // The answer first: the step as it is against the budget.
+        writeln!(
+            f,
+            "As it is: peak reserved {}, {} the {} budget.",
+            bytes(self.as_is),
+            if self.as_is <= self.memory {
+                format!("{} within", bytes(self.memory - self.as_is))
+            } else {
+                format!("{} over", bytes(self.as_is - self.memory))
+            },
+            bytes(self.memory)
+        )?;
         if let Some(line) = self.nothing_fits() {
             return writeln!(f, "{line}");
         }
@@ -329,6 +341,16 @@ impl fmt::Display for Plans {
             self.dry_runs
         )?;
         let first = &self.fits[0];
+        let margin = first.margin(self.memory);
+        if (margin as f64) < THIN_MARGIN * self.memory as f64 {
+            writeln!(
+                f,
+                "warning: plan 1 leaves {} ({:.2}% of the budget), less than the estimate's \
+                 error on some real models (docs/estimate.md): a plan below it leaves more room.",
+                bytes(margin),
+                100.0 * margin as f64 / self.memory as f64
+            )?;
+        }
         let others: Vec<String> = first
             .allocator_alternatives
             .iter()

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use tch_memprof::estimate::{parse_autocast, AllocatorConfig, Optimizer, Options, Plans};
+use tch_memprof::estimate::{
+    budget_line, parse_autocast, AllocatorConfig, Optimizer, Options, Plans,
+};
 
 use crate::estimate::{gpu_and_memory, load_model};
 use crate::{fail, parse_inputs};
@@ -93,10 +95,17 @@ pub fn run(a: &PlanArgs) -> ExitCode {
         autocast,
         ..Options::default()
     };
-    let plans = match model.plan(&inputs, optimizer, &options, memory) {
+    let mut progress = Progress::new();
+    let plans = match model.plan_with_progress(&inputs, optimizer, &options, memory, &mut |n| {
+        progress.dry_run(n)
+    }) {
         Ok(p) => p,
-        Err(e) => return fail(e),
+        Err(e) => {
+            progress.clear();
+            return fail(e);
+        }
     };
+    progress.clear();
     let label = model.label().to_string();
     if a.csv {
         return match write_csv(&label, &plans) {
@@ -116,6 +125,7 @@ pub fn run(a: &PlanArgs) -> ExitCode {
         plans.batch,
         options.describe(tch_memprof::estimate::Mode::Train(optimizer))
     );
+    println!("{}", budget_line(memory, &a.memory));
     print!("{plans}");
     if plans.fits.is_empty() {
         ExitCode::from(1)
@@ -131,4 +141,48 @@ fn write_csv(label: &str, plans: &Plans) -> Result<(), csv::Error> {
     }
     w.flush()?;
     Ok(())
+}
+
+/// A progress line on standard error, while the search runs past two seconds and only
+/// when standard error is a terminal (redirected, it stays clean).
+struct Progress {
+    start: std::time::Instant,
+    shown: bool,
+    terminal: bool,
+}
+
+impl Progress {
+    fn new() -> Self {
+        use std::io::IsTerminal;
+        Progress {
+            start: std::time::Instant::now(),
+            shown: false,
+            terminal: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn dry_run(&mut self, done: u32) {
+        if self.terminal && self.start.elapsed().as_secs_f64() > 2.0 {
+            use std::io::Write;
+            let mut e = std::io::stderr().lock();
+            let _ = write!(
+                e,
+                "\rtch-memprof plan: {done} dry run(s) in {:.0} s, searching...",
+                self.start.elapsed().as_secs_f64()
+            );
+            let _ = e.flush();
+            self.shown = true;
+        }
+    }
+
+    /// Erases the line before the answer is printed.
+    fn clear(&mut self) {
+        if self.shown {
+            use std::io::Write;
+            let mut e = std::io::stderr().lock();
+            let _ = write!(e, "\r{:60}\r", "");
+            let _ = e.flush();
+            self.shown = false;
+        }
+    }
 }
