@@ -51,7 +51,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let plural = |n: i64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     println!(
-        "quickstart: small CNN, Adam, {} x {}, batch {batch}, {device_name}",
+        // Lines of at most 60 columns: a narrow terminal shows them whole.
+        "quickstart: a small CNN trained with Adam on {device_name}\n  {} x {}, batch {batch}",
         plural(epochs, "epoch", "epochs"),
         plural(iterations, "iteration", "iterations")
     );
@@ -84,10 +85,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         profiler.epoch_end();
     }
 
+    // Which file answers what (docs/csv.md has every column): the epochs first.
+    let what = |p: &std::path::Path| {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match name.rsplit('_').next().unwrap_or("") {
+            "epochs.csv" => "open first: one row an epoch, its peaks",
+            "summary.csv" => "one row a report, every category",
+            "parameters.csv" => "one row a variable a report",
+            "run.csv" => "versions and settings",
+            _ => "",
+        }
+    };
     println!("\nCSV files:");
-    for p in profiler.csv_paths() {
-        if p.exists() {
-            println!("  {}", p.display());
+    let mut paths: Vec<_> = profiler
+        .csv_paths()
+        .into_iter()
+        .filter(|p| p.exists())
+        .collect();
+    paths.sort_by_key(|p| !what(p).starts_with("open first"));
+    for p in paths {
+        println!("  {}", p.display());
+        let w = what(&p);
+        if !w.is_empty() {
+            println!("    {w}");
         }
     }
     if profiler.failures() > 0 {

@@ -373,7 +373,13 @@ pub(crate) fn render_epoch(e: &EpochStats) -> String {
         ("allocated at epoch end", format::bytes(e.allocated_bytes)),
         (
             "change since previous epoch end",
-            format::signed_bytes(e.allocated_change_bytes),
+            // The first epoch has none before it: its change (everything the loop set up,
+            // the optimizer's state included) would read as a leak.
+            if e.epoch <= 1 {
+                "n/a (first epoch)".to_string()
+            } else {
+                format::signed_bytes(e.allocated_change_bytes)
+            },
         ),
     ];
     for (k, v) in rows {
