@@ -100,15 +100,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     println!("\nCSV files:");
-    let mut paths: Vec<_> = profiler
-        .csv_paths()
-        .into_iter()
-        .filter(|p| p.exists())
-        .collect();
+    let mut paths: Vec<_> = profiler.csv_paths().iter().filter(|p| p.exists()).collect();
     paths.sort_by_key(|p| !what(p).starts_with("open first"));
     for p in paths {
         println!("  {}", p.display());
-        let w = what(&p);
+        let w = what(p);
         if !w.is_empty() {
             println!("    {w}");
         }
