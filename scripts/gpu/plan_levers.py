@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import transformers as T  # noqa: E402  (the mirror of the built-in models)
+import builtin_mirrors as T  # noqa: E402  (the mirror of the built-in models)
 
 MODEL, INPUT = "gpt2", "8x1024"
 CASES = [(conf, "off") for conf in ("", "expandable_segments:True", "max_split_size_mb:128",
