@@ -17,6 +17,13 @@
 //! the GPU's work or the CPU's launching it, whichever is longer: a fast GPU makes a
 //! small step CPU-bound, and the profiler's per-op callbacks then show in full.
 //!
+//! Every child runs with glibc's malloc thresholds pinned (`MALLOC_MMAP_THRESHOLD_`,
+//! `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`, unless already set): left to adapt, glibc
+//! maps and unmaps the step's large blocks from one run to the next differently, and the
+//! page faults that follow (352,000 and 812,000 in two identical baseline runs of 35
+//! steps on a 2-core AMD EPYC, `perf stat -e page-faults`) moved step times by more than
+//! the profiler costs. Pinned, every run took about 88,000, most of them at start-up.
+//!
 //! Options (after `--`): `--rounds N` (default 4), `--steps N` timed steps per child
 //! (default 20), `--device cpu|cuda` (default cpu).
 
@@ -26,6 +33,13 @@ use std::time::Instant;
 use tch::{nn, nn::ModuleT, nn::OptimizerConfig, Device, Kind, Tensor};
 
 const MODE: &str = "TCH_MEMPROF_BENCH_MODE";
+/// glibc's malloc thresholds, fixed for every child: 32 MiB (the largest mmap threshold
+/// glibc takes), never trim the heap, 256 MiB of top pad.
+const MALLOC_PINNED: [(&str, &str); 3] = [
+    ("MALLOC_MMAP_THRESHOLD_", "33554432"),
+    ("MALLOC_TRIM_THRESHOLD_", "4294967296"),
+    ("MALLOC_TOP_PAD_", "268435456"),
+];
 const WARMUP: usize = 5;
 
 fn arg_str(name: &str) -> Option<String> {
@@ -168,6 +182,11 @@ fn main() {
                 cmd.args(["--device", "cuda"]);
             }
             cmd.env(MODE, mode.name());
+            for (k, v) in MALLOC_PINNED {
+                if std::env::var_os(k).is_none() {
+                    cmd.env(k, v);
+                }
+            }
             if mode == Mode::Baseline {
                 cmd.env("TCH_MEMPROF_DISABLE", "1");
             }
