@@ -132,23 +132,26 @@ estimate_transformers() {
   done <<<"$cases"
   return $rc
 }
-# Every GPU truth case of the reference (truth_h200.csv) measured, four processes at a
-# time (the estimates run anywhere).
+# measure_cases CSV [DIR]: every GPU truth case of the reference (truth_h200.csv)
+# measured into CSV, four processes at a time (the estimates run anywhere); with DIR,
+# each run from its traced file there (DIR/MODEL.MODE.pt, every train-* from the train
+# file) instead of the eager module.
+measure_cases() {
+  echo "model,mode,input,weights_allocated,measured_allocated,measured_reserved" >"$1"
+  tail -n +2 truth_h200.csv | cut -d, -f1,2 | tr , ' ' \
+    | TRACED="${2:-}" xargs -P 4 -L 1 sh -c 'PYTHONPATH=pylib python3 truth.py measure "$0" "$1" ${TRACED:+--traced "$TRACED/$0.${1%%-*}.pt"}' \
+    >>"$1"
+}
 measure_all() {
   PYTHONPATH=pylib python3 -c "import transformers, timm, torchvision; print('transformers', transformers.__version__, 'timm', timm.__version__, 'torchvision', torchvision.__version__)"
-  echo "model,mode,input,weights_allocated,measured_allocated,measured_reserved" >out/truth_measured_all.csv
-  tail -n +2 truth_h200.csv | cut -d, -f1,2 | tr , ' ' \
-    | xargs -P 4 -L 1 sh -c 'PYTHONPATH=pylib python3 truth.py measure "$0" "$1"' >>out/truth_measured_all.csv
+  measure_cases out/truth_measured_all.csv
 }
 # The same cases run from their traced files (what a tch user loading them runs, and
 # what the estimate predicts), traced here as they were measured.
 measure_traced() {
   rm -rf out/traced && mkdir -p out/traced
   PYTHONPATH=pylib python3 gpu_truth.py --measured-batch --out out/traced/files >/dev/null || return 1
-  echo "model,mode,input,weights_allocated,measured_allocated,measured_reserved" >out/truth_measured_traced.csv
-  tail -n +2 truth_h200.csv | cut -d, -f1,2 | tr , ' ' \
-    | xargs -P 4 -L 1 sh -c 'PYTHONPATH=pylib python3 truth.py measure "$0" "$1" --traced "out/traced/files/$0.${1%%-*}.pt"' \
-    >>out/truth_measured_traced.csv
+  measure_cases out/truth_measured_traced.csv out/traced/files
 }
 if [ -n "$MEASURE_ALL" ]; then
   step "GPU truth cases, every one, measured" 300 measure_all

@@ -118,6 +118,12 @@ impl Gpu {
     }
 }
 
+/// Whether a `--memory` value is a size (`24GB`) rather than a GPU's name (`h100`): it
+/// starts with a digit.
+pub fn is_size(text: &str) -> bool {
+    text.trim().starts_with(|c: char| c.is_ascii_digit())
+}
+
 /// Parses a memory size: `80GiB`, `24 GB` (10^9 bytes), `512MiB`, `1.5TiB`, `4096B`. A
 /// number without a unit is refused: `24` is far likelier meant as 24 GB than as bytes.
 pub fn parse_size(text: &str) -> Result<u64> {
@@ -162,7 +168,7 @@ pub fn parse_size(text: &str) -> Result<u64> {
 /// A memory given as a size (`80GiB`) or a GPU name (`h100`: its usable memory,
 /// [`Gpu::usable`]); the GPU too when a name was given.
 pub fn gpu_memory(text: &str) -> Result<(u64, Option<Gpu>)> {
-    if text.trim().starts_with(|c: char| c.is_ascii_digit()) {
+    if is_size(text) {
         return Ok((parse_size(text)?, None));
     }
     let gpu = Gpu::named(text)?;

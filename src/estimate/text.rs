@@ -69,7 +69,7 @@ pub fn fits_cell(peak_reserved: u64, budget: u64) -> String {
 /// The budget the table's `fits` column is against, and what it keeps for the CUDA
 /// context: a GPU name keeps [`CONTEXT_ALLOWANCE`] out of its memory, a plain size none.
 pub fn budget_line(budget: u64, spec: &str) -> String {
-    if spec.trim().starts_with(|c: char| c.is_ascii_digit()) {
+    if super::gpu::is_size(spec) {
         format!(
             "budget: peak reserved within {} (--memory {spec}, all of it for the caching \
              allocator: the CUDA context takes memory beside it, so keep {} out, or name the GPU)",

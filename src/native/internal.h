@@ -172,6 +172,9 @@ inline void atomic_max(std::atomic<int64_t>& a, int64_t v) {
 }
 
 void init_slots();
+// Forgets a device's live bytes: 0 live, no generation holding any (a session that
+// starts from what it can know again).
+void reset_live(DeviceState& d);
 void slot_add(DeviceState& d, uint32_t gen, uint32_t phase, int64_t delta);
 int64_t phase_live(const DeviceState& d, uint32_t phase);
 // Moves from `from` to `to` (bumping the generation) if the phase is still `from`.

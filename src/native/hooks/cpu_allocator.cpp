@@ -144,14 +144,7 @@ void forget_cpu_blocks() {
   g_cpu_epoch.fetch_add(1, std::memory_order_relaxed);
   g_cpu_forget.store(true, std::memory_order_relaxed);
   // Counted from now on, as CUDA's counters start with the reporter.
-  DeviceState& d = g_dev[0];
-  d.live.store(0);
-  for (auto& slot : d.slots) {
-    slot.store(0);
-  }
-  for (auto& old : d.old_by_phase) {
-    old.store(0);
-  }
+  reset_live(g_dev[0]);
 }
 
 bool cpu_adopt(const c10::DataPtr& dp, uint32_t gen, uint32_t phase, int64_t* size) {

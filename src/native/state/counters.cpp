@@ -26,6 +26,18 @@ void init_slots() {
   }
 }
 
+void reset_live(DeviceState& d) {
+  // Every slot holds a generation older than any the session will tag.
+  const uint32_t older = cur_gen(g_genphase.load()) - uint32_t(kRing);
+  d.live.store(0);
+  for (auto& slot : d.slots) {
+    slot.store(pack(older, kIdle, 0), std::memory_order_relaxed);
+  }
+  for (auto& old : d.old_by_phase) {
+    old.store(0, std::memory_order_relaxed);
+  }
+}
+
 namespace {
 // Is generation a (20 bits) older than generation b (20 bits)?
 inline bool gen_older(uint32_t a, uint32_t b) {

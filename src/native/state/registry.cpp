@@ -524,17 +524,11 @@ void forget_cuda_blocks() {
   }
   for (int dev = 1; dev <= kMaxCuda; ++dev) {
     DeviceState& d = g_dev[dev];
-    d.live.store(0);
+    reset_live(d);
     // The allocator's counters as last reported, in the session before: unknown now
     // (the first report of this session, or the allocator's own statistics, tell).
     d.reported_allocated.store(-1);
     d.reported_reserved.store(-1);
-    for (auto& slot : d.slots) {
-      slot.store(0);
-    }
-    for (auto& old : d.old_by_phase) {
-      old.store(0);
-    }
   }
 }
 
