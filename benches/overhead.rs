@@ -21,8 +21,9 @@
 //! `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`, unless already set): left to adapt, glibc
 //! maps and unmaps the step's large blocks from one run to the next differently, and the
 //! page faults that follow (352,000 and 812,000 in two identical baseline runs of 35
-//! steps on a 2-core AMD EPYC, `perf stat -e page-faults`) moved step times by more than
-//! the profiler costs. Pinned, every run took about 88,000, most of them at start-up.
+//! steps on a 2-core AMD EPYC: `TCH_MEMPROF_DISABLE=1 TCH_MEMPROF_BENCH_MODE=baseline
+//! perf stat -e page-faults <this bench's binary> --steps 30`) moved step times by more
+//! than the profiler costs. Pinned, every run took about 88,000, most of them at start-up.
 //!
 //! Options (after `--`): `--rounds N` (default 4), `--steps N` timed steps per child
 //! (default 20), `--device cpu|cuda` (default cpu).
