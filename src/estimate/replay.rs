@@ -23,6 +23,9 @@ use crate::timeline::{replay_step, StepProfile, StepStart, VarEntry};
 /// Ids of the cuBLAS workspaces in the replay (the dry run's blocks are fake addresses
 /// far below).
 const WORKSPACE_ID: u64 = u64::MAX - 16;
+/// The blocks of kernels' workspaces ([`EventKind::Transient`]): this plus a count, far
+/// from the dry run's fake addresses and from [`WORKSPACE_ID`].
+const TRANSIENT_ID: u64 = 1 << 62;
 
 /// The dry run as the device sees it.
 #[derive(Debug, Clone)]
@@ -48,6 +51,8 @@ pub(super) struct Device {
     pub steps: Vec<StepPeak>,
     pub unknown_frees: u64,
     pub refused_requests: u64,
+    /// Kernels' workspaces ([`EventKind::Transient`]) replayed.
+    pub transients: u64,
 }
 
 /// The highest allocated bytes of one step of the dry run, and where it was first
@@ -122,13 +127,20 @@ impl Allocator {
 
 /// Replays the weights' and the run's events through the caching allocator under
 /// `options` (its settings, the GPU's cuBLAS workspace).
+///
+/// The sizes of cuDNN's workspaces are the larger plausible ones (see the dry run's
+/// convolution kernels): right for the allocated peak's safe side, but a pool that
+/// splits a workspace larger than the real one for later blocks may need fewer segments
+/// than the GPU does. So when the run has workspaces, the peak reserved is the larger of
+/// the replays with and without them: each is a way the pool can fall.
 pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Options) -> Device {
-    replay_on(
-        Allocator::Caching(Box::new(CachingAllocator::new(options.allocator.clone()))),
-        weights,
-        run,
-        options,
-    )
+    let caching = || Allocator::Caching(Box::new(CachingAllocator::new(options.allocator.clone())));
+    let mut device = replay_on(caching(), weights, run, options, true);
+    if device.transients > 0 {
+        let without = replay_on(caching(), weights, run, options, false);
+        device.stats.peak_reserved = device.stats.peak_reserved.max(without.stats.peak_reserved);
+    }
+    device
 }
 
 /// The same with every block its request and no workspace (the bytes a CPU run holds).
@@ -138,11 +150,19 @@ pub(super) fn as_requested(weights: &[Event], run: &[Event], options: &Options) 
         stats: AllocatorStats::default(),
         unknown_frees: 0,
     };
-    replay_on(alloc, weights, run, options)
+    replay_on(alloc, weights, run, options, false)
 }
 
-fn replay_on(mut alloc: Allocator, weights: &[Event], run: &[Event], options: &Options) -> Device {
+/// `transients`: replay kernels' workspaces (never with blocks as requested).
+fn replay_on(
+    mut alloc: Allocator,
+    weights: &[Event],
+    run: &[Event],
+    options: &Options,
+    transients: bool,
+) -> Device {
     let exact = matches!(alloc, Allocator::AsRequested { .. });
+    let with_transients = transients && !exact;
     let mut charged: HashMap<u64, i64> = HashMap::new();
     let mut events = Vec::with_capacity(weights.len() + run.len() + 4);
     let mut device = |alloc: &mut Allocator, events: &mut Vec<Event>, e: &Event| match e.kind {
@@ -175,6 +195,7 @@ fn replay_on(mut alloc: Allocator, weights: &[Event], run: &[Event], options: &O
     let weights_allocated = alloc.stats().allocated;
     let mut baseline = weights_allocated;
     let mut workspaces = [false; 4];
+    let mut taken = 0u64;
     let (mut allocations, mut flops) = (0u64, 0u64);
     let mut steps: Vec<StepPeak> = Vec::new();
     // The name of each op of the step running now, by its index in the step.
@@ -226,6 +247,33 @@ fn replay_on(mut alloc: Allocator, weights: &[Event], run: &[Event], options: &O
                     }
                 }
             }
+            EventKind::Transient if with_transients && e.value > 0 => {
+                // Taken after the kernel's outputs, freed before it returns: a block of
+                // its own that the pool may have to make room for.
+                taken += 1;
+                let id = TRANSIENT_ID + taken;
+                let bytes = alloc.malloc(id, e.value as u64) as i64;
+                let now = alloc.stats().allocated;
+                if let Some(s) = steps.last_mut().filter(|s| bytes > 0 && now > s.bytes) {
+                    s.bytes = now;
+                    s.op = op_names.get(&e.op).copied().unwrap_or(-1);
+                    s.phase = e.phase;
+                }
+                alloc.free(id);
+                for value in [bytes, -bytes] {
+                    events.push(Event {
+                        kind: if value > 0 {
+                            EventKind::Alloc
+                        } else {
+                            EventKind::Free
+                        },
+                        ptr: id,
+                        value,
+                        aux: 0,
+                        ..*e
+                    });
+                }
+            }
             _ => {}
         }
         // The step's peak, at its first allocation that reaches it.
@@ -256,6 +304,7 @@ fn replay_on(mut alloc: Allocator, weights: &[Event], run: &[Event], options: &O
         steps,
         unknown_frees,
         refused_requests,
+        transients: taken,
     }
 }
 

@@ -44,6 +44,9 @@ pub(crate) enum EventKind {
         /// cuBLASLt (which takes a workspace of its own after the cuBLAS one).
         lt: bool,
     },
+    /// A dry run: a CUDA kernel inside timeline op `op` takes `value` bytes after its
+    /// outputs and frees them before it returns (cuDNN's convolution workspace).
+    Transient,
 }
 
 /// One event of a profiled step or of a dry run (see [`EventKind`] for the fields).
@@ -104,6 +107,7 @@ fn kind_of(raw: &super::logs::TlEvent) -> Option<EventKind> {
         native::EV_READ => EventKind::Read,
         native::EV_BASELINE => EventKind::Baseline,
         native::EV_WORKSPACE => EventKind::Workspace { lt: raw.value == 2 },
+        native::EV_TRANSIENT => EventKind::Transient,
         _ => return None,
     })
 }

@@ -57,6 +57,7 @@ enum MpEventKind {
   MP_EV_READ = 9,
   MP_EV_BASELINE = 10,   // dry run only: the weights and the first batch are on the device
   MP_EV_WORKSPACE = 11,  // dry run only: an op CUDA runs on cuBLAS (value 1) or cuBLASLt (2) ended
+  MP_EV_TRANSIENT = 12,  // dry run only: a CUDA kernel's workspace, taken and freed inside it
 };
 
 // Where the op recorder's events go (memprof_set_params' target).
@@ -219,7 +220,9 @@ typedef struct MpCudaStats {
 //               storage of a tensor that op (or an op nested in it) took as an input;
 //   baseline:   (dry run) the weights and the first batch are on the device;
 //   workspace:  (dry run) op = timeline op, aux = name id of an op CUDA runs on cuBLAS
-//               (value 1) or on cuBLASLt (value 2), at its end.
+//               (value 1) or on cuBLASLt (value 2), at its end;
+//   transient:  (dry run) op = timeline op, value = the bytes a CUDA kernel takes and
+//               frees inside itself (cuDNN's convolution workspace), after its outputs.
 typedef struct MpTlEvent {
   uint8_t kind;  // MpEventKind
   uint8_t phase;
@@ -514,6 +517,7 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_CONST(MP_EV_READ, 9)                              \
   MP_CONST(MP_EV_BASELINE, 10)                         \
   MP_CONST(MP_EV_WORKSPACE, 11)                        \
+  MP_CONST(MP_EV_TRANSIENT, 12)                        \
   MP_CONST(MP_TARGET_STEP, 0)                          \
   MP_CONST(MP_TARGET_DRY_RUN, 1)                       \
   MP_CONST(MP_SITE_DEPTH, 96)                          \

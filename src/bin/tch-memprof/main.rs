@@ -58,10 +58,11 @@ enum Command {
     ///
     /// Measured on an NVIDIA H200 against eager PyTorch: models written in tch within
     /// 0.6% allocated; real-world models traced from transformers, torchvision and timm
-    /// within 2% allocated in 24 of 42 cases, right in training, low in convolution
-    /// nets' inference (cuDNN workspaces, not modelled: up to -37%) and in decoders
-    /// with grouped-query attention (-18% to -26% in f32 training). By family and mode:
-    /// docs/estimate.md, "Measured on a GPU".
+    /// within 2% allocated in 25 of 42 cases, right in training (cuDNN's convolution
+    /// workspaces charged on the safe side: up to +1.7%), low in some inference peaks
+    /// (eager Python's locals, probably: up to -17%) and in decoders with grouped-query
+    /// attention (-18% to -26% in f32 training). By family and mode: docs/estimate.md,
+    /// "Measured on a GPU".
     Estimate(estimate::EstimateArgs),
     /// The cheapest configurations of a training step (mixed precision, gradient
     /// accumulation, optimizer, allocator settings) whose predicted peak fits a memory

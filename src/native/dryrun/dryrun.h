@@ -44,6 +44,10 @@ void meta_append(const MpTlEvent& e);
 void dry_run_op_started(const at::RecordFunction& fn, int depth);
 void dry_run_op_ended(const at::RecordFunction& fn, int depth);
 char* dry_run_module_buf();
+// A CUDA kernel's workspace of `bytes`, taken after its outputs and freed before it
+// returns (the kernels below log cuDNN's): replayed through the caching allocator only,
+// never in the bytes a CPU run holds.
+void meta_transient(int64_t bytes);
 
 // kernels.cpp: the meta kernels libtorch's C++ lacks (at the first trace).
 void register_meta_kernels();

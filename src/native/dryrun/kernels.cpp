@@ -33,6 +33,62 @@ at::Tensor empty_as(const at::Tensor& t) {
   return at::empty(t.sizes(), t.options());
 }
 
+// A tensor's bytes as the caching allocator counts them (a multiple of 512).
+int64_t block_bytes(const at::Tensor& t) {
+  const int64_t n = t.defined() ? int64_t(t.numel() * t.element_size()) : 0;
+  return (n + 511) / 512 * 512;
+}
+
+// Whether a convolution is depthwise (a group per input channel).
+bool depthwise(const at::Tensor& input, int64_t groups) {
+  return input.dim() > 1 && groups > 1 && groups == input.size(1);
+}
+
+// cuDNN's workspace inside a CUDA convolution (PyTorch 2.11, cuDNN 9, cudnn.benchmark
+// off), as an NVIDIA H200 measured it in 1,244 calls of 14 torchvision, timm and
+// transformers models (tests/data/gpu-truth/h200-2026-11-26/workspaces.csv): bytes
+// taken after the outputs and freed before the call returns. cuDNN sizes it by the
+// execution plan its heuristics pick, which the dry run cannot know, so the estimate
+// takes the larger plausible figure, in units of the call's tensors (each rounded to
+// 512 B):
+// - forward, input + weight + output: cuDNN converts them to its kernels' layout. 762
+//   of the 804 calls took at most that (the 3x3 ones that take a workspace that in the
+//   median); the rest up to 1.9 times it (ViT's bfloat16 patch embedding);
+// - backward, 1.5 x (output gradient + input + weight): the data and weight
+//   gradients' workspaces (368 of the 440 calls took at most that, 3x3 ones 1.2 times
+//   in the median, a few up to 4 times);
+// - none for a depthwise convolution (a group per input channel) forward (all 144
+//   calls), nor backward in the NCHW layout (all 31; in channels-last it takes some);
+// - none for a forward pointwise one (1x1, stride 1, one group, NCHW) on at least 14x14
+//   positions (all 218 calls took at most 512 B: cuDNN runs it as a matrix product on
+//   the tensors as they are); on fewer, up to 0.8 times the sum.
+// tests/cudnn_workspaces.rs checks these shares against the data and the charge of
+// each measured call.
+constexpr double kBackwardWorkspace = 1.5;
+constexpr int64_t kPointwiseFreeFrom = 14 * 14;
+
+bool nchw(const at::Tensor& t) {
+  return t.is_contiguous();
+}
+
+bool free_pointwise(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    bool transposed,
+    int64_t groups) {
+  if (input.dim() != 4 || transposed || groups != 1 || !nchw(input) ||
+      weight.size(2) != 1 || weight.size(3) != 1) {
+    return false;
+  }
+  for (int64_t s : stride) {
+    if (s != 1) {
+      return false;
+    }
+  }
+  return input.size(2) * input.size(3) >= kPointwiseFreeFrom;
+}
+
 at::Tensor conv_meta(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -70,11 +126,16 @@ at::Tensor conv_meta(
                 weight.sizes(), " (output size ", o, ")");
     out.push_back(o);
   }
-  return at::empty(out, input.options().memory_format(input.suggest_memory_format()));
+  at::Tensor output =
+      at::empty(out, input.options().memory_format(input.suggest_memory_format()));
+  if (!depthwise(input, groups) && !free_pointwise(input, weight, stride, transposed, groups)) {
+    meta_transient(block_bytes(input) + block_bytes(weight) + block_bytes(output));
+  }
+  return output;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward_meta(
-    const at::Tensor&,
+    const at::Tensor& grad_output,
     const at::Tensor& input,
     const at::Tensor& weight,
     at::IntArrayRef,
@@ -82,14 +143,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward_meta(
     at::IntArrayRef,
     bool,
     at::IntArrayRef,
-    int64_t,
+    int64_t groups,
     std::array<bool, 3> mask) {
   // CUDA (cuDNN) gives the input and weight gradients; convolution_backward then sums
   // grad_output for the bias gradient when it is asked for and undefined here.
-  return {
-      mask[0] ? empty_as(input) : at::Tensor(),
-      mask[1] ? empty_as(weight) : at::Tensor(),
-      at::Tensor()};
+  at::Tensor grad_input = mask[0] ? empty_as(input) : at::Tensor();
+  at::Tensor grad_weight = mask[1] ? empty_as(weight) : at::Tensor();
+  const bool channels_last =
+      input.dim() == 4 && !nchw(input) && input.is_contiguous(at::MemoryFormat::ChannelsLast);
+  if (!depthwise(input, groups) || channels_last) {
+    const int64_t tensors = block_bytes(grad_output) + block_bytes(input) + block_bytes(weight);
+    meta_transient(int64_t(kBackwardWorkspace * double(tensors)));
+  }
+  return {grad_input, grad_weight, at::Tensor()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_meta(
