@@ -82,7 +82,14 @@ fn every_third_iteration_is_reported_and_the_files_parse_back() {
         ("2".into(), "2".into())
     );
     for (row, s) in rows.iter().zip(&reported) {
-        assert!(chrono::DateTime::parse_from_rfc3339(&at(row, "timestamp")).is_ok());
+        // Local time as spreadsheets read it: `2026-11-26 20:31:07.123`, written during
+        // this test.
+        let ts = at(row, "timestamp");
+        let written = chrono::NaiveDateTime::parse_from_str(&ts, "%Y-%m-%d %H:%M:%S%.3f")
+            .unwrap_or_else(|e| panic!("timestamp {ts:?}: {e}"));
+        let age = chrono::Local::now().naive_local() - written;
+        assert!(age.num_seconds().abs() < 600, "timestamp {ts:?}");
+        assert_eq!(ts.len(), "2026-11-26 20:31:07.123".len(), "{ts:?}");
         assert_eq!(at(row, "device"), "cpu");
         for (name, value) in [
             ("allocated_bytes", s.allocated_bytes),

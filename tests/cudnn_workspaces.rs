@@ -352,6 +352,14 @@ fn each_measured_convolution_is_charged_its_workspace() {
             x.shape,
             w.shape
         );
+        // The estimate says what it charged: one workspace or none, the largest as the
+        // allocator charges it (the request, or a whole block with at most 1 MiB over).
+        assert_eq!(e.kernel_workspaces, u64::from(charged > 0));
+        let over = e.largest_kernel_workspace as i64 - charged;
+        assert!(
+            (0..=(1 << 20)).contains(&over),
+            "charged {charged}, largest {over} over"
+        );
         checked += 1;
         under += (c.transient > charged + 512) as usize;
     }

@@ -721,3 +721,111 @@ fn plan_says_where_the_step_stands_and_flags_a_thin_margin() {
         .unwrap_or_else(|| panic!("{stdout}"));
     assert!(as_is.contains(" over the "), "{as_is}");
 }
+
+/// The `[default: X]` values a subcommand's help names, by option (`optimizer` ->
+/// `adamw`), read from `tch-memprof SUB --help`.
+fn help_defaults(sub: &str) -> std::collections::BTreeMap<String, String> {
+    let help = text(&cli(&[sub, "--help"]).stdout);
+    let mut out = std::collections::BTreeMap::new();
+    let mut option = None;
+    for line in help.lines() {
+        let line = line.trim();
+        if let Some(rest) = line.strip_prefix("--") {
+            option = rest.split([' ', '<']).next().map(str::to_string);
+        }
+        if let (Some(at), Some(o)) = (line.find("[default: "), &option) {
+            let value = &line[at + "[default: ".len()..];
+            out.insert(o.clone(), value[..value.find(']').unwrap()].to_string());
+        }
+    }
+    out
+}
+
+/// A command's standard output with what changes from run to run (times, the host's
+/// resident memory) masked.
+fn steady(args: &[&str]) -> String {
+    let out = cli(args);
+    assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with("This estimate's host memory"))
+        .map(|l| {
+            // A number followed by "s" is a time.
+            let words: Vec<&str> = l.split_whitespace().collect();
+            (0..words.len())
+                .map(|i| {
+                    let time = words
+                        .get(i + 1)
+                        .is_some_and(|n| matches!(*n, "s" | "s," | "s)" | "s;"))
+                        && words[i].parse::<f64>().is_ok();
+                    if time {
+                        "<time>"
+                    } else {
+                        words[i]
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every default the help of `estimate` and `plan` names is the one the command uses:
+/// its output with the options left out equals its output with each given the value
+/// the help names, and another value changes it (the option is live); `--gpu`'s
+/// default is the GPU `--memory` names, as both helps say.
+#[test]
+fn the_defaults_the_help_names_are_the_ones_used() {
+    let estimate = help_defaults("estimate");
+    let names: Vec<&str> = estimate.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        ["accumulate", "attention", "optimizer", "steps", "top"]
+    );
+    let base = ["estimate", "--model", "gpt2", "--input", "1x64", "--train"];
+    let plain = steady(&base);
+    let mut explicit: Vec<&str> = base.to_vec();
+    let flags: Vec<String> = estimate.keys().map(|k| format!("--{k}")).collect();
+    for (flag, value) in flags.iter().zip(estimate.values()) {
+        explicit.extend([flag.as_str(), value.as_str()]);
+    }
+    assert_eq!(
+        plain,
+        steady(&explicit),
+        "estimate with its documented defaults"
+    );
+    for (flag, other) in [
+        ("--optimizer", "sgd"),
+        ("--accumulate", "2"),
+        ("--attention", "math"),
+        ("--top", "1"),
+        ("--steps", "1"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend([flag, other]);
+        assert_ne!(plain, steady(&args), "{flag} {other} changes nothing");
+    }
+    let plan = help_defaults("plan");
+    assert_eq!(plan.get("optimizer").map(String::as_str), Some("adamw"));
+    let base = [
+        "plan", "--model", "gpt2", "--input", "1x64:i64", "--memory", "h100",
+    ];
+    let mut explicit = base.to_vec();
+    explicit.extend(["--optimizer", "adamw", "--gpu", "h100"]);
+    assert_eq!(
+        steady(&base),
+        steady(&explicit),
+        "plan with its documented defaults"
+    );
+    let base = [
+        "estimate", "--model", "gpt2", "--input", "1x64", "--memory", "h100",
+    ];
+    let mut explicit = base.to_vec();
+    explicit.extend(["--gpu", "h100"]);
+    assert_eq!(
+        steady(&base),
+        steady(&explicit),
+        "--gpu defaults to the --memory GPU"
+    );
+}

@@ -562,11 +562,9 @@ pub const NOT_MODELLED: [NotModelled; 3] = [
     },
     NotModelled {
         what: "attention workspaces",
-        likely: "the memory-efficient kernel's backward workspace (set by the kernel \
-                 picked for the GPU and head size; for f16/bf16 about an f32 copy of the \
-                 query's gradient), cuDNN attention's workspace and flash attention's \
-                 split-KV buffers (inference at small batch x heads): taken inside the \
-                 attention call and freed",
+        likely: "flash attention's split-KV buffers (inference at small batch x \
+                 heads) and cuDNN attention's forward workspace (512 B measured on an \
+                 H200): taken inside the attention call and freed",
     },
     NotModelled {
         what: "the CUDA context",
@@ -619,6 +617,12 @@ pub struct Estimate {
     pub cublaslt_workspaces: u32,
     /// Size of one cuBLAS workspace on this GPU.
     pub cublas_workspace_bytes: u64,
+    /// Kernels' workspaces charged, taken and freed inside one call each: cuDNN's
+    /// convolutions' (forward and backward, at the larger plausible size; see the
+    /// module's docs) and the memory-efficient and cuDNN attention backward's.
+    pub kernel_workspaces: u64,
+    /// The largest of them, as the allocator charges it.
+    pub largest_kernel_workspace: u64,
     /// Allocations the dry run made.
     pub allocations: u64,
     /// Time of the dry run and of the replay.

@@ -560,6 +560,8 @@ impl Model {
             cublas_workspaces: device.workspaces[..2].iter().filter(|w| **w).count() as u32,
             cublaslt_workspaces: device.workspaces[2..].iter().filter(|w| **w).count() as u32,
             cublas_workspace_bytes: options.gpu.cublas_workspace,
+            kernel_workspaces: device.transients,
+            largest_kernel_workspace: device.largest_transient,
             allocations: device.allocations,
             elapsed: run.elapsed,
             unknown_frees: device.unknown_frees,

@@ -51,8 +51,10 @@ pub(super) struct Device {
     pub steps: Vec<StepPeak>,
     pub unknown_frees: u64,
     pub refused_requests: u64,
-    /// Kernels' workspaces ([`EventKind::Transient`]) replayed.
+    /// Kernels' workspaces ([`EventKind::Transient`]) replayed, and the largest as
+    /// charged.
     pub transients: u64,
+    pub largest_transient: u64,
 }
 
 /// The highest allocated bytes of one step of the dry run, and where it was first
@@ -195,7 +197,7 @@ fn replay_on(
     let weights_allocated = alloc.stats().allocated;
     let mut baseline = weights_allocated;
     let mut workspaces = [false; 4];
-    let mut taken = 0u64;
+    let (mut taken, mut largest_transient) = (0u64, 0u64);
     let (mut allocations, mut flops) = (0u64, 0u64);
     let mut steps: Vec<StepPeak> = Vec::new();
     // The name of each op of the step running now, by its index in the step.
@@ -253,6 +255,7 @@ fn replay_on(
                 taken += 1;
                 let id = TRANSIENT_ID + taken;
                 let bytes = alloc.malloc(id, e.value as u64) as i64;
+                largest_transient = largest_transient.max(bytes.max(0) as u64);
                 let now = alloc.stats().allocated;
                 if let Some(s) = steps.last_mut().filter(|s| bytes > 0 && now > s.bytes) {
                     s.bytes = now;
@@ -305,6 +308,7 @@ fn replay_on(
         unknown_frees,
         refused_requests,
         transients: taken,
+        largest_transient,
     }
 }
 

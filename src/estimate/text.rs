@@ -261,6 +261,20 @@ impl fmt::Display for Fit {
 }
 
 impl Estimate {
+    /// The kernels' workspaces charged, in one line; `None` when the run has none.
+    pub fn kernel_workspace_line(&self) -> Option<String> {
+        (self.kernel_workspaces > 0).then(|| {
+            format!(
+                "Kernel workspaces (cuDNN convolutions, attention backward): {} charged at \
+                 batch {}, the largest {}; a convolution's at the larger plausible size \
+                 (where the peak is inside one, the estimate errs high)",
+                self.kernel_workspaces,
+                self.batch,
+                bytes(self.largest_kernel_workspace)
+            )
+        })
+    }
+
     /// What the estimate cost the host, in one line, when its resident memory could be
     /// read.
     pub fn host_memory_line(&self) -> Option<String> {

@@ -181,11 +181,14 @@ pub(crate) fn write_meta(path: &Path, m: &RunMeta<'_>) -> Result<()> {
     write_atomically(path, |w| rows.iter().try_for_each(|r| w.serialize(r)))
 }
 
+/// The machine's local time as spreadsheets read a date and time
+/// (`2026-11-26 20:31:07.123`; the run's UTC offset is in `<run>_run.csv`'s `started`).
 fn now() -> String {
-    chrono::Local::now()
-        .format("%Y-%m-%dT%H:%M:%S%.3f%:z")
-        .to_string()
+    chrono::Local::now().format(TIMESTAMP_FORMAT).to_string()
 }
+
+/// The `timestamp` column's format (chrono's strftime).
+pub(crate) const TIMESTAMP_FORMAT: &str = "%Y-%m-%d %H:%M:%S%.3f";
 
 impl Report for CsvReport {
     fn iteration(&mut self, s: &IterationStats) -> Result<()> {

@@ -31,7 +31,9 @@ pub const META: &str = "_run.csv";
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct SummaryRow {
-    /// When the row was written (local time, RFC 3339 with milliseconds).
+    /// When the row was written: the machine's local time, `2026-11-26 20:31:07.123`, a
+    /// form spreadsheets read as a date and time (the run's UTC offset is in the run
+    /// file's `started`).
     pub timestamp: String,
     /// The epoch, from 1.
     pub epoch: u64,

@@ -222,6 +222,9 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
             e.batch, e.unknown_frees, e.refused_requests
         );
     }
+    if let Some(line) = rows.last().and_then(Estimate::kernel_workspace_line) {
+        println!("{line}");
+    }
     println!("Not modelled (a CUDA run may add):");
     for n in NOT_MODELLED {
         println!("- {}: {}", n.what, n.likely);

@@ -453,8 +453,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_fwd_meta(
 // attention_backward.cu _scaled_dot_product_efficient_attention_backward_cuda ->
 // _efficient_attention_backward: grad_q, grad_k, grad_v of the shapes of q, k, v in
 // [B, L, H, D]; a bias gradient padded to a multiple of 16 when asked for; delta f32
-// [B, H, L] freed on return. The kernel's workspace (kernel_backward.h workspace_size,
-// set by the kernel the dispatcher picks) is not modelled.
+// [B, H, L] freed on return; the kernel's workspace (kernel_backward.h workspace_size:
+// f32 accumulators, set by the kernel the dispatcher picks) taken after them, charged
+// as an NVIDIA H200 measured it (tests/data/gpu-truth/h200-2026-11-26/workspaces.csv):
+// f32 [B, H, L, D] and f32 [B, H, L], L and D rounded up to 64 (BERT and GPT-2 in f32
+// to the byte, ViT-base's L = 197 1.5% over).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_bwd_meta(
     const at::Tensor&, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& bias, const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -472,6 +475,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_bwd_meta(
   }
   {
     auto delta = at::empty({B, H, L}, q.options().dtype(at::kFloat));
+    const int64_t rows = B * H * round_up(L, 64);
+    meta_transient(rows * round_up(q.size(3), 64) * 4 + rows * 4);
   }
   return {gq.transpose(1, 2), gk.transpose(1, 2), gv.transpose(1, 2), gb};
 }
@@ -497,14 +502,23 @@ cudnn_fwd_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           at::Tensor()};
 }
 
-// cudnn/MHA.cpp run_cudnn_SDP_bprop: dq, dk, dv with the layouts of q, k, v (workspace
-// not modelled).
+// cudnn/MHA.cpp run_cudnn_SDP_bprop: dq, dk, dv with the layouts of q, k, v, then cuDNN's
+// workspace, charged as an NVIDIA H200 measured it (tests/data/gpu-truth/
+// h200-2026-11-26/workspaces.csv): an f32 [B, H, L, D] query-gradient accumulator and
+// f32 [B, H, L] (BERT, GPT-2, SmolLM2 and ViT-base in bf16: each to the byte, less the
+// 512 B the allocator rounds another block to).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cudnn_bwd_meta(
     const at::Tensor&, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double,
     bool, std::optional<double>) {
-  return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
+  // In this order (a function's arguments have none).
+  auto dq = at::empty_like(q);
+  auto dk = at::empty_like(k);
+  auto dv = at::empty_like(v);
+  const int64_t rows = q.size(0) * q.size(1) * q.size(2);
+  meta_transient(rows * q.size(3) * 4 + rows * 4);
+  return {dq, dk, dv};
 }
 
 bool has_meta(const char* name) {
