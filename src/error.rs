@@ -73,6 +73,14 @@ pub enum Error {
     /// names the key and the value.
     #[error("{0}")]
     AllocatorConf(String),
+    /// A recorded run (a memory snapshot, a history) could not be read.
+    #[error("{path}: {reason}")]
+    Recording {
+        /// The file.
+        path: PathBuf,
+        /// Why, in one line.
+        reason: String,
+    },
     /// A model file could not be loaded (not TorchScript, unreadable).
     #[error("{path}: {reason}")]
     ModelLoad {

@@ -46,6 +46,7 @@ mod gpu;
 mod model;
 pub mod models;
 mod plan;
+pub mod recorded;
 mod replay;
 mod text;
 #[doc(hidden)]

@@ -11,6 +11,7 @@
 //!     tch-memprof plan (MODEL.pt2 | MODEL.pt | --model NAME) --memory 24GB|h100 [--input ...]
 //!                 [--optimizer adamw] [--batch B] [--gpu h100] [--autocast bf16] [--csv]
 //!     tch-memprof profile MODEL.pt2|MODEL.pt --input 1x3x224x224 [--train] [--device cpu|cuda]
+//!     tch-memprof replay SNAPSHOT.pickle [--alloc-conf CONF]... [--memory 24GB|h100] [--csv]
 //!
 //! A `.pt2` file (torch.export.save) is told from a TorchScript file by its contents;
 //! it takes its exported input shapes and dtypes where `--input` leaves them out.
@@ -25,6 +26,7 @@ mod diff;
 mod estimate;
 mod plan;
 mod profile;
+mod replay;
 mod report;
 
 use std::process::ExitCode;
@@ -71,6 +73,10 @@ enum Command {
     /// Profile one step of a model file (an exported program .pt2 or a TorchScript file)
     /// for real (timeline by category, layers, FLOPs, plot, summary).
     Profile(profile::ProfileArgs),
+    /// Replay a recorded CUDA run (PyTorch's memory snapshot with its allocator history)
+    /// through the model of the caching allocator, as recorded and under other
+    /// allocator settings: the peaks of each, and which fit --memory.
+    Replay(replay::ReplayArgs),
 }
 
 fn main() -> ExitCode {
@@ -80,6 +86,7 @@ fn main() -> ExitCode {
         Command::Estimate(args) => estimate::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Profile(args) => profile::run(&args),
+        Command::Replay(args) => replay::run(&args),
     }
 }
 

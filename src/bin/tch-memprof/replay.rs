@@ -1,0 +1,154 @@
+//! `tch-memprof replay SNAPSHOT [--alloc-conf CONF]... [--memory 24GB|h100] [--csv]`:
+//! a recorded CUDA run (PyTorch's memory snapshot with its allocator history) replayed
+//! through the model of the caching allocator, under the settings it ran with and under
+//! others.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use tch_memprof::estimate::recorded::{self, Action, Peaks, Recording};
+use tch_memprof::estimate::{gpu_memory, AllocatorConfig};
+
+use crate::fail;
+
+/// What-ifs tried when `--alloc-conf` names none.
+const DEFAULT_WHAT_IFS: [&str; 2] = ["expandable_segments:True", "max_split_size_mb:128"];
+
+/// Arguments of `tch-memprof replay`.
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// A memory snapshot with its allocator history: torch.cuda.memory._dump_snapshot's
+    /// pickle, after torch.cuda.memory._record_memory_history() (or the CSV of a history:
+    /// seq,action,addr,size,...)
+    snapshot: PathBuf,
+    /// Allocator settings to replay the run under besides its own, as
+    /// PYTORCH_CUDA_ALLOC_CONF takes them (expandable_segments:True,
+    /// max_split_size_mb:256, roundup_power2_divisions:4); once per setting. Default:
+    /// expandable_segments:True and max_split_size_mb:128
+    #[arg(long = "alloc-conf", value_name = "CONF")]
+    alloc_confs: Vec<String>,
+    /// The memory the peak reserved must stay within: a size (80GiB, 24GB) or a GPU name
+    /// (its memory less 1 GiB for the CUDA context); adds a fits column
+    #[arg(long)]
+    memory: Option<String>,
+    /// The device whose history is replayed
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Print CSV to standard output: alloc_conf, peak_allocated_bytes,
+    /// peak_reserved_bytes (the first row: as recorded, alloc_conf `recorded`), fits
+    /// (with --memory)
+    #[arg(long)]
+    csv: bool,
+}
+
+pub fn run(a: &ReplayArgs) -> ExitCode {
+    let recording = match std::fs::read(&a.snapshot) {
+        Err(e) => return fail(format!("{}: {e}", a.snapshot.display())),
+        Ok(bytes) => {
+            let name = a.snapshot.to_string_lossy();
+            let read = if name.ends_with(".csv") {
+                Recording::from_csv(&String::from_utf8_lossy(&bytes))
+            } else {
+                Recording::from_snapshot(&bytes, a.device)
+            };
+            match read {
+                Ok(r) => r,
+                Err(e) => return fail(format!("{}: {e}", a.snapshot.display())),
+            }
+        }
+    };
+    let budget = match a.memory.as_deref().map(gpu_memory).transpose() {
+        Ok(b) => b.map(|(size, _)| size),
+        Err(e) => return fail(e),
+    };
+    let own = recording.alloc_conf.clone().unwrap_or_default();
+    let mut confs = vec![own.clone()];
+    let asked: Vec<String> = if a.alloc_confs.is_empty() {
+        DEFAULT_WHAT_IFS.iter().map(|s| s.to_string()).collect()
+    } else {
+        a.alloc_confs.clone()
+    };
+    confs.extend(asked.into_iter().filter(|c| *c != own));
+    let mut rows = Vec::new();
+    for conf in &confs {
+        let config = match AllocatorConfig::parse(conf) {
+            Ok(c) => c,
+            Err(e) => return fail(format!("--alloc-conf {conf:?}: {e}")),
+        };
+        rows.push((conf.clone(), recording.replay(&config)));
+    }
+    let recorded = rows[0].1.recorded;
+    if a.csv {
+        let mut w = csv::Writer::from_writer(std::io::stdout());
+        let mut header = vec!["alloc_conf", "peak_allocated_bytes", "peak_reserved_bytes"];
+        if budget.is_some() {
+            header.push("fits");
+        }
+        let _ = w.write_record(&header);
+        let fits = |reserved: u64| budget.map(|b| (reserved <= b).to_string());
+        let mut record = |conf: &str, alloc: u64, resv: u64| {
+            let mut r = vec![conf.to_string(), alloc.to_string(), resv.to_string()];
+            r.extend(fits(resv));
+            let _ = w.write_record(&r);
+        };
+        record("recorded", recorded.allocated, recorded.reserved);
+        for (conf, run) in &rows {
+            record(conf, run.replayed.allocated, run.replayed.reserved);
+        }
+        let _ = w.flush();
+        return ExitCode::SUCCESS;
+    }
+    let allocations = recording
+        .events
+        .iter()
+        .filter(|e| e.action == Action::Alloc)
+        .count();
+    println!(
+        "tch-memprof replay: {}, device {}, {} events ({allocations} allocations), recorded \
+         with PYTORCH_CUDA_ALLOC_CONF={own:?}",
+        a.snapshot.display(),
+        a.device,
+        recording.events.len()
+    );
+    let first = &rows[0].1;
+    if recording.segments_before > 0 {
+        println!(
+            "the history began after {} segment(s) were made: they are seeded from the \
+             snapshot's end state (with the blocks live at its end that the history never \
+             allocated)",
+            recording.segments_before
+        );
+    }
+    if !first.complete {
+        println!(
+            "{} free(s) of blocks the history never saw allocated: the peaks are those of \
+             the recorded part",
+            first.unknown_frees
+        );
+    }
+    let replays: Vec<(String, Peaks)> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, (conf, run))| {
+            let name = match (i, conf.is_empty()) {
+                (0, true) => "replayed (as recorded: default)".to_string(),
+                (0, false) => format!("replayed (as recorded: {conf})"),
+                _ => conf.clone(),
+            };
+            (name, run.replayed)
+        })
+        .collect();
+    println!("{}", recorded::table(recorded, &replays, budget));
+    if first.replayed.reserved == recorded.reserved {
+        println!("the replay gives the recorded peak reserved to the byte");
+    } else {
+        let off = 100.0 * (first.replayed.reserved as f64 / recorded.reserved as f64 - 1.0);
+        println!("the replay's peak reserved is {off:+.2}% off the recorded one");
+    }
+    println!(
+        "recorded allocated: the blocks' sizes as asked for (the allocator counts whole \
+         blocks, a little more)"
+    );
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,408 @@
+//! A recorded CUDA run as one more source of events for the one replay: the caching
+//! allocator's own event history, as PyTorch records it
+//! (`torch.cuda.memory._record_memory_history()`, then
+//! `torch.cuda.memory._dump_snapshot("run.pickle")`), replayed through the model of the
+//! allocator ([`super::CachingAllocator`]) by the replay every estimate goes through,
+//! under the settings the run used or under others (what-ifs).
+//!
+//! Of the history's actions, `alloc` (the size asked for) and `free_completed` (the block
+//! back in the pool) drive the replay; `segment_alloc` and `segment_free` (cudaMalloc and
+//! cudaFree) give the recorded reserved bytes, `alloc` and `free_completed` the recorded
+//! allocated bytes (as requested: the allocator counts whole blocks, a little more).
+//! A history that begins after the run started (PyTorch keeps the last `max_entries`
+//! events, or recording began late) starts from the segments the snapshot lists that it
+//! never saw made, each seeded with the blocks still live at the end that the history
+//! never allocated ([`Recording::segments_before`]); a free of a block it never saw
+//! allocated is counted ([`RecordedRun::unknown_frees`]).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde_pickle::{DeOptions, HashableValue, Value};
+
+use super::{replay, AllocatorConfig, Options};
+use crate::error::{Error, Result};
+use crate::ffi::{Event, EventKind};
+use crate::format::bytes;
+use crate::phase::Phase;
+
+/// What happened to a block or a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// A cudaMalloc of a segment.
+    SegmentAlloc,
+    /// A cudaFree of a segment.
+    SegmentFree,
+    /// A block handed out (`size`: the bytes asked for).
+    Alloc,
+    /// A block freed by its tensor, not yet back in the pool (work still queued on a
+    /// stream).
+    FreeRequested,
+    /// A block back in the pool.
+    FreeCompleted,
+    /// Any other action (`snapshot`, `oom`, ...): not replayed.
+    Other,
+}
+
+impl Action {
+    fn parse(name: &str) -> Action {
+        match name {
+            "segment_alloc" | "segment_map" => Action::SegmentAlloc,
+            "segment_free" | "segment_unmap" => Action::SegmentFree,
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            _ => Action::Other,
+        }
+    }
+}
+
+/// One event of a recorded history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordedEvent {
+    /// What happened.
+    pub action: Action,
+    /// The block's or the segment's address.
+    pub addr: u64,
+    /// Bytes asked for (a block) or obtained (a segment).
+    pub size: u64,
+}
+
+/// Peak bytes of a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Peaks {
+    /// Peak allocated bytes.
+    pub allocated: u64,
+    /// Peak reserved bytes.
+    pub reserved: u64,
+}
+
+/// A recorded history: its events (one device), and the allocator settings the run used
+/// when the file says (`PYTORCH_CUDA_ALLOC_CONF`).
+#[derive(Debug, Clone, Default)]
+pub struct Recording {
+    /// The history, in order.
+    pub events: Vec<RecordedEvent>,
+    /// `PYTORCH_CUDA_ALLOC_CONF` as the run had it (a snapshot's `allocator_settings`).
+    pub alloc_conf: Option<String>,
+    /// Segments the file lists at its end that the history never saw made (it began
+    /// after them): the events start with them, seeded from the file's end state (each
+    /// with the blocks still live at the end that the history never allocated).
+    pub segments_before: u64,
+}
+
+/// A recorded history replayed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRun {
+    /// The recorded peaks: reserved from the segment events, allocated from the blocks'
+    /// sizes as asked for.
+    pub recorded: Peaks,
+    /// The replay's peaks under the settings it was given.
+    pub replayed: Peaks,
+    /// Frees of blocks the history never saw allocated.
+    pub unknown_frees: u64,
+    /// Whether the history, with the segments seeded from before it, accounts for every
+    /// block it frees.
+    pub complete: bool,
+}
+
+impl Recording {
+    /// The compact CSV of a history (`seq,action,addr,size,stream,frame`, one event a
+    /// row, as the GPU truth data keeps it).
+    pub fn from_csv(text: &str) -> std::result::Result<Recording, String> {
+        let mut reader = csv::ReaderBuilder::new()
+            .flexible(true)
+            .from_reader(text.as_bytes());
+        let headers = reader.headers().map_err(|e| bad("the history", e))?.clone();
+        let col = |name: &str| {
+            headers.iter().position(|h| h == name).ok_or_else(|| {
+                bad(
+                    "the history",
+                    format!("no `{name}` column (want action, addr, size)"),
+                )
+            })
+        };
+        let (action, addr, size) = (col("action")?, col("addr")?, col("size")?);
+        let mut events = Vec::new();
+        for (i, row) in reader.records().enumerate() {
+            let row = row.map_err(|e| bad("the history", e))?;
+            let number = |at: usize, what: &str| -> std::result::Result<u64, String> {
+                row.get(at).and_then(|v| v.parse().ok()).ok_or_else(|| {
+                    bad(
+                        "the history",
+                        format!("row {}: `{what}` is not a byte count or address", i + 2),
+                    )
+                })
+            };
+            events.push(RecordedEvent {
+                action: Action::parse(row.get(action).unwrap_or("")),
+                addr: number(addr, "addr")?,
+                size: number(size, "size")?,
+            });
+        }
+        Ok(Recording {
+            events,
+            alloc_conf: None,
+            segments_before: 0,
+        })
+    }
+
+    /// A memory snapshot as PyTorch writes it (`torch.cuda.memory._dump_snapshot`): the
+    /// history of `device` (`device_traces[device]`) and the run's allocator settings.
+    /// The pickle is read as data: no class is looked up, no code runs.
+    pub fn from_snapshot(bytes: &[u8], device: usize) -> std::result::Result<Recording, String> {
+        let value = serde_pickle::value_from_slice(bytes, DeOptions::new())
+            .map_err(|e| bad("the snapshot", format!("not a pickle PyTorch wrote: {e}")))?;
+        let top = dict(&value).ok_or_else(|| bad("the snapshot", "not a dictionary"))?;
+        let traces = get(top, "device_traces").and_then(list).ok_or_else(|| {
+            bad(
+                "the snapshot",
+                "no `device_traces`: record the history first \
+                 (torch.cuda.memory._record_memory_history())",
+            )
+        })?;
+        let trace = traces.get(device).and_then(list).ok_or_else(|| {
+            bad(
+                "the snapshot",
+                format!("no history for device {device} ({} recorded)", traces.len()),
+            )
+        })?;
+        let mut events = Vec::with_capacity(trace.len());
+        let mut seen_segments = Vec::new();
+        for e in trace {
+            let Some(e) = dict(e) else { continue };
+            let action = get(e, "action")
+                .and_then(text)
+                .map_or(Action::Other, Action::parse);
+            let (Some(addr), Some(size)) = (
+                get(e, "addr").and_then(number),
+                get(e, "size").and_then(number),
+            ) else {
+                continue;
+            };
+            if action == Action::SegmentAlloc {
+                seen_segments.push(addr);
+            }
+            events.push(RecordedEvent { action, addr, size });
+        }
+        // Segments made before the history began: seeded from the snapshot's end state,
+        // before the history's events, as the history's start found them as far as the
+        // end state tells: each with the blocks still live at the end that the history
+        // never allocated (in address order), or empty.
+        let allocated: std::collections::HashSet<u64> = events
+            .iter()
+            .filter(|e| e.action == Action::Alloc)
+            .map(|e| e.addr)
+            .collect();
+        let mut seed = Vec::new();
+        let mut segments_before = 0;
+        for segment in get(top, "segments").and_then(list).into_iter().flatten() {
+            let Some(segment) = dict(segment) else {
+                continue;
+            };
+            let (Some(addr), Some(total)) = (
+                get(segment, "address").and_then(number),
+                get(segment, "total_size").and_then(number),
+            ) else {
+                continue;
+            };
+            if get(segment, "device").and_then(number) != Some(device as u64)
+                || seen_segments.contains(&addr)
+            {
+                continue;
+            }
+            segments_before += 1;
+            seed.push(RecordedEvent {
+                action: Action::SegmentAlloc,
+                addr,
+                size: total,
+            });
+            let mut live: Vec<(u64, u64)> = get(segment, "blocks")
+                .and_then(list)
+                .into_iter()
+                .flatten()
+                .filter_map(dict)
+                .filter(|b| get(b, "state").and_then(text) == Some("active_allocated"))
+                .filter_map(|b| {
+                    let a = get(b, "address").and_then(number)?;
+                    let size = get(b, "requested_size").or_else(|| get(b, "size"));
+                    Some((a, size.and_then(number)?))
+                })
+                .filter(|(a, _)| !allocated.contains(a))
+                .collect();
+            live.sort_unstable();
+            if live.is_empty() {
+                // An empty segment: made by a block of its size, freed.
+                let small = get(segment, "segment_type").and_then(text) == Some("small");
+                let size = if small { 1 } else { total };
+                for action in [Action::Alloc, Action::FreeCompleted] {
+                    seed.push(RecordedEvent { action, addr, size });
+                }
+            }
+            seed.extend(live.into_iter().map(|(addr, size)| RecordedEvent {
+                action: Action::Alloc,
+                addr,
+                size,
+            }));
+        }
+        seed.extend(events);
+        let events = seed;
+        let alloc_conf = get(top, "allocator_settings")
+            .and_then(dict)
+            .and_then(|s| get(s, "PYTORCH_CUDA_ALLOC_CONF"))
+            .and_then(text)
+            .map(str::to_string);
+        Ok(Recording {
+            events,
+            alloc_conf,
+            segments_before,
+        })
+    }
+
+    /// A file: a snapshot pickle, or the compact CSV (`.csv`, `.csv.gz`).
+    pub fn read(path: &Path) -> Result<Recording> {
+        let failed = |reason: String| Error::Recording {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let bytes = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
+        if path.to_string_lossy().ends_with(".csv") {
+            Recording::from_csv(&String::from_utf8_lossy(&bytes)).map_err(failed)
+        } else {
+            Recording::from_snapshot(&bytes, 0).map_err(failed)
+        }
+    }
+
+    /// The recorded peaks.
+    pub fn recorded_peaks(&self) -> Peaks {
+        let (mut reserved, mut allocated) = (0i64, 0i64);
+        let mut peaks = Peaks::default();
+        let mut live: HashMap<u64, u64> = HashMap::new();
+        for e in &self.events {
+            match e.action {
+                Action::SegmentAlloc => reserved += e.size as i64,
+                Action::SegmentFree => reserved -= e.size as i64,
+                Action::Alloc => {
+                    live.insert(e.addr, e.size);
+                    allocated += e.size as i64;
+                }
+                Action::FreeCompleted => allocated -= live.remove(&e.addr).unwrap_or(0) as i64,
+                _ => {}
+            }
+            peaks.reserved = peaks.reserved.max(reserved.max(0) as u64);
+            peaks.allocated = peaks.allocated.max(allocated.max(0) as u64);
+        }
+        peaks
+    }
+
+    /// The history as the one replay's events: an allocation per `alloc` (the block
+    /// named by its address), a free per `free_completed`.
+    fn replay_events(&self) -> Vec<Event> {
+        self.events
+            .iter()
+            .filter_map(|e| {
+                let (kind, value) = match e.action {
+                    Action::Alloc => (EventKind::Alloc, e.size as i64),
+                    Action::FreeCompleted => (EventKind::Free, -(e.size as i64)),
+                    _ => return None,
+                };
+                Some(Event {
+                    kind,
+                    phase: Phase::Forward,
+                    device: 0,
+                    generation: 1,
+                    op: -1,
+                    aux: 0,
+                    ptr: e.addr,
+                    value,
+                })
+            })
+            .collect()
+    }
+
+    /// Replays the history under `config`.
+    pub fn replay(&self, config: &AllocatorConfig) -> RecordedRun {
+        let options = Options {
+            allocator: config.clone(),
+            ..Options::default()
+        };
+        let device = replay::through_allocator(&[], &self.replay_events(), &options);
+        RecordedRun {
+            recorded: self.recorded_peaks(),
+            replayed: Peaks {
+                allocated: device.stats.peak_allocated,
+                reserved: device.stats.peak_reserved,
+            },
+            unknown_frees: device.unknown_frees,
+            complete: device.unknown_frees == 0,
+        }
+    }
+}
+
+/// The recorded peaks and the replays' as a table (a row per allocator setting, the
+/// recorded one first), with a `fits` column against `budget`.
+pub fn table(recorded: Peaks, replays: &[(String, Peaks)], budget: Option<u64>) -> String {
+    use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
+    let mut t = Table::new();
+    let mut header = vec!["allocator settings", "peak allocated", "peak reserved"];
+    if budget.is_some() {
+        header.push("fits");
+    }
+    t.load_preset(UTF8_FULL)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(header);
+    let rows = std::iter::once(("recorded".to_string(), recorded)).chain(replays.iter().cloned());
+    for (name, p) in rows {
+        let mut row = vec![name, bytes(p.allocated), bytes(p.reserved)];
+        if let Some(b) = budget {
+            row.push(super::fits_cell(p.reserved, b));
+        }
+        t.add_row(row);
+    }
+    for c in 1..4 {
+        if let Some(col) = t.column_mut(c) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    t.to_string()
+}
+
+fn bad(what: &str, reason: impl std::fmt::Display) -> String {
+    format!("{what}: {reason}")
+}
+
+fn dict(v: &Value) -> Option<&std::collections::BTreeMap<HashableValue, Value>> {
+    match v {
+        Value::Dict(d) => Some(d),
+        _ => None,
+    }
+}
+
+fn get<'a>(
+    d: &'a std::collections::BTreeMap<HashableValue, Value>,
+    key: &str,
+) -> Option<&'a Value> {
+    d.get(&HashableValue::String(key.to_string()))
+}
+
+fn list(v: &Value) -> Option<&Vec<Value>> {
+    match v {
+        Value::List(l) | Value::Tuple(l) => Some(l),
+        _ => None,
+    }
+}
+
+fn text(v: &Value) -> Option<&str> {
+    match v {
+        Value::String(s) => Some(s),
+        _ => None,
+    }
+}
+
+fn number(v: &Value) -> Option<u64> {
+    match v {
+        Value::I64(n) => u64::try_from(*n).ok(),
+        Value::Int(n) => n.to_string().parse().ok(),
+        _ => None,
+    }
+}
