@@ -110,8 +110,8 @@ fn a_real_snapshot_replays_with_the_segments_made_before_its_history() {
 /// A history by hand: a 40 MiB block freed, then a 12 MiB one. By default the 12 MiB
 /// block is split from the free 40 MiB segment (the rest, 28 MiB, is more than 1 MiB):
 /// reserved 40 MiB. With `max_split_size_mb:20` a block of 20 MiB or more serves no
-/// smaller request: a new 12 MiB segment, reserved 52 MiB. `--memory 48MiB` then fits
-/// the first and not the second.
+/// smaller request: a new 12 MiB segment, reserved 52 MiB, 40 MiB of it free. `--memory
+/// 48MiB` then fits the first and not the second.
 #[test]
 fn what_ifs_move_reserved_as_the_allocator_rules_say() {
     let dir = tempfile::tempdir().unwrap();
@@ -141,6 +141,28 @@ fn what_ifs_move_reserved_as_the_allocator_rules_say() {
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let csv = text(&out.stdout);
+    // The pools at the reserved peak, by hand: with max_split_size_mb:20 the 12 MiB
+    // block's new segment makes it, the freed 40 MiB segment beside it.
+    let recording = Recording::from_csv(&std::fs::read_to_string(&history).unwrap()).unwrap();
+    let split = recording.replay(&AllocatorConfig::parse("max_split_size_mb:20").unwrap());
+    let (pools, request) = split.at_reserved_peak.unwrap();
+    assert_eq!(
+        (
+            pools.reserved,
+            pools.allocated,
+            pools.free_small,
+            pools.free_large,
+            pools.largest_free
+        ),
+        (52 * MIB, 12 * MIB, 0, 40 * MIB, 40 * MIB)
+    );
+    assert_eq!(request, 12 * MIB);
+    let plain = recording.replay(&AllocatorConfig::default());
+    let (pools, request) = plain.at_reserved_peak.unwrap();
+    assert_eq!(
+        (pools.reserved, pools.allocated, request),
+        (40 * MIB, 40 * MIB, 40 * MIB)
+    );
     let rows: Vec<&str> = csv.lines().collect();
     assert_eq!(
         rows,

@@ -64,7 +64,7 @@ use crate::error::{Error, Result};
 use crate::phase::Phase;
 use crate::timeline::{IdleAtPeak, StepProfile};
 
-pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator};
+pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator, PoolState};
 pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE, GENERIC_SM};
 pub(crate) use model::loss;
 pub use model::{Model, Segment};

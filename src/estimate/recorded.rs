@@ -20,7 +20,7 @@ use std::path::Path;
 
 use serde_pickle::{DeOptions, HashableValue, Value};
 
-use super::{replay, AllocatorConfig, Options};
+use super::{replay, AllocatorConfig, Options, PoolState};
 use crate::error::{Error, Result};
 use crate::ffi::{Event, EventKind};
 use crate::format::bytes;
@@ -104,6 +104,35 @@ pub struct RecordedRun {
     /// Whether the history, with the segments seeded from before it, accounts for every
     /// block it frees.
     pub complete: bool,
+    /// The replay's pools when its reserved bytes first reached their peak, and the
+    /// request (bytes asked for) that made the last segment then.
+    pub at_reserved_peak: Option<(PoolState, u64)>,
+}
+
+impl RecordedRun {
+    /// What the reserved peak is made of, in one line: allocated, free inside the
+    /// segments by pool, the largest free block, and the request that made the last
+    /// segment.
+    pub fn fragmentation_line(&self) -> Option<String> {
+        let (p, request) = self.at_reserved_peak?;
+        Some(format!(
+            "at the peak reserved ({}): {} allocated, {} free inside segments (small pool \
+             {}, large pool {}), the largest free block {}; the last segment was made for \
+             a request of {}{}",
+            bytes(p.reserved),
+            bytes(p.allocated),
+            bytes(p.free_small + p.free_large),
+            bytes(p.free_small),
+            bytes(p.free_large),
+            bytes(p.largest_free),
+            bytes(request),
+            if request <= 1 << 20 {
+                " (the small pool's, of 2 MiB segments)"
+            } else {
+                ""
+            }
+        ))
+    }
 }
 
 impl Recording {
@@ -335,6 +364,7 @@ impl Recording {
             },
             unknown_frees: device.unknown_frees,
             complete: device.unknown_frees == 0,
+            at_reserved_peak: device.at_reserved_peak,
         }
     }
 }

@@ -13,7 +13,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::allocator::{AllocatorStats, CachingAllocator};
+use super::allocator::{AllocatorStats, CachingAllocator, PoolState};
 use super::{gpu, Options};
 use crate::ffi::{Event, EventKind};
 use crate::names::Names;
@@ -51,6 +51,9 @@ pub(super) struct Device {
     pub steps: Vec<StepPeak>,
     pub unknown_frees: u64,
     pub refused_requests: u64,
+    /// The pools when reserved first reached its peak, and the request that made the
+    /// last segment then (the caching allocator only).
+    pub at_reserved_peak: Option<(PoolState, u64)>,
     /// Kernels' workspaces ([`EventKind::Transient`]) replayed, and the largest as
     /// charged.
     pub transients: u64,
@@ -83,6 +86,14 @@ enum Allocator {
 }
 
 impl Allocator {
+    /// The pools now (the caching allocator only).
+    fn pools(&self) -> Option<PoolState> {
+        match self {
+            Allocator::Caching(a) => Some(a.pools()),
+            Allocator::AsRequested { .. } => None,
+        }
+    }
+
     fn malloc(&mut self, id: u64, bytes: u64) -> u64 {
         match self {
             Allocator::Caching(a) => a.malloc(id, bytes),
@@ -167,9 +178,15 @@ fn replay_on(
     let with_transients = transients && !exact;
     let mut charged: HashMap<u64, i64> = HashMap::new();
     let mut events = Vec::with_capacity(weights.len() + run.len() + 4);
+    let mut at_reserved_peak: Option<(PoolState, u64)> = None;
     let mut device = |alloc: &mut Allocator, events: &mut Vec<Event>, e: &Event| match e.kind {
         EventKind::Alloc => {
+            let reserved = alloc.stats().reserved;
             let bytes = alloc.malloc(e.ptr, e.value.max(0) as u64) as i64;
+            let now = alloc.stats().reserved;
+            if now > reserved && now > at_reserved_peak.map_or(0, |(p, _)| p.reserved) {
+                at_reserved_peak = alloc.pools().map(|p| (p, e.value.max(0) as u64));
+            }
             if bytes > 0 {
                 charged.insert(e.ptr, bytes);
                 events.push(Event { value: bytes, ..*e });
@@ -307,6 +324,7 @@ fn replay_on(
         steps,
         unknown_frees,
         refused_requests,
+        at_reserved_peak,
         transients: taken,
         largest_transient,
     }

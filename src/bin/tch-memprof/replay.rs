@@ -140,6 +140,9 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         })
         .collect();
     println!("{}", recorded::table(recorded, &replays, budget));
+    if let Some(line) = first.fragmentation_line() {
+        println!("{line}");
+    }
     if first.replayed.reserved == recorded.reserved {
         println!("the replay gives the recorded peak reserved to the byte");
     } else {

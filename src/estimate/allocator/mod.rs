@@ -161,6 +161,21 @@ pub struct AllocatorStats {
     pub allocations: u64,
 }
 
+/// How the reserved bytes are cut at one moment ([`CachingAllocator::pools`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolState {
+    /// Reserved bytes.
+    pub reserved: u64,
+    /// Allocated bytes (blocks handed out, whole).
+    pub allocated: u64,
+    /// Free bytes inside the small pool's segments (requests up to 1 MiB).
+    pub free_small: u64,
+    /// Free bytes inside the large pool's segments.
+    pub free_large: u64,
+    /// The largest free block.
+    pub largest_free: u64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PoolKind {
     Small,
@@ -293,6 +308,20 @@ impl CachingAllocator {
     /// Current values and peaks.
     pub fn stats(&self) -> AllocatorStats {
         self.stats
+    }
+
+    /// How the reserved bytes are cut now: what is free inside the segments, by pool,
+    /// and the largest free block (a larger request needs a new segment).
+    pub fn pools(&self) -> PoolState {
+        let sum = |p: &Pool| p.free.iter().map(|(size, _)| size).sum::<u64>();
+        let largest = |p: &Pool| p.free.iter().next_back().map_or(0, |(size, _)| *size);
+        PoolState {
+            reserved: self.stats.reserved,
+            allocated: self.stats.allocated,
+            free_small: sum(&self.small),
+            free_large: sum(&self.large),
+            largest_free: largest(&self.small).max(largest(&self.large)),
+        }
     }
 
     /// Frees of ids that were not live.
