@@ -148,12 +148,26 @@ impl Allocator {
 /// the replays with and without them: each is a way the pool can fall.
 pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Options) -> Device {
     let caching = || Allocator::Caching(Box::new(CachingAllocator::new(options.allocator.clone())));
-    let mut device = replay_on(caching(), weights, run, options, true);
-    if device.transients > 0 {
-        let without = replay_on(caching(), weights, run, options, false);
+    let mut device = replay_on(caching(), weights, run, options, Transients::All);
+    let bounds = run
+        .iter()
+        .any(|e| e.kind == EventKind::Transient && e.aux == 1);
+    if bounds {
+        let without = replay_on(caching(), weights, run, options, Transients::Exact);
         device.stats.peak_reserved = device.stats.peak_reserved.max(without.stats.peak_reserved);
     }
     device
+}
+
+/// The kernels' workspaces a replay takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transients {
+    /// None (the bytes a CPU run holds).
+    None,
+    /// Those of their kernel's own size, not the larger plausible ones.
+    Exact,
+    /// All.
+    All,
 }
 
 /// The same with every block its request and no workspace (the bytes a CPU run holds).
@@ -163,19 +177,24 @@ pub(super) fn as_requested(weights: &[Event], run: &[Event], options: &Options) 
         stats: AllocatorStats::default(),
         unknown_frees: 0,
     };
-    replay_on(alloc, weights, run, options, false)
+    replay_on(alloc, weights, run, options, Transients::None)
 }
 
-/// `transients`: replay kernels' workspaces (never with blocks as requested).
+/// `transients`: the kernels' workspaces replayed (none with blocks as requested).
 fn replay_on(
     mut alloc: Allocator,
     weights: &[Event],
     run: &[Event],
     options: &Options,
-    transients: bool,
+    transients: Transients,
 ) -> Device {
     let exact = matches!(alloc, Allocator::AsRequested { .. });
-    let with_transients = transients && !exact;
+    let takes = |e: &Event| match transients {
+        _ if exact => false,
+        Transients::None => false,
+        Transients::Exact => e.aux == 0,
+        Transients::All => true,
+    };
     let mut charged: HashMap<u64, i64> = HashMap::new();
     let mut events = Vec::with_capacity(weights.len() + run.len() + 4);
     let mut at_reserved_peak: Option<(PoolState, u64)> = None;
@@ -266,7 +285,7 @@ fn replay_on(
                     }
                 }
             }
-            EventKind::Transient if with_transients && e.value > 0 => {
+            EventKind::Transient if takes(e) && e.value > 0 => {
                 // Taken after the kernel's outputs, freed before it returns: a block of
                 // its own that the pool may have to make room for.
                 taken += 1;

@@ -45,7 +45,8 @@ pub(crate) enum EventKind {
         lt: bool,
     },
     /// A dry run: a CUDA kernel inside timeline op `op` takes `value` bytes after its
-    /// outputs and frees them before it returns (cuDNN's convolution workspace).
+    /// outputs and frees them before it returns (cuDNN's convolution workspace); `aux`
+    /// 1 when `value` is the larger plausible size (a convolution's), not the kernel's.
     Transient,
 }
 
@@ -151,7 +152,7 @@ mod tests {
 
     #[test]
     fn every_kind_the_native_layer_writes_decodes() {
-        let raw: Vec<TlEvent> = (1..=11)
+        let raw: Vec<TlEvent> = (1..=12)
             .map(|k| TlEvent {
                 kind: k,
                 phase: native::PHASE_BACKWARD as u8,
@@ -165,11 +166,12 @@ mod tests {
             .collect();
         let mut out = Vec::new();
         decode(&raw, &mut out).unwrap();
-        assert_eq!(out.len(), 11, "the unknown kind is left out");
+        assert_eq!(out.len(), 12, "the unknown kind is left out");
         assert!(out
             .iter()
             .all(|e| e.phase == Phase::Backward && e.value == 2));
         assert_eq!(out[10].kind, EventKind::Workspace { lt: true });
+        assert_eq!(out[11].kind, EventKind::Transient);
         assert_eq!(out[0].kind, EventKind::Alloc);
         assert_eq!(out[8].kind, EventKind::Read);
     }

@@ -222,7 +222,8 @@ typedef struct MpCudaStats {
 //   workspace:  (dry run) op = timeline op, aux = name id of an op CUDA runs on cuBLAS
 //               (value 1) or on cuBLASLt (value 2), at its end;
 //   transient:  (dry run) op = timeline op, value = the bytes a CUDA kernel takes and
-//               frees inside itself (cuDNN's convolution workspace), after its outputs.
+//               frees inside itself (cuDNN's convolution workspace), after its outputs;
+//               aux = 1 when that is the larger plausible size, not the kernel's own.
 typedef struct MpTlEvent {
   uint8_t kind;  // MpEventKind
   uint8_t phase;

@@ -476,7 +476,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_bwd_meta(
   {
     auto delta = at::empty({B, H, L}, q.options().dtype(at::kFloat));
     const int64_t rows = B * H * round_up(L, 64);
-    meta_transient(rows * round_up(q.size(3), 64) * 4 + rows * 4);
+    meta_transient(rows * round_up(q.size(3), 64) * 4 + rows * 4, false);
   }
   return {gq.transpose(1, 2), gk.transpose(1, 2), gv.transpose(1, 2), gb};
 }
@@ -517,7 +517,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cudnn_bwd_meta(
   auto dk = at::empty_like(k);
   auto dv = at::empty_like(v);
   const int64_t rows = q.size(0) * q.size(1) * q.size(2);
-  meta_transient(rows * q.size(3) * 4 + rows * 4);
+  meta_transient(rows * q.size(3) * 4 + rows * 4, false);
   return {dq, dk, dv};
 }
 

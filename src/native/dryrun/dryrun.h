@@ -46,8 +46,9 @@ void dry_run_op_ended(const at::RecordFunction& fn, int depth);
 char* dry_run_module_buf();
 // A CUDA kernel's workspace of `bytes`, taken after its outputs and freed before it
 // returns (the kernels below log cuDNN's): replayed through the caching allocator only,
-// never in the bytes a CPU run holds.
-void meta_transient(int64_t bytes);
+// never in the bytes a CPU run holds. `bound`: the larger plausible size, not the size
+// the kernel takes (a convolution's, whose size cuDNN's plan sets at run time).
+void meta_transient(int64_t bytes, bool bound);
 
 // kernels.cpp: the meta kernels libtorch's C++ lacks (at the first trace).
 void register_meta_kernels();

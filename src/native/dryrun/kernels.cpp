@@ -129,7 +129,7 @@ at::Tensor conv_meta(
   at::Tensor output =
       at::empty(out, input.options().memory_format(input.suggest_memory_format()));
   if (!depthwise(input, groups) && !free_pointwise(input, weight, stride, transposed, groups)) {
-    meta_transient(block_bytes(input) + block_bytes(weight) + block_bytes(output));
+    meta_transient(block_bytes(input) + block_bytes(weight) + block_bytes(output), true);
   }
   return output;
 }
@@ -153,7 +153,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward_meta(
       input.dim() == 4 && !nchw(input) && input.is_contiguous(at::MemoryFormat::ChannelsLast);
   if (!depthwise(input, groups) || channels_last) {
     const int64_t tensors = block_bytes(grad_output) + block_bytes(input) + block_bytes(weight);
-    meta_transient(int64_t(kBackwardWorkspace * double(tensors)));
+    meta_transient(int64_t(kBackwardWorkspace * double(tensors)), true);
   }
   return {grad_input, grad_weight, at::Tensor()};
 }
