@@ -68,7 +68,7 @@ fn every_third_iteration_is_reported_and_the_files_parse_back() {
     // Steps 3 and 6 of 8: epoch 1 iteration 3, epoch 2 iteration 2.
     let (h, rows) = read_csv(&file(&paths, "_summary.csv"));
     let expected_header = "timestamp,epoch,iteration,device,allocated_bytes,peak_allocated_bytes,\
-        reserved_bytes,peak_reserved_bytes,weights_bytes,buffers_bytes,gradients_bytes,\
+        resident_bytes,peak_resident_bytes,weights_bytes,buffers_bytes,gradients_bytes,\
         feature_maps_bytes,intermediate_gradients_bytes,optimizer_state_bytes,other_bytes";
     assert!(h.join(",").starts_with(expected_header), "{h:?}");
     assert_eq!(rows.len(), 2);
@@ -141,6 +141,14 @@ fn every_third_iteration_is_reported_and_the_files_parse_back() {
     // Epochs: change of live bytes since the previous epoch end is 0 once warm.
     let (h, rows) = read_csv(&file(&paths, "_epochs.csv"));
     assert_eq!(rows.len(), 2);
+    // On the CPU the reserved column holds the resident memory and is named for it.
+    assert!(h.contains(&"peak_resident_bytes".to_string()), "{h:?}");
+    assert!(!h.contains(&"peak_reserved_bytes".to_string()), "{h:?}");
+    // The files read back as any run's do.
+    let stem = file(&paths, "_summary.csv");
+    let run = tch_memprof::runs::Run::open(&stem).unwrap();
+    assert_eq!(run.summary.len(), 2);
+    assert!(run.summary.iter().all(|r| r.peak_reserved_bytes > 0));
     assert_eq!(rows[1][col(&h, "allocated_change_bytes")], "0");
     assert_eq!(rows[0][col(&h, "iterations")], "4");
 }

@@ -91,9 +91,10 @@ fn diff_gates_on_growth_and_says_what_grew() {
     );
     // Weights do not depend on the batch; the CPU's resident memory is shown, not gated.
     assert!(!err.contains("weights_bytes"), "{err}");
+    assert!(!err.contains("peak_resident_bytes"), "{err}");
     assert!(!err.contains("peak_reserved_bytes"), "{err}");
     assert!(
-        text(&grew.stdout).contains("reserved"),
+        text(&grew.stdout).contains("│ peak resident"),
         "{}",
         text(&grew.stdout)
     );

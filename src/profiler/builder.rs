@@ -292,7 +292,8 @@ impl MemoryProfilerBuilder {
         let mut csv_paths = Vec::new();
         let mut html_path = None;
         if let Some(stem) = &csv {
-            let sink = CsvReport::new(&self.csv_dir, stem, self.wide_csv);
+            let cpu = !matches!(self.device, Device::Cuda(_));
+            let sink = CsvReport::new(&self.csv_dir, stem, self.wide_csv, cpu);
             csv_paths = sink.paths();
             // What made the run, for comparing runs later (tch-memprof diff): written
             // once, now.

@@ -19,6 +19,7 @@ use crate::fs;
 use crate::leaks::LeakReport;
 use crate::runs::schema::{
     EpochRow, IdleRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow, IDLE,
+    RESIDENT_COLUMNS,
 };
 use crate::stats::{EpochStats, IterationStats};
 use crate::timeline::{Category, StepFiles, StepKind, StepProfile};
@@ -29,11 +30,61 @@ use super::Report;
 struct CsvFile {
     path: PathBuf,
     writer: Option<csv::Writer<File>>,
+    /// Header names replaced when the file is written (the resident columns of a CPU
+    /// run).
+    renames: &'static [(&'static str, &'static str)],
 }
 
 impl CsvFile {
     fn new(path: PathBuf) -> Self {
-        CsvFile { path, writer: None }
+        CsvFile {
+            path,
+            writer: None,
+            renames: &[],
+        }
+    }
+
+    /// A file whose header names `renames` replaces (`(serde's name, the file's)`).
+    fn renaming(mut self, renames: &'static [(&'static str, &'static str)]) -> Self {
+        self.renames = renames;
+        self
+    }
+
+    /// Renames the header the first row wrote, then goes on appending without one.
+    fn rename_header(&mut self) -> Result<()> {
+        let io = |source| Error::Io {
+            path: self.path.clone(),
+            source,
+        };
+        if let Some(mut w) = self.writer.take() {
+            w.flush().map_err(io)?;
+        }
+        let text = std::fs::read_to_string(&self.path).map_err(io)?;
+        let (header, rest) = text.split_once('\n').unwrap_or((&text, ""));
+        let header: Vec<&str> = header
+            .split(',')
+            .map(|h| {
+                self.renames
+                    .iter()
+                    .find(|(from, _)| *from == h)
+                    .map_or(h, |(_, to)| *to)
+            })
+            .collect();
+        // A process killed here leaves the first row, under one header or the other.
+        fs::write_atomic(
+            &self.path,
+            format!("{}\n{rest}", header.join(",")).as_bytes(),
+        )?;
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .map_err(io)?;
+        self.writer = Some(
+            csv::WriterBuilder::new()
+                .has_headers(false)
+                .from_writer(file),
+        );
+        Ok(())
     }
 
     /// Writes one row with `write` and flushes it. If the file vanished since the last
@@ -44,6 +95,7 @@ impl CsvFile {
         write: impl FnOnce(&mut csv::Writer<File>) -> csv::Result<()>,
     ) -> Result<()> {
         let vanished = self.writer.is_some() && !self.path.exists();
+        let mut created = false;
         if vanished {
             self.writer = None;
         }
@@ -53,6 +105,7 @@ impl CsvFile {
             }
             let file = fs::create_new(&self.path)?;
             self.writer = Some(csv::Writer::from_writer(file));
+            created = true;
         }
         let w = self.writer.as_mut().expect("opened above");
         let csv_err = |source| Error::Csv {
@@ -60,6 +113,10 @@ impl CsvFile {
             source,
         };
         write(w).map_err(csv_err)?;
+        if created && !self.renames.is_empty() {
+            self.rename_header()?;
+        }
+        let w = self.writer.as_mut().expect("opened above");
         w.flush().map_err(|source| Error::Io {
             path: self.path.clone(),
             source,
@@ -122,14 +179,18 @@ pub(crate) fn run_stem(dir: &Path, start: chrono::DateTime<chrono::Local>) -> St
 }
 
 impl CsvReport {
-    pub(crate) fn new(dir: &Path, stem: &str, wide: bool) -> Self {
+    /// `cpu`: the run is on the CPU, whose reserved columns hold the process's resident
+    /// memory and are named for it ([`RESIDENT_COLUMNS`]).
+    pub(crate) fn new(dir: &Path, stem: &str, wide: bool, cpu: bool) -> Self {
         let file = |suffix: &str| CsvFile::new(dir.join(format!("{stem}_{suffix}.csv")));
+        let renames: &'static [(&'static str, &'static str)] =
+            if cpu { &RESIDENT_COLUMNS } else { &[] };
         CsvReport {
             dir: dir.to_path_buf(),
             stem: stem.to_string(),
-            summary: file("summary"),
+            summary: file("summary").renaming(renames),
             parameters: file("parameters"),
-            epochs: file("epochs"),
+            epochs: file("epochs").renaming(renames),
             leaks: file("leaks"),
             wide: wide.then(|| file("wide")),
             wide_columns: Vec::new(),
@@ -521,7 +582,7 @@ mod tests {
 
     fn summary(s: &IterationStats) -> (Vec<String>, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();
-        let mut r = CsvReport::new(dir.path(), "run", false);
+        let mut r = CsvReport::new(dir.path(), "run", false, true);
         r.iteration(s).unwrap();
         let mut rd = csv::Reader::from_path(dir.path().join("run_summary.csv")).unwrap();
         let h = rd.headers().unwrap().iter().map(String::from).collect();

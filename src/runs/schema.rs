@@ -45,9 +45,12 @@ pub struct SummaryRow {
     pub allocated_bytes: u64,
     /// The highest live bytes during the iteration.
     pub peak_allocated_bytes: u64,
-    /// CUDA: the caching allocator's reserved bytes; CPU: the process's resident memory.
+    /// CUDA: the caching allocator's reserved bytes; CPU: the process's resident memory,
+    /// whose column CPU runs name `resident_bytes` ([`RESIDENT_COLUMNS`]).
+    #[serde(alias = "resident_bytes")]
     pub reserved_bytes: u64,
-    /// The peak of `reserved_bytes`.
+    /// The peak of `reserved_bytes` (CPU runs: `peak_resident_bytes`).
+    #[serde(alias = "peak_resident_bytes")]
     pub peak_reserved_bytes: u64,
     /// Trainable variables' storage.
     pub weights_bytes: u64,
@@ -105,6 +108,13 @@ pub struct SummaryRow {
     pub cuda_device_total_bytes: Option<Option<i64>>,
 }
 
+/// The reserved columns as CPU runs name them, where they hold the process's resident
+/// memory: (the CUDA name, the CPU name). Files of either name read back alike.
+pub const RESIDENT_COLUMNS: [(&str, &str); 2] = [
+    ("reserved_bytes", "resident_bytes"),
+    ("peak_reserved_bytes", "peak_resident_bytes"),
+];
+
 /// A row of `<run>_parameters.csv`: one variable, or its gradient, at one report.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -139,7 +149,8 @@ pub struct EpochRow {
     pub iterations: u64,
     /// Its highest peak allocated.
     pub peak_allocated_bytes: u64,
-    /// Its highest peak reserved (CPU: resident).
+    /// Its highest peak reserved (CPU runs: resident, the column `peak_resident_bytes`).
+    #[serde(alias = "peak_resident_bytes")]
     pub peak_reserved_bytes: u64,
     /// Its largest feature maps.
     pub peak_feature_maps_bytes: u64,
