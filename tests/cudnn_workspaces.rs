@@ -273,12 +273,7 @@ fn the_documented_workspace_shares_are_the_measured_ones() {
     let mut ratios: Vec<f64> = bwd
         .iter()
         .filter(|c| c.weight().shape[2..] == [3, 3] && !c.depthwise())
-        .map(|c| c.charged() as f64 / 1.5)
-        .zip(
-            bwd.iter()
-                .filter(|c| c.weight().shape[2..] == [3, 3] && !c.depthwise()),
-        )
-        .map(|(unit, c)| c.transient as f64 / unit)
+        .map(|c| 1.5 * c.transient as f64 / c.charged() as f64)
         .collect();
     ratios.sort_by(f64::total_cmp);
     let median = ratios[ratios.len() / 2];

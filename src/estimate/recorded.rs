@@ -288,8 +288,8 @@ impl Recording {
         })
     }
 
-    /// A file: a snapshot pickle, or the compact CSV (`.csv`, `.csv.gz`).
-    pub fn read(path: &Path) -> Result<Recording> {
+    /// A file: a snapshot pickle (the history of `device`), or the compact CSV (`.csv`).
+    pub fn read(path: &Path, device: usize) -> Result<Recording> {
         let failed = |reason: String| Error::Recording {
             path: path.to_path_buf(),
             reason,
@@ -298,7 +298,7 @@ impl Recording {
         if path.to_string_lossy().ends_with(".csv") {
             Recording::from_csv(&String::from_utf8_lossy(&bytes)).map_err(failed)
         } else {
-            Recording::from_snapshot(&bytes, 0).map_err(failed)
+            Recording::from_snapshot(&bytes, device).map_err(failed)
         }
     }
 

@@ -292,20 +292,13 @@ fn replay_on(
                 let id = TRANSIENT_ID + taken;
                 let bytes = alloc.malloc(id, e.value as u64) as i64;
                 largest_transient = largest_transient.max(bytes.max(0) as u64);
-                let now = alloc.stats().allocated;
-                if let Some(s) = steps.last_mut().filter(|s| bytes > 0 && now > s.bytes) {
-                    s.bytes = now;
-                    s.op = op_names.get(&e.op).copied().unwrap_or(-1);
-                    s.phase = e.phase;
+                if bytes > 0 {
+                    raise_step_peak(&mut steps, alloc.stats().allocated, e, &op_names);
                 }
                 alloc.free(id);
-                for value in [bytes, -bytes] {
+                for (kind, value) in [(EventKind::Alloc, bytes), (EventKind::Free, -bytes)] {
                     events.push(Event {
-                        kind: if value > 0 {
-                            EventKind::Alloc
-                        } else {
-                            EventKind::Free
-                        },
+                        kind,
                         ptr: id,
                         value,
                         aux: 0,
@@ -316,16 +309,12 @@ fn replay_on(
             _ => {}
         }
         // The step's peak, at its first allocation that reaches it.
-        for a in &events[before..] {
-            let now = alloc.stats().allocated;
-            match steps.last_mut() {
-                Some(s) if a.kind == EventKind::Alloc && now > s.bytes => {
-                    s.bytes = now;
-                    s.op = op_names.get(&a.op).copied().unwrap_or(-1);
-                    s.phase = a.phase;
-                }
-                _ => {}
-            }
+        let now = alloc.stats().allocated;
+        for a in events[before..]
+            .iter()
+            .filter(|a| a.kind == EventKind::Alloc)
+        {
+            raise_step_peak(&mut steps, now, a, &op_names);
         }
     }
     let (unknown_frees, refused_requests) = match &alloc {
@@ -346,6 +335,16 @@ fn replay_on(
         at_reserved_peak,
         transients: taken,
         largest_transient,
+    }
+}
+
+/// The running step's peak raised to `now` allocated bytes when that is higher, at
+/// `e`'s op and phase.
+fn raise_step_peak(steps: &mut [StepPeak], now: u64, e: &Event, op_names: &HashMap<i32, i32>) {
+    if let Some(s) = steps.last_mut().filter(|s| now > s.bytes) {
+        s.bytes = now;
+        s.op = op_names.get(&e.op).copied().unwrap_or(-1);
+        s.phase = e.phase;
     }
 }
 

@@ -43,20 +43,9 @@ pub struct ReplayArgs {
 }
 
 pub fn run(a: &ReplayArgs) -> ExitCode {
-    let recording = match std::fs::read(&a.snapshot) {
-        Err(e) => return fail(format!("{}: {e}", a.snapshot.display())),
-        Ok(bytes) => {
-            let name = a.snapshot.to_string_lossy();
-            let read = if name.ends_with(".csv") {
-                Recording::from_csv(&String::from_utf8_lossy(&bytes))
-            } else {
-                Recording::from_snapshot(&bytes, a.device)
-            };
-            match read {
-                Ok(r) => r,
-                Err(e) => return fail(format!("{}: {e}", a.snapshot.display())),
-            }
-        }
+    let recording = match Recording::read(&a.snapshot, a.device) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
     };
     let budget = match a.memory.as_deref().map(gpu_memory).transpose() {
         Ok(b) => b.map(|(size, _)| size),
