@@ -123,7 +123,15 @@ pub struct IterationStats {
     /// Bytes allocated during optimizer steps that are still live (Adam: two tensors
     /// per parameter).
     pub optimizer_state_bytes: u64,
-    /// Everything else live now: user tensors, data kept across iterations.
+    /// CUDA: the cuBLAS and cuBLASLt workspaces PyTorch keeps on the profiled device
+    /// ([`crate::cuda::blas_workspaces`]: 32 MiB each on Hopper, one for the training
+    /// thread and one for the autograd engine's), live until
+    /// [`crate::cuda::clear_cublas_workspaces`]. 0 on the CPU, and where the libtorch's
+    /// table of them cannot be read (they are in `other_bytes` then).
+    pub blas_workspaces_bytes: u64,
+    /// Everything else live now: user tensors, data kept across iterations; on CUDA,
+    /// also the blocks libraries take that no tensor owns and that are not named
+    /// above (cuDNN's workspaces while a convolution runs, NCCL's buffers).
     pub other_bytes: u64,
     /// Backward passes seen in this iteration.
     pub backward_passes: u64,

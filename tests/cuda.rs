@@ -64,7 +64,11 @@ fn profiler_matches_the_allocator_on_a_gpu() {
         assert!(c.reserved_current >= c.allocated_current);
         assert_eq!(
             s.allocated_bytes,
-            s.weights_bytes + s.gradients_bytes + s.optimizer_state_bytes + s.other_bytes
+            s.weights_bytes
+                + s.gradients_bytes
+                + s.optimizer_state_bytes
+                + s.blas_workspaces_bytes
+                + s.other_bytes
         );
         let each: Vec<(String, u64)> = s
             .variables
@@ -82,6 +86,18 @@ fn profiler_matches_the_allocator_on_a_gpu() {
         let live = round(4 * 256 * 1024) + round(8 * 256) + round(4);
         assert!(s.other_bytes >= live, "{} < {live}", s.other_bytes);
     }
+    // The cuBLAS workspaces the products took (the training thread's and the autograd
+    // engine's), named apart from "other": the report's figure is what leaves the
+    // allocator's counter when PyTorch releases them.
+    let s = p.last_stats().unwrap();
+    let ws = tch_memprof::cuda::blas_workspaces().unwrap();
+    println!("cuBLAS workspaces: {ws:?}; the report: {} B", s.blas_workspaces_bytes);
+    assert!(s.blas_workspaces_bytes > 0, "a matrix product took no workspace");
+    let before = tch_memprof::cuda::stats(0).unwrap().allocated_current;
+    tch_memprof::cuda::clear_cublas_workspaces().unwrap();
+    let after = tch_memprof::cuda::stats(0).unwrap().allocated_current;
+    assert_eq!((before - after) as u64, s.blas_workspaces_bytes);
+    assert!(tch_memprof::cuda::blas_workspaces().unwrap().is_empty());
     assert_eq!(p.failures(), 0);
 }
 
@@ -162,6 +178,7 @@ fn allocator_calls_answer_as_pytorch_before_a_cuda_tensor_and_fail_in_one_line_w
         tch_memprof::cuda::reset_peak_stats(0).unwrap();
         tch_memprof::cuda::empty_cache().unwrap();
         tch_memprof::cuda::clear_cublas_workspaces().unwrap();
+        tch_memprof::cuda::blas_workspaces().unwrap();
         // A device the machine lacks: refused in one line that names it.
         let n = tch::Cuda::device_count() as usize;
         let e = tch_memprof::cuda::stats(n).unwrap_err().to_string();
@@ -178,6 +195,10 @@ fn allocator_calls_answer_as_pytorch_before_a_cuda_tensor_and_fail_in_one_line_w
         (
             "clear_cublas_workspaces",
             tch_memprof::cuda::clear_cublas_workspaces(),
+        ),
+        (
+            "blas_workspaces",
+            tch_memprof::cuda::blas_workspaces().map(|_| ()),
         ),
     ] {
         let e = r.expect_err(what).to_string();

@@ -9,12 +9,17 @@
 #   ./run.sh --models gpt2,llama3.2-1b
 #   ./run.sh --no-transformers --measure-all
 #                                     # no transformer or plan lever cases; every GPU truth
-#                                     # case measured, eager and from its traced file (no
-#                                     # estimate: that runs anywhere)
+#                                     # case measured, eager and from its traced file, and
+#                                     # the held-out models, with memory snapshots of the
+#                                     # traced and held-out runs (no estimate: that runs
+#                                     # anywhere)
 #
 # Other arguments go to builtin_mirrors.py (the transformer cases); the other checks always
 # run. Each step runs under its own timeout, the most valuable first; the summary gives
-# each step's seconds.
+# each step's seconds. SKIP=REGEX leaves out the steps whose names match it, ONLY=REGEX
+# runs only those (a rerun, or a short call); TRUTH_JOBS=N measures the GPU truth cases of
+# --measure-all N processes at a time (4). OUT=DIR: where the packed snapshots of the
+# traced runs go (else out/).
 set -uo pipefail
 cd "$(dirname "$0")"
 TRANSFORMERS_ARGS=()  # expanded as ${A[@]+"${A[@]}"}: empty is fine under set -u on old bash
@@ -47,6 +52,10 @@ step() {
   # SKIP=REGEX ./run.sh ...: the steps whose names match are left out (a rerun).
   if [ -n "${SKIP:-}" ] && [[ $name =~ $SKIP ]]; then
     echo; echo "=== $name: skipped (SKIP)"; return
+  fi
+  # ONLY=REGEX ./run.sh ...: only the steps whose names match run.
+  if [ -n "${ONLY:-}" ] && ! [[ $name =~ $ONLY ]]; then
+    echo; echo "=== $name: skipped (ONLY)"; return
   fi
   echo; echo "=== $name: $*"
   local rc=0
@@ -133,29 +142,78 @@ estimate_transformers() {
   return $rc
 }
 # measure_cases CSV [DIR]: every GPU truth case of the reference (truth_h200.csv)
-# measured into CSV, four processes at a time (the estimates run anywhere); with DIR,
-# each run from its traced file there (DIR/MODEL.MODE.pt, every train-* from the train
-# file) instead of the eager module.
+# measured into CSV, TRUTH_JOBS (4) processes at a time (the estimates run anywhere); with
+# DIR, each run from its traced file there (DIR/MODEL.MODE.pt, every train-* from the train
+# file) instead of the eager module, with a memory snapshot of each run written to
+# out/traced/snapshots/MODEL.MODE.pickle (for `tch-memprof replay`).
 measure_cases() {
+  local snapshots=""
+  if [ -n "${2:-}" ]; then snapshots=out/traced/snapshots && mkdir -p "$snapshots"; fi
   echo "model,mode,input,weights_allocated,measured_allocated,measured_reserved" >"$1"
-  tail -n +2 truth_h200.csv | cut -d, -f1,2 | tr , ' ' \
-    | TRACED="${2:-}" xargs -P 4 -L 1 sh -c 'PYTHONPATH=pylib python3 truth.py measure "$0" "$1" ${TRACED:+--traced "$TRACED/$0.${1%%-*}.pt"}' \
+  # The models with grouped-query attention first (where eager and the trace part ways),
+  # then the ViT and Swin ones, then the rest: a run its timeout cuts short has those.
+  # sort -s keeps the reference's order within each group.
+  tail -n +2 truth_h200.csv | cut -d, -f1,2 \
+    | awk -F, '{ print ($1 ~ /smollm|qwen|llama|mistral|gemma/ ? 0 : $1 ~ /vit|swin/ ? 1 : 2), $1, $2 }' \
+    | sort -s -n -k1,1 | cut -d' ' -f2- \
+    | TRACED="${2:-}" SNAPSHOTS="$snapshots" xargs -P "${TRUTH_JOBS:-4}" -L 1 sh -c 'PYTHONPATH=pylib python3 truth.py measure "$0" "$1" ${TRACED:+--traced "$TRACED/$0.${1%%-*}.pt"} ${SNAPSHOTS:+--snapshot "$SNAPSHOTS/$0.$1.pickle"}' \
     >>"$1"
 }
 measure_all() {
   PYTHONPATH=pylib python3 -c "import transformers, timm, torchvision; print('transformers', transformers.__version__, 'timm', timm.__version__, 'torchvision', torchvision.__version__)"
   measure_cases out/truth_measured_all.csv
 }
+# The held-out models (gpu_truth.py's HELD_OUT: never used to fit the estimate), measured
+# eagerly as the others were, TRUTH_JOBS at a time, each with a memory snapshot of its run
+# (out/held_out/snapshots/MODEL.MODE.pickle): runs the replay was not built on either.
+measure_held_out() {
+  local f=out/held_out_measured.csv rc=0
+  rm -rf out/held_out && mkdir -p out/held_out/snapshots
+  echo "model,mode,input,weights_allocated,measured_allocated,measured_reserved" >"$f"
+  PYTHONPATH=pylib python3 truth.py cases --held-out | cut -d' ' -f1,2 \
+    | xargs -P "${TRUTH_JOBS:-4}" -L 1 sh -c 'PYTHONPATH=pylib python3 truth.py measure "$0" "$1" --snapshot "out/held_out/snapshots/$0.$1.pickle"' \
+    >>"$f" || rc=1
+  cat "$f"
+  return $rc
+}
 # The same cases run from their traced files (what a tch user loading them runs, and
 # what the estimate predicts), traced here as they were measured.
 measure_traced() {
   rm -rf out/traced && mkdir -p out/traced
+  local t0=$SECONDS
   PYTHONPATH=pylib python3 gpu_truth.py --measured-batch --out out/traced/files >/dev/null || return 1
+  echo "traced in $((SECONDS - t0)) s"
   measure_cases out/truth_measured_traced.csv out/traced/files
+}
+# The snapshots of the traced and held-out runs and their CSVs, xz-compressed into a tar
+# split in 15 MiB pieces (snapshots.tar.xz.part-aa, ...; `cat` them back together), and
+# the CSVs beside them as they are: in OUT, whose files a GPU machine hands back (eight
+# at most), or else in out/.
+pack_snapshots() {
+  local dir=${OUT:-out} what=() f
+  for f in truth_measured_traced.csv traced/snapshots held_out_measured.csv held_out/snapshots; do
+    [ -e "out/$f" ] && what+=("$f")
+  done
+  ls out/traced/snapshots/*.pickle out/held_out/snapshots/*.pickle >/dev/null 2>&1 \
+    || ls out/*/snapshots/*.pickle >/dev/null 2>&1 || { echo "no snapshots in out/*/snapshots"; return 1; }
+  mkdir -p "$dir" && rm -f "$dir"/snapshots.tar.xz.part-*
+  # xz's threads split its input in blocks, by default three times its dictionary (192 MiB
+  # at -9): smaller blocks, or -T0 compresses all of it on one core.
+  tar -cf - -C out "${what[@]}" \
+    | xz -T0 -9 --block-size=16MiB | split -b 15M - "$dir/snapshots.tar.xz.part-"
+  [ "${PIPESTATUS[*]}" = "0 0 0" ] || return 1
+  for f in truth_measured_traced.csv held_out_measured.csv; do
+    [ -e "out/$f" ] && { cp "out/$f" "$dir/" || return 1; }
+  done
+  ls -l "$dir"
+  local parts; parts=$(find "$dir" -maxdepth 1 -name 'snapshots.tar.xz.part-*' | wc -l)
+  [ "$parts" -le 5 ] || { echo "$parts pieces: with the CSVs and the log, over the eight files a GPU machine hands back"; return 1; }
 }
 if [ -n "$MEASURE_ALL" ]; then
   step "GPU truth cases, every one, measured" 300 measure_all
-  step "GPU truth cases, every one, run from their traced files" 420 measure_traced
+  step "held-out models measured, with snapshots" 150 measure_held_out
+  step "GPU truth cases, every one, run from their traced files" 300 measure_traced
+  step "snapshots of the traced and held-out runs packed" 90 pack_snapshots
 else
   step "GPU truth cases: estimated beside measured" 300 truth_cases
 fi

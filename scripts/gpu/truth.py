@@ -3,8 +3,10 @@ measured in eager PyTorch on cuda:0 exactly as tests/data/gpu-truth/*/README.md 
 beside `tch-memprof estimate --gpu GPU` of the file traced the same way.
 
     python3 truth.py cases [--quick]              # model mode input, one case a line
+    python3 truth.py cases --held-out             # the models the estimate was not built on
     python3 truth.py measure MODEL MODE           # one case, in this process: a CSV row
     python3 truth.py measure MODEL MODE --traced FILE  # the same, running the traced file
+    python3 truth.py measure MODEL MODE --snapshot FILE  # and a memory snapshot of the run
     python3 truth.py table --measured CSV --estimates DIR [--reference CSV]
 
 `measure` prints `model,mode,input,weights_allocated,measured_allocated,
@@ -20,6 +22,12 @@ that file runs, and what `tch-memprof estimate FILE` predicts. Eager and traced 
 where tracing fixed a path eager picks at run time (transformers' grouped-query attention:
 eager calls SDPA with enable_gqa, the trace repeats the key/value heads) or where the
 interpreter frees values earlier than Python does.
+
+`--snapshot FILE` records the allocator's history of the whole run, from before the
+weights are moved to the device, and writes it as a PyTorch memory snapshot
+(torch.cuda.memory._dump_snapshot: every allocation, free and segment, no stack frames)
+once the peaks are read: what `tch-memprof replay FILE` takes, to set its peak beside
+the one measured. Only on CUDA; elsewhere it is left out.
 """
 
 import csv
@@ -35,11 +43,12 @@ QUICK = [("hf_smollm2_135m", "train"), ("hf_gpt2", "train"), ("hf_vit_base", "in
          ("tv_vgg16", "infer"), ("tv_resnet50", "train"), ("tv_regnet_y_400mf", "train")]
 
 
-def cases(quick):
+def cases(quick, held_out=False):
     import gpu_truth
 
     rows = []
-    for model, (_, kind, shape) in gpu_truth.MODELS.items():
+    models = gpu_truth.HELD_OUT if held_out else gpu_truth.MODELS
+    for model, (_, kind, shape) in models.items():
         for mode in ("infer", "train"):
             if quick and (model, mode) not in QUICK:
                 continue
@@ -57,12 +66,12 @@ def loss_of(out, torch):
     return out.mean()
 
 
-def measure(model, mode, device, traced=None):
+def measure(model, mode, device, traced=None, snapshot=None):
     import torch
     import gpu_truth
 
     gpu_truth.hf_patch()
-    build, kind, shape = gpu_truth.MODELS[model]
+    build, kind, shape = gpu_truth.ALL_MODELS[model]
     torch.manual_seed(0)
     if traced:
         wrapper = torch.jit.load(traced, map_location="cpu")
@@ -74,6 +83,16 @@ def measure(model, mode, device, traced=None):
         return x.to(device)
 
     cuda = device.startswith("cuda")
+    if snapshot and not cuda:
+        print(f"truth.py: no snapshot on {device}: CUDA only", file=sys.stderr)
+        snapshot = None
+    if snapshot:
+        # Before the weights move, so the history holds every segment of the run. It is
+        # bookkeeping beside the allocator, not a change to what it allocates or caches:
+        # the peaks measured are those of a run without it. No stack frames (context=None):
+        # small files, and no Python unwinding on each allocation.
+        torch.cuda.memory._record_memory_history(
+            enabled="all", context=None, stacks="python", max_entries=2_000_000)
     wrapper.to(device)
     if cuda:
         torch.cuda.synchronize()
@@ -113,6 +132,9 @@ def measure(model, mode, device, traced=None):
         alloc, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
     else:
         alloc = reserved = 0
+    if snapshot:
+        torch.cuda.memory._dump_snapshot(snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
     print(f"{model},{mode},{gpu_truth.spec(kind, shape)},{weights},{alloc},{reserved}")
 
 
@@ -146,15 +168,15 @@ def main(argv):
     if "--device" in argv:
         device = argv[argv.index("--device") + 1]
     if argv[:1] == ["cases"]:
-        for c in cases("--quick" in argv):
+        for c in cases("--quick" in argv, "--held-out" in argv):
             print(*c)
         return 0
     if argv[:1] == ["measure"] and len(argv) >= 3:
         if argv[2] not in MODES:
             print(f"truth.py: unknown mode {argv[2]!r}: {', '.join(MODES)}", file=sys.stderr)
             return 2
-        traced = argv[argv.index("--traced") + 1] if "--traced" in argv else None
-        measure(argv[1], argv[2], device, traced)
+        opt = lambda k: argv[argv.index(k) + 1] if k in argv else None  # noqa: E731
+        measure(argv[1], argv[2], device, opt("--traced"), opt("--snapshot"))
         return 0
     if argv[:1] == ["table"]:
         opt = lambda k: argv[argv.index(k) + 1] if k in argv else None  # noqa: E731

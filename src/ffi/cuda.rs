@@ -10,6 +10,36 @@ extern "C" {
     fn memprof_cuda_history(on: i32, max_entries: i64) -> i32;
     fn memprof_cuda_snapshot(path: *const c_char) -> i32;
     fn memprof_cuda_control(index: i32, what: i32) -> i32;
+    fn memprof_cuda_workspaces(out: *mut Workspace, cap: i32) -> i32;
+}
+
+/// `MpWorkspace`: a cuBLAS or cuBLASLt workspace PyTorch holds.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Workspace {
+    pub ptr: u64,
+    pub bytes: i64,
+    pub device: i32,
+    /// `native::WORKSPACE_CUBLAS` or `native::WORKSPACE_CUBLASLT`.
+    pub kind: i32,
+}
+
+/// CUDA: the cuBLAS and cuBLASLt workspaces PyTorch holds now (none before the first
+/// matrix product); an error without CUDA or for a libtorch whose table is not known.
+pub(crate) fn cuda_workspaces() -> Result<Vec<Workspace>> {
+    let mut out = vec![Workspace::default(); 8];
+    loop {
+        let cap = i32::try_from(out.len()).unwrap_or(i32::MAX);
+        // SAFETY: `out` has room for `cap` Workspace values with the C layout.
+        let n = unsafe { memprof_cuda_workspaces(out.as_mut_ptr(), cap) };
+        check(n)?;
+        let n = n.max(0) as usize;
+        if n <= out.len() {
+            out.truncate(n);
+            return Ok(out);
+        }
+        out.resize(n, Workspace::default());
+    }
 }
 
 /// `MpCudaStats`: the C mirror of the public `CudaStats` (field for field), private

@@ -74,6 +74,8 @@ pub(crate) mod native {
     pub const CUDA_RESET_PEAKS: i32 = 0;
     pub const CUDA_EMPTY_CACHE: i32 = 1;
     pub const CUDA_CLEAR_WORKSPACES: i32 = 2;
+    pub const WORKSPACE_CUBLAS: i32 = 0;
+    pub const WORKSPACE_CUBLASLT: i32 = 1;
     pub const META_CAPACITY: u64 = 33_554_432;
     pub const AUTOCAST_LIST_CUDA: i32 = 0;
     pub const AUTOCAST_LIST_CPU: i32 = 1;

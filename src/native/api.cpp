@@ -413,6 +413,10 @@ int memprof_cuda_control(int32_t index, int32_t what) noexcept {
   return guarded("memprof_cuda_control", [&]() -> int { return cuda_control(index, what); });
 }
 
+int memprof_cuda_workspaces(MpWorkspace* out, int32_t cap) noexcept {
+  return guarded("memprof_cuda_workspaces", [&]() -> int { return cuda_workspaces(out, cap); });
+}
+
 // ---------------------------------------------------------------------------------
 // Autocast and random-generator state (amp.cpp).
 

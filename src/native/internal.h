@@ -552,6 +552,7 @@ int cuda_stats(int32_t index, MpCudaStats* out);
 int cuda_history(bool on, int64_t max_entries);
 int cuda_snapshot(const char* path);
 int cuda_control(int32_t index, int32_t what);
+int cuda_workspaces(MpWorkspace* out, int32_t cap);
 // Rounds a CUDA request the way the caching allocator does for its blocks.
 inline int64_t cuda_round(int64_t n) {
   constexpr int64_t kMin = 512;

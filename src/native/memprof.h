@@ -127,6 +127,12 @@ enum MpCudaControl {
   MP_CUDA_CLEAR_WORKSPACES = 2,  // release the cuBLAS/cuBLASLt workspaces, as PyTorch does
 };
 
+// MpWorkspace.kind.
+enum MpWorkspaceKind {
+  MP_WORKSPACE_CUBLAS = 0,
+  MP_WORKSPACE_CUBLASLT = 1,
+};
+
 // ---------------------------------------------------------------------------------
 // Structs.
 
@@ -199,6 +205,16 @@ typedef struct MpCudaStats {
   int64_t free_bytes;
   int64_t total_bytes;
 } MpCudaStats;
+
+// A cuBLAS or cuBLASLt workspace PyTorch keeps on a device (one per handle and stream:
+// the training thread's and the autograd engine's thread's each take one), a block of
+// the caching allocator until torch._C._cuda_clearCublasWorkspaces().
+typedef struct MpWorkspace {
+  uint64_t ptr;    // the block's address
+  int64_t bytes;   // the block's bytes: the chosen workspace size rounded up to 512 B
+  int32_t device;  // CUDA index
+  int32_t kind;    // MP_WORKSPACE_CUBLAS or MP_WORKSPACE_CUBLASLT
+} MpWorkspace;
 
 // One event of a log the op recorder writes: the step log of a profiled step, or the
 // meta trace of a dry run (device slot 0 there, blocks named by their fake addresses,
@@ -416,6 +432,11 @@ int memprof_cuda_stats(int32_t index, MpCudaStats* out) MP_NOEXCEPT;
 int memprof_cuda_history(int32_t on, int64_t max_entries) MP_NOEXCEPT;
 int memprof_cuda_snapshot(const char* path) MP_NOEXCEPT;
 int memprof_cuda_control(int32_t index, int32_t what) MP_NOEXCEPT;
+// The cuBLAS and cuBLASLt workspaces PyTorch holds now, at most `cap` of them written to
+// `out`: returns how many there are (more than `cap`: call again with room for all),
+// 0 before the first matrix product, -1 without CUDA or where this libtorch's workspace
+// table has a layout not known to this build (an error names it).
+int memprof_cuda_workspaces(MpWorkspace* out, int32_t cap) MP_NOEXCEPT;
 
 // Mixed precision and RNG state (checkpointing).
 int memprof_autocast_enter(int32_t device_type, int32_t enabled, int32_t dtype,
@@ -534,6 +555,13 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_CONST(MP_CUDA_RESET_PEAKS, 0)                     \
   MP_CONST(MP_CUDA_EMPTY_CACHE, 1)                     \
   MP_CONST(MP_CUDA_CLEAR_WORKSPACES, 2)                \
+  MP_CONST(MP_WORKSPACE_CUBLAS, 0)                     \
+  MP_CONST(MP_WORKSPACE_CUBLASLT, 1)                   \
+  MP_SIZE(MpWorkspace, 24)                             \
+  MP_FIELD(MpWorkspace, ptr, 0)                        \
+  MP_FIELD(MpWorkspace, bytes, 8)                      \
+  MP_FIELD(MpWorkspace, device, 16)                    \
+  MP_FIELD(MpWorkspace, kind, 20)                      \
   MP_SIZE(MpDeviceStats, 104)                          \
   MP_FIELD(MpDeviceStats, live, 0)                     \
   MP_FIELD(MpDeviceStats, peak_iter, 8)                \

@@ -108,10 +108,19 @@ impl MemoryProfiler {
                 )
             }
         };
+        // The cuBLAS workspaces PyTorch holds on this device: allocated bytes no tensor
+        // owns, named apart from "other" (read from PyTorch's table, a few map lookups).
+        let blas_workspaces = match self.device {
+            Device::Cuda(i) => crate::cuda::blas_workspaces()
+                .map(|ws| ws.iter().filter(|w| w.device == i).map(|w| w.bytes).sum())
+                .unwrap_or(0),
+            _ => 0,
+        };
         let other = allocated
             .saturating_sub(weights)
             .saturating_sub(gradients)
-            .saturating_sub(optimizer_state);
+            .saturating_sub(optimizer_state)
+            .saturating_sub(blas_workspaces);
 
         // A variable's bytes change only with its block (a table rebuild), its gradient's
         // with the gradient blocks: new gradient blocks of the same sizes (an optimizer's
@@ -162,6 +171,7 @@ impl MemoryProfiler {
             intermediate_gradients_bytes: intermediate,
             intermediate_gradients_exact: !overflow,
             optimizer_state_bytes: optimizer_state,
+            blas_workspaces_bytes: blas_workspaces,
             other_bytes: other,
             backward_passes: state.backward_passes.max(0) as u64,
             variables,

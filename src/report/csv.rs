@@ -288,6 +288,7 @@ impl Report for CsvReport {
             cuda_ooms: cuda(|c| c.ooms),
             cuda_device_free_bytes: cuda(|c| c.free_bytes),
             cuda_device_total_bytes: cuda(|c| c.total_bytes),
+            cuda_blas_workspaces_bytes: on_cuda.then_some(Some(s.blas_workspaces_bytes as i64)),
         };
         let mut first_error = self.summary.append(|w| w.serialize(&row)).err();
 

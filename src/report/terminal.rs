@@ -214,7 +214,7 @@ pub(crate) fn render_iteration(s: &IterationStats, top: usize) -> String {
         .filter(|v| v.kind == VariableKind::Weight)
         .count();
     let nbuffers = s.variables.len() - nweights;
-    let rows: [(String, u64, bool); 7] = [
+    let rows: [(String, u64, bool); 8] = [
         (
             format!("  weights ({nweights} parameters)"),
             s.weights_bytes - s.buffers_bytes,
@@ -223,6 +223,7 @@ pub(crate) fn render_iteration(s: &IterationStats, top: usize) -> String {
         (format!("  buffers ({nbuffers})"), s.buffers_bytes, false),
         ("  weight gradients".into(), s.gradients_bytes, false),
         ("  optimizer state".into(), s.optimizer_state_bytes, false),
+        ("  cuBLAS workspaces".into(), s.blas_workspaces_bytes, false),
         ("  other".into(), s.other_bytes, false),
         (
             "feature maps (at backward start)".into(),
@@ -239,7 +240,12 @@ pub(crate) fn render_iteration(s: &IterationStats, top: usize) -> String {
             true,
         ),
     ];
+    let on_cuda = s.device.starts_with("cuda");
     for (label, bytes, is_peak) in rows {
+        // The workspaces are a CUDA line: a CPU run has none to name.
+        if label == "  cuBLAS workspaces" && !on_cuda {
+            continue;
+        }
         let (cur, peak) = if is_peak {
             (String::new(), format::bytes(bytes))
         } else {
@@ -583,6 +589,7 @@ pub(crate) mod tests {
             intermediate_gradients_bytes: 0,
             intermediate_gradients_exact: true,
             optimizer_state_bytes: 0,
+            blas_workspaces_bytes: 0,
             other_bytes: 0,
             backward_passes: 1,
             variables,

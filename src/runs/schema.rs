@@ -106,6 +106,10 @@ pub struct SummaryRow {
     /// The device's total memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda_device_total_bytes: Option<Option<i64>>,
+    /// The cuBLAS and cuBLASLt workspaces PyTorch keeps on the device, part of
+    /// `allocated_bytes` and not of `other_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_blas_workspaces_bytes: Option<Option<i64>>,
 }
 
 /// The reserved columns as CPU runs name them, where they hold the process's resident

@@ -13,12 +13,19 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
+#include <torch/version.h>
+
 #include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../internal.h"
@@ -147,6 +154,44 @@ void* cuda_symbol(const char* mangled) {
   }
   return f;
 }
+
+// at::cuda::WorkspaceMapWithMutex of ATen/cuda/CUDAContextLight.h, which cannot be
+// included without CUDA's headers: the workspaces PyTorch keeps per (handle, stream),
+// read through cublas_handle_stream_to_workspace() and its cuBLASLt twin. Its layout
+// is that of the libtorch this file is compiled against (tch links the same version),
+// read only for the versions whose headers were checked: a DataPtr in 2.11, the
+// DataPtr and its size in 2.13. Any other version reports an error, and the workspaces
+// stay unnamed, rather than read a table of a layout not known.
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 13
+using WorkspaceEntry = std::pair<c10::DataPtr, size_t>;
+const c10::DataPtr& entry_ptr(const WorkspaceEntry& e) {
+  return e.first;
+}
+size_t entry_size(const WorkspaceEntry& e, size_t) {
+  return e.second;
+}
+#define MP_WORKSPACE_LAYOUT_KNOWN 1
+#elif TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11
+using WorkspaceEntry = c10::DataPtr;
+const c10::DataPtr& entry_ptr(const WorkspaceEntry& e) {
+  return e;
+}
+size_t entry_size(const WorkspaceEntry&, size_t chosen) {
+  return chosen;
+}
+#define MP_WORKSPACE_LAYOUT_KNOWN 1
+#else
+#define MP_WORKSPACE_LAYOUT_KNOWN 0
+#endif
+
+#if MP_WORKSPACE_LAYOUT_KNOWN
+struct WorkspaceMap {
+  std::map<std::tuple<void*, void*>, WorkspaceEntry> map;
+  std::shared_mutex mutex;
+};
+using WorkspaceMapFn = WorkspaceMap& (*)();
+using SizeFn = size_t (*)();
+#endif
 
 using RecordHistoryFn = void (*)(
     bool, bool, int64_t, bool, bool, bool, bool, bool, const std::vector<std::string>&);
@@ -289,6 +334,75 @@ int cuda_control(int32_t index, int32_t what) {
     alloc->emptyCache();
   }
   return 0;
+}
+
+int cuda_workspaces(MpWorkspace* out, int32_t cap) {
+#if !MP_WORKSPACE_LAYOUT_KNOWN
+  (void)out;
+  (void)cap;
+  set_error("the cuBLAS workspace table of libtorch " TORCH_VERSION
+            " has a layout this build does not know (known: 2.11, 2.13)");
+  return -1;
+#else
+  bool uninitialized = false;
+  if (!cuda_allocator(&uninitialized)) {
+    return uninitialized ? 0 : -1;  // no CUDA tensor yet: no workspace either
+  }
+  struct Table {
+    const char* map;
+    const char* size;
+    int32_t kind;
+  };
+  // at::cuda::cublas_handle_stream_to_workspace(), getChosenWorkspaceSize() and their
+  // cuBLASLt twins.
+  const Table tables[] = {
+      {"_ZN2at4cuda33cublas_handle_stream_to_workspaceEv",
+       "_ZN2at4cuda22getChosenWorkspaceSizeEv", MP_WORKSPACE_CUBLAS},
+      {"_ZN2at4cuda35cublaslt_handle_stream_to_workspaceEv",
+       "_ZN2at4cuda26getCUDABlasLtWorkspaceSizeEv", MP_WORKSPACE_CUBLASLT},
+  };
+  int32_t n = 0;
+  std::vector<void*> seen;  // one block named once (cuBLASLt may share cuBLAS's)
+  for (const Table& t : tables) {
+    auto map_fn = reinterpret_cast<WorkspaceMapFn>(cuda_symbol(t.map));
+    auto size_fn = reinterpret_cast<SizeFn>(cuda_symbol(t.size));
+    if (!map_fn || !size_fn) {
+      return -1;
+    }
+    const size_t chosen = size_fn();
+    WorkspaceMap& m = map_fn();
+    std::shared_lock<std::shared_mutex> lock(m.mutex);
+    for (const auto& [key, entry] : m.map) {
+      const c10::DataPtr& p = entry_ptr(entry);
+      void* ptr = p.get();
+      if (!ptr || p.device().type() != c10::DeviceType::CUDA) {
+        continue;
+      }
+      bool dup = false;
+      for (void* s : seen) {
+        dup = dup || s == ptr;
+      }
+      if (dup) {
+        continue;
+      }
+      seen.push_back(ptr);
+      // The block's bytes as the allocator counts them: the size the reporter saw for
+      // that block if the session saw it born, else the requested size rounded to the
+      // allocator's 512-byte blocks.
+      const int64_t requested = int64_t(entry_size(entry, chosen));
+      int64_t bytes = (requested + 511) / 512 * 512;
+      uint64_t tag = 0;
+      if (table_find(g_cuda_blocks, uint64_t(ptr), &tag)) {
+        bytes = slot_bytes(tag);
+      }
+      if (n < cap && out) {
+        out[n] = MpWorkspace{uint64_t(ptr), bytes, int32_t(p.device().index()), t.kind};
+      }
+      ++n;
+    }
+  }
+  return n;
+#endif
 }
 
 }  // namespace memprof
