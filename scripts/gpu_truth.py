@@ -7,6 +7,12 @@ estimate FILE --gpu h200` can be held to those peaks.
     python3 scripts/gpu_truth.py --out DIR [MODEL ...] # trace them into DIR
     python3 scripts/gpu_truth.py --cache ROOT          # all of them, through a cache
     python3 scripts/gpu_truth.py --held-out --list     # the held-out models (HELD_OUT)
+    python3 scripts/gpu_truth.py --device cuda:0 --out DIR MODEL  # traced on a GPU
+
+--device traces on that device: a file traced on the CPU keeps the tensors tracing
+baked in as constants (transformers' attention masks and position indices, stochastic
+depth's scale) on the CPU, and fails on CUDA whichever way it is loaded; traced on the
+GPU it runs there.
 
 With --cache the files are written into a folder under ROOT named by a hash of this
 script, scripts/corpus.py, the Python and the versions of torch and the packages, reused
@@ -158,15 +164,15 @@ def spec(kind, shape):
     return "x".join(map(str, shape)) + (":i64" if kind == "ids" else "")
 
 
-def trace(model, out_dir, measured_batch=False):
+def trace(model, out_dir, measured_batch=False, device="cpu"):
     build, kind, shape = ALL_MODELS[model]
     traced_shape = shape if measured_batch else (1,) + shape[1:]
     rows = []
     for mode in MODES:
         torch.manual_seed(0)
-        wrapper = First(build(), model.startswith("hf_"))
+        wrapper = First(build(), model.startswith("hf_")).to(device)
         x = (torch.randint(0, 1000, traced_shape) if kind == "ids"
-             else torch.randn(traced_shape))
+             else torch.randn(traced_shape)).to(device)
         path = os.path.join(out_dir, f"{model}.{mode}.pt")
         if mode == "infer":
             wrapper.eval()
@@ -223,13 +229,13 @@ def cached(root):
     return 0
 
 
-def trace_all(out_dir, names, measured_batch=False):
+def trace_all(out_dir, names, measured_batch=False, device="cpu"):
     os.makedirs(out_dir, exist_ok=True)
     hf_patch()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     with open(os.path.join(out_dir, "cases.jsonl"), "w") as f:
         for name in names:
-            for row in trace(name, out_dir, measured_batch):
+            for row in trace(name, out_dir, measured_batch, device):
                 f.write(json.dumps(row) + "\n")
                 f.flush()
                 print(f"{row['model']} {row['mode']}: traced", file=sys.stderr)
@@ -249,13 +255,18 @@ def main(argv):
         return 2
     i = argv.index("--out")
     out_dir = argv[i + 1]
-    names = [a for a in argv[:i] + argv[i + 2:] if not a.startswith("--")] or list(models)
+    rest = argv[:i] + argv[i + 2:]
+    if "--device" in rest:
+        j = rest.index("--device")
+        rest = rest[:j] + rest[j + 2:]
+    names = [a for a in rest if not a.startswith("--")] or list(models)
     unknown = [n for n in names if n not in ALL_MODELS]
     if unknown:
         print(f"gpu_truth.py: unknown model(s) {', '.join(unknown)}; known: "
               f"{', '.join(ALL_MODELS)}", file=sys.stderr)
         return 2
-    return trace_all(out_dir, names, "--measured-batch" in argv)
+    device = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
+    return trace_all(out_dir, names, "--measured-batch" in argv, device)
 
 
 if __name__ == "__main__":

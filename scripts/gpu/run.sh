@@ -18,7 +18,9 @@
 # run. Each step runs under its own timeout, the most valuable first; the summary gives
 # each step's seconds. SKIP=REGEX leaves out the steps whose names match it, ONLY=REGEX
 # runs only those (a rerun, or a short call); TRUTH_JOBS=N measures the GPU truth cases of
-# --measure-all N processes at a time (4). OUT=DIR: where the packed snapshots of the
+# --measure-all N processes at a time (4); TRUTH_MODELS="A B" limits them to those models,
+# TRACE_DEVICE=cuda:0 traces them on the GPU (a file traced on the CPU keeps the tensors
+# tracing baked in on the CPU: transformers' masks fail on CUDA). OUT=DIR: where the packed snapshots of the
 # traced runs go (else out/).
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -154,6 +156,7 @@ measure_cases() {
   # then the ViT and Swin ones, then the rest: a run its timeout cuts short has those.
   # sort -s keeps the reference's order within each group.
   tail -n +2 truth_h200.csv | cut -d, -f1,2 \
+    | awk -F, -v only="${TRUTH_MODELS:-}" 'only == "" || index(" " only " ", " " $1 " ")' \
     | awk -F, '{ print ($1 ~ /smollm|qwen|llama|mistral|gemma/ ? 0 : $1 ~ /vit|swin/ ? 1 : 2), $1, $2 }' \
     | sort -s -n -k1,1 | cut -d' ' -f2- \
     | TRACED="${2:-}" SNAPSHOTS="$snapshots" xargs -P "${TRUTH_JOBS:-4}" -L 1 sh -c 'PYTHONPATH=pylib python3 truth.py measure "$0" "$1" ${TRACED:+--traced "$TRACED/$0.${1%%-*}.pt"} ${SNAPSHOTS:+--snapshot "$SNAPSHOTS/$0.$1.pickle"}' \
@@ -181,7 +184,9 @@ measure_held_out() {
 measure_traced() {
   rm -rf out/traced && mkdir -p out/traced
   local t0=$SECONDS
-  PYTHONPATH=pylib python3 gpu_truth.py --measured-batch --out out/traced/files >/dev/null || return 1
+  # shellcheck disable=SC2086
+  PYTHONPATH=pylib python3 gpu_truth.py --measured-batch ${TRACE_DEVICE:+--device "$TRACE_DEVICE"} \
+    --out out/traced/files ${TRUTH_MODELS:-} >/dev/null || return 1
   echo "traced in $((SECONDS - t0)) s"
   measure_cases out/truth_measured_traced.csv out/traced/files
 }

@@ -74,7 +74,10 @@ def measure(model, mode, device, traced=None, snapshot=None):
     build, kind, shape = gpu_truth.ALL_MODELS[model]
     torch.manual_seed(0)
     if traced:
-        wrapper = torch.jit.load(traced, map_location="cpu")
+        # Loaded onto the device, as tch's CModule::load_on_device does: every tensor of
+        # the file moves, the constants tracing on the CPU baked in (an attention mask,
+        # stochastic depth's scale) too, which .to(device) would leave on the CPU.
+        wrapper = torch.jit.load(traced, map_location=device)
     else:
         wrapper = gpu_truth.First(build(), model.startswith("hf_"))
 

@@ -32,8 +32,9 @@ pub(crate) fn cuda_workspaces() -> Result<Vec<Workspace>> {
         let cap = i32::try_from(out.len()).unwrap_or(i32::MAX);
         // SAFETY: `out` has room for `cap` Workspace values with the C layout.
         let n = unsafe { memprof_cuda_workspaces(out.as_mut_ptr(), cap) };
-        check(n)?;
-        let n = n.max(0) as usize;
+        // A count, or -1 with the error set.
+        check(n.min(0))?;
+        let n = n as usize;
         if n <= out.len() {
             out.truncate(n);
             return Ok(out);
