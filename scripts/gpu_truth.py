@@ -5,7 +5,7 @@ estimate FILE --gpu h200` can be held to those peaks.
 
     python3 scripts/gpu_truth.py --list               # the cases, one a line
     python3 scripts/gpu_truth.py --out DIR [MODEL ...] # trace them into DIR
-    python3 scripts/gpu_truth.py --cache ROOT          # all of them, through a cache
+    python3 scripts/gpu_truth.py --cache ROOT          # all, held-out too, through a cache
     python3 scripts/gpu_truth.py --held-out --list     # the held-out models (HELD_OUT)
     python3 scripts/gpu_truth.py --device cuda:0 --out DIR MODEL  # traced on a GPU
 
@@ -115,7 +115,8 @@ for _name in ["resnet50", "convnext_tiny", "efficientnet_b0", "swin_t", "mobilen
 # Models the estimate was not built on: measured on a GPU the same way (truth.py measure,
 # inference and training), never used to fit a rule, to say how right the estimate is on
 # code it was not given. truth.py and gpu_truth.py find them by name like the others;
-# --list, --cache and the default set of --out leave them out unless --held-out is given.
+# --list and the default set of --out leave them out unless --held-out is given; --cache
+# traces them with the others.
 HELD_OUT = {
     "hf_roberta_base": (hf("RobertaForMaskedLM", "RobertaConfig", max_position_embeddings=514,
                            attn_implementation="sdpa"), "ids", IDS_ENCODER),
@@ -219,7 +220,7 @@ def cached(root):
             for other in os.listdir(root):
                 if other.startswith("gpu-truth-torch"):
                     shutil.rmtree(os.path.join(root, other), ignore_errors=True)
-            code = trace_all(entry, list(MODELS))
+            code = trace_all(entry, list(ALL_MODELS))
             if code != 0:
                 return code
             open(os.path.join(entry, "complete"), "w").close()

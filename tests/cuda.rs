@@ -91,8 +91,14 @@ fn profiler_matches_the_allocator_on_a_gpu() {
     // allocator's counter when PyTorch releases them.
     let s = p.last_stats().unwrap();
     let ws = tch_memprof::cuda::blas_workspaces().unwrap();
-    println!("cuBLAS workspaces: {ws:?}; the report: {} B", s.blas_workspaces_bytes);
-    assert!(s.blas_workspaces_bytes > 0, "a matrix product took no workspace");
+    println!(
+        "cuBLAS workspaces: {ws:?}; the report: {} B",
+        s.blas_workspaces_bytes
+    );
+    assert!(
+        s.blas_workspaces_bytes > 0,
+        "a matrix product took no workspace"
+    );
     let before = tch_memprof::cuda::stats(0).unwrap().allocated_current;
     tch_memprof::cuda::clear_cublas_workspaces().unwrap();
     let after = tch_memprof::cuda::stats(0).unwrap().allocated_current;

@@ -25,6 +25,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 const DATA: &str = "tests/data/gpu-truth/h200-2026-11-26";
 
@@ -97,6 +98,118 @@ const KNOWN_GAPS: &[(&str, &str, f64, f64, &str)] = &[
     ("tv_vgg16", "train", 1.66, 15.60, CONV_HIGH),
 ];
 
+/// The H200's runs of traced files and of the held-out models.
+const TRACED_DATA: &str = "tests/data/gpu-truth/h200-2026-11-27";
+
+/// Training from a traced file on CUDA.
+const TRACED_TRAINING: &str = "not yet explained: training from a traced file on CUDA takes \
+                               more than the estimate's run of the same file; probably the \
+                               TorchScript executor's optimized graph on CUDA (from the second \
+                               call: fused groups and autodiff subgraphs, whose saved tensors \
+                               differ from autograd's), which the estimate does not form";
+/// Reserved alone, allocated exact.
+const RESERVED_OFF: &str = "reserved: the caching allocator's pool falls otherwise on the GPU \
+                            than its model predicts (allocated exact)";
+
+/// The traced files' runs outside the target, as [`KNOWN_GAPS`] (rows run from a file
+/// traced on the GPU are estimated from the file traced here, on the CPU).
+const KNOWN_TRACED_GAPS: &[(&str, &str, f64, f64, &str)] = &[
+    ("hf_bert_base", "train-bf16", -2.72, -2.36, TRACED_TRAINING),
+    ("hf_gpt2", "train-bf16", -3.43, -2.81, TRACED_TRAINING),
+    ("hf_qwen2_tiny", "train", -2.50, -0.12, TRACED_TRAINING),
+    ("hf_qwen2_tiny", "train-bf16", -3.33, -1.32, TRACED_TRAINING),
+    ("hf_smollm2_135m", "train", -4.88, 0.16, TRACED_TRAINING),
+    (
+        "hf_smollm2_135m",
+        "train-bf16",
+        -6.27,
+        -2.99,
+        TRACED_TRAINING,
+    ),
+    (
+        "hf_smollm2_135m",
+        "train-fused",
+        -4.88,
+        0.16,
+        TRACED_TRAINING,
+    ),
+    ("hf_vit_base", "train", -2.24, -5.97, TRACED_TRAINING),
+    ("hf_vit_base", "train-bf16", -8.93, -11.13, TRACED_TRAINING),
+    ("timm_convnextv2_nano", "infer", 0.00, 17.67, CONV_RESERVED),
+    (
+        "timm_convnextv2_nano",
+        "train",
+        -5.03,
+        -8.52,
+        TRACED_TRAINING,
+    ),
+    (
+        "timm_vit_small_patch16_224",
+        "infer",
+        0.00,
+        3.50,
+        RESERVED_OFF,
+    ),
+    (
+        "timm_vit_small_patch16_224",
+        "train",
+        -8.00,
+        -10.86,
+        TRACED_TRAINING,
+    ),
+    ("tv_convnext_tiny", "infer", 0.00, -7.65, CONV_RESERVED),
+    ("tv_convnext_tiny", "train", 0.02, -6.64, CONV_RESERVED),
+    (
+        "tv_convnext_tiny",
+        "train-bf16",
+        -21.25,
+        -27.13,
+        TRACED_TRAINING,
+    ),
+    ("tv_efficientnet_b0", "infer", 0.00, 4.00, CONV_RESERVED),
+    ("tv_efficientnet_b0", "train", -0.01, 4.81, CONV_RESERVED),
+    ("tv_mobilenet_v3_large", "infer", 0.00, 5.45, CONV_RESERVED),
+    ("tv_regnet_y_400mf", "infer", 0.00, 21.61, CONV_RESERVED),
+    ("tv_resnet50", "infer", 12.06, 8.66, CONV_HIGH),
+    ("tv_resnet50", "train-bf16", 0.06, 3.77, CONV_RESERVED),
+    ("tv_swin_t", "infer", 0.00, 6.47, RESERVED_OFF),
+    ("tv_swin_t", "train", -22.71, -26.29, TRACED_TRAINING),
+    ("tv_vgg16", "train", 1.66, 15.57, CONV_HIGH),
+];
+
+/// The held-out models' runs outside the target, as [`KNOWN_GAPS`].
+const KNOWN_HELD_OUT_GAPS: &[(&str, &str, f64, f64, &str)] = &[
+    (
+        "timm_deit_small_patch16_224",
+        "infer",
+        0.00,
+        3.50,
+        RESERVED_OFF,
+    ),
+    (
+        "timm_deit_small_patch16_224",
+        "train",
+        -8.00,
+        -10.86,
+        TRACED_TRAINING,
+    ),
+    ("timm_mixer_b16_224", "infer", 0.00, 6.64, RESERVED_OFF),
+    (
+        "timm_mixer_b16_224",
+        "train",
+        -8.59,
+        -10.87,
+        TRACED_TRAINING,
+    ),
+    ("tv_densenet121", "train", -4.16, -2.31, TRACED_TRAINING),
+    ("tv_mobilenet_v2", "infer", 0.00, 4.04, CONV_RESERVED),
+    ("tv_mobilenet_v2", "train", -0.09, 5.47, CONV_RESERVED),
+    ("tv_resnext50_32x4d", "infer", 0.20, 25.96, CONV_RESERVED),
+    ("tv_resnext50_32x4d", "train", 0.26, 8.56, CONV_RESERVED),
+    ("tv_shufflenet_v2_x1_0", "infer", 19.12, 14.75, CONV_HIGH),
+    ("tv_shufflenet_v2_x1_0", "train", 0.62, 8.77, CONV_RESERVED),
+];
+
 struct Measured {
     model: String,
     mode: String,
@@ -107,8 +220,13 @@ struct Measured {
 
 /// The cases of one measured folder (`DATA` unless another GPU's).
 fn measured_in(dir: &str) -> Vec<Measured> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
-    let mut r = csv::Reader::from_path(root.join("measured.csv")).unwrap();
+    measured_file(&format!("{dir}/measured.csv"))
+}
+
+/// The cases of one measured CSV file.
+fn measured_file(file: &str) -> Vec<Measured> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    let mut r = csv::Reader::from_path(path).unwrap();
     let h = r.headers().unwrap().clone();
     let col = |name: &str| h.iter().position(|c| c == name).unwrap();
     let (m, md, i, a, rs) = (
@@ -241,6 +359,75 @@ fn estimate(file: &Path, case: &Measured) -> Result<(u64, u64, String), String> 
 
 #[test]
 fn the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models() {
+    let Some(files) = files_under_2_11() else {
+        return;
+    };
+    let cases = measured();
+    assert_eq!(cases.len(), 42, "the measured cases");
+    hold(&cases, &files, KNOWN_GAPS);
+}
+
+/// The same cases run on the H200 from their traced files (`traced.csv` of
+/// `h200-2026-11-27`: what a tch user loading the file runs), against the estimate of
+/// the files traced here. Every inference case's peak allocated is predicted exactly or
+/// high (the eager runs' inference gaps were Python's, not the program's); training from
+/// a traced file on CUDA takes more than the estimate in several cases
+/// ([`KNOWN_TRACED_GAPS`]).
+#[test]
+fn the_estimate_is_held_to_the_peaks_of_the_traced_files_run_on_an_h200() {
+    let Some(files) = files_under_2_11() else {
+        return;
+    };
+    let cases = measured_file(&format!("{TRACED_DATA}/traced.csv"));
+    assert_eq!(cases.len(), 45, "the traced runs");
+    hold(&cases, &files, KNOWN_TRACED_GAPS);
+}
+
+/// Eleven models the estimate was not built on, run on the H200 from their traced files
+/// (`held-out-traced.csv` of `h200-2026-11-27`), against the estimate of the files
+/// traced here: the estimate's error on code it was not given, as tch users run it.
+#[test]
+fn the_estimate_is_held_to_the_peaks_of_held_out_models_run_on_an_h200() {
+    let Some(files) = files_under_2_11() else {
+        return;
+    };
+    let cases = measured_file(&format!("{TRACED_DATA}/held-out-traced.csv"));
+    assert_eq!(cases.len(), 22, "the held-out runs");
+    hold(&cases, &files, KNOWN_HELD_OUT_GAPS);
+}
+
+/// The estimate of every case of the three tests, by (model, mode), made once for them
+/// all (most traced runs are the eager cases' model and mode, estimated alike): two at a
+/// time (the machine's cores), each in its own process.
+#[allow(clippy::type_complexity)]
+fn estimates(
+    files: &BTreeMap<(String, String), PathBuf>,
+) -> &'static BTreeMap<(String, String), Result<(u64, u64, String), String>> {
+    static ESTIMATES: OnceLock<BTreeMap<(String, String), Result<(u64, u64, String), String>>> =
+        OnceLock::new();
+    ESTIMATES.get_or_init(|| {
+        let mut all = measured();
+        all.extend(measured_file(&format!("{TRACED_DATA}/traced.csv")));
+        all.extend(measured_file(&format!("{TRACED_DATA}/held-out-traced.csv")));
+        let mut seen = std::collections::BTreeSet::new();
+        all.retain(|c| seen.insert((c.model.clone(), c.mode.clone())));
+        let file_of = |c: &Measured| {
+            let kind = if c.mode == "infer" { "infer" } else { "train" };
+            files
+                .get(&(c.model.clone(), kind.to_string()))
+                .unwrap_or_else(|| panic!("{} {kind}: not traced", c.model))
+                .clone()
+        };
+        let results = common::in_pairs(&all, |c| estimate(&file_of(c), c));
+        all.iter()
+            .map(|c| (c.model.clone(), c.mode.clone()))
+            .zip(results)
+            .collect()
+    })
+}
+
+/// The traced files, where the libtorch is the one the cases were measured with.
+fn files_under_2_11() -> Option<BTreeMap<(String, String), PathBuf>> {
     let version = std::env::var("TCH_MEMPROF_TORCH_VERSION").unwrap_or_default();
     if !version.starts_with("2.11.") {
         // Not a failure under CI: the compat suite runs another libtorch on purpose.
@@ -248,11 +435,19 @@ fn the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models() {
             "NOT RUN: the GPU truth cases were measured with PyTorch 2.11; this libtorch is \
              {version:?} (the test runs under scripts/with-libtorch.sh with tch 0.24)"
         );
-        return;
+        return None;
     }
-    let Some(files) = traced() else { return };
-    let cases = measured();
-    assert_eq!(cases.len(), 42, "the measured cases");
+    traced()
+}
+
+/// Estimates every case, prints the table, and fails on a case outside the target that
+/// `gaps` does not list, a listed one that got worse or meets the target, and a listed
+/// one not measured.
+fn hold(
+    cases: &[Measured],
+    files: &BTreeMap<(String, String), PathBuf>,
+    gaps: &[(&str, &str, f64, f64, &str)],
+) {
     let mut failures = Vec::new();
     let mut seen_gaps = Vec::new();
     println!(
@@ -260,15 +455,12 @@ fn the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models() {
         "model", "mode", "alloc meas", "alloc pred", "err %", "resv meas", "resv pred", "err %"
     );
     let (mut within_alloc, mut within_both) = (0, 0);
-    let file_of = |c: &Measured| {
-        let kind = if c.mode == "infer" { "infer" } else { "train" };
-        files
-            .get(&(c.model.clone(), kind.to_string()))
-            .unwrap_or_else(|| panic!("{} {kind}: not traced", c.model))
-            .clone()
-    };
-    // Two estimates at a time (the machine's cores), each its own process.
-    let results = common::in_pairs(&cases, |c| estimate(&file_of(c), c));
+    let results = cases.iter().map(|c| {
+        estimates(files)
+            .get(&(c.model.clone(), c.mode.clone()))
+            .cloned()
+            .unwrap_or_else(|| Err("not estimated".into()))
+    });
     for (c, result) in cases.iter().zip(results) {
         let (alloc, resv, attention) = match result {
             Ok(r) => r,
@@ -287,14 +479,14 @@ fn the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models() {
         let ok = ok_alloc && er.abs() <= 100.0 * RESERVED_TARGET;
         within_alloc += ok_alloc as usize;
         within_both += ok as usize;
-        let gap = KNOWN_GAPS
+        let gap = gaps
             .iter()
             .find(|(m, md, ..)| *m == c.model && *md == c.mode);
         match (ok, gap) {
             (true, None) => {}
             (true, Some(_)) => failures.push(format!(
                 "{} {}: meets the target now (allocated {ea:+.2}%, reserved {er:+.2}%): \
-                 take it off KNOWN_GAPS",
+                 take it off the list of known gaps",
                 c.model, c.mode
             )),
             (false, None) => failures.push(format!(
@@ -325,11 +517,13 @@ fn the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models() {
         cases.len(),
         100.0 * ALLOCATED_TARGET,
         100.0 * RESERVED_TARGET,
-        KNOWN_GAPS.len()
+        gaps.len()
     );
-    for (m, md, ..) in KNOWN_GAPS {
+    for (m, md, ..) in gaps {
         if !cases.iter().any(|c| c.model == *m && c.mode == *md) {
-            failures.push(format!("KNOWN_GAPS lists {m} {md}, which was not measured"));
+            failures.push(format!(
+                "the known gaps list {m} {md}, which was not measured"
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
