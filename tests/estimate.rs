@@ -47,6 +47,13 @@ fn an_mlp_inference_estimate_equals_the_allocator_rules_by_hand() {
     assert_eq!(e.peak_reserved, (16 + 2 + 20 + 2) * MIB, "peak reserved");
     assert_eq!(e.cublas_workspaces, 1);
     assert_eq!(e.cublaslt_workspaces, 1);
+    // The predicted step names the two workspaces apart: WORKSPACE at the peak.
+    let step = e.step.as_ref().expect("the predicted step");
+    assert_eq!(step.peak.bytes, peak);
+    assert_eq!(
+        step.peak.breakdown.get(tch_memprof::Category::Workspace),
+        cublas + MIB
+    );
     assert!(e.peak_op.contains("relu"), "peak during {}", e.peak_op);
     assert_eq!(e.peak_phase, tch_memprof::Phase::Forward);
 }

@@ -76,6 +76,7 @@ fn peak_step_files_appear_at_epoch_end_and_parse() {
             "act_bytes",
             "temp_bytes",
             "opt_bytes",
+            "workspace_bytes",
             "other_bytes",
             "total_bytes",
             "peak_bytes",
@@ -86,15 +87,15 @@ fn peak_step_files_appear_at_epoch_end_and_parse() {
     let mut highest = 0u64;
     for rec in r.records() {
         let rec = rec.unwrap();
-        let cats: u64 = (4..11).map(|i| rec[i].parse::<u64>().unwrap()).sum();
-        let total = rec[11].parse::<u64>().unwrap();
+        let cats: u64 = (4..12).map(|i| rec[i].parse::<u64>().unwrap()).sum();
+        let total = rec[12].parse::<u64>().unwrap();
         assert_eq!(cats, total);
         // The highest point since the last row is at least what is live at this one.
-        let peak_since = rec[12].parse::<u64>().unwrap();
+        let peak_since = rec[13].parse::<u64>().unwrap();
         assert!(peak_since >= total, "{rec:?}");
         highest = highest.max(peak_since);
         // No step detail here: nothing is counted idle.
-        assert_eq!(&rec[13], "0");
+        assert_eq!(&rec[14], "0");
         assert!(["forward", "backward", "optimizer"].contains(&&rec[2]));
         rows += 1;
     }

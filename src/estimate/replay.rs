@@ -418,7 +418,7 @@ pub(super) fn predicted_step(
     for (&ptr, &(bytes, phase, generation)) in &live {
         start.live += bytes;
         if start.device_owned.contains(&ptr) {
-            // A workspace: other.
+            start.workspace.insert(ptr, bytes);
         } else if vars.trainable.contains(&ptr) {
             start.param.insert(ptr, bytes);
         } else if generation == 0 && variables.contains(&ptr) {

@@ -22,6 +22,9 @@ pub(crate) struct Workspace {
     pub device: i32,
     /// `native::WORKSPACE_CUBLAS` or `native::WORKSPACE_CUBLASLT`.
     pub kind: i32,
+    /// 1 where the session saw the block born (its bytes are in the session's counters).
+    pub tracked: i32,
+    pub pad: i32,
 }
 
 /// CUDA: the cuBLAS and cuBLASLt workspaces PyTorch holds now (none before the first

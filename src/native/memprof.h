@@ -214,6 +214,8 @@ typedef struct MpWorkspace {
   int64_t bytes;   // the block's bytes: the chosen workspace size rounded up to 512 B
   int32_t device;  // CUDA index
   int32_t kind;    // MP_WORKSPACE_CUBLAS or MP_WORKSPACE_CUBLASLT
+  int32_t tracked; // 1: the session saw the block born (its bytes are in its counters)
+  int32_t pad;
 } MpWorkspace;
 
 // One event of a log the op recorder writes: the step log of a profiled step, or the
@@ -557,11 +559,12 @@ int memprof_selftest_reenter(void) MP_NOEXCEPT;
   MP_CONST(MP_CUDA_CLEAR_WORKSPACES, 2)                \
   MP_CONST(MP_WORKSPACE_CUBLAS, 0)                     \
   MP_CONST(MP_WORKSPACE_CUBLASLT, 1)                   \
-  MP_SIZE(MpWorkspace, 24)                             \
+  MP_SIZE(MpWorkspace, 32)                             \
   MP_FIELD(MpWorkspace, ptr, 0)                        \
   MP_FIELD(MpWorkspace, bytes, 8)                      \
   MP_FIELD(MpWorkspace, device, 16)                    \
   MP_FIELD(MpWorkspace, kind, 20)                      \
+  MP_FIELD(MpWorkspace, tracked, 24)                   \
   MP_SIZE(MpDeviceStats, 104)                          \
   MP_FIELD(MpDeviceStats, live, 0)                     \
   MP_FIELD(MpDeviceStats, peak_iter, 8)                \

@@ -434,6 +434,7 @@ impl StepProfile {
                     act_bytes: b.get(Category::Act),
                     temp_bytes: b.get(Category::Temp),
                     opt_bytes: b.get(Category::Opt),
+                    workspace_bytes: b.get(Category::Workspace),
                     other_bytes: b.get(Category::Other),
                     total_bytes: b.total(),
                     peak_bytes: r.peak_bytes,
@@ -548,6 +549,7 @@ fn write_summary(path: &Path, p: &StepProfile) -> std::io::Result<()> {
         Category::Act,
         Category::Temp,
         Category::Opt,
+        Category::Workspace,
         Category::Other,
     ] {
         writeln!(f, "max {}: {}", cat.label(), format::bytes(c.get(cat)))?;
@@ -619,6 +621,7 @@ mod tests {
                 "cuda_ooms",
                 "cuda_device_free_bytes",
                 "cuda_device_total_bytes",
+                "cuda_blas_workspaces_bytes",
             ]
         );
         let at = |name: &str| row[h.iter().position(|c| c == name).unwrap()].clone();

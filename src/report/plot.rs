@@ -37,6 +37,7 @@ fn color(c: Category) -> RGBColor {
         Category::Opt => RGBColor(148, 103, 189),
         Category::Grad => RGBColor(255, 127, 14),
         Category::Other => RGBColor(150, 150, 150),
+        Category::Workspace => RGBColor(110, 110, 160),
         Category::Act => RGBColor(44, 160, 44),
         Category::Temp => RGBColor(214, 39, 40),
     }

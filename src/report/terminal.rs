@@ -621,12 +621,15 @@ pub(crate) mod tests {
         s.device = "cuda:0".into();
         s.cuda = Some(cuda_stats(1 << 20));
         s.cuda_devices = vec![(0, cuda_stats(1 << 20)), (1, cuda_stats(2 << 20))];
+        s.blas_workspaces_bytes = 65 << 20;
         let text = render_iteration(&s, 0);
         for needle in [
             "cuda:0 current",
             "cuda:1 current",
             "reserved (cached)",
             "3 / 1",
+            "cuBLAS workspaces",
+            "65.00 MiB",
         ] {
             assert!(text.contains(needle), "{needle:?} missing:\n{text}");
         }
@@ -640,7 +643,11 @@ pub(crate) mod tests {
             assert!(reserved.contains(v), "{v} missing: {reserved}");
         }
         assert!(text.contains("80.00 GiB"), "{text}");
-        assert!(!render_iteration(&stats(2), 0).contains("CUDA allocator"));
+        let cpu = render_iteration(&stats(2), 0);
+        assert!(
+            !cpu.contains("CUDA allocator") && !cpu.contains("cuBLAS"),
+            "{cpu}"
+        );
     }
 
     #[test]

@@ -229,6 +229,10 @@ pub struct TimelineRow {
     pub temp_bytes: u64,
     /// Optimizer state.
     pub opt_bytes: u64,
+    /// CUDA: the cuBLAS and cuBLASLt workspaces (0 on the CPU, and in files written
+    /// before the column was).
+    #[serde(default)]
+    pub workspace_bytes: u64,
     /// Everything else.
     pub other_bytes: u64,
     /// The sum: the allocator's live bytes after the op.

@@ -100,11 +100,30 @@ impl Recorder {
                 bytes: block.size(),
             });
         }
+        // CUDA: the cuBLAS workspaces PyTorch holds are WORKSPACE, those the session saw
+        // born counted at the start (the others are not in its live bytes).
+        for w in self.workspaces() {
+            start.device_owned.insert(w.ptr);
+            if w.tracked != 0 {
+                start.workspace.insert(w.ptr, w.bytes);
+            }
+        }
         let ds = ffi::device_stats(self.slot)?;
         start.opt = (ds.optimizer_born_live - opt_claimed).max(0);
         self.vars = entries;
         self.start = start;
         Ok(())
+    }
+
+    /// The cuBLAS and cuBLASLt workspaces PyTorch holds on the profiled CUDA device (none
+    /// on the CPU, or where they cannot be read: they stay OTHER then).
+    fn workspaces(&self) -> Vec<ffi::Workspace> {
+        if self.slot == 0 {
+            return Vec::new();
+        }
+        let mut ws = ffi::cuda_workspaces().unwrap_or_default();
+        ws.retain(|w| w.device as usize + 1 == self.slot);
+        ws
     }
 
     /// Ends an iteration: builds its profile if it is the requested step or the
@@ -124,6 +143,11 @@ impl Recorder {
             return Ok(None);
         }
         let overflow = ffi::read_timeline(&mut self.events)?;
+        // Workspaces taken during the step (the first matrix products of a thread) are
+        // WORKSPACE from their birth.
+        for w in self.workspaces() {
+            self.start.device_owned.insert(w.ptr);
+        }
         let mut sites = (requested && self.detail).then(SiteNames::new);
         let mut name = |aux: i32| sites.as_mut().map_or_else(String::new, |s| s.name(aux));
         let mut p = replay(

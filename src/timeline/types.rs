@@ -41,15 +41,18 @@ pub enum Category {
     Opt,
     /// Everything else.
     Other,
+    /// CUDA: the cuBLAS and cuBLASLt workspaces PyTorch keeps (a prediction's too).
+    Workspace,
 }
 
 impl Category {
     /// All categories, in the order of CSV columns and of the plot's stack (bottom up).
-    pub const ALL: [Category; 7] = [
+    pub const ALL: [Category; CATEGORIES] = [
         Category::Param,
         Category::Buffer,
         Category::Opt,
         Category::Grad,
+        Category::Workspace,
         Category::Other,
         Category::Act,
         Category::Temp,
@@ -65,6 +68,7 @@ impl Category {
             Category::Temp => "TEMP",
             Category::Opt => "OPT",
             Category::Other => "OTHER",
+            Category::Workspace => "WORKSPACE",
         }
     }
 
@@ -73,9 +77,12 @@ impl Category {
     }
 }
 
+/// How many categories there are.
+pub(crate) const CATEGORIES: usize = 8;
+
 /// Bytes per category at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CategoryBytes([u64; 7]);
+pub struct CategoryBytes([u64; CATEGORIES]);
 
 impl CategoryBytes {
     /// Bytes of one category.
@@ -88,8 +95,8 @@ impl CategoryBytes {
         self.0.iter().sum()
     }
 
-    pub(crate) fn from_signed(v: &[i64; 7]) -> Self {
-        let mut out = [0u64; 7];
+    pub(crate) fn from_signed(v: &[i64; CATEGORIES]) -> Self {
+        let mut out = [0u64; CATEGORIES];
         for (o, x) in out.iter_mut().zip(v) {
             *o = (*x).max(0) as u64;
         }
@@ -456,9 +463,12 @@ pub(crate) struct StepStart {
     pub buffer: HashMap<u64, i64>,
     pub grad: HashMap<u64, i64>,
     pub opt: i64,
-    /// Blocks the device takes for itself (the cuBLAS workspaces of a prediction): OTHER
-    /// whenever they are made.
+    /// Blocks the device takes for itself, the cuBLAS and cuBLASLt workspaces (a
+    /// prediction's, or those PyTorch holds at the step's end): WORKSPACE whenever they
+    /// are made.
     pub device_owned: std::collections::HashSet<u64>,
+    /// Those of them alive when the step began, with their bytes.
+    pub workspace: HashMap<u64, i64>,
 }
 
 /// Where the profile of a step goes, beside the run's CSV files.

@@ -392,11 +392,13 @@ int cuda_workspaces(MpWorkspace* out, int32_t cap) {
       const int64_t requested = int64_t(entry_size(entry, chosen));
       int64_t bytes = (requested + 511) / 512 * 512;
       uint64_t tag = 0;
-      if (table_find(g_cuda_blocks, uint64_t(ptr), &tag)) {
+      const bool tracked = table_find(g_cuda_blocks, uint64_t(ptr), &tag);
+      if (tracked) {
         bytes = slot_bytes(tag);
       }
       if (n < cap && out) {
-        out[n] = MpWorkspace{uint64_t(ptr), bytes, int32_t(p.device().index()), t.kind};
+        out[n] = MpWorkspace{uint64_t(ptr), bytes, int32_t(p.device().index()), t.kind,
+                             int32_t(tracked), 0};
       }
       ++n;
     }

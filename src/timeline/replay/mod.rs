@@ -22,7 +22,7 @@ use crate::phase::Phase;
 
 use super::types::{
     Category, CategoryBytes, LayerProfile, Peak, StepProfile, StepRow, StepStart, UncountedOp,
-    VarEntry,
+    VarEntry, CATEGORIES,
 };
 
 /// What one timeline op is.
@@ -190,7 +190,7 @@ fn classify_blocks(events: &[Event], start: &StepStart, slot: u8, consistent: &m
                     bytes: e.value,
                     phase: e.phase,
                     op: e.op,
-                    cat: device_owned.then_some(Category::Other),
+                    cat: device_owned.then_some(Category::Workspace),
                     device_owned,
                 });
                 live_born.insert(e.ptr, id);
@@ -252,7 +252,9 @@ fn classify_blocks(events: &[Event], start: &StepStart, slot: u8, consistent: &m
 
 /// The category of a block alive when the iteration began, freed during it.
 fn initial_category(start: &StepStart, e: &Event) -> Category {
-    if start.param.contains_key(&e.ptr) {
+    if start.workspace.contains_key(&e.ptr) {
+        Category::Workspace
+    } else if start.param.contains_key(&e.ptr) {
         Category::Param
     } else if start.buffer.contains_key(&e.ptr) {
         Category::Buffer
@@ -393,11 +395,12 @@ fn live_by_category(
     names: &mut Names,
     consistent: &mut bool,
 ) -> (Vec<StepRow>, Vec<usize>, Peak, CategoryBytes, Option<usize>) {
-    let mut cur = [0i64; 7];
+    let mut cur = [0i64; CATEGORIES];
     for (map, c) in [
         (&start.param, Category::Param),
         (&start.buffer, Category::Buffer),
         (&start.grad, Category::Grad),
+        (&start.workspace, Category::Workspace),
     ] {
         cur[c.index()] = map.values().sum();
     }
