@@ -376,12 +376,7 @@ fn the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models() {
 /// ([`KNOWN_TRACED_GAPS`]).
 #[test]
 fn the_estimate_is_held_to_the_peaks_of_the_traced_files_run_on_an_h200() {
-    let Some(files) = files_under_2_11() else {
-        return;
-    };
-    let cases = measured_file(&format!("{TRACED_DATA}/traced.csv"));
-    assert_eq!(cases.len(), 45, "the traced runs");
-    hold(&cases, &files, KNOWN_TRACED_GAPS);
+    hold_file("traced.csv", 45, KNOWN_TRACED_GAPS);
 }
 
 /// Eleven models the estimate was not built on, run on the H200 from their traced files
@@ -389,12 +384,17 @@ fn the_estimate_is_held_to_the_peaks_of_the_traced_files_run_on_an_h200() {
 /// traced here: the estimate's error on code it was not given, as tch users run it.
 #[test]
 fn the_estimate_is_held_to_the_peaks_of_held_out_models_run_on_an_h200() {
+    hold_file("held-out-traced.csv", 22, KNOWN_HELD_OUT_GAPS);
+}
+
+/// [`hold`] on the `runs` cases of one CSV file of [`TRACED_DATA`].
+fn hold_file(file: &str, runs: usize, gaps: &[(&str, &str, f64, f64, &str)]) {
     let Some(files) = files_under_2_11() else {
         return;
     };
-    let cases = measured_file(&format!("{TRACED_DATA}/held-out-traced.csv"));
-    assert_eq!(cases.len(), 22, "the held-out runs");
-    hold(&cases, &files, KNOWN_HELD_OUT_GAPS);
+    let cases = measured_file(&format!("{TRACED_DATA}/{file}"));
+    assert_eq!(cases.len(), runs, "the runs of {file}");
+    hold(&cases, &files, gaps);
 }
 
 /// The estimate of every case of the three tests, by (model, mode), made once for them
