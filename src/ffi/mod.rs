@@ -1,7 +1,7 @@
 //! The one seam to the native layer (`src/native/`): every `extern "C"` declaration
 //! and every `unsafe` block of the crate lives here. The contract is
 //! `src/native/memprof.h`; the structs below mirror it field for field, and build.rs
-//! turns the header's layout table into compile-time checks of their sizes, field
+//! turns its layout table (`memprof_layout.h`) into compile-time checks of their sizes, field
 //! offsets and the shared constants (`layout.rs`, included below), so a drift on
 //! either side fails the build.
 //!
@@ -104,7 +104,7 @@ pub(crate) mod native {
 }
 pub(crate) use native::MAX_DEVICES;
 
-// The compile-time layout checks generated from memprof.h.
+// The compile-time layout checks generated from memprof_layout.h.
 include!(concat!(env!("OUT_DIR"), "/layout.rs"));
 
 fn last_error() -> Error {
