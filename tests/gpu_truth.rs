@@ -63,6 +63,12 @@ const LOCALS: &str = "probably: eager Python holds a module's locals until its f
 /// Reserved alone, a little past the target.
 const RESERVED: &str = "reserved: the caching allocator's pool fragments more on the GPU than \
                         its model predicts";
+/// Training from the file keeps more than eager PyTorch (errs high against eager).
+const EAGER_KEEPS_LESS: &str = "errs high against eager PyTorch: the estimate predicts the \
+                                traced file as tch runs it (the TorchScript executor's \
+                                optimized graph, whose autodiff subgraphs keep a dropout's \
+                                output and mask for backward even at p=0), which keeps more; \
+                                the H200's run of the file itself is within the target";
 /// GPT-2 training errs high.
 const GPT2_HIGH: &str = "errs high, not yet explained";
 
@@ -70,44 +76,57 @@ const GPT2_HIGH: &str = "errs high, not yet explained";
 /// errors as the estimate has them now (predicted over measured, minus one, in %).
 const KNOWN_GAPS: &[(&str, &str, f64, f64, &str)] = &[
     ("hf_bert_base", "infer", -1.26, -3.07, RESERVED),
-    ("hf_gpt2", "train", 2.22, 10.10, GPT2_HIGH),
-    ("hf_gpt2", "train-foreach", 2.22, 10.10, GPT2_HIGH),
-    ("hf_gpt2", "train-fused", 2.22, 10.10, GPT2_HIGH),
+    ("hf_gpt2", "train", 2.23, 10.27, GPT2_HIGH),
+    ("hf_gpt2", "train-bf16", 8.70, 13.19, EAGER_KEEPS_LESS),
+    ("hf_gpt2", "train-foreach", 2.23, 10.27, GPT2_HIGH),
+    ("hf_gpt2", "train-fused", 2.23, 10.27, GPT2_HIGH),
     ("hf_qwen2_tiny", "infer", 0.00, -21.87, GQA),
-    ("hf_qwen2_tiny", "train", -17.57, -14.91, GQA),
+    ("hf_qwen2_tiny", "train", -15.48, -14.80, GQA),
     ("hf_qwen2_tiny", "train-bf16", 3.26, 3.25, GQA_BF16),
     ("hf_smollm2_135m", "infer", 0.00, -15.65, GQA),
-    ("hf_smollm2_135m", "train", -26.19, -22.93, GQA),
+    ("hf_smollm2_135m", "train", -22.45, -22.93, GQA),
     ("hf_smollm2_135m", "train-bf16", 5.27, 6.42, GQA_BF16),
-    ("hf_smollm2_135m", "train-fused", -26.19, -22.93, GQA),
+    ("hf_smollm2_135m", "train-fused", -22.45, -22.93, GQA),
     ("hf_vit_base", "infer", -14.49, -12.08, LOCALS),
+    ("hf_vit_base", "train", 2.70, 0.76, EAGER_KEEPS_LESS),
     ("hf_vit_base", "train-bf16", 0.03, -3.80, RESERVED),
     ("timm_convnextv2_nano", "infer", -11.41, -5.13, LOCALS_CONV),
-    ("timm_convnextv2_nano", "train", 0.32, -8.48, CONV_RESERVED),
+    (
+        "timm_convnextv2_nano",
+        "train",
+        6.03,
+        -3.15,
+        EAGER_KEEPS_LESS,
+    ),
     ("timm_vit_small_patch16_224", "infer", -11.23, 3.50, LOCALS),
+    (
+        "timm_vit_small_patch16_224",
+        "train",
+        8.75,
+        7.71,
+        EAGER_KEEPS_LESS,
+    ),
     ("tv_convnext_tiny", "infer", -6.92, -7.65, LOCALS_CONV),
-    ("tv_convnext_tiny", "train", 0.02, -6.64, CONV_RESERVED),
+    ("tv_convnext_tiny", "train", 0.02, -3.30, CONV_RESERVED),
     ("tv_efficientnet_b0", "infer", -7.08, -6.40, LOCALS_CONV),
     ("tv_efficientnet_b0", "train", -0.01, 4.81, CONV_RESERVED),
     ("tv_mobilenet_v3_large", "infer", -9.42, -2.25, LOCALS_CONV),
     ("tv_regnet_y_400mf", "infer", -17.37, 21.61, LOCALS_CONV),
     ("tv_resnet50", "infer", 5.87, 9.06, CONV_HIGH),
     ("tv_resnet50", "train-bf16", 0.06, 3.77, CONV_RESERVED),
-    ("tv_swin_t", "infer", -15.38, -2.33, LOCALS),
-    ("tv_swin_t", "train", 0.21, -3.26, RESERVED),
-    ("tv_vgg16", "train", 1.66, 15.60, CONV_HIGH),
+    ("tv_swin_t", "infer", -15.38, -6.36, LOCALS),
+    ("tv_swin_t", "train", 29.70, 31.83, EAGER_KEEPS_LESS),
+    ("tv_vgg16", "train", 1.66, 15.64, CONV_HIGH),
 ];
 
 /// The H200's runs of traced files and of the held-out models.
 const TRACED_DATA: &str = "tests/data/gpu-truth/h200-2026-11-27";
 
-/// Training from a traced file on CUDA.
-const TRACED_TRAINING: &str = "the TorchScript executor's optimized graph, probably (measured \
-                               on the CPU by scripts/jit-executor-memory.py): from its second \
-                               call a training forward runs as autodiff subgraphs, where a \
-                               dropout becomes native_dropout, an output and a mask kept for \
-                               backward even at p=0, and autocast's casts are kept; the \
-                               estimate runs the file unoptimized";
+/// Training from a traced file under autocast on CUDA.
+const TRACED_AUTOCAST: &str = "under autocast a CUDA run's optimized graph also gets the JIT's \
+                               own autocast pass, whose casts are kept for backward; the dry \
+                               run does not make them (it takes the larger of its optimized \
+                               and as-written runs)";
 /// Reserved alone, allocated exact.
 const RESERVED_OFF: &str = "reserved: the caching allocator's pool falls otherwise on the GPU \
                             than its model predicts (allocated exact)";
@@ -115,35 +134,19 @@ const RESERVED_OFF: &str = "reserved: the caching allocator's pool falls otherwi
 /// The traced files' runs outside the target, as [`KNOWN_GAPS`] (rows run from a file
 /// traced on the GPU are estimated from the file traced here, on the CPU).
 const KNOWN_TRACED_GAPS: &[(&str, &str, f64, f64, &str)] = &[
-    ("hf_bert_base", "train-bf16", -2.72, -2.36, TRACED_TRAINING),
-    ("hf_gpt2", "train-bf16", -3.43, -2.81, TRACED_TRAINING),
-    ("hf_qwen2_tiny", "train", -2.50, -0.12, TRACED_TRAINING),
-    ("hf_qwen2_tiny", "train-bf16", -3.33, -1.32, TRACED_TRAINING),
-    ("hf_smollm2_135m", "train", -4.88, 0.16, TRACED_TRAINING),
+    ("hf_bert_base", "train-bf16", -2.72, -2.36, TRACED_AUTOCAST),
+    ("hf_gpt2", "train-bf16", 3.38, 9.12, TRACED_AUTOCAST),
+    ("hf_qwen2_tiny", "train-bf16", -3.33, -1.32, TRACED_AUTOCAST),
     (
         "hf_smollm2_135m",
         "train-bf16",
         -6.27,
         -2.99,
-        TRACED_TRAINING,
+        TRACED_AUTOCAST,
     ),
-    (
-        "hf_smollm2_135m",
-        "train-fused",
-        -4.88,
-        0.16,
-        TRACED_TRAINING,
-    ),
-    ("hf_vit_base", "train", -2.24, -5.97, TRACED_TRAINING),
-    ("hf_vit_base", "train-bf16", -8.93, -11.13, TRACED_TRAINING),
-    ("timm_convnextv2_nano", "infer", 0.00, 17.67, CONV_RESERVED),
-    (
-        "timm_convnextv2_nano",
-        "train",
-        -5.03,
-        -8.52,
-        TRACED_TRAINING,
-    ),
+    ("hf_vit_base", "train-bf16", -8.93, -11.13, TRACED_AUTOCAST),
+    ("timm_convnextv2_nano", "infer", -0.00, 17.67, CONV_RESERVED),
+    ("timm_convnextv2_nano", "train", 0.36, -3.19, CONV_RESERVED),
     (
         "timm_vit_small_patch16_224",
         "infer",
@@ -151,21 +154,14 @@ const KNOWN_TRACED_GAPS: &[(&str, &str, f64, f64, &str)] = &[
         3.50,
         RESERVED_OFF,
     ),
-    (
-        "timm_vit_small_patch16_224",
-        "train",
-        -8.00,
-        -10.86,
-        TRACED_TRAINING,
-    ),
     ("tv_convnext_tiny", "infer", 0.00, -7.65, CONV_RESERVED),
-    ("tv_convnext_tiny", "train", 0.02, -6.64, CONV_RESERVED),
+    ("tv_convnext_tiny", "train", 0.02, -3.30, CONV_RESERVED),
     (
         "tv_convnext_tiny",
         "train-bf16",
         -21.25,
         -27.13,
-        TRACED_TRAINING,
+        TRACED_AUTOCAST,
     ),
     ("tv_efficientnet_b0", "infer", 0.00, 4.00, CONV_RESERVED),
     ("tv_efficientnet_b0", "train", -0.01, 4.81, CONV_RESERVED),
@@ -173,9 +169,7 @@ const KNOWN_TRACED_GAPS: &[(&str, &str, f64, f64, &str)] = &[
     ("tv_regnet_y_400mf", "infer", 0.00, 21.61, CONV_RESERVED),
     ("tv_resnet50", "infer", 12.06, 8.66, CONV_HIGH),
     ("tv_resnet50", "train-bf16", 0.06, 3.77, CONV_RESERVED),
-    ("tv_swin_t", "infer", 0.00, 6.47, RESERVED_OFF),
-    ("tv_swin_t", "train", -22.71, -26.29, TRACED_TRAINING),
-    ("tv_vgg16", "train", 1.66, 15.57, CONV_HIGH),
+    ("tv_vgg16", "train", 1.66, 15.60, CONV_HIGH),
 ];
 
 /// The held-out models' runs outside the target, as [`KNOWN_GAPS`].
@@ -187,22 +181,8 @@ const KNOWN_HELD_OUT_GAPS: &[(&str, &str, f64, f64, &str)] = &[
         3.50,
         RESERVED_OFF,
     ),
-    (
-        "timm_deit_small_patch16_224",
-        "train",
-        -8.00,
-        -10.86,
-        TRACED_TRAINING,
-    ),
     ("timm_mixer_b16_224", "infer", 0.00, 6.64, RESERVED_OFF),
-    (
-        "timm_mixer_b16_224",
-        "train",
-        -8.59,
-        -10.87,
-        TRACED_TRAINING,
-    ),
-    ("tv_densenet121", "train", -4.16, -2.31, TRACED_TRAINING),
+    ("timm_mixer_b16_224", "train", 0.46, -4.45, RESERVED_OFF),
     ("tv_mobilenet_v2", "infer", 0.00, 4.04, CONV_RESERVED),
     ("tv_mobilenet_v2", "train", -0.09, 5.47, CONV_RESERVED),
     ("tv_resnext50_32x4d", "infer", 0.20, 25.96, CONV_RESERVED),

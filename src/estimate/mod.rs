@@ -379,6 +379,13 @@ pub struct Options {
     /// [`Model::from_segments`], [`Model::build_chain_on_meta`]). `None` (default): no
     /// checkpointing.
     pub checkpoint: Option<u32>,
+    /// A TorchScript file's forward passes as tch runs them by default: through the
+    /// graph executor's optimizations (`true`, default), where from the second call a
+    /// training forward runs as autodiff subgraphs that keep more for backward than the
+    /// ops as written (a dropout's output and mask, even at p=0); `false`: as written,
+    /// op by op, as in a program that calls
+    /// `tch::jit::set_graph_executor_optimize(false)`. Other models: no effect.
+    pub jit_optimize: bool,
     /// Training: the gradients are set to none before the forward pass
     /// (`opt.zero_grad()` first, as PyTorch's canonical loop and `Checkpointed`'s do), so
     /// the last step's gradients are gone while the activations grow. `false` (default):
@@ -431,6 +438,7 @@ impl Default for Options {
             attention: Attention::Auto,
             autocast: None,
             checkpoint: None,
+            jit_optimize: true,
             zero_grad_first: false,
         }
     }
@@ -638,6 +646,10 @@ pub struct Estimate {
     pub host_peak_rss: Option<u64>,
     /// What a CUDA run may add that is not modelled.
     pub not_modelled: &'static [NotModelled],
+    /// A TorchScript file estimated as written although [`Options::jit_optimize`] asked
+    /// for the graph executor's optimized graph, which failed on the dry run's meta
+    /// tensors (its message): the prediction may be low for training.
+    pub jit_fallback: Option<String>,
     /// The dry run's attention calls, by the backend that ran them.
     pub attention: AttentionRuns,
     /// The autocast dtype the step ran under ([`Options::autocast`]).

@@ -64,6 +64,8 @@ enum Runner {
     Script {
         module: ffi::ScriptModule,
         vs: nn::VarStore,
+        /// The dry run's [`Options::jit_optimize`], set at its start.
+        optimize: std::cell::Cell<bool>,
     },
     Program {
         program: Box<Program>,
@@ -369,7 +371,11 @@ impl Model {
             crate::vars::add_dotted(&vs.root(), &name, t, true);
         }
         Ok(Model {
-            runner: Runner::Script { module, vs },
+            runner: Runner::Script {
+                module,
+                vs,
+                optimize: std::cell::Cell::new(true),
+            },
             weights,
             weights_bytes,
             label: crate::fs::file_label(path),
@@ -408,7 +414,9 @@ impl Model {
         match &self.runner {
             Runner::Code { forward, .. } => catching(|| forward(xs, train))
                 .map_err(|e| self.failed("the model's forward pass failed", e)),
-            Runner::Script { module, .. } => module.forward(xs).map_err(|e| {
+            Runner::Script {
+                module, optimize, ..
+            } => module.forward(xs, optimize.get()).map_err(|e| {
                 let msg = torch_message(&e.to_string());
                 let hint = if fixed_shape(&msg) {
                     "; a file made by torch.jit.trace fixes the sizes it was traced at: \
@@ -429,6 +437,29 @@ impl Model {
                 })
             }
         }
+    }
+
+    /// Whether this is a TorchScript file, which tch runs through the graph executor.
+    pub(crate) fn is_script(&self) -> bool {
+        matches!(self.runner, Runner::Script { .. })
+    }
+
+    /// A TorchScript file's forward passes from now on: through the graph executor's
+    /// optimizations, or as written ([`Options::jit_optimize`]).
+    fn set_jit_optimize(&self, on: bool) {
+        if let Runner::Script { optimize, .. } = &self.runner {
+            optimize.set(on);
+        }
+    }
+
+    /// A TorchScript file's graph executor as in a fresh process: what it profiled
+    /// and optimized in an earlier dry run (at other shapes, or another setting)
+    /// forgotten, so that each dry run's steps run as the user's first steps do.
+    fn fresh_executor(&self) -> Result<()> {
+        if let Runner::Script { module, .. } = &self.runner {
+            module.fresh()?;
+        }
+        Ok(())
     }
 
     fn set_train(&self, on: bool) -> Result<()> {
@@ -568,6 +599,7 @@ impl Model {
             refused_requests: device.refused_requests,
             host_peak_rss: None,
             not_modelled: &NOT_MODELLED,
+            jit_fallback: run.jit_fallback.clone(),
             attention: run.attention,
             autocast: options.autocast,
             step_flops: device.flops / u64::from(steps),

@@ -208,6 +208,9 @@ impl Options {
         if let (Mode::Train(_), true) = (mode, self.zero_grad_first) {
             loop_words.push_str(", gradients to none before the forward pass");
         }
+        if !self.jit_optimize {
+            loop_words.push_str(", TorchScript as written (executor optimization off)");
+        }
         format!(
             "{}{loop_words}{}, GPU {} (cuBLAS workspace {}, compute capability {}.{}), attention {}, {}",
             mode.label(),
@@ -261,6 +264,33 @@ impl fmt::Display for Fit {
 }
 
 impl Estimate {
+    /// Why a TorchScript file was estimated as written, and what that may miss, in one
+    /// line (empty when it was not: [`Estimate::jit_fallback`]).
+    pub fn jit_fallback_line(&self) -> String {
+        let Some(why) = &self.jit_fallback else {
+            return String::new();
+        };
+        let what = match self.mode {
+            Mode::Inference => "",
+            _ => {
+                " (in training it keeps more for backward: on an H200 a traced Swin-T's \
+                 training peak was 29% above its estimate as written)"
+            }
+        };
+        // The failing op, without the advice meant for a model that fails as written.
+        let why = why.lines().next().unwrap_or_default().trim();
+        let why = why.rsplit("failed: ").next().unwrap_or(why);
+        let why = match why.split_once(" depends on the values of its input") {
+            Some((op, _)) => format!("{op} needs a tensor's value, which meta tensors lack"),
+            None => why.to_string(),
+        };
+        format!(
+            "the TorchScript executor's optimized graph, which tch runs by default, failed in \
+             the dry run ({why}), so the file was estimated as written{what}; the peak may be \
+             low, unless the program calls tch::jit::set_graph_executor_optimize(false)"
+        )
+    }
+
     /// The kernels' workspaces charged, in one line; `None` when the run has none.
     pub fn kernel_workspace_line(&self) -> Option<String> {
         (self.kernel_workspaces > 0).then(|| {

@@ -29,10 +29,12 @@ extern "C" {
     fn memprof_script_load(path: *const c_char, out: *mut *mut c_void) -> i32;
     fn memprof_script_free(module: *mut c_void) -> i32;
     fn memprof_script_train(module: *mut c_void, on: i32) -> i32;
+    fn memprof_script_fresh(module: *mut c_void) -> i32;
     fn memprof_script_forward(
         module: *mut c_void,
         inputs: *const *const c_void,
         n: usize,
+        optimize: i32,
         out: *mut *mut c_void,
     ) -> i32;
     fn memprof_script_tensor(
@@ -245,12 +247,28 @@ impl ScriptModule {
         check(unsafe { memprof_script_train(self.ptr, on as i32) })
     }
 
-    /// forward(inputs...) and the first tensor it returns.
-    pub(crate) fn forward(&self, inputs: &[Tensor]) -> Result<Tensor> {
+    /// Forgets what the graph executor learnt in earlier forward passes (its profiles,
+    /// its optimized plans): the next pass runs as a fresh process's first.
+    pub(crate) fn fresh(&self) -> Result<()> {
+        // SAFETY: `ptr` is the live module this value owns.
+        check(unsafe { memprof_script_fresh(self.ptr) })
+    }
+
+    /// forward(inputs...) and the first tensor it returns; `optimize`: through the
+    /// graph executor's optimizations, as tch runs a file by default, else as written.
+    pub(crate) fn forward(&self, inputs: &[Tensor], optimize: bool) -> Result<Tensor> {
         let ptrs: Vec<*const c_void> = inputs.iter().map(|t| t.as_ptr().cast()).collect();
         let mut out: *mut c_void = std::ptr::null_mut();
         // SAFETY: the module is live; `ptrs` holds live tensor handles for the call.
-        check(unsafe { memprof_script_forward(self.ptr, ptrs.as_ptr(), ptrs.len(), &mut out) })?;
+        check(unsafe {
+            memprof_script_forward(
+                self.ptr,
+                ptrs.as_ptr(),
+                ptrs.len(),
+                optimize as i32,
+                &mut out,
+            )
+        })?;
         owned_tensor(out, "memprof_script_forward")
     }
 

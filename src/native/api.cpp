@@ -636,13 +636,25 @@ int memprof_script_train(void* module, int32_t on) noexcept {
   });
 }
 
-int memprof_script_forward(void* module, const void* const* inputs, size_t n, void** out) noexcept {
+int memprof_script_fresh(void* module) noexcept {
+  return guarded("memprof_script_fresh", [&]() -> int {
+    if (!given(module, "memprof_script_fresh")) {
+      return -1;
+    }
+    script_fresh(module);
+    return 0;
+  });
+}
+
+int memprof_script_forward(void* module, const void* const* inputs, size_t n, int32_t optimize,
+                           void** out) noexcept {
   return guarded("memprof_script_forward", [&]() -> int {
     if (!given(module, "memprof_script_forward") || !given(out, "memprof_script_forward") ||
         (n > 0 && !given(inputs, "memprof_script_forward"))) {
       return -1;
     }
-    *out = script_forward(module, reinterpret_cast<const at::Tensor* const*>(inputs), n);
+    *out = script_forward(module, reinterpret_cast<const at::Tensor* const*>(inputs), n,
+                          optimize != 0);
     return 0;
   });
 }

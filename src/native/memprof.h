@@ -499,9 +499,16 @@ int memprof_program_call(const char* op, const char* overload, const char* modul
 int memprof_script_load(const char* path, void** out) MP_NOEXCEPT;
 int memprof_script_free(void* module) MP_NOEXCEPT;
 int memprof_script_train(void* module, int32_t on) MP_NOEXCEPT;
+// Forgets what the graph executor learnt in earlier calls (its profiles and optimized
+// plans): the module's methods are cloned, its tensors shared, so that the next call is
+// a fresh process's first.
+int memprof_script_fresh(void* module) MP_NOEXCEPT;
 // forward(inputs...) and the first tensor it returns (an at::Tensor* the caller owns).
-int memprof_script_forward(void* module, const void* const* inputs, size_t n, void** out)
-    MP_NOEXCEPT;
+// optimize != 0: through the graph executor's optimizations, as tch runs a file by
+// default (from the second call: the profiled graph, its autodiff subgraphs); 0: as
+// written, op by op (tch::jit::set_graph_executor_optimize(false)).
+int memprof_script_forward(void* module, const void* const* inputs, size_t n, int32_t optimize,
+                           void** out) MP_NOEXCEPT;
 // Parameters (which = 0) or buffers (1), recursively: *n is their count; with
 // index < *n, *tensor receives a new at::Tensor* sharing the i-th one and name_buf its
 // dotted name (NUL-terminated, cut to len; *name_len: the name's full length).

@@ -75,6 +75,12 @@ pub struct EstimateArgs {
     /// first) instead of after it, before backward (tch's backward_step).
     #[arg(long)]
     zero_grad_first: bool,
+    /// A TorchScript file run as written, op by op, as a program that calls
+    /// tch::jit::set_graph_executor_optimize(false) runs it. By default a file runs as
+    /// tch runs it: through the graph executor's optimized graph, which in training keeps
+    /// more for backward (a dropout's output and mask, even at p=0).
+    #[arg(long)]
+    no_jit_optimize: bool,
     /// Print CSV to standard output: model, batch, mode, weights_bytes,
     /// peak_allocated_bytes, peak_reserved_bytes, largest_batch (true on the row of the
     /// largest batch that fits --memory), attention (the backends that ran), autocast
@@ -134,6 +140,7 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         attention,
         autocast,
         checkpoint: a.checkpoint,
+        jit_optimize: !a.no_jit_optimize,
         zero_grad_first: a.zero_grad_first,
     };
     if let Err(e) = options.validate(mode) {
@@ -185,6 +192,10 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         }
     }
     if a.csv {
+        // Standard output stays CSV: the warning goes to standard error.
+        for e in rows.iter().filter(|e| e.jit_fallback.is_some()) {
+            eprintln!("warning: at batch {}: {}", e.batch, e.jit_fallback_line());
+        }
         let largest = fit.as_ref().and_then(|f| f.fits.clone());
         let csv_rows = rows
             .iter()
@@ -221,6 +232,9 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
             "warning: at batch {}: {} free(s) of blocks the trace never allocated, {} request(s) the allocator refuses",
             e.batch, e.unknown_frees, e.refused_requests
         );
+    }
+    for e in rows.iter().filter(|e| e.jit_fallback.is_some()) {
+        println!("warning: at batch {}: {}", e.batch, e.jit_fallback_line());
     }
     if let Some(line) = rows.last().and_then(Estimate::kernel_workspace_line) {
         println!("{line}");

@@ -58,13 +58,13 @@ enum Command {
     /// (a dry run on libtorch's meta device replayed through a model of PyTorch's CUDA
     /// caching allocator), and the largest batch that fits.
     ///
-    /// Measured on an NVIDIA H200 against eager PyTorch: models written in tch within
-    /// 0.6% allocated; real-world models traced from transformers, torchvision and timm
-    /// within 2% allocated in 25 of 42 cases, right in training (cuDNN's convolution
-    /// workspaces charged on the safe side: up to +1.7%), low in some inference peaks
-    /// (eager Python's locals, probably: up to -17%) and in decoders with grouped-query
-    /// attention (-18% to -26% in f32 training). By family and mode: docs/estimate.md,
-    /// "Measured on a GPU".
+    /// Measured on an NVIDIA H200: models written in tch within 0.6% allocated;
+    /// real-world models traced from transformers, torchvision and timm and run from
+    /// their files as tch runs them, within 2% allocated in 38 of 45 cases and in 21 of
+    /// 22 held-out ones: inference to the byte and f32 training within 0.5% (cuDNN's
+    /// convolution workspaces charged on the safe side: up to +19%), bf16 autocast
+    /// training low on some (ConvNeXt-T -21%, ViT-B -9%: add a margin there). By family
+    /// and mode: docs/estimate.md, "Measured on a GPU".
     Estimate(estimate::EstimateArgs),
     /// The cheapest configurations of a training step (mixed precision, gradient
     /// accumulation, optimizer, allocator settings) whose predicted peak fits a memory

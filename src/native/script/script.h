@@ -13,7 +13,8 @@ namespace memprof {
 void* script_load(const char* path);
 void script_free(void* m);
 void script_train(void* m, bool on);
-at::Tensor* script_forward(void* m, const at::Tensor* const* inputs, size_t n);
+void script_fresh(void* m);
+at::Tensor* script_forward(void* m, const at::Tensor* const* inputs, size_t n, bool optimize);
 std::vector<std::pair<std::string, at::Tensor>> script_tensors(void* m, int32_t which);
 int script_tensor(void* m, int32_t which, uint64_t index, uint64_t* n, void** tensor,
                   char* name_buf, size_t len, uint64_t* name_len);

@@ -1,0 +1,161 @@
+//! A TorchScript file estimated as tch runs it: through the graph executor's optimized
+//! graph (the default), or as written (`--no-jit-optimize`, a program that calls
+//! `tch::jit::set_graph_executor_optimize(false)`).
+//!
+//! PyTorch traces `Linear(512, 512) -> GELU -> Dropout(p) -> Linear(512, 512)` in
+//! training mode and reports what its own executor's optimized graph holds after two
+//! training calls: a `native_dropout` inside an autodiff subgraph. As written, a dropout
+//! at p=0 returns its input and keeps nothing; `native_dropout` makes a new output and a
+//! bool mask, and the next linear layer keeps that output for backward where as written
+//! it kept the GELU's, which is freed instead: at the end of the forward pass, where the
+//! step peaks, the optimized graph holds one mask more, one byte per element of the
+//! dropout's input (by hand: 64 x 512 bytes at batch 64).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+const BATCH: i64 = 64;
+const WIDTH: i64 = 512;
+
+/// Traces the model into `dir/model.pt` with dropout `p`, and returns how many
+/// `native_dropout` nodes the optimized graph PyTorch's executor ran on the third
+/// training call has (autodiff subgraphs included); None where no Python can run.
+fn trace(dir: &Path, p: f64) -> Option<usize> {
+    let Some(python) = common::torch_python() else {
+        common::cannot_run(
+            "tracing with PyTorch: no Python with torch beside LIBTORCH (run through \
+             scripts/with-libtorch.sh)",
+        );
+        return None;
+    };
+    let script = format!(
+        r#"
+import sys, torch
+class M(torch.nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.l1 = torch.nn.Linear({WIDTH}, {WIDTH}); s.d = torch.nn.Dropout({p}); s.l2 = torch.nn.Linear({WIDTH}, {WIDTH})
+    def forward(s, x):
+        return s.l2(s.d(torch.nn.functional.gelu(s.l1(x))))
+torch.manual_seed(0)
+torch.jit.trace(M().train(), torch.randn({BATCH}, {WIDTH}), check_trace=False).save(sys.argv[1])
+m = torch.jit.load(sys.argv[1]); m.train()
+for _ in range(3):
+    out = m(torch.randn({BATCH}, {WIDTH}))
+    graph = torch.jit.last_executed_optimized_graph()
+    out.sum().backward()
+n = 0
+def walk(block):
+    global n
+    for node in block.nodes():
+        n += node.kind() == "aten::native_dropout"
+        for b in node.blocks():
+            walk(b)
+        if node.hasAttribute("Subgraph"):
+            walk(node.g("Subgraph"))
+walk(graph)
+print(n)
+"#
+    );
+    let file = dir.join("model.pt");
+    let out = Command::new(python)
+        .args(["-c", &script, file.to_str().unwrap()])
+        .output()
+        .expect("runs python");
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    Some(common::text(&out.stdout).trim().parse().unwrap())
+}
+
+/// Peak allocated of a training step (SGD) of `file` at batch 64, with `extra` flags.
+fn peak(file: &Path, extra: &[&str]) -> u64 {
+    let input = format!("{BATCH}x{WIDTH}");
+    let mut args = vec![
+        "estimate",
+        file.to_str().unwrap(),
+        "--input",
+        &input,
+        "--train",
+        "--optimizer",
+        "sgd",
+        "--csv",
+    ];
+    args.extend(extra);
+    let out = common::cli(&args);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let text = common::text(&out.stdout);
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let row: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = header
+        .iter()
+        .position(|h| *h == "peak_allocated_bytes")
+        .unwrap();
+    row[col].parse().unwrap()
+}
+
+#[test]
+fn a_dropout_at_p0_keeps_its_mask_in_the_optimized_graph_and_nothing_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(native_dropouts) = trace(dir.path(), 0.0) else {
+        return;
+    };
+    // PyTorch's own executor: the dropout runs as native_dropout.
+    assert_eq!(native_dropouts, 1);
+    let file = dir.path().join("model.pt");
+    let optimized = peak(&file, &[]);
+    let as_written = peak(&file, &["--no-jit-optimize"]);
+    assert_eq!(
+        optimized - as_written,
+        (BATCH * WIDTH) as u64,
+        "optimized {optimized} B, as written {as_written} B"
+    );
+}
+
+#[test]
+fn an_optimized_graph_that_needs_a_constants_value_is_estimated_as_written_and_says_so() {
+    let Some(python) = common::torch_python() else {
+        common::cannot_run("tracing with PyTorch: no Python with torch beside LIBTORCH");
+        return;
+    };
+    // Gemma's embedding scale: a scalar tensor the trace bakes in as a constant, which
+    // the optimized graph reads the value of (meta tensors have none).
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("scaled.pt");
+    let script = r#"
+import sys, torch
+class G(torch.nn.Module):
+    def __init__(s):
+        super().__init__(); s.e = torch.nn.Embedding(1000, 256); s.l = torch.nn.Linear(256, 1000)
+    def forward(s, x):
+        h = s.e(x)
+        return s.l(h * torch.tensor(256 ** 0.5, dtype=h.dtype))
+torch.jit.trace(G().train(), torch.zeros(4, 32, dtype=torch.long), check_trace=False).save(sys.argv[1])
+"#;
+    let out = Command::new(python)
+        .args(["-c", script, file.to_str().unwrap()])
+        .output()
+        .expect("runs python");
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let f = file.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["estimate", f, "--input", "4x32:i64", "--train", "--csv"];
+        args.extend(extra);
+        let out = common::cli(&args);
+        assert!(out.status.success(), "{}", common::text(&out.stderr));
+        (common::text(&out.stdout), common::text(&out.stderr))
+    };
+    let (optimized, warning) = run(&[]);
+    let (as_written, quiet) = run(&["--no-jit-optimize"]);
+    assert_eq!(optimized, as_written);
+    assert!(quiet.is_empty(), "{quiet}");
+    let lines: Vec<&str> = warning.lines().collect();
+    assert_eq!(lines.len(), 1, "{warning}");
+    assert!(
+        lines[0].starts_with("warning: at batch 4: the TorchScript executor's optimized graph")
+            && lines[0].contains("(aten::_local_scalar_dense needs a tensor's value")
+            && lines[0].contains("estimated as written"),
+        "{warning}"
+    );
+}
