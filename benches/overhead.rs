@@ -25,8 +25,16 @@
 //! perf stat -e page-faults <this bench's binary> --steps 30`) moved step times by more
 //! than the profiler costs. Pinned, every run took about 88,000, most of them at start-up.
 //!
+//! Three ratios to the baseline are printed side by side: of the medians of all timed
+//! steps, of the fastest rounds' medians, and the median over rounds of each round's
+//! ratio to that round's baseline (a slow phase of the machine that lasts a round hits
+//! both alike). The children run libtorch on one thread (`--threads`): with two, the
+//! OpenMP workers' waits on a 2-core machine moved a step's time by more than the
+//! profiler costs.
+//!
 //! Options (after `--`): `--rounds N` (default 4), `--steps N` timed steps per child
-//! (default 20), `--device cpu|cuda` (default cpu).
+//! (default 20), `--threads N` libtorch's threads in each child (default 1),
+//! `--device cpu|cuda` (default cpu).
 
 use std::process::Command;
 use std::time::Instant;
@@ -110,6 +118,7 @@ impl Mode {
 
 /// Child: trains ResNet-18 and prints one step time per line, in microseconds.
 fn child(mode: Mode, steps: usize, dev: Device) {
+    tch::set_num_threads(arg("--threads", 1) as i32);
     let profiled = mode != Mode::Baseline;
     let vs = nn::VarStore::new(dev);
     let net = tch::vision::resnet::resnet18(&vs.root(), 10);
@@ -179,6 +188,7 @@ fn main() {
             let mode = MODES[m];
             let mut cmd = Command::new(&exe);
             cmd.args(["--steps", &steps.to_string()]);
+            cmd.args(["--threads", &arg("--threads", 1).to_string()]);
             if let Device::Cuda(_) = dev {
                 cmd.args(["--device", "cuda"]);
             }
@@ -229,13 +239,32 @@ fn main() {
     for ((mode, m), f) in MODES.iter().zip(&medians).zip(&fastest) {
         println!("  {:<48} {m:>10.2} {f:>10.2}", mode.describe());
     }
+    // Each round's ratio to that round's baseline: a slow phase of the machine that
+    // lasts a round hits the mode and its baseline alike.
+    let paired: Vec<f64> = round_medians
+        .iter()
+        .map(|r| {
+            let mut ratios: Vec<f64> = r
+                .iter()
+                .zip(&round_medians[0])
+                .map(|(m, b)| m / b)
+                .collect();
+            median(&mut ratios)
+        })
+        .collect();
     println!(
-        "  {:<48} {:>10} {:>10}",
-        "ratio to the baseline", "median", "fastest"
+        "  {:<48} {:>10} {:>10} {:>10}",
+        "ratio to the baseline", "median", "fastest", "by round"
     );
-    for ((mode, m), f) in MODES.iter().zip(&medians).zip(&fastest).skip(1) {
+    for (((mode, m), f), p) in MODES
+        .iter()
+        .zip(&medians)
+        .zip(&fastest)
+        .zip(&paired)
+        .skip(1)
+    {
         println!(
-            "  {:<48} {:>10.4} {:>10.4}",
+            "  {:<48} {:>10.4} {:>10.4} {p:>10.4}",
             mode.describe(),
             m / medians[0],
             f / fastest[0]
