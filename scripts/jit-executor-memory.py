@@ -13,7 +13,9 @@ saved for backward, and the output) at each step, with glibc's mallinfo2:
 
 FILE: a training file of scripts/gpu_truth.py's cache (tv_swin_t.train.pt, ...).
 --noopt: torch._C._set_graph_executor_optimize(False), what tch's
-tch::jit::set_graph_executor_optimize(false) sets. Run with the Python of the torch wheel
+tch::jit::set_graph_executor_optimize(false) sets. --no-jit-autocast:
+torch._C._jit_set_autocast_mode(False), no JIT autocast pass (with --bf16: ConvNeXt-T's
+training then fails in backward on the CPU, a float/bf16 mismatch in its autodiff graph). Run with the Python of the torch wheel
 scripts/with-libtorch.sh installs.
 """
 
@@ -83,12 +85,16 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--noopt", action="store_true")
+    ap.add_argument("--no-jit-autocast", action="store_true",
+                    help="torch._C._jit_set_autocast_mode(False): no JIT autocast pass")
     ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args()
     torch.set_num_threads(2)
     torch.manual_seed(0)
     if a.noopt:
         torch._C._set_graph_executor_optimize(False)
+    if a.no_jit_autocast:
+        torch._C._jit_set_autocast_mode(False)
     if a.dropout is not None:
         m = dropout_model(a.dropout)
         new_input = lambda: torch.randn(4096, 1024)  # noqa: E731
