@@ -59,39 +59,39 @@ impl Model {
         sites: bool,
     ) -> Result<DryRun> {
         let optimize = options.jit_optimize && self.is_script();
-        self.set_jit_optimize(optimize);
-        let run = self.dry_run_once(inputs, mode, options, autocast_list, sites);
-        // Under autocast a CUDA run's optimized graph also gets the JIT's own autocast
-        // pass (casts of its own, kept for backward), which the dry run does not make:
-        // on an H200 such runs took more than either dry run. The larger of the two.
-        if let (true, Ok(opt), Mode::Train(_), Some(_)) = (optimize, &run, mode, options.autocast) {
-            self.set_jit_optimize(false);
-            let written = self.dry_run_once(inputs, mode, options, autocast_list, sites);
+        // A TorchScript file's forward passes as `on` asks: optimized, or as written.
+        let run = |on: bool| {
+            self.set_jit_optimize(on);
+            let run = self.dry_run_once(inputs, mode, options, autocast_list, sites);
             self.set_jit_optimize(true);
-            let written = written?;
-            let peak = |r: &DryRun| {
-                self.replayed(r, inputs, mode, options, super::Analysis::Peak)
-                    .map(|e| e.peak_allocated)
-            };
-            return Ok(if peak(&written)? > peak(opt)? {
-                written
-            } else {
-                run?
-            });
-        }
-        match run {
+            run
+        };
+        let first = run(optimize);
+        match first {
+            // Under autocast a CUDA run's optimized graph also gets the JIT's own autocast
+            // pass (casts of its own, kept for backward), which the dry run does not make:
+            // on an H200 such runs took more than either dry run. The larger of the two.
+            Ok(opt) if optimize && options.autocast.is_some() && matches!(mode, Mode::Train(_)) => {
+                let written = run(false)?;
+                let peak = |r: &DryRun| {
+                    self.replayed(r, inputs, mode, options, super::Analysis::Peak)
+                        .map(|e| e.peak_allocated)
+                };
+                Ok(if peak(&written)? > peak(&opt)? {
+                    written
+                } else {
+                    opt
+                })
+            }
             // The optimized graph may compute with a constant's value (a scalar tensor
             // folded into the graph), which meta tensors do not have: the file as
             // written, said so. A file that fails as written too fails with that error.
             Err(e) if optimize => {
-                self.set_jit_optimize(false);
-                let run = self.dry_run_once(inputs, mode, options, autocast_list, sites);
-                self.set_jit_optimize(true);
-                let mut run = run?;
-                run.jit_fallback = Some(e.to_string());
-                Ok(run)
+                let mut written = run(false)?;
+                written.jit_fallback = Some(e.to_string());
+                Ok(written)
             }
-            run => run,
+            first => first,
         }
     }
 
