@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 /// Settings of an estimate.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// The GPU: its cuBLAS workspace size and its memory (for [`Model::largest_batch`]).
+    /// The GPU: its cuBLAS workspace size and its memory (for [`Model::largest_batch`](super::Model::largest_batch)).
     pub gpu: Gpu,
     /// The caching allocator's settings (`PYTORCH_CUDA_ALLOC_CONF`).
     pub allocator: AllocatorConfig,
@@ -36,7 +36,7 @@ pub struct Options {
     /// `Some(k)` checkpoints every `k`-th segment of the model's chain (segments 0, k,
     /// 2k, ...; the last segment never), the others kept; `Some(1)` every segment but
     /// the last. Needs a model given as a chain (a built-in transformer or ResNet,
-    /// [`Model::from_segments`], [`Model::build_chain_on_meta`]). `None` (default): no
+    /// [`Model::from_segments`](super::Model::from_segments), [`Model::build_chain_on_meta`](super::Model::build_chain_on_meta)). `None` (default): no
     /// checkpointing.
     pub checkpoint: Option<u32>,
     /// A TorchScript file's forward passes as tch runs them by default: through the
