@@ -10,11 +10,20 @@
 //! it kept the GELU's, which is freed instead: at the end of the forward pass, where the
 //! step peaks, the optimized graph holds one mask more, one byte per element of the
 //! dropout's input (by hand: 64 x 512 bytes at batch 64).
+//!
+//! Under autocast the optimized graph also gets the JIT's own autocast pass, whose casts
+//! (`_autocast_to_reduced_precision`, `_autocast_to_full_precision`) are ops of the graph:
+//! the dry run makes the casts PyTorch's executor makes on the CPU under CPU autocast, the
+//! same number of the same sizes.
 
 mod common;
 
 use std::path::Path;
 use std::process::Command;
+
+use tch::Kind;
+use tch_memprof::estimate::trace::{dry_run_trace, Lists};
+use tch_memprof::estimate::{Input, Mode, Model, Optimizer, Options};
 
 const BATCH: i64 = 64;
 const WIDTH: i64 = 512;
@@ -157,5 +166,90 @@ torch.jit.trace(G().train(), torch.zeros(4, 32, dtype=torch.long), check_trace=F
             && lines[0].contains("(aten::_local_scalar_dense needs a tensor's value")
             && lines[0].contains("estimated as written"),
         "{warning}"
+    );
+}
+
+/// The bytes each cast of the JIT's autocast pass allocates in the second training call
+/// of `file` (the first through the optimized graph) under CPU bf16 autocast, as
+/// PyTorch's own profiler records them on the CPU, sorted; None where no Python can run.
+fn pytorch_jit_casts(file: &Path) -> Option<Vec<u64>> {
+    let python = common::torch_python()?;
+    let script = format!(
+        r#"
+import sys, torch
+from torch.profiler import profile, ProfilerActivity
+m = torch.jit.load(sys.argv[1]); m.train()
+casts = ("aten::_autocast_to_reduced_precision", "aten::_autocast_to_full_precision")
+for call in range(2):
+    x = torch.randn({BATCH}, {WIDTH})
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = m(x)
+    out.float().sum().backward()
+sizes = sorted(e.cpu_memory_usage for e in prof.events()
+               if e.name in casts and e.cpu_memory_usage > 0
+               and not (e.cpu_parent and e.cpu_parent.name in casts))
+print(" ".join(map(str, sizes)))
+"#
+    );
+    let out = Command::new(python)
+        .args(["-c", &script, file.to_str().unwrap()])
+        .output()
+        .expect("runs python");
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    Some(
+        common::text(&out.stdout)
+            .split_whitespace()
+            .map(|s| s.parse().unwrap())
+            .collect(),
+    )
+}
+
+#[test]
+fn under_autocast_the_dry_run_makes_the_casts_of_the_jits_autocast_pass_as_pytorch_does() {
+    let dir = tempfile::tempdir().unwrap();
+    if trace(dir.path(), 0.0).is_none() {
+        return;
+    }
+    let file = dir.path().join("model.pt");
+    let Some(pytorch) = pytorch_jit_casts(&file) else {
+        return;
+    };
+    // Linear's input, weight and bias cast down, GELU's input (the JIT's fp32 list) up,
+    // the second linear's inputs down: a test that sees none would prove nothing.
+    assert!(pytorch.len() >= 4, "PyTorch's casts: {pytorch:?}");
+    let _serial = common::serial();
+    let model = Model::torchscript(&file).unwrap();
+    let options = Options {
+        autocast: Some(Kind::BFloat16),
+        steps: 2,
+        ..Options::default()
+    };
+    let input = Input::new(&[BATCH, WIDTH], Kind::Float);
+    let run = dry_run_trace(
+        &model,
+        &[input],
+        Mode::Train(Optimizer::Sgd),
+        &options,
+        Lists::Cpu,
+    )
+    .unwrap();
+    let mut ours: Vec<u64> = run
+        .ops
+        .iter()
+        .filter(|o| {
+            o.step == 2
+                && o.allocated_bytes > 0
+                && matches!(
+                    o.op.as_str(),
+                    "aten::_autocast_to_reduced_precision" | "aten::_autocast_to_full_precision"
+                )
+        })
+        .map(|o| o.allocated_bytes)
+        .collect();
+    ours.sort_unstable();
+    assert_eq!(
+        ours, pytorch,
+        "the dry run's casts (bytes) against PyTorch's"
     );
 }

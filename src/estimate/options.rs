@@ -42,7 +42,8 @@ pub struct Options {
     /// A TorchScript file's forward passes as tch runs them by default: through the
     /// graph executor's optimizations (`true`, default), where from the second call a
     /// training forward runs as autodiff subgraphs that keep more for backward than the
-    /// ops as written (a dropout's output and mask, even at p=0); `false`: as written,
+    /// ops as written (a dropout's output and mask, even at p=0; under autocast, the
+    /// casts the JIT's autocast pass puts into the graph); `false`: as written,
     /// op by op, as in a program that calls
     /// `tch::jit::set_graph_executor_optimize(false)`. Other models: no effect.
     pub jit_optimize: bool,

@@ -30,6 +30,8 @@ pub struct TraceOp {
     /// Live bytes (weights included) when it returned: the running sum of the trace's
     /// allocations and frees, no rounding, no workspace.
     pub live_bytes: u64,
+    /// Bytes allocated inside it, from its call to its return (its frees not subtracted).
+    pub allocated_bytes: u64,
 }
 
 /// Step `step` (from 1) of the dry run of `mode` on `model` with `lists`' autocast lists,
@@ -123,7 +125,9 @@ fn from_events(weights_bytes: u64, run: &[Event]) -> Result<DryRunTrace> {
             t.step_allocations.push(Vec::new());
         }
     };
-    let mut ops: HashMap<i32, i32> = HashMap::new();
+    // Per open op: its name, and the bytes allocated in the run before its call.
+    let mut ops: HashMap<i32, (i32, u64)> = HashMap::new();
+    let mut allocated: u64 = 0;
     let mut last_step = 1u32;
     for e in run {
         match e.kind {
@@ -133,18 +137,23 @@ fn from_events(weights_bytes: u64, run: &[Event]) -> Result<DryRunTrace> {
                 let i = step.max(1) as usize - 1;
                 t.step_peaks[i] = t.step_peaks[i].max(live.max(0) as u64);
                 t.step_allocations[i].push(e.value as u64);
+                allocated += e.value.max(0) as u64;
             }
             EventKind::Free => live += e.value,
             EventKind::OpBegin => {
-                ops.insert(e.op, e.aux);
+                ops.insert(e.op, (e.aux, allocated));
                 last_step = step.max(1);
             }
-            EventKind::OpEnd => t.ops.push(TraceOp {
-                op: ffi::name(ops.get(&e.op).copied().unwrap_or(e.aux))?.unwrap_or_default(),
-                step: step.max(1),
-                phase,
-                live_bytes: live.max(0) as u64,
-            }),
+            EventKind::OpEnd => {
+                let (name, before) = ops.get(&e.op).copied().unwrap_or((e.aux, allocated));
+                t.ops.push(TraceOp {
+                    op: ffi::name(name)?.unwrap_or_default(),
+                    step: step.max(1),
+                    phase,
+                    live_bytes: live.max(0) as u64,
+                    allocated_bytes: allocated - before,
+                })
+            }
             EventKind::Phase => {
                 if e.generation > step {
                     // A new step begins (or the loop's end: no op follows).

@@ -78,7 +78,8 @@ pub struct EstimateArgs {
     /// A TorchScript file run as written, op by op, as a program that calls
     /// tch::jit::set_graph_executor_optimize(false) runs it. By default a file runs as
     /// tch runs it: through the graph executor's optimized graph, which in training keeps
-    /// more for backward (a dropout's output and mask, even at p=0).
+    /// more for backward (a dropout's output and mask, even at p=0; under --autocast
+    /// the casts of the JIT's own autocast pass).
     #[arg(long)]
     no_jit_optimize: bool,
     /// Print CSV to standard output: model, batch, mode, weights_bytes,

@@ -68,21 +68,6 @@ impl Model {
         };
         let first = run(optimize);
         match first {
-            // Under autocast a CUDA run's optimized graph also gets the JIT's own autocast
-            // pass (casts of its own, kept for backward), which the dry run does not make:
-            // on an H200 such runs took more than either dry run. The larger of the two.
-            Ok(opt) if optimize && options.autocast.is_some() && matches!(mode, Mode::Train(_)) => {
-                let written = run(false)?;
-                let peak = |r: &DryRun| {
-                    self.replayed(r, inputs, mode, options, super::Analysis::Peak)
-                        .map(|e| e.peak_allocated)
-                };
-                Ok(if peak(&written)? > peak(&opt)? {
-                    written
-                } else {
-                    opt
-                })
-            }
             // The optimized graph may compute with a constant's value (a scalar tensor
             // folded into the graph), which meta tensors do not have: the file as
             // written, said so. A file that fails as written too fails with that error.

@@ -18,6 +18,10 @@
 //   copies), every other eligible tensor at each use.
 // - The wrapped op runs with the autocast key excluded, so the ops it calls (a
 //   composite op's decomposition) are not cast again.
+// - The JIT's own casts (_autocast_to_reduced_precision, _autocast_to_full_precision,
+//   which its autocast pass inserts into an optimized TorchScript graph when libtorch's
+//   autocast flag is on) cast meta tensors as they cast the device's; the region sets
+//   that flag as a real autocast region does.
 //
 // The kernels sit on a dispatch key no tensor of this libtorch carries and on which
 // it registers nothing (AutocastIPU), registered at the first autocast region of a dry
@@ -229,6 +233,15 @@ thread_local int32_t tls_list = -1;  // MP_AUTOCAST_LIST_*, -1: none
 thread_local c10::ScalarType tls_dtype = c10::ScalarType::Undefined;
 thread_local bool tls_saved_included = false;
 thread_local bool tls_saved_excluded = true;
+// libtorch's own autocast flag of the device the list stands for, as it was before the
+// region: the region sets it, as a real autocast region does, so that what reads it
+// (the JIT's autocast pass, when a TorchScript graph is optimized) sees autocast on.
+thread_local bool tls_saved_flag = false;
+thread_local c10::ScalarType tls_saved_flag_dtype = c10::ScalarType::Undefined;
+
+c10::DeviceType flag_device(int32_t list) {
+  return list == MP_AUTOCAST_LIST_CUDA ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+}
 
 // The cast cache (autocast_mode.cpp's cached_casts): the source's TensorImpl* to a
 // weak reference keeping it from being reused, and the cast.
@@ -439,6 +452,49 @@ class AutocastKernel final : public c10::OperatorKernel {
   std::array<const Entry*, 2> rules_;
 };
 
+// The casts the JIT's autocast pass puts in a TorchScript graph (the profiling
+// executor's optimized graph, under autocast: torch/csrc/jit/passes/autocast.cpp),
+// which cast only tensors of the device whose flag they carry (TensorConversions.cpp):
+// a meta tensor stands for that device here, as in the op lists above. Reduced: a
+// float tensor to the autocast dtype; full: a bfloat16 or float16 tensor to float.
+// Neither caches: each is a new tensor, held for backward where the autodiff graph
+// needs it.
+bool jit_cast_applies(const at::Tensor& self, bool cuda_enabled, bool cpu_enabled) {
+  if (!self.defined() || !self.is_meta() || tls_list < 0) {
+    return false;
+  }
+  return tls_list == MP_AUTOCAST_LIST_CUDA ? cuda_enabled : cpu_enabled;
+}
+
+at::Tensor jit_to_reduced(c10::DispatchKeySet ks, const at::Tensor& self, bool cuda_enabled,
+                          bool cpu_enabled, at::ScalarType cuda_dtype,
+                          at::ScalarType cpu_dtype) {
+  if (self.defined() && self.scalar_type() == at::kFloat &&
+      jit_cast_applies(self, cuda_enabled, cpu_enabled)) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
+    return self.to(tls_list == MP_AUTOCAST_LIST_CUDA ? cuda_dtype : cpu_dtype);
+  }
+  return at::_ops::_autocast_to_reduced_precision::redispatch(
+      ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey), self, cuda_enabled,
+      cpu_enabled, cuda_dtype, cpu_dtype);
+}
+
+at::Tensor jit_to_full(c10::DispatchKeySet ks, const at::Tensor& self, bool cuda_enabled,
+                       bool cpu_enabled) {
+  if (self.defined() &&
+      (self.scalar_type() == at::kBFloat16 || self.scalar_type() == at::kHalf) &&
+      jit_cast_applies(self, cuda_enabled, cpu_enabled)) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
+    return self.to(at::kFloat);
+  }
+  return at::_ops::_autocast_to_full_precision::redispatch(
+      ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey), self, cuda_enabled,
+      cpu_enabled);
+}
+
+const char* const kJitCasts[] = {"_autocast_to_reduced_precision",
+                                 "_autocast_to_full_precision"};
+
 std::string op_name(const Entry& e) {
   std::string s = std::string("aten::") + e.name;
   if (e.overload[0] != 0) {
@@ -472,6 +528,16 @@ void register_kernels() {
       return;
     }
   }
+  for (const char* name : kJitCasts) {
+    auto op = d.findSchema({std::string("aten::") + name, ""});
+    if (op.has_value() && op->hasKernelForDispatchKey(kKey)) {
+      std::snprintf(g_register_error, sizeof g_register_error,
+                    "aten::%s already has an AutocastIPU kernel in this libtorch: the dry run "
+                    "cannot model autocast",
+                    name);
+      return;
+    }
+  }
   // Kept for the life of the process (a registration ends with its Library).
   auto* lib = new torch::Library(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__);
   for (const auto& [key, rules] : ops) {
@@ -482,6 +548,8 @@ void register_kernels() {
     lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
                                 std::make_unique<AutocastKernel>(rules[0], rules[1])));
   }
+  lib->impl("_autocast_to_reduced_precision", TORCH_FN(jit_to_reduced));
+  lib->impl("_autocast_to_full_precision", TORCH_FN(jit_to_full));
   if (!d.hasBackendFallbackForDispatchKey(kKey)) {
     auto* fallback = new torch::Library(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
     fallback->fallback(torch::CppFunction::makeFallthrough());
@@ -551,6 +619,10 @@ bool meta_autocast_begin(int32_t list, int32_t dtype) {
   tls_saved_excluded = c10::impl::tls_is_dispatch_key_excluded(kKey);
   tls_list = list;
   tls_dtype = st;
+  tls_saved_flag = at::autocast::is_autocast_enabled(flag_device(list));
+  tls_saved_flag_dtype = at::autocast::get_autocast_dtype(flag_device(list));
+  at::autocast::set_autocast_enabled(flag_device(list), true);
+  at::autocast::set_autocast_dtype(flag_device(list), st);
   c10::impl::tls_set_dispatch_key_excluded(kKey, false);
   c10::impl::tls_set_dispatch_key_included(kKey, true);
   return true;
@@ -562,6 +634,8 @@ void meta_autocast_end() {
   }
   c10::impl::tls_set_dispatch_key_included(kKey, tls_saved_included);
   c10::impl::tls_set_dispatch_key_excluded(kKey, tls_saved_excluded);
+  at::autocast::set_autocast_enabled(flag_device(tls_list), tls_saved_flag);
+  at::autocast::set_autocast_dtype(flag_device(tls_list), tls_saved_flag_dtype);
   tls_list = -1;
   tls_dtype = c10::ScalarType::Undefined;
   clear_cache();  // the outermost region ends: the cached casts go
