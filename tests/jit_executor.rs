@@ -128,8 +128,11 @@ fn an_optimized_graph_that_needs_a_constants_value_is_estimated_as_written_and_s
         common::cannot_run("tracing with PyTorch: no Python with torch beside LIBTORCH");
         return;
     };
-    // Gemma's embedding scale: a scalar tensor the trace bakes in as a constant, which
-    // the optimized graph reads the value of (meta tensors have none).
+    // A scale computed from a constant vector: the trace bakes the vector in as a
+    // constant (on the meta device in the dry run, with the weights), constant
+    // propagation folds its sum into a scalar, and the optimized graph reads that
+    // scalar's value (CanonicalizeOps: `mul(x, <0-dim constant>)` becomes
+    // `mul(x, <its item()>)`), which a meta tensor does not have.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("scaled.pt");
     let script = r#"
@@ -139,7 +142,7 @@ class G(torch.nn.Module):
         super().__init__(); s.e = torch.nn.Embedding(1000, 256); s.l = torch.nn.Linear(256, 1000)
     def forward(s, x):
         h = s.e(x)
-        return s.l(h * torch.tensor(256 ** 0.5, dtype=h.dtype))
+        return s.l(h * torch.tensor([16.0, 0.0], dtype=h.dtype).sum())
 torch.jit.trace(G().train(), torch.zeros(4, 32, dtype=torch.long), check_trace=False).save(sys.argv[1])
 "#;
     let out = Command::new(python)
@@ -252,4 +255,71 @@ fn under_autocast_the_dry_run_makes_the_casts_of_the_jits_autocast_pass_as_pytor
         ours, pytorch,
         "the dry run's casts (bytes) against PyTorch's"
     );
+}
+
+#[test]
+fn a_scalar_constant_the_optimized_graph_reads_is_there_traced_on_the_cpu_or_on_a_gpu() {
+    let Some(python) = common::torch_python() else {
+        common::cannot_run("tracing with PyTorch: no Python with torch beside LIBTORCH");
+        return;
+    };
+    // Gemma's embedding scale: `h * torch.tensor(256 ** 0.5, dtype=h.dtype)` traced
+    // becomes `mul(h, to(CONSTANTS.c0, <the tracing device>, float))`; the optimized
+    // graph folds the `to` and reads the constant's value while optimizing
+    // (CanonicalizeOps calls `item()` on a 0-dim constant multiplied by). The same file
+    // as traced on a GPU names cuda:0 there (its code rewritten so, as a trace on a GPU
+    // writes it).
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = dir.path().join("scaled.pt");
+    let gpu = dir.path().join("scaled-on-gpu.pt");
+    let script = r#"
+import sys, torch, zipfile
+class G(torch.nn.Module):
+    def __init__(s):
+        super().__init__(); s.e = torch.nn.Embedding(1000, 256); s.l = torch.nn.Linear(256, 1000)
+    def forward(s, x):
+        h = s.e(x)
+        return s.l(h * torch.tensor(256 ** 0.5, dtype=h.dtype))
+torch.jit.trace(G().train(), torch.zeros(4, 32, dtype=torch.long), check_trace=False).save(sys.argv[1])
+src = zipfile.ZipFile(sys.argv[1])
+with zipfile.ZipFile(sys.argv[2], "w", zipfile.ZIP_STORED) as dst:
+    for info in src.infolist():
+        data = src.read(info.filename)
+        if info.filename.endswith(".py"):
+            data = data.replace(b'torch.device("cpu")', b'torch.device("cuda:0")')
+        dst.writestr(info.filename, data)
+"#;
+    let out = Command::new(python)
+        .args(["-c", script, cpu.to_str().unwrap(), gpu.to_str().unwrap()])
+        .output()
+        .expect("runs python");
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let run = |file: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "estimate",
+            file.to_str().unwrap(),
+            "--input",
+            "4x32:i64",
+            "--train",
+            "--csv",
+        ];
+        args.extend(extra);
+        let out = common::cli(&args);
+        assert!(out.status.success(), "{}", common::text(&out.stderr));
+        let stdout = common::text(&out.stdout);
+        // The model's column is the file's name: the rest of the row is compared.
+        let row = stdout.lines().nth(1).unwrap();
+        (
+            row[row.find(',').unwrap()..].to_string(),
+            common::text(&out.stderr),
+        )
+    };
+    let (on_cpu, warning) = run(&cpu, &[]);
+    assert!(warning.is_empty(), "optimized, no fallback: {warning}");
+    let (on_gpu, warning) = run(&gpu, &[]);
+    assert!(warning.is_empty(), "optimized, no fallback: {warning}");
+    assert_eq!(on_cpu, on_gpu);
+    // No dropout: the optimized graph keeps what the ops as written keep.
+    let (as_written, _) = run(&cpu, &["--no-jit-optimize"]);
+    assert_eq!(on_cpu, as_written);
 }

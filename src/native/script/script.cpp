@@ -164,11 +164,30 @@ void restore_scalar_constants(torch::jit::Module& m, const std::string& path) {
   }
 }
 
+// A use of a device constant that moves a scalar constant whose value was read back
+// (`torch.to(CONSTANTS.c0, torch.device("cpu"), 6)`, Gemma's embedding scale): the
+// optimized graph needs that value (constant propagation folds the `to`, then
+// CanonicalizeOps turns `mul(x, <0-dim constant>)` into `mul(x, <its item()>)`), so the
+// device becomes the CPU, where the value is. Nothing is lost: a file traced on the CPU
+// keeps the scalar there in the real run too, and on a GPU `to` returns the constant,
+// already there since the file was loaded (512 bytes no estimate counts).
+bool scalar_to_cpu(const torch::jit::Use& use) {
+  const torch::jit::Node* n = use.user;
+  if (n->kind() != c10::aten::to || use.offset == 0 || n->inputs().empty()) {
+    return false;
+  }
+  const torch::jit::Node* src = n->input(0)->node();
+  return src->kind() == c10::prim::Constant && src->hasAttribute(c10::attr::value) &&
+      src->kindOf(c10::attr::value) == torch::jit::AttributeKind::t &&
+      src->t(c10::attr::value).dim() == 0 && !src->t(c10::attr::value).is_meta();
+}
+
 // A traced or scripted graph names the device it was made on as constants:
 // `aten::to(x, dtype, device=cpu)` in rotary embeddings, `aten::arange(..., device=cpu)`
 // for position ids, `aten::zeros(..., device=cuda:0)` for masks. In the dry run every
 // device the graph names is the dry run's: each device constant becomes `meta`, so
-// what the graph makes on "its" device is made on meta, as it would be on the GPU.
+// what the graph makes on "its" device is made on meta, as it would be on the GPU; but
+// a device used only to move scalar constants read back becomes the CPU (scalar_to_cpu).
 // Returns how many constants were rewritten.
 size_t devices_to_meta(torch::jit::Block* block) {
   size_t n = 0;
@@ -179,6 +198,15 @@ size_t devices_to_meta(torch::jit::Block* block) {
     if (node->kind() != c10::prim::Constant || node->outputs().size() != 1 ||
         !node->hasAttribute(c10::attr::value) ||
         node->output()->type()->kind() != c10::TypeKind::DeviceObjType) {
+      continue;
+    }
+    const auto& uses = node->output()->uses();
+    if (node->kindOf(c10::attr::value) == torch::jit::AttributeKind::s && !uses.empty() &&
+        std::all_of(uses.begin(), uses.end(), scalar_to_cpu)) {
+      if (node->s(c10::attr::value) != "cpu") {
+        node->s_(c10::attr::value, "cpu");
+        ++n;
+      }
       continue;
     }
     if (node->kindOf(c10::attr::value) == torch::jit::AttributeKind::s &&
