@@ -284,6 +284,17 @@ fn a_torchscript_file_is_estimated_and_profiled() {
     // PyTorch's count and the count by hand agree.
     assert_eq!((param_bytes, buffer_bytes), (PARAM_BYTES, BUFFER_BYTES));
     let weight_bytes = param_bytes + buffer_bytes;
+    // Without --input: the shape to try, from the convolution its input goes into.
+    for sub in ["estimate", "profile"] {
+        let out = cli(&[sub, pt.to_str().unwrap()]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{sub}: {err}");
+        assert_eq!(err.lines().count(), 1, "{sub}: {err}");
+        assert!(
+            err.contains("it takes images: --input 1x3x224x224"),
+            "{sub}: {err}"
+        );
+    }
     let model = Model::torchscript(&pt).unwrap();
     assert_eq!(model.weights_bytes(), weight_bytes);
     let input = [Input::new(&[8, 3, 32, 32], Kind::Float)];
@@ -493,6 +504,14 @@ fn a_traced_gpt_runs_forward_backward_and_adamw_on_meta() {
     };
     let params: u64 = stdout.trim().parse().unwrap();
     let file = path.to_str().unwrap();
+    // Without --input: token ids, from the embedding its input indexes.
+    let out = cli(&["estimate", file]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("it takes token ids: --input 1x128:i64"),
+        "{err}"
+    );
     // Inference: the weights are PyTorch's parameters in f32, and the peak holds at least
     // the weights and the logits (2 x 32 x 1000 f32).
     let inference = csv_row(&cli(&["estimate", file, "--input", "2x32:i64", "--csv"]));

@@ -439,6 +439,21 @@ impl Model {
         }
     }
 
+    /// For a TorchScript file, an input to try, in the syntax [`Input::parse`] takes,
+    /// from what its forward pass does with its first input: `1x128:i64` where token
+    /// ids index an embedding, `1x3x224x224` where images go into a 2-d convolution.
+    /// `None` where the graph does not say, and for other models.
+    pub fn suggested_input(&self) -> Option<&'static str> {
+        let Runner::Script { module, .. } = &self.runner else {
+            return None;
+        };
+        match module.input_kind().ok()? {
+            native::INPUT_TOKENS => Some("1x128:i64"),
+            native::INPUT_IMAGES => Some("1x3x224x224"),
+            _ => None,
+        }
+    }
+
     /// Whether this is a TorchScript file, which tch runs through the graph executor.
     pub(crate) fn is_script(&self) -> bool {
         matches!(self.runner, Runner::Script { .. })

@@ -30,6 +30,7 @@ extern "C" {
     fn memprof_script_free(module: *mut c_void) -> i32;
     fn memprof_script_train(module: *mut c_void, on: i32) -> i32;
     fn memprof_script_fresh(module: *mut c_void) -> i32;
+    fn memprof_script_input_kind(module: *mut c_void, kind: *mut i32) -> i32;
     fn memprof_script_forward(
         module: *mut c_void,
         inputs: *const *const c_void,
@@ -252,6 +253,15 @@ impl ScriptModule {
     pub(crate) fn fresh(&self) -> Result<()> {
         // SAFETY: `ptr` is the live module this value owns.
         check(unsafe { memprof_script_fresh(self.ptr) })
+    }
+
+    /// What forward's first input is, from the op it reaches first in the graph
+    /// (`native::INPUT_*`: token ids, images, or unknown).
+    pub(crate) fn input_kind(&self) -> Result<i32> {
+        let mut kind = native::INPUT_UNKNOWN;
+        // SAFETY: `ptr` is the live module this value owns; `kind` a valid slot.
+        check(unsafe { memprof_script_input_kind(self.ptr, &mut kind) })?;
+        Ok(kind)
     }
 
     /// forward(inputs...) and the first tensor it returns; `optimize`: through the

@@ -81,6 +81,9 @@ pub(crate) mod native {
     pub const AUTOCAST_LIST_CPU: i32 = 1;
     pub const AUTOCAST_REGISTERED_CUDA: i32 = 2;
     pub const AUTOCAST_REGISTERED_CPU: i32 = 3;
+    pub const INPUT_UNKNOWN: i32 = 0;
+    pub const INPUT_TOKENS: i32 = 1;
+    pub const INPUT_IMAGES: i32 = 2;
     pub const MARK_NONE: i32 = 0;
     pub const MARK_FORWARD: i32 = 1;
     pub const MARK_BACKWARD: i32 = 2;

@@ -646,6 +646,16 @@ int memprof_script_fresh(void* module) noexcept {
   });
 }
 
+int memprof_script_input_kind(void* module, int32_t* kind) noexcept {
+  return guarded("memprof_script_input_kind", [&]() -> int {
+    if (!given(module, "memprof_script_input_kind") || !given(kind, "memprof_script_input_kind")) {
+      return -1;
+    }
+    *kind = script_input_kind(module);
+    return 0;
+  });
+}
+
 int memprof_script_forward(void* module, const void* const* inputs, size_t n, int32_t optimize,
                            void** out) noexcept {
   return guarded("memprof_script_forward", [&]() -> int {

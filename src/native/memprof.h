@@ -114,6 +114,13 @@ enum MpAutocastList {
   MP_AUTOCAST_REGISTERED_CPU = 3,   // on AutocastCPU
 };
 
+// What a TorchScript file's first input is (memprof_script_input_kind).
+enum MpInputKind {
+  MP_INPUT_UNKNOWN = 0,
+  MP_INPUT_TOKENS = 1,  // token ids: an embedding's indices
+  MP_INPUT_IMAGES = 2,  // images: a 2-d convolution's input
+};
+
 // Device types of the autocast and RNG calls.
 enum MpDeviceType {
   MP_DEVICE_CPU = 0,
@@ -503,6 +510,10 @@ int memprof_script_train(void* module, int32_t on) MP_NOEXCEPT;
 // plans): the module's methods are cloned, its tensors shared, so that the next call is
 // a fresh process's first.
 int memprof_script_fresh(void* module) MP_NOEXCEPT;
+// What forward's first input is, from where it goes in the inlined graph (through views,
+// casts and reshapes): *kind = MP_INPUT_TOKENS where it is an embedding's indices,
+// MP_INPUT_IMAGES where it is a 2-d convolution's input, else MP_INPUT_UNKNOWN.
+int memprof_script_input_kind(void* module, int32_t* kind) MP_NOEXCEPT;
 // forward(inputs...) and the first tensor it returns (an at::Tensor* the caller owns).
 // optimize != 0: through the graph executor's optimizations, as tch runs a file by
 // default (from the second call: the profiled graph, its autodiff subgraphs); 0: as

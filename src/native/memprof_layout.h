@@ -146,6 +146,9 @@
   MP_CONST(MP_AUTOCAST_LIST_CPU, 1)                    \
   MP_CONST(MP_AUTOCAST_REGISTERED_CUDA, 2)             \
   MP_CONST(MP_AUTOCAST_REGISTERED_CPU, 3)              \
+  MP_CONST(MP_INPUT_UNKNOWN, 0)                        \
+  MP_CONST(MP_INPUT_TOKENS, 1)                         \
+  MP_CONST(MP_INPUT_IMAGES, 2)                         \
   MP_CONST(MP_MARK_NONE, 0)                            \
   MP_CONST(MP_MARK_FORWARD, 1)                         \
   MP_CONST(MP_MARK_BACKWARD, 2)                        \

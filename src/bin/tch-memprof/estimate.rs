@@ -274,6 +274,20 @@ pub(crate) fn gpu_and_memory(
     Ok((chosen, budget))
 }
 
+/// What to say when a TorchScript file is given no `--input`: the input to try, from
+/// what the model does with its first input.
+pub(crate) fn missing_input(path: &std::path::Path, m: &Model) -> String {
+    let hint = match m.suggested_input() {
+        Some(s) if s.contains(":i64") => format!("it takes token ids: --input {s}"),
+        Some(s) => format!("it takes images: --input {s}"),
+        None => "--input 1x3x224x224 for images, --input 1x128:i64 for token ids".to_string(),
+    };
+    format!(
+        "{}: give the model's input shape with --input, batch first ({hint})",
+        path.display()
+    )
+}
+
 /// The model of a file (an exported program or a TorchScript file) or of `--model
 /// NAME`. A built-in's default input is added when `inputs` is empty; a TorchScript file
 /// needs one; an exported program takes its exported shape when none is given (if it
@@ -289,10 +303,7 @@ pub(crate) fn load_model(
         (Some(p), _) => {
             let m = Model::from_file(p).map_err(|e| e.to_string())?;
             if m.exported_inputs().is_none() && inputs.is_empty() {
-                return Err(format!(
-                    "{}: give the model's input shape with --input (1x3x224x224)",
-                    p.display()
-                ));
+                return Err(missing_input(p, &m));
             }
             program_inputs(p, &m, inputs, specs)?;
             Ok(m)

@@ -62,6 +62,11 @@ pub fn run(a: &ProfileArgs) -> ExitCode {
         if let Err(e) = adopted {
             return fail(e);
         }
+    } else if inputs.is_empty() {
+        return fail(match tch_memprof::estimate::Model::from_file(&a.path) {
+            Ok(m) => crate::estimate::missing_input(&a.path, &m),
+            Err(e) => e.to_string(),
+        });
     }
     match tch_memprof::profile_file(&a.path, &inputs, a.train, device, &a.output_dir) {
         Ok(step) => {

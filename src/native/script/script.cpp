@@ -8,6 +8,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/csrc/jit/serialization/import.h>
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "../dryrun/dryrun.h"
@@ -244,6 +246,56 @@ void script_free(void* m) {
 
 void script_train(void* m, bool on) {
   static_cast<torch::jit::Module*>(m)->train(on);
+}
+
+namespace {
+// How many spatial dimensions a convolution node has: the length of its stride list.
+size_t spatial_dims(const torch::jit::Node* conv) {
+  if (conv->inputs().size() < 4) {
+    return 0;
+  }
+  const torch::jit::Value* stride = conv->input(3);
+  if (stride->node()->kind() == c10::prim::ListConstruct) {
+    return stride->node()->inputs().size();
+  }
+  const auto v = torch::jit::toIValue(stride);
+  return v.has_value() && v->isIntList() ? v->toIntList().size() : 0;
+}
+}  // namespace
+
+int32_t script_input_kind(void* m) {
+  auto* mod = static_cast<torch::jit::Module*>(m);
+  const auto method = mod->find_method("forward");
+  if (!method.has_value()) {
+    return MP_INPUT_UNKNOWN;
+  }
+  std::shared_ptr<torch::jit::Graph> g = method->graph()->copy();
+  torch::jit::Inline(*g);
+  if (g->inputs().size() < 2) {
+    return MP_INPUT_UNKNOWN;  // self only
+  }
+  // Breadth first from the first input through the tensors made from it: the first
+  // embedding that takes it as indices, or convolution that takes it as input, says.
+  std::vector<torch::jit::Value*> todo{g->inputs()[1]};
+  std::unordered_set<torch::jit::Value*> seen{g->inputs()[1]};
+  for (size_t i = 0; i < todo.size() && i < 4096; ++i) {
+    for (const torch::jit::Use& use : todo[i]->uses()) {
+      torch::jit::Node* n = use.user;
+      const c10::Symbol k = n->kind();
+      if (k == c10::aten::embedding && use.offset == 1) {
+        return MP_INPUT_TOKENS;
+      }
+      if ((k == c10::aten::_convolution || k == c10::aten::conv2d) && use.offset == 0) {
+        return spatial_dims(n) == 2 ? MP_INPUT_IMAGES : MP_INPUT_UNKNOWN;
+      }
+      for (torch::jit::Value* out : n->outputs()) {
+        if (out->type()->kind() == c10::TypeKind::TensorType && seen.insert(out).second) {
+          todo.push_back(out);
+        }
+      }
+    }
+  }
+  return MP_INPUT_UNKNOWN;
 }
 
 void script_fresh(void* m) {

@@ -13,6 +13,7 @@ namespace memprof {
 void* script_load(const char* path);
 void script_free(void* m);
 void script_train(void* m, bool on);
+int32_t script_input_kind(void* m);
 void script_fresh(void* m);
 at::Tensor* script_forward(void* m, const at::Tensor* const* inputs, size_t n, bool optimize);
 std::vector<std::pair<std::string, at::Tensor>> script_tensors(void* m, int32_t which);
