@@ -702,6 +702,36 @@ fn the_answer_comes_first_under_the_estimate_table() {
         let after = after.rsplit("would be ").next().unwrap();
         assert_ne!(after, before.trim_end_matches(')'), "{l}");
     }
+    // --all-idle shows it: AlexNet's training peaks in the optimizer step with 592.50
+    // KiB idle, a saving 1.21 GiB cannot show; the CSV has the same idle bytes.
+    let idle_line = |extra: &[&str]| {
+        let mut args = vec!["estimate", "--model", "alexnet", "--train"];
+        args.extend(extra);
+        let out = cli(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+            .lines()
+            .find(|l| l.contains("idle at the peak:"))
+            .map(str::to_string)
+    };
+    assert_eq!(idle_line(&[]), None);
+    let shown = idle_line(&["--all-idle"]).expect("--all-idle shows the idle line");
+    let csv = text(&cli(&["estimate", "--model", "alexnet", "--train", "--csv"]).stdout);
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    let col = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
+    let idle: u64 = col("idle_bytes").parse().unwrap();
+    assert!(idle < 1 << 20, "{idle}");
+    assert!(
+        shown.contains(&format!("{:.2} KiB in ", idle as f64 / 1024.0)),
+        "{shown} against {idle} B idle"
+    );
+    let (after, before) = shown.split_once(" (from ").unwrap();
+    assert_eq!(
+        after.rsplit("would be ").next().unwrap(),
+        before.trim_end_matches(')'),
+        "{shown}"
+    );
 }
 
 /// `plan` puts the answer first: the step as it is against the budget (its peak the one

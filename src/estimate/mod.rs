@@ -71,7 +71,7 @@ pub(crate) use model::loss;
 pub use model::{Model, Segment};
 pub use options::{autocast_name, parse_autocast, Options, AUTOCAST_DTYPES};
 pub use plan::{breakdown, Config, Cost, Dominant, Plan, Plans, MAX_PLANS};
-pub use text::{anatomy, budget_line, fits_cell, peak_lines, table};
+pub use text::{anatomy, budget_line, fits_cell, peak_lines, peak_lines_with, table};
 
 /// An optimizer whose step (and state) the estimate of a training step includes: tch's
 /// optimizers, which are libtorch's C++ ones.

@@ -89,6 +89,12 @@ pub fn budget_line(budget: u64, spec: &str) -> String {
 /// One line per estimate naming the op, phase and step where allocated peaked, and the
 /// blocks idle there when freeing them would lower the peak.
 pub fn peak_lines(rows: &[Estimate]) -> String {
+    peak_lines_with(rows, false)
+}
+
+/// [`peak_lines`], with `all_idle`: the idle blocks also where freeing them would not
+/// lower the peak by an amount the sizes show.
+pub fn peak_lines_with(rows: &[Estimate], all_idle: bool) -> String {
     let mut out = String::new();
     for e in rows {
         out.push_str(&format!(
@@ -106,7 +112,7 @@ pub fn peak_lines(rows: &[Estimate]) -> String {
         // Left out when dropping the idle blocks saves nothing the sizes show.
         if let Some(idle) = e
             .idle()
-            .filter(|i| !i.blocks.is_empty() && saves(i.peak_if_dropped, i.peak))
+            .filter(|i| !i.blocks.is_empty() && (all_idle || saves(i.peak_if_dropped, i.peak)))
         {
             out.push_str(&idle_lines(idle));
         }

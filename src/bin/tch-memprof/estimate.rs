@@ -5,8 +5,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 use tch_memprof::estimate::{
-    anatomy, budget_line, gpu_memory, models, parse_autocast, peak_lines, table, AllocatorConfig,
-    Attention, Estimate, Gpu, Input, Mode, Model, Optimizer, Options, NOT_MODELLED,
+    anatomy, budget_line, gpu_memory, models, parse_autocast, peak_lines_with, table,
+    AllocatorConfig, Attention, Estimate, Gpu, Input, Mode, Model, Optimizer, Options,
+    NOT_MODELLED,
 };
 
 use crate::{fail, parse_inputs};
@@ -90,6 +91,10 @@ pub struct EstimateArgs {
     /// read).
     #[arg(long)]
     csv: bool,
+    /// Also print a batch's idle line where freeing its idle blocks would not lower the
+    /// peak by an amount the sizes show (left out by default).
+    #[arg(long)]
+    all_idle: bool,
     /// Write the predicted step (of the last batch estimated) into DIR as
     /// `tch-memprof profile` writes a measured one: step.png, step.svg, timeline.csv,
     /// layers.csv, idle.csv, summary.txt. The bytes are those the caching allocator
@@ -217,7 +222,10 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
     if let Some(f) = &fit {
         println!("{f}");
     }
-    println!("{}", peak_lines(&rows).trim_start_matches('\n'));
+    println!(
+        "{}",
+        peak_lines_with(&rows, a.all_idle).trim_start_matches('\n')
+    );
     if let Some(text) = rows
         .last()
         .filter(|_| a.top > 0)
