@@ -274,6 +274,36 @@ at::Tensor& where_out_meta(const at::Tensor& cond, const at::Tensor& self,
   return out;
 }
 
+// native_layer_norm as CUDA's kernel (layer_norm_cuda) allocates: the input made
+// contiguous (a copy where it is not, as after a permute to channels-last, freed when
+// the call returns), the output in the contiguous layout, then the mean and inverse
+// deviation per normalized row in the accumulate type (float for float, half and
+// bfloat16). Without it the meta device runs the composite math_native_layer_norm,
+// whose temporaries CUDA does not make (ConvNeXt's layer norms: four input-sized blocks
+// where an H200 took two).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_meta(
+    const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double) {
+  const int64_t axis = input.dim() - int64_t(normalized_shape.size());
+  TORCH_CHECK(axis >= 0, "layer_norm: input ", input.sizes(), " has fewer dimensions than ",
+              "normalized_shape ", normalized_shape);
+  const at::Tensor x = input.contiguous();
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  int64_t rows = 1;
+  std::vector<int64_t> stat_shape;
+  for (int64_t i = 0; i < input.dim(); ++i) {
+    if (i < axis) {
+      rows *= input.size(i);
+    }
+    stat_shape.push_back(i < axis ? input.size(i) : 1);
+  }
+  const auto st = input.scalar_type();
+  const auto acc = x.options().dtype((st == at::kHalf || st == at::kBFloat16) ? at::kFloat : st);
+  at::Tensor mean = at::empty({rows}, acc);
+  at::Tensor rstd = at::empty({rows}, acc);
+  return {y, mean.view(stat_shape), rstd.view(stat_shape)};
+}
+
 // native_layer_norm_backward: the gradients asked for by `mask` (input, weight, bias),
 // shaped as what they are gradients of. (CUDA's kernel also takes float partial sums for
 // the weight and bias gradients of large inputs, freed inside the kernel: not modelled.)
@@ -520,6 +550,7 @@ const MetaKernel kMetaKernels[] = {
     {"index_select", [] { return torch::CppFunction(TORCH_FN(index_select_meta)); }},
     {"where.self", [] { return torch::CppFunction(TORCH_FN(where_meta)); }},
     {"where.self_out", [] { return torch::CppFunction(TORCH_FN(where_out_meta)); }},
+    {"native_layer_norm", [] { return torch::CppFunction(TORCH_FN(layer_norm_meta)); }},
     {"native_layer_norm_backward",
      [] { return torch::CppFunction(TORCH_FN(layer_norm_backward_meta)); }},
     {"embedding_dense_backward",
