@@ -124,10 +124,6 @@ fn a_dropout_at_p0_keeps_its_mask_in_the_optimized_graph_and_nothing_as_written(
 
 #[test]
 fn an_optimized_graph_that_needs_a_constants_value_is_estimated_as_written_and_says_so() {
-    let Some(python) = common::torch_python() else {
-        common::cannot_run("tracing with PyTorch: no Python with torch beside LIBTORCH");
-        return;
-    };
     // A scale computed from a constant vector: the trace bakes the vector in as a
     // constant (on the meta device in the dry run, with the weights), constant
     // propagation folds its sum into a scalar, and the optimized graph reads that
@@ -135,29 +131,11 @@ fn an_optimized_graph_that_needs_a_constants_value_is_estimated_as_written_and_s
     // `mul(x, <its item()>)`), which a meta tensor does not have.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("scaled.pt");
-    let script = r#"
-import sys, torch
-class G(torch.nn.Module):
-    def __init__(s):
-        super().__init__(); s.e = torch.nn.Embedding(1000, 256); s.l = torch.nn.Linear(256, 1000)
-    def forward(s, x):
-        h = s.e(x)
-        return s.l(h * torch.tensor([16.0, 0.0], dtype=h.dtype).sum())
-torch.jit.trace(G().train(), torch.zeros(4, 32, dtype=torch.long), check_trace=False).save(sys.argv[1])
-"#;
-    let out = Command::new(python)
-        .args(["-c", script, file.to_str().unwrap()])
-        .output()
-        .expect("runs python");
-    assert!(out.status.success(), "{}", common::text(&out.stderr));
-    let f = file.to_str().unwrap();
-    let run = |extra: &[&str]| {
-        let mut args = vec!["estimate", f, "--input", "4x32:i64", "--train", "--csv"];
-        args.extend(extra);
-        let out = common::cli(&args);
-        assert!(out.status.success(), "{}", common::text(&out.stderr));
-        (common::text(&out.stdout), common::text(&out.stderr))
-    };
+    let script = scaled_model("torch.tensor([16.0, 0.0], dtype=h.dtype).sum()");
+    if !run_python(&script, &[&file]) {
+        return;
+    }
+    let run = |extra: &[&str]| estimate_scaled(&file, extra);
     let (optimized, warning) = run(&[]);
     let (as_written, quiet) = run(&["--no-jit-optimize"]);
     assert_eq!(optimized, as_written);
@@ -259,10 +237,6 @@ fn under_autocast_the_dry_run_makes_the_casts_of_the_jits_autocast_pass_as_pytor
 
 #[test]
 fn a_scalar_constant_the_optimized_graph_reads_is_there_traced_on_the_cpu_or_on_a_gpu() {
-    let Some(python) = common::torch_python() else {
-        common::cannot_run("tracing with PyTorch: no Python with torch beside LIBTORCH");
-        return;
-    };
     // Gemma's embedding scale: `h * torch.tensor(256 ** 0.5, dtype=h.dtype)` traced
     // becomes `mul(h, to(CONSTANTS.c0, <the tracing device>, float))`; the optimized
     // graph folds the `to` and reads the constant's value while optimizing
@@ -272,15 +246,9 @@ fn a_scalar_constant_the_optimized_graph_reads_is_there_traced_on_the_cpu_or_on_
     let dir = tempfile::tempdir().unwrap();
     let cpu = dir.path().join("scaled.pt");
     let gpu = dir.path().join("scaled-on-gpu.pt");
-    let script = r#"
-import sys, torch, zipfile
-class G(torch.nn.Module):
-    def __init__(s):
-        super().__init__(); s.e = torch.nn.Embedding(1000, 256); s.l = torch.nn.Linear(256, 1000)
-    def forward(s, x):
-        h = s.e(x)
-        return s.l(h * torch.tensor(256 ** 0.5, dtype=h.dtype))
-torch.jit.trace(G().train(), torch.zeros(4, 32, dtype=torch.long), check_trace=False).save(sys.argv[1])
+    let script = scaled_model("torch.tensor(256 ** 0.5, dtype=h.dtype)")
+        + r#"
+import zipfile
 src = zipfile.ZipFile(sys.argv[1])
 with zipfile.ZipFile(sys.argv[2], "w", zipfile.ZIP_STORED) as dst:
     for info in src.infolist():
@@ -289,30 +257,14 @@ with zipfile.ZipFile(sys.argv[2], "w", zipfile.ZIP_STORED) as dst:
             data = data.replace(b'torch.device("cpu")', b'torch.device("cuda:0")')
         dst.writestr(info.filename, data)
 "#;
-    let out = Command::new(python)
-        .args(["-c", script, cpu.to_str().unwrap(), gpu.to_str().unwrap()])
-        .output()
-        .expect("runs python");
-    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    if !run_python(&script, &[&cpu, &gpu]) {
+        return;
+    }
+    // The model's column is the file's name: the rest of the row is compared.
     let run = |file: &Path, extra: &[&str]| {
-        let mut args = vec![
-            "estimate",
-            file.to_str().unwrap(),
-            "--input",
-            "4x32:i64",
-            "--train",
-            "--csv",
-        ];
-        args.extend(extra);
-        let out = common::cli(&args);
-        assert!(out.status.success(), "{}", common::text(&out.stderr));
-        let stdout = common::text(&out.stdout);
-        // The model's column is the file's name: the rest of the row is compared.
+        let (stdout, stderr) = estimate_scaled(file, extra);
         let row = stdout.lines().nth(1).unwrap();
-        (
-            row[row.find(',').unwrap()..].to_string(),
-            common::text(&out.stderr),
-        )
+        (row[row.find(',').unwrap()..].to_string(), stderr)
     };
     let (on_cpu, warning) = run(&cpu, &[]);
     assert!(warning.is_empty(), "optimized, no fallback: {warning}");
@@ -322,4 +274,55 @@ with zipfile.ZipFile(sys.argv[2], "w", zipfile.ZIP_STORED) as dst:
     // No dropout: the optimized graph keeps what the ops as written keep.
     let (as_written, _) = run(&cpu, &["--no-jit-optimize"]);
     assert_eq!(on_cpu, as_written);
+}
+
+/// The script that traces an embedding, a multiplication by `scale` (a Python
+/// expression of the embedding's output `h`) and a linear layer in training mode, and
+/// saves it to `sys.argv[1]`.
+fn scaled_model(scale: &str) -> String {
+    format!(
+        r#"
+import sys, torch
+class G(torch.nn.Module):
+    def __init__(s):
+        super().__init__(); s.e = torch.nn.Embedding(1000, 256); s.l = torch.nn.Linear(256, 1000)
+    def forward(s, x):
+        h = s.e(x)
+        return s.l(h * {scale})
+torch.jit.trace(G().train(), torch.zeros(4, 32, dtype=torch.long), check_trace=False).save(sys.argv[1])
+"#
+    )
+}
+
+/// Runs `script` with PyTorch's Python on `files`; false (said so) where there is none.
+fn run_python(script: &str, files: &[&Path]) -> bool {
+    let Some(python) = common::torch_python() else {
+        common::cannot_run("tracing with PyTorch: no Python with torch beside LIBTORCH");
+        return false;
+    };
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .args(files)
+        .output()
+        .expect("runs python");
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    true
+}
+
+/// `estimate FILE --input 4x32:i64 --train --csv` with `extra` flags: its standard
+/// output and standard error.
+fn estimate_scaled(file: &Path, extra: &[&str]) -> (String, String) {
+    let mut args = vec![
+        "estimate",
+        file.to_str().unwrap(),
+        "--input",
+        "4x32:i64",
+        "--train",
+        "--csv",
+    ];
+    args.extend(extra);
+    let out = common::cli(&args);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    (common::text(&out.stdout), common::text(&out.stderr))
 }
