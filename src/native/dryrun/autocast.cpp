@@ -469,8 +469,7 @@ bool jit_cast_applies(const at::Tensor& self, bool cuda_enabled, bool cpu_enable
 at::Tensor jit_to_reduced(c10::DispatchKeySet ks, const at::Tensor& self, bool cuda_enabled,
                           bool cpu_enabled, at::ScalarType cuda_dtype,
                           at::ScalarType cpu_dtype) {
-  if (self.defined() && self.scalar_type() == at::kFloat &&
-      jit_cast_applies(self, cuda_enabled, cpu_enabled)) {
+  if (jit_cast_applies(self, cuda_enabled, cpu_enabled) && self.scalar_type() == at::kFloat) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
     return self.to(tls_list == MP_AUTOCAST_LIST_CUDA ? cuda_dtype : cpu_dtype);
   }
@@ -481,9 +480,8 @@ at::Tensor jit_to_reduced(c10::DispatchKeySet ks, const at::Tensor& self, bool c
 
 at::Tensor jit_to_full(c10::DispatchKeySet ks, const at::Tensor& self, bool cuda_enabled,
                        bool cpu_enabled) {
-  if (self.defined() &&
-      (self.scalar_type() == at::kBFloat16 || self.scalar_type() == at::kHalf) &&
-      jit_cast_applies(self, cuda_enabled, cpu_enabled)) {
+  if (jit_cast_applies(self, cuda_enabled, cpu_enabled) &&
+      (self.scalar_type() == at::kBFloat16 || self.scalar_type() == at::kHalf)) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
     return self.to(at::kFloat);
   }

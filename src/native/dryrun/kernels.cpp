@@ -278,9 +278,10 @@ at::Tensor& where_out_meta(const at::Tensor& cond, const at::Tensor& self,
 // contiguous (a copy where it is not, as after a permute to channels-last, freed when
 // the call returns), the output in the contiguous layout, then the mean and inverse
 // deviation per normalized row in the accumulate type (float for float, half and
-// bfloat16). Without it the meta device runs the composite math_native_layer_norm,
-// whose temporaries CUDA does not make (ConvNeXt's layer norms: four input-sized blocks
-// where an H200 took two).
+// bfloat16): per layer norm of ConvNeXt-T, two input-sized blocks and the two
+// statistics in the H200's recorded trace (tests/data/gpu-truth/h200-2026-11-27/
+// snapshots/traced/tv_convnext_tiny.infer.cpu.pickle.gz). Without it the meta device
+// runs the composite math_native_layer_norm, whose temporaries CUDA does not make.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_meta(
     const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double) {
