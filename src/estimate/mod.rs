@@ -20,9 +20,10 @@
 //!   workspace for the span of the call. The dry run cannot know the plan, so each
 //!   convolution is charged the larger plausible workspace an NVIDIA H200 measured in
 //!   1,244 calls of real models: forward, its input, weight and output together (none
-//!   for a depthwise one, or a 1x1 stride-1 one on at least 14x14 positions); backward,
-//!   1.5 times its output gradient, input and weight (none for a depthwise one in the
-//!   NCHW layout). The peak reserved is the larger of
+//!   for a depthwise one, a 1x1 stride-1 one on at least 14x14 positions, or a float32
+//!   image stem of 3 channels whose kernel is at most 4 or its stride); backward, 1.5
+//!   times its output gradient, input and weight (none for a depthwise one in the NCHW
+//!   layout, or a float32 3x3 image stem). The peak reserved is the larger of
 //!   the replays with and without them. Other kernels' workspaces: see
 //!   [`Estimate::not_modelled`].
 //! - **The CUDA context** (stated apart): the driver's and libraries' own memory, which

@@ -60,10 +60,10 @@ enum Command {
     ///
     /// Measured on an NVIDIA H200: models written in tch within 0.6% allocated;
     /// real-world models traced from transformers, torchvision and timm and run from
-    /// their files as tch runs them, within 2% allocated in 44 of 45 cases and in 21 of
+    /// their files as tch runs them, within 2% allocated in 44 of 45 cases and in all
     /// 22 held-out ones: inference to the byte, training within 0.5% in f32 and 0.2%
     /// under bf16 autocast (cuDNN's convolution workspaces charged on the safe side: up
-    /// to +19%). By family and mode: docs/estimate.md, "Measured on a GPU".
+    /// to +12%). By family and mode: docs/estimate.md, "Measured on a GPU".
     Estimate(estimate::EstimateArgs),
     /// The cheapest configurations of a training step (mixed precision, gradient
     /// accumulation, optimizer, allocator settings) whose predicted peak fits a memory

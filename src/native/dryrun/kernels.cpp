@@ -55,13 +55,17 @@ bool depthwise(const at::Tensor& input, int64_t groups) {
 //   of the 804 calls took at most that (the 3x3 ones that take a workspace that in the
 //   median); the rest up to 1.9 times it (ViT's bfloat16 patch embedding);
 // - backward, 1.5 x (output gradient + input + weight): the data and weight
-//   gradients' workspaces (368 of the 440 calls took at most that, 3x3 ones 1.2 times
+//   gradients' workspaces (367 of the 440 calls took at most that, 3x3 ones 1.2 times
 //   in the median, a few up to 4 times);
 // - none for a depthwise convolution (a group per input channel) forward (all 144
 //   calls), nor backward in the NCHW layout (all 31; in channels-last it takes some);
 // - none for a forward pointwise one (1x1, stride 1, one group, NCHW) on at least 14x14
 //   positions (all 218 calls took at most 512 B: cuDNN runs it as a matrix product on
 //   the tensors as they are); on fewer, up to 0.8 times the sum.
+// - none for a float32 NCHW image stem (3 input channels, one group): forward with a
+//   kernel of at most 4 or one equal to its stride (all 16 calls: 3x3, 4x4 and 16x16
+//   patchify stems; the two 7x7 stride-2 ones took the sum), backward with a kernel of
+//   at most 3 (4 calls: none, or 4 KiB in VGG16's).
 // tests/cudnn_workspaces.rs checks these shares against the data and the charge of
 // each measured call.
 constexpr double kBackwardWorkspace = 1.5;
@@ -69,6 +73,30 @@ constexpr int64_t kPointwiseFreeFrom = 14 * 14;
 
 bool nchw(const at::Tensor& t) {
   return t.is_contiguous();
+}
+
+// A float32 NCHW convolution of a 3-channel image, one group, not transposed, whose
+// kernel is at most `largest` or equal to its stride (`patchify`) in every dimension.
+bool free_image_stem(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    bool transposed,
+    int64_t groups,
+    int64_t largest,
+    bool patchify) {
+  if (input.dim() != 4 || transposed || groups != 1 || input.size(1) != 3 ||
+      input.scalar_type() != at::kFloat || !nchw(input)) {
+    return false;
+  }
+  for (int64_t d = 0; d < 2; ++d) {
+    const int64_t k = weight.size(d + 2);
+    const int64_t s = stride.empty() ? 1 : stride[std::min<int64_t>(d, int64_t(stride.size()) - 1)];
+    if (k > largest && !(patchify && k == s)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 bool free_pointwise(
@@ -128,7 +156,8 @@ at::Tensor conv_meta(
   }
   at::Tensor output =
       at::empty(out, input.options().memory_format(input.suggest_memory_format()));
-  if (!depthwise(input, groups) && !free_pointwise(input, weight, stride, transposed, groups)) {
+  if (!depthwise(input, groups) && !free_pointwise(input, weight, stride, transposed, groups) &&
+      !free_image_stem(input, weight, stride, transposed, groups, 4, true)) {
     meta_transient(block_bytes(input) + block_bytes(weight) + block_bytes(output), true);
   }
   return output;
@@ -138,10 +167,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward_meta(
     const at::Tensor& grad_output,
     const at::Tensor& input,
     const at::Tensor& weight,
+    at::IntArrayRef stride,
     at::IntArrayRef,
     at::IntArrayRef,
-    at::IntArrayRef,
-    bool,
+    bool transposed,
     at::IntArrayRef,
     int64_t groups,
     std::array<bool, 3> mask) {
@@ -151,7 +180,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward_meta(
   at::Tensor grad_weight = mask[1] ? empty_as(weight) : at::Tensor();
   const bool channels_last =
       input.dim() == 4 && !nchw(input) && input.is_contiguous(at::MemoryFormat::ChannelsLast);
-  if (!depthwise(input, groups) || channels_last) {
+  const bool free_stem = free_image_stem(input, weight, stride, transposed, groups, 3, false);
+  if ((!depthwise(input, groups) || channels_last) && !free_stem) {
     const int64_t tensors = block_bytes(grad_output) + block_bytes(input) + block_bytes(weight);
     meta_transient(int64_t(kBackwardWorkspace * double(tensors)), true);
   }
