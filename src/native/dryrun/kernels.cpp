@@ -335,26 +335,62 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_meta(
   return {y, mean.view(stat_shape), rstd.view(stat_shape)};
 }
 
-// native_layer_norm_backward: the gradients asked for by `mask` (input, weight, bias),
-// shaped as what they are gradients of. (CUDA's kernel also takes float partial sums for
-// the weight and bias gradients of large inputs, freed inside the kernel: not modelled.)
+// native_layer_norm_backward as CUDA's kernel (layer_norm_backward_cuda, PyTorch 2.11)
+// allocates: the input made contiguous (a copy where it is not, as after ConvNeXt's
+// permute to channels-last), the gradients asked for by `mask` (input, weight, bias),
+// the output gradient made contiguous; for over 64Ki rows and fewer than 66x32 columns
+// (half a Hopper GPU's 132 multiprocessors' worth: the kernel splits the rows then),
+// partial sums of the weight and bias gradients ([blocks, N], N the weight's last size, blocks = min(32768 /
+// ceil(N / 32), ceil(M / 32))) summed into new gradients that replace the first ones.
+// The temporaries are freed when the call returns: the partial sums, then the output
+// gradient's copy, then the input's.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_meta(
     const at::Tensor& grad_out, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
     const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, std::array<bool, 3> mask) {
-  (void)grad_out;
-  (void)normalized_shape;
   (void)mean;
   (void)rstd;
+  const int64_t axis = input.dim() - int64_t(normalized_shape.size());
+  TORCH_CHECK(axis >= 0, "layer_norm_backward: input ", input.sizes(),
+              " has fewer dimensions than normalized_shape ", normalized_shape);
+  int64_t rows = 1;
+  for (int64_t i = 0; i < axis; ++i) {
+    rows *= input.size(i);
+  }
+  const int64_t cols = rows > 0 ? input.numel() / rows : 0;
+  const at::Tensor x = input.contiguous();
   at::Tensor gi, gw, gb;
   if (mask[0]) {
-    gi = at::empty(input.sizes(), input.options());
+    gi = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   }
   if (mask[1] && weight.has_value() && weight->defined()) {
     gw = at::empty(weight->sizes(), weight->options());
   }
   if (mask[2] && bias.has_value() && bias->defined()) {
     gb = at::empty(bias->sizes(), bias->options());
+  }
+  if (rows > 0 && cols > 0) {
+    const at::Tensor dy = grad_out.contiguous();
+    constexpr int64_t kHopperMultiprocessors = 132;
+    if ((gw.defined() || gb.defined()) && rows > 64 * 1024 &&
+        cols / 32 < kHopperMultiprocessors / 2) {
+      const int64_t bx = (cols + 31) / 32;
+      const int64_t by = std::min<int64_t>(32768 / bx, (rows + 31) / 32);
+      const at::Tensor& like = gw.defined() ? gw : gb;
+      at::Tensor gw_blocks, gb_blocks;
+      if (gw.defined()) {
+        gw_blocks = at::empty({by, like.size(-1)}, gw.options());
+      }
+      if (gb.defined()) {
+        gb_blocks = at::empty({by, like.size(-1)}, gb.options());
+      }
+      if (gw.defined()) {
+        gw = at::empty(gw.sizes(), gw.options());
+      }
+      if (gb.defined()) {
+        gb = at::empty(gb.sizes(), gb.options());
+      }
+    }
   }
   return {gi, gw, gb};
 }
