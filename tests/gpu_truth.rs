@@ -23,6 +23,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -476,4 +477,56 @@ fn hold(
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `estimate --compare`: the prediction held to the H200's recorded run of the same
+/// program (BERT-base inference at 8x512 tokens; the run's snapshot, gzipped, in
+/// `tests/data/gpu-truth/h200-2026-11-27/snapshots/traced/`). Its history holds 213
+/// `alloc` actions (counted with Python's pickle:
+/// `sum(e["action"] == "alloc" for e in s["device_traces"][0])`) and began after the
+/// weights were on the GPU, so the 206 blocks live at its end that it never allocated
+/// (the weights) are seeded first: 419 requests. The dry run makes the same requests
+/// in the same order, the weights as a set; the one place they part is a 4-byte
+/// request the prediction makes and the record does not have.
+#[test]
+fn the_prediction_makes_the_requests_the_h200_made_in_the_same_order() {
+    let Some(files) = files_under_2_11() else {
+        return;
+    };
+    let file = &files[&("hf_bert_base".to_string(), "infer".to_string())];
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("bert.pickle");
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(
+        std::fs::File::open(format!(
+            "{TRACED_DATA}/snapshots/traced/hf_bert_base.infer.cuda.pickle.gz"
+        ))
+        .unwrap(),
+    )
+    .read_to_end(&mut bytes)
+    .unwrap();
+    std::fs::write(&snapshot, bytes).unwrap();
+    let out = common::cli(&[
+        "estimate",
+        file.to_str().unwrap(),
+        "--input",
+        "8x512:i64",
+        "--gpu",
+        "h200",
+        "--compare",
+        snapshot.to_str().unwrap(),
+    ]);
+    let text = common::text(&out.stdout);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    println!("{text}");
+    assert!(
+        text.contains(
+            "requests: 419 recorded, 420 predicted; 419 the same size in the same order \
+             (the 206 weights' in any order); 1 place(s) where they part"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("predicted only: 4 B in aten::to"), "{text}");
+    // The peaks beside each other: the record's (blocks as asked for) and the estimate's.
+    assert!(text.contains("peak reserved: recorded 1.11 GiB, predicted 1.11 GiB (+0.00%)"));
 }

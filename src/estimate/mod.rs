@@ -43,6 +43,7 @@
 //! ```
 
 pub mod allocator;
+mod compare;
 mod gpu;
 mod model;
 pub mod models;
@@ -67,6 +68,7 @@ use crate::phase::Phase;
 use crate::timeline::{IdleAtPeak, StepProfile};
 
 pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator, PoolState};
+pub use compare::{Comparison, Divergence};
 pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE, GENERIC_SM};
 pub(crate) use model::loss;
 pub use model::{Model, Segment};

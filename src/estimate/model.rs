@@ -16,6 +16,8 @@ mod exported;
 mod fit;
 mod script;
 mod steps;
+use super::compare::Comparison;
+use super::recorded::{Peaks, Recording};
 use super::{Estimate, Input, Mode, Options, NOT_MODELLED};
 use crate::error::{catching, torch_message, Error, Result};
 use crate::ffi::{self, native, Event};
@@ -601,6 +603,31 @@ impl Model {
             );
         }
         Ok(e)
+    }
+
+    /// The estimate of `mode` at `inputs` held to `recording`, a recorded CUDA run of
+    /// the same step: the dry run's requests to the allocator aligned with the record's,
+    /// where they part and with which op ([`Comparison`]).
+    pub fn compare(
+        &self,
+        inputs: &[Input],
+        mode: Mode,
+        options: &Options,
+        recording: &Recording,
+    ) -> Result<Comparison> {
+        let run = self.dry_run(inputs, mode, options, false)?;
+        let device = through_allocator(&self.weights, &run.events, options);
+        let peaks = Peaks {
+            allocated: device.stats.peak_allocated,
+            reserved: device.stats.peak_reserved,
+        };
+        Ok(Comparison::new(
+            recording,
+            &device.requests,
+            device.weight_requests,
+            &mut Names::default(),
+            peaks,
+        ))
     }
 }
 

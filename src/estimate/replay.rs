@@ -58,6 +58,20 @@ pub(super) struct Device {
     /// charged.
     pub transients: u64,
     pub largest_transient: u64,
+    /// Every request the allocator was asked, in order (the weights', the run's, the
+    /// cuBLAS workspaces', the kernels' workspaces'): what a recorded history's `alloc`
+    /// actions are compared with.
+    pub requests: Vec<Request>,
+    /// How many of them are the weights' (the first ones).
+    pub weight_requests: usize,
+}
+
+/// One request to the allocator: the bytes asked for, and the name id of the op that
+/// asked (-1: none, as for the weights).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub bytes: u64,
+    pub op: i32,
 }
 
 /// The highest allocated bytes of one step of the dry run, and where it was first
@@ -227,10 +241,18 @@ fn replay_on(
         }),
         _ => events.push(*e),
     };
+    let mut requests = Vec::new();
     for e in weights {
         device(&mut alloc, &mut events, e);
+        if e.kind == EventKind::Alloc && e.value > 0 {
+            requests.push(Request {
+                bytes: e.value as u64,
+                op: -1,
+            });
+        }
     }
     let weights_allocated = alloc.stats().allocated;
+    let weight_requests = requests.len();
     let mut baseline = weights_allocated;
     let mut workspaces = [false; 4];
     let (mut taken, mut largest_transient) = (0u64, 0u64);
@@ -258,7 +280,15 @@ fn replay_on(
             _ => {}
         }
         match e.kind {
-            EventKind::Alloc => allocations += 1,
+            EventKind::Alloc => {
+                allocations += 1;
+                if e.value > 0 {
+                    requests.push(Request {
+                        bytes: e.value as u64,
+                        op: op_names.get(&e.op).copied().unwrap_or(-1),
+                    });
+                }
+            }
             EventKind::Flops => flops += e.value.max(0) as u64,
             EventKind::Baseline => baseline = alloc.stats().allocated,
             EventKind::Workspace { lt } => {
@@ -273,6 +303,10 @@ fn replay_on(
                 for (slot, size) in wants {
                     if !exact && !workspaces[slot] && size > 0 {
                         workspaces[slot] = true;
+                        requests.push(Request {
+                            bytes: size,
+                            op: op_names.get(&e.op).copied().unwrap_or(-1),
+                        });
                         let id = WORKSPACE_ID + slot as u64;
                         let bytes = alloc.malloc(id, size) as i64;
                         events.push(Event {
@@ -289,6 +323,10 @@ fn replay_on(
                 // Taken after the kernel's outputs, freed before it returns: a block of
                 // its own that the pool may have to make room for.
                 taken += 1;
+                requests.push(Request {
+                    bytes: e.value as u64,
+                    op: op_names.get(&e.op).copied().unwrap_or(-1),
+                });
                 let id = TRANSIENT_ID + taken;
                 let bytes = alloc.malloc(id, e.value as u64) as i64;
                 largest_transient = largest_transient.max(bytes.max(0) as u64);
@@ -335,6 +373,8 @@ fn replay_on(
         at_reserved_peak,
         transients: taken,
         largest_transient,
+        requests,
+        weight_requests,
     }
 }
 

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use tch_memprof::estimate::recorded::Recording;
 use tch_memprof::estimate::{
     anatomy, budget_line, gpu_memory, models, parse_autocast, peak_lines_with, table,
     AllocatorConfig, Attention, Estimate, Gpu, Input, Mode, Model, Optimizer, Options,
@@ -101,6 +102,13 @@ pub struct EstimateArgs {
     /// charges.
     #[arg(long, value_name = "DIR")]
     output_dir: Option<PathBuf>,
+    /// Hold the prediction (of the last batch estimated) to a recorded CUDA run of the
+    /// same step: PyTorch's memory snapshot with its allocator history (device 0), or
+    /// the compact CSV `tch-memprof replay` reads. Prints the peaks side by side and
+    /// where the requests to the allocator part, with the predicted op there (as many
+    /// places as --top).
+    #[arg(long, value_name = "SNAPSHOT", conflicts_with = "csv")]
+    compare: Option<PathBuf>,
     /// Layers listed in the anatomy of the predicted step (0: none).
     #[arg(long, default_value_t = 5)]
     top: usize,
@@ -175,6 +183,20 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
             Err(e) => return fail(format!("at batch {b}: {e}")),
         }
     }
+    let comparison = match (&a.compare, batches.last()) {
+        (Some(path), Some(b)) => {
+            let recording = match Recording::read(path, 0) {
+                Ok(r) => r,
+                Err(e) => return fail(e),
+            };
+            let xs: Vec<Input> = inputs.iter().map(|i| i.with_batch(*b)).collect();
+            match model.compare(&xs, mode, &options, &recording) {
+                Ok(c) => Some((path, c)),
+                Err(e) => return fail(format!("at batch {b}: {e}")),
+            }
+        }
+        _ => None,
+    };
     let fit = match memory {
         None => None,
         Some(m) => match model.largest_batch(&inputs, mode, &options, Some(m)) {
@@ -254,6 +276,10 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
     }
     if let Some(line) = rows.last().and_then(Estimate::host_memory_line) {
         println!("{line}");
+    }
+    if let Some((path, c)) = &comparison {
+        println!("Compared with {}:", path.display());
+        print!("{}", c.text(a.top.max(1)));
     }
     ExitCode::SUCCESS
 }
