@@ -55,7 +55,7 @@ bool depthwise(const at::Tensor& input, int64_t groups) {
 //   of the 804 calls took at most that (the 3x3 ones that take a workspace that in the
 //   median); the rest up to 1.9 times it (ViT's bfloat16 patch embedding);
 // - backward, 1.5 x (output gradient + input + weight): the data and weight
-//   gradients' workspaces (367 of the 440 calls took at most that, 3x3 ones 1.2 times
+//   gradients' workspaces (377 of the 440 calls took at most that, the rule below included, 3x3 ones 1.2 times
 //   in the median, a few up to 4 times);
 // - none for a depthwise convolution (a group per input channel) forward (all 144
 //   calls), nor backward in the NCHW layout (all 31; in channels-last it takes some);
@@ -66,9 +66,14 @@ bool depthwise(const at::Tensor& input, int64_t groups) {
 //   kernel of at most 4 or one equal to its stride (all 16 calls: 3x3, 4x4 and 16x16
 //   patchify stems; the two 7x7 stride-2 ones took the sum), backward with a kernel of
 //   at most 3 (4 calls: none, or 4 KiB in VGG16's).
+// - backward of a float32 depthwise one in channels-last on at least 28x28 positions,
+//   4.3 times the unit (all 10 such calls, ConvNeXt-T's and ConvNeXtV2-nano's 7x7
+//   ones on 56x56 and 28x28, took 4.1 to 4.3 times it; on 14x14 and fewer, 1.0).
 // tests/cudnn_workspaces.rs checks these shares against the data and the charge of
 // each measured call.
 constexpr double kBackwardWorkspace = 1.5;
+constexpr double kDepthwiseChannelsLastBackward = 4.3;
+constexpr int64_t kDepthwiseLargeFrom = 28 * 28;
 constexpr int64_t kPointwiseFreeFrom = 14 * 14;
 
 bool nchw(const at::Tensor& t) {
@@ -183,7 +188,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward_meta(
   const bool free_stem = free_image_stem(input, weight, stride, transposed, groups, 3, false);
   if ((!depthwise(input, groups) || channels_last) && !free_stem) {
     const int64_t tensors = block_bytes(grad_output) + block_bytes(input) + block_bytes(weight);
-    meta_transient(int64_t(kBackwardWorkspace * double(tensors)), true);
+    const bool large_depthwise = depthwise(input, groups) && channels_last &&
+                                 input.scalar_type() == at::kFloat &&
+                                 input.size(2) * input.size(3) >= kDepthwiseLargeFrom;
+    const double unit = large_depthwise ? kDepthwiseChannelsLastBackward : kBackwardWorkspace;
+    meta_transient(int64_t(unit * double(tensors)), true);
   }
   return {grad_input, grad_weight, at::Tensor()};
 }
