@@ -296,3 +296,115 @@ fn bad_input_is_one_line_and_no_pickle_runs_code() {
     }
     assert!(!marker.exists(), "the pickle ran code");
 }
+
+/// A snapshot as PyTorch writes it with Python frames
+/// (`_record_memory_history(stacks="python")`), made here: a 20 MiB segment holding a
+/// 4 MiB block asked for at `train.py:12` (under `torch/nn/modules/linear.py`, PyTorch's
+/// own frame, which is skipped) and a 16 MiB one at `train.py:13`; the 16 MiB block is
+/// freed, then 24 MiB are asked for at `train.py:14`. By the allocator's rules: the 4 MiB
+/// request splits the segment (16 MiB left, more than 1 MiB), the 16 MiB one takes the
+/// rest, and after its free no free block holds 24 MiB: a new 24 MiB segment, reserved
+/// 44 MiB, the first segment's 16 MiB free, split by the 4 MiB block of `train.py:12`.
+#[test]
+fn the_reserved_peak_is_explained_by_segment_and_the_frames_that_split_them() {
+    use serde_pickle::{HashableValue as K, Value as V};
+    let frame = |file: &str, line: i64, name: &str| {
+        V::Dict(
+            [
+                (K::String("filename".into()), V::String(file.into())),
+                (K::String("line".into()), V::I64(line)),
+                (K::String("name".into()), V::String(name.into())),
+            ]
+            .into(),
+        )
+    };
+    let event = |action: &str, addr: u64, size: u64, frames: Vec<V>| {
+        V::Dict(
+            [
+                (K::String("action".into()), V::String(action.into())),
+                (K::String("addr".into()), V::I64(addr as i64)),
+                (K::String("size".into()), V::I64(size as i64)),
+                (K::String("stream".into()), V::I64(0)),
+                (K::String("frames".into()), V::List(frames)),
+            ]
+            .into(),
+        )
+    };
+    let (a, b) = (1u64 << 32, 2u64 << 32);
+    let torch = frame(
+        "/usr/lib/python3/site-packages/torch/nn/modules/linear.py",
+        125,
+        "forward",
+    );
+    let trace = vec![
+        event("segment_alloc", a, 20 * MIB, vec![]),
+        event(
+            "alloc",
+            a,
+            4 * MIB,
+            vec![torch.clone(), frame("train.py", 12, "step")],
+        ),
+        event(
+            "alloc",
+            a + 4 * MIB,
+            16 * MIB,
+            vec![frame("train.py", 13, "step")],
+        ),
+        event("free_requested", a + 4 * MIB, 16 * MIB, vec![]),
+        event("free_completed", a + 4 * MIB, 16 * MIB, vec![]),
+        event("segment_alloc", b, 24 * MIB, vec![]),
+        event("alloc", b, 24 * MIB, vec![frame("train.py", 14, "step")]),
+    ];
+    let snapshot = V::Dict(
+        [
+            (K::String("segments".into()), V::List(vec![])),
+            (
+                K::String("device_traces".into()),
+                V::List(vec![V::List(trace)]),
+            ),
+        ]
+        .into(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("run.pickle");
+    std::fs::write(
+        &file,
+        serde_pickle::value_to_vec(&snapshot, serde_pickle::SerOptions::new()).unwrap(),
+    )
+    .unwrap();
+    let recording = Recording::read(&file, 0).unwrap();
+    let view = recording
+        .at_reserved_peak(&AllocatorConfig::default())
+        .unwrap();
+    assert_eq!(view.pools.reserved, 44 * MIB);
+    assert_eq!(view.event, 6, "the last alloc makes the peak");
+    let cut: Vec<(u64, u64, u64, u64)> = view
+        .segments
+        .iter()
+        .map(|s| (s.size, s.allocated, s.free, s.largest_free))
+        .collect();
+    assert_eq!(
+        cut,
+        [
+            (20 * MIB, 4 * MIB, 16 * MIB, 16 * MIB),
+            (24 * MIB, 24 * MIB, 0, 0)
+        ]
+    );
+    assert_eq!(
+        view.split_segments(&recording.sites, 3),
+        [
+            "a 20.00 MiB segment: 16.00 MiB free (the largest block 16.00 MiB), split by 4.00 MiB \
+          in 1 block(s) from step (train.py:12)"
+        ]
+    );
+    let out = cli(&["replay", file.to_str().unwrap()]);
+    let printed = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        printed.contains(
+            "a request over 16.00 MiB (the largest free block) needed a new segment then"
+        ),
+        "{printed}"
+    );
+    assert!(printed.contains("from step (train.py:12)"), "{printed}");
+}

@@ -254,7 +254,7 @@ fn list(sizes: &[u64]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::estimate::recorded::RecordedEvent;
+    use crate::estimate::recorded::{RecordedEvent, NO_SITE};
 
     fn recording(sizes: &[u64]) -> Recording {
         Recording {
@@ -265,6 +265,7 @@ mod tests {
                     action: Action::Alloc,
                     addr: 4096 * (i as u64 + 1),
                     size: *s,
+                    site: NO_SITE,
                 })
                 .collect(),
             ..Recording::default()

@@ -67,7 +67,7 @@ use crate::error::{Error, Result};
 use crate::phase::Phase;
 use crate::timeline::{IdleAtPeak, StepProfile};
 
-pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator, PoolState};
+pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator, PoolState, SegmentState};
 pub use compare::{Comparison, Divergence};
 pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE, GENERIC_SM};
 pub(crate) use model::loss;

@@ -32,6 +32,9 @@ pub struct ReplayArgs {
     /// (its memory less 1 GiB for the CUDA context); adds a fits column
     #[arg(long)]
     memory: Option<String>,
+    /// Segments listed with the blocks that split them, the most free bytes first
+    #[arg(long, default_value_t = 3)]
+    top: usize,
     /// The device whose history is replayed
     #[arg(long, default_value_t = 0)]
     device: usize,
@@ -59,6 +62,10 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         a.alloc_confs.clone()
     };
     confs.extend(asked.into_iter().filter(|c| *c != own));
+    let own_config = match AllocatorConfig::parse(&own) {
+        Ok(c) => c,
+        Err(e) => return fail(format!("the run's PYTORCH_CUDA_ALLOC_CONF {own:?}: {e}")),
+    };
     let mut rows = Vec::new();
     for conf in &confs {
         let config = match AllocatorConfig::parse(conf) {
@@ -131,6 +138,18 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
     println!("{}", recorded::table(recorded, &replays, budget));
     if let Some(line) = first.fragmentation_line() {
         println!("{line}");
+    }
+    if let Some(view) = recording.at_reserved_peak(&own_config) {
+        println!("the segments then, by size:");
+        println!("{}", view.table());
+        let split = view.split_segments(&recording.sites, a.top);
+        if !split.is_empty() {
+            println!("the segments with the most free bytes, and the blocks that split them:");
+        }
+        for line in split {
+            println!("- {line}");
+        }
+        println!("{}", view.failing_request_line());
     }
     if first.replayed.reserved == recorded.reserved {
         println!("the replay gives the recorded peak reserved to the byte");

@@ -176,6 +176,23 @@ pub struct PoolState {
     pub largest_free: u64,
 }
 
+/// One segment at one moment ([`CachingAllocator::segments`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SegmentState {
+    /// In the small pool (blocks of up to 1 MiB, 2 MiB segments).
+    pub small: bool,
+    /// Bytes of the segment backed by memory (an expandable segment's mapped pages).
+    pub size: u64,
+    /// Bytes of its blocks handed out.
+    pub allocated: u64,
+    /// Bytes of its free blocks (mapped).
+    pub free: u64,
+    /// Its largest free block.
+    pub largest_free: u64,
+    /// Its blocks handed out: the caller's id and the block's size, in address order.
+    pub live: Vec<(u64, u64)>,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PoolKind {
     Small,
@@ -322,6 +339,46 @@ impl CachingAllocator {
             free_large: sum(&self.large),
             largest_free: largest(&self.small).max(largest(&self.large)),
         }
+    }
+
+    /// Every segment now, in address order: how its bytes are cut, and which callers'
+    /// blocks it holds.
+    pub fn segments(&self) -> Vec<SegmentState> {
+        let ids: HashMap<u64, u64> = self.live.iter().map(|(id, addr)| (*addr, *id)).collect();
+        let mut heads: Vec<u64> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.prev.is_none())
+            .map(|(a, _)| *a)
+            .collect();
+        heads.sort_unstable();
+        heads
+            .into_iter()
+            .map(|head| {
+                let mut s = SegmentState {
+                    small: self.block(head).pool == PoolKind::Small,
+                    ..SegmentState::default()
+                };
+                let mut at = Some(head);
+                while let Some(addr) = at {
+                    let b = self.block(addr);
+                    if b.mapped {
+                        s.size += b.size;
+                        if b.allocated {
+                            s.allocated += b.size;
+                            s.live
+                                .push((ids.get(&addr).copied().unwrap_or(addr), b.size));
+                        } else {
+                            s.free += b.size;
+                            s.largest_free = s.largest_free.max(b.size);
+                        }
+                    }
+                    at = b.next;
+                }
+                s
+            })
+            .filter(|s| s.size > 0)
+            .collect()
     }
 
     /// Frees of ids that were not live.

@@ -18,6 +18,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+mod peak;
+pub use peak::PeakView;
+
 use serde_pickle::{DeOptions, HashableValue, Value};
 
 use super::{replay, AllocatorConfig, Options, PoolState};
@@ -66,7 +69,13 @@ pub struct RecordedEvent {
     pub addr: u64,
     /// Bytes asked for (a block) or obtained (a segment).
     pub size: u64,
+    /// Where the block was asked for: an index into [`Recording::sites`], or
+    /// [`NO_SITE`] where the history kept no frames.
+    pub site: u32,
 }
+
+/// A [`RecordedEvent`] without a site.
+pub const NO_SITE: u32 = u32::MAX;
 
 /// Peak bytes of a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -89,6 +98,9 @@ pub struct Recording {
     /// after them): the events start with them, seeded from the file's end state (each
     /// with the blocks still live at the end that the history never allocated).
     pub segments_before: u64,
+    /// Where blocks were asked for, each once: the first frame of an `alloc`'s stack
+    /// outside PyTorch's own code (`name (file:line)`), or the CSV's `frame`.
+    pub sites: Vec<String>,
 }
 
 /// A recorded history replayed.
@@ -152,6 +164,8 @@ impl Recording {
             })
         };
         let (action, addr, size) = (col("action")?, col("addr")?, col("size")?);
+        let frame = headers.iter().position(|h| h == "frame");
+        let mut sites = Sites::default();
         let mut events = Vec::new();
         for (i, row) in reader.records().enumerate() {
             let row = row.map_err(|e| bad("the history", e))?;
@@ -167,12 +181,17 @@ impl Recording {
                 action: Action::parse(row.get(action).unwrap_or("")),
                 addr: number(addr, "addr")?,
                 size: number(size, "size")?,
+                site: frame
+                    .and_then(|f| row.get(f))
+                    .filter(|f| !f.is_empty())
+                    .map_or(NO_SITE, |f| sites.id(f)),
             });
         }
         Ok(Recording {
             events,
             alloc_conf: None,
             segments_before: 0,
+            sites: sites.names,
         })
     }
 
@@ -198,6 +217,7 @@ impl Recording {
         })?;
         let mut events = Vec::with_capacity(trace.len());
         let mut seen_segments = Vec::new();
+        let mut sites = Sites::default();
         for e in trace {
             let Some(e) = dict(e) else { continue };
             let action = get(e, "action")
@@ -212,7 +232,19 @@ impl Recording {
             if action == Action::SegmentAlloc {
                 seen_segments.push(addr);
             }
-            events.push(RecordedEvent { action, addr, size });
+            let site = match action {
+                Action::Alloc => get(e, "frames")
+                    .and_then(list)
+                    .and_then(|f| site_of(f))
+                    .map_or(NO_SITE, |f| sites.id(&f)),
+                _ => NO_SITE,
+            };
+            events.push(RecordedEvent {
+                action,
+                addr,
+                size,
+                site,
+            });
         }
         // Segments made before the history began: seeded from the snapshot's end state,
         // before the history's events, as the history's start found them as far as the
@@ -245,8 +277,9 @@ impl Recording {
                 action: Action::SegmentAlloc,
                 addr,
                 size: total,
+                site: NO_SITE,
             });
-            let mut live: Vec<(u64, u64)> = get(segment, "blocks")
+            let mut live: Vec<(u64, u64, u32)> = get(segment, "blocks")
                 .and_then(list)
                 .into_iter()
                 .flatten()
@@ -255,9 +288,13 @@ impl Recording {
                 .filter_map(|b| {
                     let a = get(b, "address").and_then(number)?;
                     let size = get(b, "requested_size").or_else(|| get(b, "size"));
-                    Some((a, size.and_then(number)?))
+                    let site = get(b, "frames")
+                        .and_then(list)
+                        .and_then(|f| site_of(f))
+                        .map_or(NO_SITE, |f| sites.id(&f));
+                    Some((a, size.and_then(number)?, site))
                 })
-                .filter(|(a, _)| !allocated.contains(a))
+                .filter(|(a, _, _)| !allocated.contains(a))
                 .collect();
             live.sort_unstable();
             if live.is_empty() {
@@ -265,13 +302,19 @@ impl Recording {
                 let small = get(segment, "segment_type").and_then(text) == Some("small");
                 let size = if small { 1 } else { total };
                 for action in [Action::Alloc, Action::FreeCompleted] {
-                    seed.push(RecordedEvent { action, addr, size });
+                    seed.push(RecordedEvent {
+                        action,
+                        addr,
+                        size,
+                        site: NO_SITE,
+                    });
                 }
             }
-            seed.extend(live.into_iter().map(|(addr, size)| RecordedEvent {
+            seed.extend(live.into_iter().map(|(addr, size, site)| RecordedEvent {
                 action: Action::Alloc,
                 addr,
                 size,
+                site,
             }));
         }
         seed.extend(events);
@@ -285,6 +328,7 @@ impl Recording {
             events,
             alloc_conf,
             segments_before,
+            sites: sites.names,
         })
     }
 
@@ -395,6 +439,59 @@ pub fn table(recorded: Peaks, replays: &[(String, Peaks)], budget: Option<u64>) 
         }
     }
     t.to_string()
+}
+
+/// Sites, each named once.
+#[derive(Default)]
+struct Sites {
+    names: Vec<String>,
+    ids: HashMap<String, u32>,
+}
+
+impl Sites {
+    fn id(&mut self, name: &str) -> u32 {
+        if let Some(id) = self.ids.get(name) {
+            return *id;
+        }
+        let id = self.names.len() as u32;
+        self.names.push(name.to_string());
+        self.ids.insert(name.to_string(), id);
+        id
+    }
+}
+
+/// The site of a stack of frames (`{filename, line, name}`, innermost first): the first
+/// frame outside PyTorch's own code (its Python package and its C++), or the first.
+fn site_of(frames: &[Value]) -> Option<String> {
+    let frames: Vec<(&str, u64, &str)> = frames
+        .iter()
+        .filter_map(dict)
+        .map(|f| {
+            (
+                get(f, "filename").and_then(text).unwrap_or(""),
+                get(f, "line").and_then(number).unwrap_or(0),
+                get(f, "name").and_then(text).unwrap_or(""),
+            )
+        })
+        .collect();
+    let own = |file: &str| {
+        [
+            "/torch/",
+            "site-packages/torch",
+            "/c10/",
+            "/aten/",
+            "/csrc/",
+        ]
+        .iter()
+        .any(|p| file.contains(p))
+            || file.starts_with("??")
+            || file.is_empty()
+    };
+    let (file, line, name) = frames
+        .iter()
+        .find(|(file, _, _)| !own(file))
+        .or_else(|| frames.first())?;
+    Some(format!("{name} ({file}:{line})"))
 }
 
 fn bad(what: &str, reason: impl std::fmt::Display) -> String {
