@@ -14,6 +14,9 @@ use crate::format::bytes;
 /// Rows of the table by segment size before the rest are summed.
 const SIZE_ROWS: usize = 8;
 
+/// Segments of one pool and size: (count, allocated, free, largest free block).
+type SizeRow = (u64, u64, u64, u64);
+
 /// The replay of a recorded run at its reserved peak ([`Recording::at_reserved_peak`]).
 #[derive(Debug, Clone)]
 pub struct PeakView {
@@ -77,7 +80,7 @@ impl PeakView {
     /// largest free block (the large pool first, the sizes with the most free bytes
     /// first; past [`SIZE_ROWS`] sizes, the rest in one row).
     pub fn table(&self) -> String {
-        let mut by: BTreeMap<(bool, u64), (u64, u64, u64, u64)> = BTreeMap::new();
+        let mut by: BTreeMap<(bool, u64), SizeRow> = BTreeMap::new();
         for s in &self.segments {
             let row = by.entry((s.small, s.size)).or_default();
             row.0 += 1;
@@ -85,7 +88,7 @@ impl PeakView {
             row.2 += s.free;
             row.3 = row.3.max(s.largest_free);
         }
-        let mut rows: Vec<((bool, u64), (u64, u64, u64, u64))> = by.into_iter().collect();
+        let mut rows: Vec<((bool, u64), SizeRow)> = by.into_iter().collect();
         rows.sort_by_key(|((small, size), (_, _, free, _))| {
             (*small, std::cmp::Reverse(*free), std::cmp::Reverse(*size))
         });
@@ -94,7 +97,7 @@ impl PeakView {
             .load_preset(UTF8_FULL)
             .set_content_arrangement(ContentArrangement::Dynamic)
             .set_header(["segment", "count", "allocated", "free", "largest free"]);
-        let mut rest: Option<(u64, u64, u64, u64)> = None;
+        let mut rest: Option<SizeRow> = None;
         for (i, ((small, size), (n, allocated, free, largest))) in rows.iter().enumerate() {
             if i >= SIZE_ROWS {
                 let r = rest.get_or_insert((0, 0, 0, 0));
