@@ -307,29 +307,6 @@ fn bad_input_is_one_line_and_no_pickle_runs_code() {
 /// 44 MiB, the first segment's 16 MiB free, split by the 4 MiB block of `train.py:12`.
 #[test]
 fn the_reserved_peak_is_explained_by_segment_and_the_frames_that_split_them() {
-    use serde_pickle::{HashableValue as K, Value as V};
-    let frame = |file: &str, line: i64, name: &str| {
-        V::Dict(
-            [
-                (K::String("filename".into()), V::String(file.into())),
-                (K::String("line".into()), V::I64(line)),
-                (K::String("name".into()), V::String(name.into())),
-            ]
-            .into(),
-        )
-    };
-    let event = |action: &str, addr: u64, size: u64, frames: Vec<V>| {
-        V::Dict(
-            [
-                (K::String("action".into()), V::String(action.into())),
-                (K::String("addr".into()), V::I64(addr as i64)),
-                (K::String("size".into()), V::I64(size as i64)),
-                (K::String("stream".into()), V::I64(0)),
-                (K::String("frames".into()), V::List(frames)),
-            ]
-            .into(),
-        )
-    };
     let (a, b) = (1u64 << 32, 2u64 << 32);
     let torch = frame(
         "/usr/lib/python3/site-packages/torch/nn/modules/linear.py",
@@ -355,23 +332,9 @@ fn the_reserved_peak_is_explained_by_segment_and_the_frames_that_split_them() {
         event("segment_alloc", b, 24 * MIB, vec![]),
         event("alloc", b, 24 * MIB, vec![frame("train.py", 14, "step")]),
     ];
-    let snapshot = V::Dict(
-        [
-            (K::String("segments".into()), V::List(vec![])),
-            (
-                K::String("device_traces".into()),
-                V::List(vec![V::List(trace)]),
-            ),
-        ]
-        .into(),
-    );
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("run.pickle");
-    std::fs::write(
-        &file,
-        serde_pickle::value_to_vec(&snapshot, serde_pickle::SerOptions::new()).unwrap(),
-    )
-    .unwrap();
+    write_snapshot(&file, trace, None);
     let recording = Recording::read(&file, 0).unwrap();
     let view = recording
         .at_reserved_peak(&AllocatorConfig::default())
@@ -407,4 +370,118 @@ fn the_reserved_peak_is_explained_by_segment_and_the_frames_that_split_them() {
         "{printed}"
     );
     assert!(printed.contains("from step (train.py:12)"), "{printed}");
+}
+
+use serde_pickle::{HashableValue as K, Value as V};
+
+/// A frame of a snapshot's stack.
+fn frame(file: &str, line: i64, name: &str) -> V {
+    V::Dict(
+        [
+            (K::String("filename".into()), V::String(file.into())),
+            (K::String("line".into()), V::I64(line)),
+            (K::String("name".into()), V::String(name.into())),
+        ]
+        .into(),
+    )
+}
+
+/// An event of a snapshot's history.
+fn event(action: &str, addr: u64, size: u64, frames: Vec<V>) -> V {
+    V::Dict(
+        [
+            (K::String("action".into()), V::String(action.into())),
+            (K::String("addr".into()), V::I64(addr as i64)),
+            (K::String("size".into()), V::I64(size as i64)),
+            (K::String("stream".into()), V::I64(0)),
+            (K::String("frames".into()), V::List(frames)),
+        ]
+        .into(),
+    )
+}
+
+/// A snapshot pickle as PyTorch writes it: device 0's history `trace`, no segments left
+/// at its end, and the run's `PYTORCH_CUDA_ALLOC_CONF` when given.
+fn write_snapshot(path: &Path, trace: Vec<V>, alloc_conf: Option<&str>) {
+    let mut top = vec![
+        (K::String("segments".into()), V::List(vec![])),
+        (
+            K::String("device_traces".into()),
+            V::List(vec![V::List(trace)]),
+        ),
+    ];
+    if let Some(conf) = alloc_conf {
+        top.push((
+            K::String("allocator_settings".into()),
+            V::Dict(
+                [(
+                    K::String("PYTORCH_CUDA_ALLOC_CONF".into()),
+                    V::String(conf.into()),
+                )]
+                .into(),
+            ),
+        ));
+    }
+    let bytes = serde_pickle::value_to_vec(
+        &V::Dict(top.into_iter().collect()),
+        serde_pickle::SerOptions::new(),
+    )
+    .unwrap();
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// `plan` of a recorded run: its lever is the allocator's settings. The run asked for
+/// 40 MiB, freed it, then asked for 12 MiB, under `max_split_size_mb:20`: no block of
+/// 20 MiB or more serves a smaller request, so the 12 MiB take a new segment, reserved
+/// 52 MiB (as `what_ifs_move_reserved_as_the_allocator_rules_say` computes). With
+/// `expandable_segments:True`, the first request maps 2 pages of 20 MiB, and the 12 MiB
+/// fit in the freed mapped block: 40 MiB. Within 48 MiB, the run as it ran does not fit
+/// and the first setting tried, expandable segments, does (exit 0); within 32 MiB none
+/// does (exit 1).
+#[test]
+fn plan_of_a_recorded_run_picks_the_first_allocator_setting_that_fits() {
+    let (a, b) = (1u64 << 32, 2u64 << 32);
+    let trace = vec![
+        event("segment_alloc", a, 40 * MIB, vec![]),
+        event("alloc", a, 40 * MIB, vec![]),
+        event("free_requested", a, 40 * MIB, vec![]),
+        event("free_completed", a, 40 * MIB, vec![]),
+        event("segment_alloc", b, 12 * MIB, vec![]),
+        event("alloc", b, 12 * MIB, vec![]),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("run.pickle");
+    write_snapshot(&file, trace, Some("max_split_size_mb:20"));
+    let out = cli(&["plan", file.to_str().unwrap(), "--memory", "48MiB", "--csv"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let csv = text(&out.stdout);
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        rows[0],
+        "alloc_conf,peak_allocated_bytes,peak_reserved_bytes,fits"
+    );
+    assert_eq!(
+        rows[1],
+        format!("max_split_size_mb:20,{},{},false", 40 * MIB, 52 * MIB)
+    );
+    assert_eq!(
+        rows[2],
+        format!("expandable_segments:True,{},{},true", 40 * MIB, 40 * MIB)
+    );
+    let out = cli(&["plan", file.to_str().unwrap(), "--memory", "48MiB"]);
+    assert!(
+        text(&out.stdout).contains(
+            "it fits 48.00 MiB with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: peak \
+             reserved 40.00 MiB (as it ran: 52.00 MiB), 8.00 MiB to spare"
+        ),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = cli(&["plan", file.to_str().unwrap(), "--memory", "32MiB"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains("no allocator setting tried makes it fit 32.00 MiB"),
+        "{}",
+        text(&out.stdout)
+    );
 }

@@ -73,7 +73,7 @@ pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE
 pub(crate) use model::loss;
 pub use model::{Model, Segment};
 pub use options::{autocast_name, parse_autocast, Options, AUTOCAST_DTYPES};
-pub use plan::{breakdown, Config, Cost, Dominant, Plan, Plans, MAX_PLANS};
+pub use plan::{allocator_candidates, breakdown, Config, Cost, Dominant, Plan, Plans, MAX_PLANS};
 pub use text::{anatomy, budget_line, fits_cell, peak_lines, peak_lines_with, table};
 
 /// An optimizer whose step (and state) the estimate of a training step includes: tch's

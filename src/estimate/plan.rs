@@ -207,7 +207,7 @@ pub const MAX_PLANS: usize = 5;
 /// candidate (`expandable_segments:True` maps segments as they grow, which removes most
 /// of the gap between reserved and allocated; `max_split_size_mb:128` keeps large free
 /// blocks whole; `roundup_power2_divisions:4` rounds requests to fewer sizes).
-fn allocator_candidates(base: &AllocatorConfig) -> Result<Vec<(String, AllocatorConfig)>> {
+pub fn allocator_candidates(base: &AllocatorConfig) -> Result<Vec<(String, AllocatorConfig)>> {
     let mut out = vec![(String::new(), base.clone())];
     for conf in [
         "expandable_segments:True",

@@ -1,12 +1,13 @@
 //! `tch-memprof plan`: the cheapest configurations of a training step that fit a memory
 //! budget.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
+use tch_memprof::estimate::recorded::{self, cheapest_fit, Peaks, Recording};
 use tch_memprof::estimate::{
-    budget_line, parse_autocast, AllocatorConfig, Optimizer, Options, Plans,
+    allocator_candidates, budget_line, parse_autocast, AllocatorConfig, Optimizer, Options, Plans,
 };
 
 use crate::estimate::{gpu_and_memory, load_model};
@@ -16,7 +17,9 @@ use crate::{fail, parse_inputs};
 #[derive(Args, Debug)]
 pub struct PlanArgs {
     /// A model file: an exported program (.pt2, from torch.export.save) or a TorchScript
-    /// file (torch.jit.trace or torch.jit.script, saved with .save()).
+    /// file (torch.jit.trace or torch.jit.script, saved with .save()). Or a recorded run:
+    /// PyTorch's memory snapshot with its allocator history (as `replay` reads it), whose
+    /// lever is then the allocator's settings, resting on the run as recorded.
     #[arg(required_unless_present = "model", conflicts_with = "model")]
     path: Option<PathBuf>,
     /// A built-in model instead of a file (as for `estimate`).
@@ -73,6 +76,9 @@ pub fn run(a: &PlanArgs) -> ExitCode {
         Ok((_, None)) => return fail("give the budget with --memory (24GB or a GPU name)"),
         Err(e) => return fail(e),
     };
+    if let Some(path) = a.path.as_deref().filter(|p| is_recording(p)) {
+        return plan_recorded(a, path, memory);
+    }
     let model = match load_model(
         a.path.as_deref(),
         a.model.as_deref(),
@@ -131,6 +137,99 @@ pub fn run(a: &PlanArgs) -> ExitCode {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// Whether `path` is a recorded run: a pickle (PyTorch's snapshot; model files are zip
+/// archives) or a history's CSV.
+fn is_recording(path: &Path) -> bool {
+    use std::io::Read;
+    if path.extension().is_some_and(|e| e == "csv") {
+        return true;
+    }
+    let mut first = [0u8; 1];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut first))
+        .is_ok_and(|()| first[0] == 0x80)
+}
+
+/// The plan of a recorded run: the run replayed under its own allocator settings and
+/// under each the plan tries, and the cheapest that fits `memory`; exit 1 when none does.
+fn plan_recorded(a: &PlanArgs, path: &Path, memory: u64) -> ExitCode {
+    if !a.inputs.is_empty() || a.batch.is_some() || a.autocast.is_some() {
+        return fail(format!(
+            "{}: a recorded run's only lever is the allocator's settings: --input, --batch \
+             and --autocast apply to a model file",
+            path.display()
+        ));
+    }
+    let recording = match Recording::read(path, 0) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let own = recording.alloc_conf.clone().unwrap_or_default();
+    let candidates = match AllocatorConfig::parse(&own).and_then(|c| allocator_candidates(&c)) {
+        Ok(c) => c,
+        Err(e) => return fail(format!("the run's PYTORCH_CUDA_ALLOC_CONF {own:?}: {e}")),
+    };
+    let rows: Vec<(String, Peaks)> = candidates
+        .iter()
+        .map(|(conf, c)| {
+            let name = if conf.is_empty() {
+                own.clone()
+            } else {
+                conf.clone()
+            };
+            (name, recording.replay(c).replayed)
+        })
+        .collect();
+    let (fits, line) = cheapest_fit(&rows, memory);
+    if a.csv {
+        let mut w = csv::Writer::from_writer(std::io::stdout().lock());
+        let _ = w.write_record([
+            "alloc_conf",
+            "peak_allocated_bytes",
+            "peak_reserved_bytes",
+            "fits",
+        ]);
+        for (conf, p) in &rows {
+            let _ = w.write_record([
+                conf.clone(),
+                p.allocated.to_string(),
+                p.reserved.to_string(),
+                (p.reserved <= memory).to_string(),
+            ]);
+        }
+        let _ = w.flush();
+    } else {
+        println!(
+            "tch-memprof plan: {}, a recorded run: its lever is the allocator's settings \
+             (recorded with PYTORCH_CUDA_ALLOC_CONF={own:?})",
+            path.display()
+        );
+        println!("{}", budget_line(memory, &a.memory));
+        let named: Vec<(String, Peaks)> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, (conf, p))| {
+                let name = match (i, conf.is_empty()) {
+                    (0, true) => "replayed (as recorded: default)".to_string(),
+                    (0, false) => format!("replayed (as recorded: {conf})"),
+                    _ => conf.clone(),
+                };
+                (name, *p)
+            })
+            .collect();
+        println!(
+            "{}",
+            recorded::table(recording.recorded_peaks(), &named, Some(memory))
+        );
+        println!("{line}");
+    }
+    if fits.is_some() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }
 

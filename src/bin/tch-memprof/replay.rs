@@ -136,6 +136,13 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         })
         .collect();
     println!("{}", recorded::table(recorded, &replays, budget));
+    if let Some(b) = budget {
+        let rows: Vec<(String, Peaks)> = rows
+            .iter()
+            .map(|(conf, run)| (conf.clone(), run.replayed))
+            .collect();
+        println!("{}", recorded::cheapest_fit(&rows, b).1);
+    }
     if let Some(line) = first.fragmentation_line() {
         println!("{line}");
     }

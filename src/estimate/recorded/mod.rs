@@ -413,6 +413,50 @@ impl Recording {
     }
 }
 
+/// The first of `rows` (an allocator setting as `PYTORCH_CUDA_ALLOC_CONF` reads it, and
+/// the peaks of the recorded run replayed under it; the run's own setting first, then
+/// the others, the cheapest change first) whose peak reserved is within `budget`, in
+/// words; `None` when none is.
+pub fn cheapest_fit(rows: &[(String, Peaks)], budget: u64) -> (Option<usize>, String) {
+    let fits = rows.iter().position(|(_, p)| p.reserved <= budget);
+    let line = match fits {
+        Some(0) => format!(
+            "it fits {} as it ran: peak reserved {}, {} to spare",
+            bytes(budget),
+            bytes(rows[0].1.reserved),
+            bytes(budget - rows[0].1.reserved)
+        ),
+        Some(i) => format!(
+            "it fits {} with PYTORCH_CUDA_ALLOC_CONF={}: peak reserved {} (as it ran: {}), \
+             {} to spare",
+            bytes(budget),
+            rows[i].0,
+            bytes(rows[i].1.reserved),
+            bytes(rows[0].1.reserved),
+            bytes(budget - rows[i].1.reserved)
+        ),
+        None => {
+            let best = rows
+                .iter()
+                .min_by_key(|(_, p)| p.reserved)
+                .map_or((String::new(), 0), |(c, p)| (c.clone(), p.reserved));
+            format!(
+                "no allocator setting tried makes it fit {}: the smallest peak reserved is {} \
+                 ({}); the allocated peak itself is {}",
+                bytes(budget),
+                bytes(best.1),
+                if best.0.is_empty() {
+                    "as it ran".to_string()
+                } else {
+                    best.0
+                },
+                bytes(rows.first().map_or(0, |(_, p)| p.allocated))
+            )
+        }
+    };
+    (fits, line)
+}
+
 /// The recorded peaks and the replays' as a table (a row per allocator setting, the
 /// recorded one first), with a `fits` column against `budget`.
 pub fn table(recorded: Peaks, replays: &[(String, Peaks)], budget: Option<u64>) -> String {
