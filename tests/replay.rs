@@ -240,8 +240,9 @@ fn what_ifs_move_reserved_as_the_allocator_rules_say() {
 }
 
 /// Bad input is one line and exit status 2: a file that is not a snapshot, a pickle
-/// without a history, a missing file, an unknown allocator setting; and a pickle that
-/// would call a function is refused without calling it.
+/// without a history, a truncated one, a missing file, a file of several GB (refused before it is read),
+/// an unknown allocator setting; and a pickle that would call a function is refused
+/// without calling it.
 #[test]
 fn bad_input_is_one_line_and_no_pickle_runs_code() {
     let dir = tempfile::tempdir().unwrap();
@@ -259,6 +260,17 @@ fn bad_input_is_one_line_and_no_pickle_runs_code() {
     // Protocol 2: an empty dict.
     std::fs::write(&no_history, b"\x80\x02}q\x00.").unwrap();
     let missing = dir.path().join("missing.pickle");
+    // The real snapshot cut in half.
+    let truncated = dir.path().join("truncated.pickle");
+    let whole =
+        std::fs::read(Path::new(DATA).join("leak-graph.allocator-snapshot.pickle")).unwrap();
+    std::fs::write(&truncated, &whole[..whole.len() / 2]).unwrap();
+    // A file of several GB (sparse: nothing written), refused before it is read.
+    let huge = dir.path().join("huge.pickle");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(5 << 30)
+        .unwrap();
     let good = Path::new(DATA).join("leak-graph.allocator-snapshot.pickle");
     for (args, says) in [
         (
@@ -274,6 +286,14 @@ fn bad_input_is_one_line_and_no_pickle_runs_code() {
             "no `device_traces`",
         ),
         (vec!["replay", missing.to_str().unwrap()], "No such file"),
+        (
+            vec!["replay", truncated.to_str().unwrap()],
+            "not a pickle PyTorch wrote",
+        ),
+        (
+            vec!["replay", huge.to_str().unwrap()],
+            "5.00 GiB is more than the 2.00 GiB this reader takes",
+        ),
         (
             vec![
                 "replay",

@@ -74,6 +74,10 @@ pub struct RecordedEvent {
     pub site: u32,
 }
 
+/// The largest file [`Recording::read`] takes: 2 GiB (a snapshot of a million events
+/// with Python stacks is a few hundred MB).
+pub const MAX_FILE_BYTES: u64 = 2 << 30;
+
 /// A [`RecordedEvent`] without a site.
 pub const NO_SITE: u32 = u32::MAX;
 
@@ -333,11 +337,25 @@ impl Recording {
     }
 
     /// A file: a snapshot pickle (the history of `device`), or the compact CSV (`.csv`).
+    /// A file over [`MAX_FILE_BYTES`] is refused before it is read: it is parsed whole,
+    /// in memory several times its size.
     pub fn read(path: &Path, device: usize) -> Result<Recording> {
         let failed = |reason: String| Error::Recording {
             path: path.to_path_buf(),
             reason,
         };
+        let size = std::fs::metadata(path)
+            .map_err(|e| failed(e.to_string()))?
+            .len();
+        if size > MAX_FILE_BYTES {
+            return Err(failed(format!(
+                "{} is more than the {} this reader takes (it parses the file whole, in \
+                 memory several times its size): record fewer events \
+                 (_record_memory_history(max_entries=...)) or without stacks",
+                bytes(size),
+                bytes(MAX_FILE_BYTES)
+            )));
+        }
         let bytes = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
         if path.to_string_lossy().ends_with(".csv") {
             Recording::from_csv(&String::from_utf8_lossy(&bytes)).map_err(failed)
