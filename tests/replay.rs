@@ -390,6 +390,46 @@ fn the_reserved_peak_is_explained_by_segment_and_the_frames_that_split_them() {
         "{printed}"
     );
     assert!(printed.contains("from step (train.py:12)"), "{printed}");
+    // The run as a step's files: an op per allocation, named and laid out by its site;
+    // live bytes after each: 4 MiB, 20 MiB, then 4 + 24 MiB (the 16 MiB block freed).
+    let out_dir = dir.path().join("out");
+    let out = cli(&[
+        "replay",
+        file.to_str().unwrap(),
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let timeline = std::fs::read_to_string(out_dir.join("timeline.csv")).unwrap();
+    println!("{timeline}");
+    let rows: Vec<Vec<&str>> = timeline
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    let header: Vec<&str> = timeline.lines().next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let seen: Vec<(&str, &str, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r[col("op")],
+                r[col("layer")],
+                r[col("total_bytes")].parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("step (train.py:12)", "step (train.py:12)", 4 * MIB),
+            ("step (train.py:13)", "step (train.py:13)", 20 * MIB),
+            ("step (train.py:14)", "step (train.py:14)", 28 * MIB),
+        ]
+    );
+    for f in ["step.png", "step.svg", "layers.csv", "summary.txt"] {
+        assert!(out_dir.join(f).exists(), "{f}");
+    }
 }
 
 use serde_pickle::{HashableValue as K, Value as V};

@@ -1,4 +1,5 @@
-//! `tch-memprof replay SNAPSHOT [--alloc-conf CONF]... [--memory 24GB|h100] [--csv]`:
+//! `tch-memprof replay SNAPSHOT [--alloc-conf CONF]... [--memory 24GB|h100] [--csv]
+//! [--output-dir DIR]`:
 //! a recorded CUDA run (PyTorch's memory snapshot with its allocator history) replayed
 //! through the model of the caching allocator, under the settings it ran with and under
 //! others.
@@ -35,6 +36,13 @@ pub struct ReplayArgs {
     /// Segments listed with the blocks that split them, the most free bytes first
     #[arg(long, default_value_t = 3)]
     top: usize,
+    /// Write the run, replayed under its own settings, into DIR as `tch-memprof
+    /// profile` writes a measured step: step.png, step.svg, timeline.csv, layers.csv,
+    /// idle.csv, summary.txt. Each allocation is an op, named by where it was asked for
+    /// (its first frame outside PyTorch, when the history kept Python frames; `alloc`
+    /// otherwise), which is also its layer
+    #[arg(long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
     /// The device whose history is replayed
     #[arg(long, default_value_t = 0)]
     device: usize,
@@ -66,6 +74,21 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(format!("the run's PYTORCH_CUDA_ALLOC_CONF {own:?}: {e}")),
     };
+    if let Some(dir) = &a.output_dir {
+        let written = recording.step(&own_config).and_then(|step| {
+            let title = format!("{} (recorded)", a.snapshot.display());
+            step.write_files(dir, &title)
+        });
+        match written {
+            // Standard output stays CSV with --csv.
+            Ok(files) => {
+                for f in files {
+                    eprintln!("wrote {}", f.display());
+                }
+            }
+            Err(e) => return fail(e),
+        }
+    }
     let mut rows = Vec::new();
     for conf in &confs {
         let config = match AllocatorConfig::parse(conf) {

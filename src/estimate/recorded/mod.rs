@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 mod peak;
+mod step;
 pub use peak::PeakView;
 
 use serde_pickle::{DeOptions, HashableValue, Value};
