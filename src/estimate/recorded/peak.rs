@@ -78,7 +78,7 @@ impl Recording {
 impl PeakView {
     /// The segments by pool and size as a table: segments, allocated, free inside, the
     /// largest free block (the large pool first, the sizes with the most free bytes
-    /// first; past [`SIZE_ROWS`] sizes, the rest in one row).
+    /// first; past eight sizes, the rest in one row).
     pub fn table(&self) -> String {
         let mut by: BTreeMap<(bool, u64), SizeRow> = BTreeMap::new();
         for s in &self.segments {
