@@ -537,6 +537,20 @@ fn plan_of_a_recorded_run_picks_the_first_allocator_setting_that_fits() {
         "{}",
         text(&out.stdout)
     );
+    // A setting PyTorch takes that the model does not is said so, not shown as if it
+    // did nothing.
+    let out = cli(&[
+        "replay",
+        file.to_str().unwrap(),
+        "--alloc-conf",
+        "garbage_collection_threshold:0.8",
+    ]);
+    assert!(
+        text(&out.stdout)
+            .contains("not modelled, replayed as if absent: garbage_collection_threshold"),
+        "{}",
+        text(&out.stdout)
+    );
     let out = cli(&["plan", file.to_str().unwrap(), "--memory", "32MiB"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(

@@ -90,11 +90,18 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         }
     }
     let mut rows = Vec::new();
+    // Settings PyTorch takes that the model does not (replayed as if absent).
+    let mut unmodelled: Vec<String> = Vec::new();
     for conf in &confs {
         let config = match AllocatorConfig::parse(conf) {
             Ok(c) => c,
             Err(e) => return fail(format!("--alloc-conf {conf:?}: {e}")),
         };
+        for key in &config.not_modelled {
+            if !unmodelled.contains(key) {
+                unmodelled.push(key.clone());
+            }
+        }
         rows.push((conf.clone(), recording.replay(&config)));
     }
     let recorded = rows[0].1.recorded;
@@ -159,6 +166,12 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         })
         .collect();
     println!("{}", recorded::table(recorded, &replays, budget));
+    if !unmodelled.is_empty() {
+        println!(
+            "not modelled, replayed as if absent: {} (the rows with them may differ on the GPU)",
+            unmodelled.join(", ")
+        );
+    }
     if let Some(b) = budget {
         let rows: Vec<(String, Peaks)> = rows
             .iter()

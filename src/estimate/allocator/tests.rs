@@ -658,3 +658,48 @@ fn a_million_events_run_quickly() {
     assert!(a.stats().peak_allocated > 0);
     assert!(start.elapsed().as_secs() < 20);
 }
+
+/// `segments()`: a 6 MiB request takes a 20 MiB segment (requests from 1 to 10 MiB share
+/// one) and splits it; a 1 KiB one takes a 2 MiB small segment. Freed, the 6 MiB block
+/// merges back: one free 20 MiB block.
+#[test]
+fn segments_show_how_each_is_cut_and_whose_blocks_it_holds() {
+    let mut a = alloc();
+    a.malloc(7, 6 * MIB);
+    a.malloc(8, KIB);
+    let cut: Vec<(bool, u64, u64, u64, u64, Vec<(u64, u64)>)> = a
+        .segments()
+        .into_iter()
+        .map(|s| (s.small, s.size, s.allocated, s.free, s.largest_free, s.live))
+        .collect();
+    let mut expected = vec![
+        (
+            false,
+            20 * MIB,
+            6 * MIB,
+            14 * MIB,
+            14 * MIB,
+            vec![(7, 6 * MIB)],
+        ),
+        (
+            true,
+            2 * MIB,
+            KIB,
+            2 * MIB - KIB,
+            2 * MIB - KIB,
+            vec![(8, KIB)],
+        ),
+    ];
+    let mut cut_sorted = cut.clone();
+    cut_sorted.sort_by_key(|c| c.0);
+    expected.sort_by_key(|c| c.0);
+    assert_eq!(cut_sorted, expected);
+    a.free(7);
+    let large: Vec<(u64, u64, u64)> = a
+        .segments()
+        .into_iter()
+        .filter(|s| !s.small)
+        .map(|s| (s.size, s.free, s.largest_free))
+        .collect();
+    assert_eq!(large, [(20 * MIB, 20 * MIB, 20 * MIB)]);
+}
