@@ -1,5 +1,5 @@
 // The table the dry run's meta kernels are registered from (kernels.cpp), and the part
-// of it gap_kernels.cpp holds.
+// of it gap_kernels.cpp and norm_kernels.cpp hold.
 
 #ifndef TCH_MEMPROF_KERNELS_H
 #define TCH_MEMPROF_KERNELS_H
@@ -18,6 +18,9 @@ struct MetaKernel {
 
 extern const MetaKernel kGapKernels[];
 extern const size_t kGapKernelCount;
+// The normalizations' kernels (norm_kernels.cpp).
+extern const MetaKernel kNormKernels[];
+extern const size_t kNormKernelCount;
 
 }  // namespace memprof
 
