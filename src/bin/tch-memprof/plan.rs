@@ -208,21 +208,9 @@ fn plan_recorded(a: &PlanArgs, path: &Path, memory: u64) -> ExitCode {
             path.display()
         );
         println!("{}", budget_line(memory, &a.memory));
-        let named: Vec<(String, Peaks)> = rows
-            .iter()
-            .enumerate()
-            .map(|(i, (conf, p))| {
-                let name = match (i, conf.is_empty()) {
-                    (0, true) => "replayed (as recorded: default)".to_string(),
-                    (0, false) => format!("replayed (as recorded: {conf})"),
-                    _ => conf.clone(),
-                };
-                (name, *p)
-            })
-            .collect();
         println!(
             "{}",
-            recorded::table(recording.recorded_peaks(), &named, Some(memory))
+            recorded::table(recording.recorded_peaks(), &rows, Some(memory))
         );
         println!("{line}");
     }

@@ -155,15 +155,7 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
     }
     let replays: Vec<(String, Peaks)> = rows
         .iter()
-        .enumerate()
-        .map(|(i, (conf, run))| {
-            let name = match (i, conf.is_empty()) {
-                (0, true) => "replayed (as recorded: default)".to_string(),
-                (0, false) => format!("replayed (as recorded: {conf})"),
-                _ => conf.clone(),
-            };
-            (name, run.replayed)
-        })
+        .map(|(conf, run)| (conf.clone(), run.replayed))
         .collect();
     println!("{}", recorded::table(recorded, &replays, budget));
     if !unmodelled.is_empty() {
@@ -173,11 +165,7 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         );
     }
     if let Some(b) = budget {
-        let rows: Vec<(String, Peaks)> = rows
-            .iter()
-            .map(|(conf, run)| (conf.clone(), run.replayed))
-            .collect();
-        println!("{}", recorded::cheapest_fit(&rows, b).1);
+        println!("{}", recorded::cheapest_fit(&replays, b).1);
     }
     if let Some(line) = first.fragmentation_line() {
         println!("{line}");

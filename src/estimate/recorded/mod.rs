@@ -477,7 +477,9 @@ pub fn cheapest_fit(rows: &[(String, Peaks)], budget: u64) -> (Option<usize>, St
 }
 
 /// The recorded peaks and the replays' as a table (a row per allocator setting, the
-/// recorded one first), with a `fits` column against `budget`.
+/// recorded one first), with a `fits` column against `budget`. `replays`: each setting
+/// as `PYTORCH_CUDA_ALLOC_CONF` reads it with its replay's peaks, the run's own first
+/// (named "replayed (as recorded: ...)").
 pub fn table(recorded: Peaks, replays: &[(String, Peaks)], budget: Option<u64>) -> String {
     use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
     let mut t = Table::new();
@@ -488,7 +490,15 @@ pub fn table(recorded: Peaks, replays: &[(String, Peaks)], budget: Option<u64>) 
     t.load_preset(UTF8_FULL)
         .set_content_arrangement(ContentArrangement::Dynamic)
         .set_header(header);
-    let rows = std::iter::once(("recorded".to_string(), recorded)).chain(replays.iter().cloned());
+    let named = replays.iter().enumerate().map(|(i, (conf, p))| {
+        let name = match (i, conf.is_empty()) {
+            (0, true) => "replayed (as recorded: default)".to_string(),
+            (0, false) => format!("replayed (as recorded: {conf})"),
+            _ => conf.clone(),
+        };
+        (name, *p)
+    });
+    let rows = std::iter::once(("recorded".to_string(), recorded)).chain(named);
     for (name, p) in rows {
         let mut row = vec![name, bytes(p.allocated), bytes(p.reserved)];
         if let Some(b) = budget {
