@@ -40,7 +40,6 @@ impl Recording {
             value,
         };
         let mut events = vec![event(EventKind::Phase, -1, 0, 0, 0)];
-        let mut sizes: HashMap<u64, u64> = HashMap::new();
         let mut op = 0;
         for e in &self.events {
             match e.action {
@@ -54,12 +53,11 @@ impl Recording {
                     events.push(begin);
                     events.push(event(EventKind::Alloc, op, 0, e.addr, e.size as i64));
                     events.push(event(EventKind::OpEnd, op, name, 0, 0));
-                    sizes.insert(e.addr, e.size);
                     op += 1;
                 }
+                // The replay charges a free the bytes it charged the block.
                 Action::FreeCompleted => {
-                    let size = sizes.remove(&e.addr).unwrap_or(e.size);
-                    events.push(event(EventKind::Free, -1, 0, e.addr, -(size as i64)));
+                    events.push(event(EventKind::Free, -1, 0, e.addr, -(e.size as i64)));
                 }
                 _ => {}
             }
