@@ -33,6 +33,9 @@ Models run in a worker process: a model whose tracer or exporter crashes PyTorch
 abort or a fatal signal) is tried once more in a new worker, then reported with the
 error "Crash: ...", and the models after it still run.
 
+A full disk ends the run with one line that names the folder and its free space (exit
+status 2), not as a crash of PyTorch's writer.
+
 Run with the Python of the torch wheel that scripts/with-libtorch.sh installs, with
 the packages of scripts/corpus-env.sh.
 """
@@ -474,6 +477,26 @@ def crashed_row(name, exporting, how):
     return row
 
 
+class DiskFull(Exception):
+    """The disk under the output folder has no room left for the files."""
+
+
+# Below this much free space, a crash of a worker is taken for a full disk: PyTorch's
+# archive writer aborts the process (`unexpected pos`) when a write falls short.
+DISK_FULL_BELOW = 64 << 20
+
+
+def disk_full(out_dir):
+    """DiskFull naming the folder and its free space, when it is (nearly) full."""
+    import shutil
+
+    free = shutil.disk_usage(out_dir).free
+    if free < DISK_FULL_BELOW:
+        return DiskFull(f"corpus: no space left on the disk that holds {out_dir} "
+                        f"({free >> 20} MiB free); free some and run it again")
+    return None
+
+
 def supervise(flags, out_dir, names, exporting):
     """Runs the models in a worker process (this script under CORPUS_WORKER=1), which
     appends a row a model to corpus.jsonl. A crash of PyTorch's tracer or exporter (an
@@ -506,6 +529,9 @@ def supervise(flags, out_dir, names, exporting):
                 print(f"corpus: the worker ended without rows for {todo}", file=sys.stderr)
                 return 1
             return code
+        full = disk_full(out_dir)
+        if full is not None:
+            raise full
         try:
             how = "killed by " + signal.Signals(-code).name
         except ValueError:
@@ -670,4 +696,16 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    import errno
+
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except DiskFull as e:
+        print(e, file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        print(f"corpus: no space left on the disk ({e.filename or 'writing the files'}); "
+              "free some and run it again", file=sys.stderr)
+        sys.exit(2)

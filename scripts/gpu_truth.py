@@ -8,6 +8,7 @@ estimate FILE --gpu h200` can be held to those peaks.
     python3 scripts/gpu_truth.py --cache ROOT          # all, held-out too, through a cache
     python3 scripts/gpu_truth.py --held-out --list     # the held-out models (HELD_OUT)
     python3 scripts/gpu_truth.py --device cuda:0 --out DIR MODEL  # traced on a GPU
+    python3 scripts/gpu_truth.py --paced --out DIR     # a model at a time, on request
 
 --device traces on that device: a file traced on the CPU keeps the tensors tracing
 baked in as constants (transformers' attention masks and position indices, stochastic
@@ -18,6 +19,12 @@ With --cache the files are written into a folder under ROOT named by a hash of t
 script, scripts/corpus.py, the Python and the versions of torch and the packages, reused
 while that hash holds (the entry is marked complete last, so a killed run is redone;
 older entries are removed), and that folder is printed on standard output.
+
+With --paced, each model's lines are also printed on standard output as soon as its
+files are written, and the next model waits for a line on standard input (the script
+stops at its end): the reader estimates a model and removes its files while the next is
+traced, so that the disk holds two models' files at most, not all of them (about 11 GB
+with the held-out models).
 
 For each model and each mode it was measured in (inference traced in eval() under
 no_grad; training traced in train() with grad enabled), DIR/MODEL.MODE.pt and a line in
@@ -230,16 +237,22 @@ def cached(root):
     return 0
 
 
-def trace_all(out_dir, names, measured_batch=False, device="cpu"):
+def trace_all(out_dir, names, measured_batch=False, device="cpu", paced=False):
     os.makedirs(out_dir, exist_ok=True)
     hf_patch()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     with open(os.path.join(out_dir, "cases.jsonl"), "w") as f:
-        for name in names:
+        for i, name in enumerate(names):
+            if paced and i > 0 and not sys.stdin.readline():
+                break
             for row in trace(name, out_dir, measured_batch, device):
                 f.write(json.dumps(row) + "\n")
                 f.flush()
+                if paced:
+                    print(json.dumps(row), flush=True)
                 print(f"{row['model']} {row['mode']}: traced", file=sys.stderr)
+            if paced:
+                print(flush=True)
     return 0
 
 
@@ -260,14 +273,15 @@ def main(argv):
     if "--device" in rest:
         j = rest.index("--device")
         rest = rest[:j] + rest[j + 2:]
-    names = [a for a in rest if not a.startswith("--")] or list(models)
+    names = [a for a in rest if not a.startswith("--")] or list(
+        ALL_MODELS if "--paced" in argv and "--held-out" not in argv else models)
     unknown = [n for n in names if n not in ALL_MODELS]
     if unknown:
         print(f"gpu_truth.py: unknown model(s) {', '.join(unknown)}; known: "
               f"{', '.join(ALL_MODELS)}", file=sys.stderr)
         return 2
     device = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
-    return trace_all(out_dir, names, "--measured-batch" in argv, device)
+    return trace_all(out_dir, names, "--measured-batch" in argv, device, "--paced" in argv)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@
 //!
 //! The measurements were made with PyTorch 2.11; under another libtorch (the compat
 //! suite) the kernels CUDA picks may differ, so the test runs under 2.11 only and says so
-//! otherwise. Traced files are cached beside the wheel's Python (about 6 GB, mostly
-//! weights), reused while the script and the packages are the same.
+//! otherwise. The models are traced a model at a time while the previous one's cases are
+//! estimated, and each model's files removed after (all of them, mostly weights, take
+//! about 11 GB); `TCH_MEMPROF_CORPUS_CACHE=DIR` keeps them in DIR instead, reused while the
+//! script and the packages are the same.
 
 mod common;
 
@@ -236,19 +238,31 @@ fn an_h100_measured_the_h200s_peaks_but_in_the_transformers_training() {
     assert_eq!((compared, identical), (30, 29));
 }
 
-/// The traced files, by (model, infer|train), from `scripts/gpu_truth.py --cache`.
-fn traced() -> Option<BTreeMap<(String, String), PathBuf>> {
-    let python = common::corpus_python("the GPU truth cases")?;
-    let venv = Path::new(&python).parent()?.parent()?.to_path_buf();
-    let cache = match std::env::var_os("TCH_MEMPROF_CORPUS_CACHE") {
-        Some(v) if v != "off" => PathBuf::from(v),
-        _ => venv.join("corpus-cache"),
-    };
+/// A traced file's line of `cases.jsonl` (or of `--paced`'s output): its (model,
+/// infer|train) and path.
+fn case_file(line: &str) -> ((String, String), PathBuf) {
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    let text = |k: &str| v[k].as_str().unwrap().to_string();
+    ((text("model"), text("mode")), PathBuf::from(text("file")))
+}
+
+/// Where traced files are kept between runs: only where `TCH_MEMPROF_CORPUS_CACHE`
+/// names a folder (about 11 GB). Unset, or `off`, each model's files are removed once
+/// its cases are estimated ([`paced`]).
+fn truth_cache() -> Option<PathBuf> {
+    match std::env::var_os("TCH_MEMPROF_CORPUS_CACHE") {
+        Some(v) if v != "off" && !v.is_empty() => Some(PathBuf::from(v)),
+        _ => None,
+    }
+}
+
+/// Every model's files, by (model, infer|train), from `scripts/gpu_truth.py --cache`.
+fn cached(python: &str, cache: &Path) -> BTreeMap<(String, String), PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(&python)
+    let out = Command::new(python)
         .arg(root.join("scripts/gpu_truth.py"))
         .arg("--cache")
-        .arg(&cache)
+        .arg(cache)
         .output()
         .expect("runs scripts/gpu_truth.py");
     assert!(
@@ -258,18 +272,59 @@ fn traced() -> Option<BTreeMap<(String, String), PathBuf>> {
     );
     let entry = PathBuf::from(common::text(&out.stdout).trim());
     let lines = std::fs::read_to_string(entry.join("cases.jsonl")).unwrap();
-    let mut files = BTreeMap::new();
-    for line in lines.lines() {
-        let v: serde_json::Value = serde_json::from_str(line).unwrap();
-        files.insert(
-            (
-                v["model"].as_str().unwrap().to_string(),
-                v["mode"].as_str().unwrap().to_string(),
-            ),
-            PathBuf::from(v["file"].as_str().unwrap()),
-        );
+    lines.lines().map(case_file).collect()
+}
+
+/// Traces the models (`names`, or all of them) into `dir` a model at a time
+/// (`scripts/gpu_truth.py --paced`), hands each model's files to `each` as soon as they
+/// are written, and removes them after: the next model is traced meanwhile, so the disk
+/// holds two models' files at most.
+fn paced(
+    python: &str,
+    dir: &Path,
+    names: &[&str],
+    mut each: impl FnMut(&BTreeMap<(String, String), PathBuf>),
+) {
+    use std::io::{BufRead, Write};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::create_dir_all(dir).unwrap();
+    let log = dir.join("gpu_truth.stderr");
+    let mut child = Command::new(python)
+        .arg(root.join("scripts/gpu_truth.py"))
+        .arg("--paced")
+        .arg("--out")
+        .arg(dir)
+        .args(names)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("runs scripts/gpu_truth.py");
+    let mut go = child.stdin.take().unwrap();
+    let rows = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut model = BTreeMap::new();
+    for line in rows.lines() {
+        let line = line.unwrap();
+        if !line.trim().is_empty() {
+            model.extend([case_file(&line)]);
+            continue;
+        }
+        // A model's files are all written: the next is traced while these are used.
+        // (After the last model the script has exited and the pipe is closed.)
+        let _ = writeln!(go).and_then(|_| go.flush());
+        each(&model);
+        for file in model.values() {
+            let _ = std::fs::remove_file(file);
+        }
+        model.clear();
     }
-    Some(files)
+    drop(go);
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "scripts/gpu_truth.py: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
 }
 
 /// The estimate's (allocated, reserved, attention) of one case, or its stderr.
@@ -307,12 +362,12 @@ fn estimate(file: &Path, case: &Measured) -> Result<(u64, u64, String), String> 
 
 #[test]
 fn the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models() {
-    let Some(files) = files_under_2_11() else {
+    let Some(python) = python_under_2_11() else {
         return;
     };
     let cases = measured();
     assert_eq!(cases.len(), 42, "the measured cases");
-    hold(&cases, &files, KNOWN_GAPS);
+    hold(&cases, &python, KNOWN_GAPS);
 }
 
 /// The same cases run on the H200 from their traced files (`traced.csv` of
@@ -336,20 +391,21 @@ fn the_estimate_is_held_to_the_peaks_of_held_out_models_run_on_an_h200() {
 
 /// [`hold`] on the `runs` cases of one CSV file of [`TRACED_DATA`].
 fn hold_file(file: &str, runs: usize, gaps: &[(&str, &str, f64, f64, &str)]) {
-    let Some(files) = files_under_2_11() else {
+    let Some(python) = python_under_2_11() else {
         return;
     };
     let cases = measured_file(&format!("{TRACED_DATA}/{file}"));
     assert_eq!(cases.len(), runs, "the runs of {file}");
-    hold(&cases, &files, gaps);
+    hold(&cases, &python, gaps);
 }
 
 /// The estimate of every case of the three tests, by (model, mode), made once for them
 /// all (most traced runs are the eager cases' model and mode, estimated alike): two at a
-/// time (the machine's cores), each in its own process.
+/// time (the machine's cores), each in its own process, a model's cases as soon as its
+/// files are traced.
 #[allow(clippy::type_complexity)]
 fn estimates(
-    files: &BTreeMap<(String, String), PathBuf>,
+    python: &str,
 ) -> &'static BTreeMap<(String, String), Result<(u64, u64, String), String>> {
     static ESTIMATES: OnceLock<BTreeMap<(String, String), Result<(u64, u64, String), String>>> =
         OnceLock::new();
@@ -359,23 +415,42 @@ fn estimates(
         all.extend(measured_file(&format!("{TRACED_DATA}/held-out-traced.csv")));
         let mut seen = std::collections::BTreeSet::new();
         all.retain(|c| seen.insert((c.model.clone(), c.mode.clone())));
-        let file_of = |c: &Measured| {
+        let file_key = |c: &Measured| {
             let kind = if c.mode == "infer" { "infer" } else { "train" };
-            files
-                .get(&(c.model.clone(), kind.to_string()))
-                .unwrap_or_else(|| panic!("{} {kind}: not traced", c.model))
-                .clone()
+            (c.model.clone(), kind.to_string())
         };
-        let results = common::in_pairs(&all, |c| estimate(&file_of(c), c));
-        all.iter()
-            .map(|c| (c.model.clone(), c.mode.clone()))
-            .zip(results)
-            .collect()
+        let mut results = BTreeMap::new();
+        let mut estimate_traced = |files: &BTreeMap<(String, String), PathBuf>| {
+            let cases: Vec<&Measured> = all
+                .iter()
+                .filter(|c| files.contains_key(&file_key(c)))
+                .collect();
+            let made = common::in_pairs(&cases, |c| estimate(&files[&file_key(c)], c));
+            for (c, r) in cases.iter().zip(made) {
+                results.insert((c.model.clone(), c.mode.clone()), r);
+            }
+        };
+        match truth_cache() {
+            Some(cache) => estimate_traced(&cached(python, &cache)),
+            None => {
+                let dir = tempfile::tempdir().unwrap();
+                paced(python, dir.path(), &[], estimate_traced);
+            }
+        }
+        for c in &all {
+            assert!(
+                results.contains_key(&(c.model.clone(), c.mode.clone())),
+                "{} {}: not traced",
+                c.model,
+                c.mode
+            );
+        }
+        results
     })
 }
 
-/// The traced files, where the libtorch is the one the cases were measured with.
-fn files_under_2_11() -> Option<BTreeMap<(String, String), PathBuf>> {
+/// The wheel's Python, where its libtorch is the one the cases were measured with.
+fn python_under_2_11() -> Option<String> {
     let version = std::env::var("TCH_MEMPROF_TORCH_VERSION").unwrap_or_default();
     if !version.starts_with("2.11.") {
         // Not a failure under CI: the compat suite runs another libtorch on purpose.
@@ -385,17 +460,13 @@ fn files_under_2_11() -> Option<BTreeMap<(String, String), PathBuf>> {
         );
         return None;
     }
-    traced()
+    common::corpus_python("the GPU truth cases")
 }
 
 /// Estimates every case, prints the table, and fails on a case outside the target that
 /// `gaps` does not list, a listed one that got worse or meets the target, and a listed
 /// one not measured.
-fn hold(
-    cases: &[Measured],
-    files: &BTreeMap<(String, String), PathBuf>,
-    gaps: &[(&str, &str, f64, f64, &str)],
-) {
+fn hold(cases: &[Measured], python: &str, gaps: &[(&str, &str, f64, f64, &str)]) {
     let mut failures = Vec::new();
     let mut seen_gaps = Vec::new();
     println!(
@@ -404,7 +475,7 @@ fn hold(
     );
     let (mut within_alloc, mut within_both) = (0, 0);
     let results = cases.iter().map(|c| {
-        estimates(files)
+        estimates(python)
             .get(&(c.model.clone(), c.mode.clone()))
             .cloned()
             .unwrap_or_else(|| Err("not estimated".into()))
@@ -488,10 +559,9 @@ fn hold(
 /// request the prediction makes and the record does not have.
 #[test]
 fn the_prediction_makes_the_requests_the_h200_made_in_the_same_order() {
-    let Some(files) = files_under_2_11() else {
+    let Some(python) = python_under_2_11() else {
         return;
     };
-    let file = &files[&("hf_bert_base".to_string(), "infer".to_string())];
     let dir = tempfile::tempdir().unwrap();
     let snapshot = dir.path().join("bert.pickle");
     let mut bytes = Vec::new();
@@ -504,16 +574,30 @@ fn the_prediction_makes_the_requests_the_h200_made_in_the_same_order() {
     .read_to_end(&mut bytes)
     .unwrap();
     std::fs::write(&snapshot, bytes).unwrap();
-    let out = common::cli(&[
-        "estimate",
-        file.to_str().unwrap(),
-        "--input",
-        "8x512:i64",
-        "--gpu",
-        "h200",
-        "--compare",
-        snapshot.to_str().unwrap(),
-    ]);
+    let key = ("hf_bert_base".to_string(), "infer".to_string());
+    let compare = |files: &BTreeMap<(String, String), PathBuf>| {
+        common::cli(&[
+            "estimate",
+            files[&key].to_str().unwrap(),
+            "--input",
+            "8x512:i64",
+            "--gpu",
+            "h200",
+            "--compare",
+            snapshot.to_str().unwrap(),
+        ])
+    };
+    let out = match truth_cache() {
+        Some(cache) => compare(&cached(&python, &cache)),
+        None => {
+            let traced = dir.path().join("traced");
+            let mut out = None;
+            paced(&python, &traced, &["hf_bert_base"], |files| {
+                out = Some(compare(files))
+            });
+            out.expect("hf_bert_base traced")
+        }
+    };
     let text = common::text(&out.stdout);
     assert!(out.status.success(), "{}", common::text(&out.stderr));
     println!("{text}");
