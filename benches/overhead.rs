@@ -34,7 +34,11 @@
 //!
 //! Options (after `--`): `--rounds N` (default 4), `--steps N` timed steps per child
 //! (default 20), `--threads N` libtorch's threads in each child (default 1),
-//! `--device cpu|cuda` (default cpu).
+//! `--device cpu|cuda` (default cpu), `--batch N` and `--image N` (default 8 and 64: the
+//! input is Nx3xIxI). A small input keeps every op and allocation of the step but little
+//! of its arithmetic, so that the profiler's share shows (and a child runs under
+//! `valgrind --tool=callgrind` in minutes: `TCH_MEMPROF_BENCH_MODE=profiled valgrind
+//! --tool=callgrind <this bench's binary> --batch 1 --image 16 --steps 2`).
 
 use std::process::Command;
 use std::time::Instant;
@@ -119,6 +123,7 @@ impl Mode {
 /// Child: trains ResNet-18 and prints one step time per line, in microseconds.
 fn child(mode: Mode, steps: usize, dev: Device) {
     tch::set_num_threads(arg("--threads", 1) as i32);
+    let (batch, image) = (arg("--batch", 8) as i64, arg("--image", 64) as i64);
     let profiled = mode != Mode::Baseline;
     let vs = nn::VarStore::new(dev);
     let net = tch::vision::resnet::resnet18(&vs.root(), 10);
@@ -133,8 +138,8 @@ fn child(mode: Mode, steps: usize, dev: Device) {
     });
     for i in 0..WARMUP + steps {
         let t0 = Instant::now();
-        let x = Tensor::randn([8, 3, 64, 64], (Kind::Float, dev));
-        let y = Tensor::randint(10, [8], (Kind::Int64, dev));
+        let x = Tensor::randn([batch, 3, image, image], (Kind::Float, dev));
+        let y = Tensor::randint(10, [batch], (Kind::Int64, dev));
         let loss = net.forward_t(&x, true).cross_entropy_for_logits(&y);
         opt.zero_grad();
         loss.backward();
@@ -189,6 +194,8 @@ fn main() {
             let mut cmd = Command::new(&exe);
             cmd.args(["--steps", &steps.to_string()]);
             cmd.args(["--threads", &arg("--threads", 1).to_string()]);
+            cmd.args(["--batch", &arg("--batch", 8).to_string()]);
+            cmd.args(["--image", &arg("--image", 64).to_string()]);
             if let Device::Cuda(_) = dev {
                 cmd.args(["--device", "cuda"]);
             }
@@ -232,8 +239,9 @@ fn main() {
         Device::Cuda(_) => "CUDA",
         _ => "CPU",
     };
+    let (batch, image) = (arg("--batch", 8), arg("--image", 64));
     println!(
-        "{on} ResNet-18 training step, batch 8x3x64x64, Adam, {rounds} rounds x {steps} steps per mode"
+        "{on} ResNet-18 training step, batch {batch}x3x{image}x{image}, Adam, {rounds} rounds x {steps} steps per mode"
     );
     println!("  {:<48} {:>10} {:>10}", "mode", "median ms", "fastest ms");
     for ((mode, m), f) in MODES.iter().zip(&medians).zip(&fastest) {
