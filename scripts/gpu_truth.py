@@ -8,7 +8,7 @@ estimate FILE --gpu h200` can be held to those peaks.
     python3 scripts/gpu_truth.py --cache ROOT          # all, held-out too, through a cache
     python3 scripts/gpu_truth.py --held-out --list     # the held-out models (HELD_OUT)
     python3 scripts/gpu_truth.py --device cuda:0 --out DIR MODEL  # traced on a GPU
-    python3 scripts/gpu_truth.py --paced --out DIR     # a model at a time, on request
+    python3 scripts/gpu_truth.py --paced --out DIR     # all, held-out too, a model at a time
 
 --device traces on that device: a file traced on the CPU keeps the tensors tracing
 baked in as constants (transformers' attention masks and position indices, stochastic
