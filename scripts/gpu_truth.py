@@ -23,8 +23,8 @@ older entries are removed), and that folder is printed on standard output.
 With --paced, each model's lines are also printed on standard output as soon as its
 files are written, and the next model waits for a line on standard input (the script
 stops at its end): the reader estimates a model and removes its files while the next is
-traced, so that the disk holds two models' files at most, not all of them (about 11 GB
-with the held-out models).
+traced, so that the disk holds two models' files at most, not all of them (11.6 GB
+with the held-out models; tests/gpu_truth.rs prints both figures).
 
 For each model and each mode it was measured in (inference traced in eval() under
 no_grad; training traced in train() with grad enabled), DIR/MODEL.MODE.pt and a line in

@@ -3,7 +3,9 @@
 # does not move: the overhead bench's children (benches/overhead.rs: ResNet-18, Adam, one
 # libtorch thread) run under `valgrind --tool=callgrind`, each mode at two step counts;
 # the difference, divided by the steps between them, is one step's instructions without
-# start-up. Prints each mode's instructions a step and its ratio to the plain loop.
+# start-up. Prints each mode's instructions a step and its ratio to the plain loop, then
+# where the default profiler's extra instructions go (`callgrind_annotate`'s functions,
+# per step, against the plain loop's, grouped by library).
 #
 #   scripts/with-libtorch.sh scripts/overhead-instructions.sh                  # 1x3x16x16
 #   scripts/with-libtorch.sh scripts/overhead-instructions.sh --batch 8 --image 64
@@ -11,7 +13,7 @@
 # The default input is small: the step keeps every op, allocation and Adam update of the
 # timed bench's (8x3x64x64), so the profiler's instructions are the same, while the
 # convolutions' arithmetic shrinks and a child runs in about 90 seconds under callgrind
-# (at 8x3x64x64, over 20 minutes each); the profiler's ratio there is an upper bound of
+# (at 8x3x64x64, a child ran over 17 minutes without finishing); the profiler's ratio there is an upper bound of
 # its ratio at the larger input.
 # Instructions are not time: a cache miss or a page fault costs no instruction, so this
 # complements the timed bench (`cargo bench --bench overhead`), it does not replace it.
@@ -63,3 +65,39 @@ for mode in "${modes[@]}"; do
   step=$(( ($(total "$mode.$many") - $(total "$mode.$few")) / (many - few) ))
   python3 -c "print(f'  {\"$mode\":<9} {$step:>15,} instructions  ratio {$step / $base:.4f}')"
 done
+# Where the default mode's extra instructions go, per step, grouped by function.
+python3 - "$out" "$few" "$many" <<'PY'
+import collections, re, subprocess, sys
+out, few, many = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+def functions(path):
+    text = subprocess.run(["callgrind_annotate", "--threshold=100", path],
+                          capture_output=True, text=True, check=True).stdout
+    counts = collections.Counter()
+    for line in text.splitlines():
+        m = re.match(r"\s*([\d,]+) \([^)]*\)\s+(.*)$", line)
+        if m and "PROGRAM TOTALS" not in line:
+            counts[m.group(2)] += int(m.group(1).replace(",", ""))
+    return counts
+
+def per_step(mode):
+    a, b = functions(f"{out}/{mode}.{many}"), functions(f"{out}/{mode}.{few}")
+    return {k: (a[k] - b[k]) / (many - few) for k in set(a) | set(b)}
+
+groups = [
+    ("libtorch's RecordFunction (op records)",
+     lambda k: "RecordFunction" in k or "StepCallbacks" in k),
+    ("op inputs packed as IValues", lambda k: "IValue" in k or "c10::List" in k),
+    ("glibc malloc and free", lambda k: "malloc.c" in k or "arena.c" in k),
+    ("the native hooks (memprof::)",
+     lambda k: ("memprof::" in k or "memprof_flops::" in k) and "tch_memprof::" not in k),
+    ("the Rust side (tch_memprof::)", lambda k: "tch_memprof::" in k),
+]
+profiled, baseline = per_step("profiled"), per_step("baseline")
+extra = {k: profiled.get(k, 0) - baseline.get(k, 0) for k in set(profiled) | set(baseline)}
+total = sum(extra.values())
+print(f"the default profiler's {total:,.0f} extra instructions a step, by function:")
+for name, match in groups:
+    part = sum(v for k, v in extra.items() if match(k))
+    print(f"  {name:<40} {part:>12,.0f}  {100 * part / total:5.1f}%")
+PY

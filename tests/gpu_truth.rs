@@ -19,7 +19,7 @@
 //! suite) the kernels CUDA picks may differ, so the test runs under 2.11 only and says so
 //! otherwise. The models are traced a model at a time while the previous one's cases are
 //! estimated, and each model's files removed after (all of them, mostly weights, take
-//! about 11 GB); `TCH_MEMPROF_CORPUS_CACHE=DIR` keeps them in DIR instead, reused while the
+//! 11.6 GB; the test prints that and the most on disk at once); `TCH_MEMPROF_CORPUS_CACHE=DIR` keeps them in DIR instead, reused while the
 //! script and the packages are the same.
 
 mod common;
@@ -247,7 +247,7 @@ fn case_file(line: &str) -> ((String, String), PathBuf) {
 }
 
 /// Where traced files are kept between runs: only where `TCH_MEMPROF_CORPUS_CACHE`
-/// names a folder (about 11 GB). Unset, or `off`, each model's files are removed once
+/// names a folder (11.6 GB). Unset, or `off`, each model's files are removed once
 /// its cases are estimated ([`paced`]).
 fn truth_cache() -> Option<PathBuf> {
     match std::env::var_os("TCH_MEMPROF_CORPUS_CACHE") {
@@ -303,22 +303,33 @@ fn paced(
     let mut go = child.stdin.take().unwrap();
     let rows = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut model = BTreeMap::new();
+    let (mut most, mut all) = (0, 0);
     for line in rows.lines() {
         let line = line.unwrap();
         if !line.trim().is_empty() {
-            model.extend([case_file(&line)]);
+            let (case, file) = case_file(&line);
+            model.insert(case, file);
             continue;
         }
         // A model's files are all written: the next is traced while these are used.
         // (After the last model the script has exited and the pipe is closed.)
         let _ = writeln!(go).and_then(|_| go.flush());
         each(&model);
+        // The most the folder holds: this model's files and the next one's, traced
+        // meanwhile.
+        most = most.max(bytes_under(dir));
         for file in model.values() {
+            all += std::fs::metadata(file).map_or(0, |m| m.len());
             let _ = std::fs::remove_file(file);
         }
         model.clear();
     }
     drop(go);
+    println!(
+        "traced files on disk at most: {:.2} GB, of {:.2} GB traced in all",
+        most as f64 / 1e9,
+        all as f64 / 1e9
+    );
     let status = child.wait().unwrap();
     assert!(
         status.success(),
@@ -447,6 +458,19 @@ fn estimates(
         }
         results
     })
+}
+
+/// The bytes of the files in `dir` (not in its subfolders).
+fn bytes_under(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 /// The wheel's Python, where its libtorch is the one the cases were measured with.
