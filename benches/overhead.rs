@@ -5,17 +5,30 @@
 //!     scripts/with-libtorch.sh cargo bench --bench overhead -- --device cuda
 //!
 //! The baseline must not have the tracking allocator either, and that one is installed
-//! when the library loads; so each measurement is a child process of this bench:
-//! baseline children run with TCH_MEMPROF_DISABLE=1 and no profiler; the others build
-//! a MemoryProfiler and call record_stats every step: core without leak hunting,
+//! when the library loads; so each mode runs in a child process of this bench: the
+//! baseline with TCH_MEMPROF_DISABLE=1 and no profiler; the others build a
+//! MemoryProfiler and call record_stats every step: core without leak hunting,
 //! profiled with the default settings (leak hunting on), timeline with the step
 //! timeline on as well (every op's inputs, every allocation logged, the peak step
-//! replayed). The order of the modes rotates every round so that drifts of the machine
-//! hit all alike. Two ratios to the baseline are printed side by side: of the medians
-//! of all timed steps, and of the fastest round's medians (the round each mode ran
-//! least disturbed). On CUDA each step ends with a synchronize, so a step's time is
-//! the GPU's work or the CPU's launching it, whichever is longer: a fast GPU makes a
-//! small step CPU-bound, and the profiler's per-op callbacks then show in full.
+//! replayed).
+//!
+//! **Interleaved step by step.** Each round starts one child of every mode; each builds
+//! its model, runs its warm-up steps and waits. The bench then has them take turns, one
+//! step each (a line on the child's stdin starts a step, the child answers with its
+//! time), in an order that rotates every step: a baseline step and a profiled step are
+//! at most three steps apart, so a slow phase of a shared machine hits every mode
+//! alike (on a 2-core AMD EPYC, the baseline's round medians spread from 165.8 to
+//! 196.9 ms in one run, and every mode's moved with them). The children are new every
+//! round: where a process's memory falls moves its step time by a percent or so for
+//! the whole process (two default-mode children taking turns in one run were 0.6%
+//! apart), so a mode's figure is taken over several processes.
+//!
+//! Three ratios to the baseline are printed side by side: of the medians of all timed
+//! steps, of the fastest rounds' medians, and the median of each step's ratio to the
+//! baseline step of its turn ("paired"). On CUDA each step ends with a synchronize, so
+//! a step's time is the GPU's work or the CPU's launching it, whichever is longer: a
+//! fast GPU makes a small step CPU-bound, and the profiler's per-op callbacks then show
+//! in full.
 //!
 //! Every child runs with glibc's malloc thresholds pinned (`MALLOC_MMAP_THRESHOLD_`,
 //! `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`, unless already set): left to adapt, glibc
@@ -24,23 +37,23 @@
 //! steps on a 2-core AMD EPYC: `TCH_MEMPROF_DISABLE=1 TCH_MEMPROF_BENCH_MODE=baseline
 //! perf stat -e page-faults <this bench's binary> --steps 30`) moved step times by more
 //! than the profiler costs. Pinned, every run took about 88,000, most of them at start-up.
+//! The children run libtorch on one thread (`--threads`): with two, the OpenMP
+//! workers' waits on a 2-core machine moved a step's time by more than the profiler
+//! costs.
 //!
-//! Three ratios to the baseline are printed side by side: of the medians of all timed
-//! steps, of the fastest rounds' medians, and the median over rounds of each round's
-//! ratio to that round's baseline (a slow phase of the machine that lasts a round hits
-//! both alike). The children run libtorch on one thread (`--threads`): with two, the
-//! OpenMP workers' waits on a 2-core machine moved a step's time by more than the
-//! profiler costs.
-//!
-//! Options (after `--`): `--rounds N` (default 4), `--steps N` timed steps per child
-//! (default 20), `--threads N` libtorch's threads in each child (default 1),
+//! Options (after `--`): `--rounds N` (default 8), `--steps N` timed steps per child
+//! and round (default 20), `--threads N` libtorch's threads in each child (default 1),
 //! `--device cpu|cuda` (default cpu), `--batch N` and `--image N` (default 8 and 64: the
 //! input is Nx3xIxI). A small input keeps every op and allocation of the step but little
-//! of its arithmetic, so that the profiler's share shows (and a child runs under
-//! `valgrind --tool=callgrind` in minutes: `TCH_MEMPROF_BENCH_MODE=profiled valgrind
-//! --tool=callgrind <this bench's binary> --batch 1 --image 16 --steps 2`).
+//! of its arithmetic, so that the profiler's share shows. A child run by hand (without
+//! `--lockstep`) runs its warm-up and `--steps` steps and prints each step's time, in
+//! microseconds, a line each; so it runs under `valgrind --tool=callgrind` in minutes:
+//! `TCH_MEMPROF_BENCH_MODE=profiled valgrind --tool=callgrind <this bench's binary>
+//! --batch 1 --image 16 --steps 2`.
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use tch::{nn, nn::ModuleT, nn::OptimizerConfig, Device, Kind, Tensor};
@@ -136,7 +149,8 @@ fn child(mode: Mode, steps: usize, dev: Device) {
             .build()
             .expect("profiler")
     });
-    for i in 0..WARMUP + steps {
+    let lockstep = std::env::args().any(|a| a == "--lockstep");
+    let mut step = || {
         let t0 = Instant::now();
         let x = Tensor::randn([batch, 3, image, image], (Kind::Float, dev));
         let y = Tensor::randint(10, [batch], (Kind::Int64, dev));
@@ -150,11 +164,29 @@ fn child(mode: Mode, steps: usize, dev: Device) {
         if let Device::Cuda(i) = dev {
             tch::Cuda::synchronize(i as i64);
         }
-        let us = t0.elapsed().as_micros();
-        if i >= WARMUP {
-            println!("{us}");
+        t0.elapsed().as_micros()
+    };
+    for _ in 0..WARMUP {
+        step();
+    }
+    let mut out = std::io::stdout().lock();
+    if lockstep {
+        // One step for each line on stdin, until it closes.
+        writeln!(out, "ready").unwrap();
+        out.flush().unwrap();
+        for line in std::io::stdin().lines() {
+            line.unwrap();
+            let us = step();
+            writeln!(out, "{us}").unwrap();
+            out.flush().unwrap();
+        }
+    } else {
+        for _ in 0..steps {
+            let us = step();
+            writeln!(out, "{us}").unwrap();
         }
     }
+    drop(step);
     if let Some(p) = profiler {
         assert_eq!(p.failures(), 0);
     }
@@ -181,59 +213,70 @@ fn main() {
         child(mode, steps, dev);
         return;
     }
-    let rounds = arg("--rounds", 4);
+    let rounds = arg("--rounds", 8);
     let exe = std::env::current_exe().unwrap();
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
-    // Each mode's median step time in each round.
-    let mut round_medians: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+    // Step times in ms, per mode and round; each step's ratio to the baseline step of
+    // its cycle, per mode.
+    let mut times: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); rounds]; MODES.len()];
+    let mut paired: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
     for round in 0..rounds {
-        // Rotate: no mode always runs first.
-        for k in 0..MODES.len() {
-            let m = (k + round) % MODES.len();
-            let mode = MODES[m];
-            let mut cmd = Command::new(&exe);
-            cmd.args(["--steps", &steps.to_string()]);
-            cmd.args(["--threads", &arg("--threads", 1).to_string()]);
-            cmd.args(["--batch", &arg("--batch", 8).to_string()]);
-            cmd.args(["--image", &arg("--image", 64).to_string()]);
-            if let Device::Cuda(_) = dev {
-                cmd.args(["--device", "cuda"]);
-            }
-            cmd.env(MODE, mode.name());
-            for (k, v) in MALLOC_PINNED {
-                if std::env::var_os(k).is_none() {
-                    cmd.env(k, v);
-                }
-            }
-            if mode == Mode::Baseline {
-                cmd.env("TCH_MEMPROF_DISABLE", "1");
-            }
-            let out = cmd.output().expect("run child");
-            assert!(
-                out.status.success(),
-                "child failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let t: Vec<f64> = String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter_map(|l| l.trim().parse::<f64>().ok())
-                .map(|us| us / 1000.0)
-                .collect();
-            let med = median(&mut t.clone());
-            eprintln!(
-                "round {} {:>8}: median {med:.2} ms over {} steps",
-                round + 1,
-                mode.name(),
-                t.len()
-            );
-            round_medians[m].push(med);
-            times[m].extend(t);
+        // Fresh children every round: where a process's memory falls moves its step
+        // time by a percent or two, for the whole process.
+        let mut children: Vec<Child> = MODES.iter().map(|&m| spawn(&exe, m, dev)).collect();
+        let mut pipes: Vec<(ChildStdin, BufReader<ChildStdout>)> = children
+            .iter_mut()
+            .map(|c| {
+                let stdin = c.stdin.take().unwrap();
+                (stdin, BufReader::new(c.stdout.take().unwrap()))
+            })
+            .collect();
+        // Every child has built its model and run its warm-up steps.
+        for (m, (_, out)) in pipes.iter_mut().enumerate() {
+            let line = read_line(out, MODES[m], &mut children[m]);
+            assert_eq!(line, "ready", "{}: {line}", MODES[m].name());
         }
+        for s in 0..steps {
+            // Rotate: no mode always runs first, or always after the same one.
+            let mut step_ms = [0.0; MODES.len()];
+            for k in 0..MODES.len() {
+                let m = (k + s + round) % MODES.len();
+                let (stdin, stdout) = &mut pipes[m];
+                writeln!(stdin).unwrap();
+                stdin.flush().unwrap();
+                let line = read_line(stdout, MODES[m], &mut children[m]);
+                let us: f64 = line
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{}: not a step time: {line}", MODES[m].name()));
+                step_ms[m] = us / 1000.0;
+            }
+            for m in 0..MODES.len() {
+                times[m][round].push(step_ms[m]);
+                paired[m].push(step_ms[m] / step_ms[0]);
+            }
+        }
+        drop(pipes);
+        for (m, c) in children.into_iter().enumerate() {
+            let out = c.wait_with_output().expect("wait for child");
+            assert!(out.status.success(), "the {} child failed", MODES[m].name());
+        }
+        let meds: Vec<String> = MODES
+            .iter()
+            .enumerate()
+            .map(|(m, mode)| {
+                let med = median(&mut times[m][round].clone());
+                format!("{} {med:.2}", mode.name())
+            })
+            .collect();
+        eprintln!("round {}: median ms {}", round + 1, meds.join(", "));
     }
-    let medians: Vec<f64> = times.iter_mut().map(|t| median(t)).collect();
-    let fastest: Vec<f64> = round_medians
+    let medians: Vec<f64> = times.iter().map(|r| median(&mut r.concat())).collect();
+    let fastest: Vec<f64> = times
         .iter()
-        .map(|r| r.iter().copied().fold(f64::INFINITY, f64::min))
+        .map(|r| {
+            r.iter()
+                .map(|t| median(&mut t.clone()))
+                .fold(f64::INFINITY, f64::min)
+        })
         .collect();
     let on = match dev {
         Device::Cuda(_) => "CUDA",
@@ -241,41 +284,57 @@ fn main() {
     };
     let (batch, image) = (arg("--batch", 8), arg("--image", 64));
     println!(
-        "{on} ResNet-18 training step, batch {batch}x3x{image}x{image}, Adam, {rounds} rounds x {steps} steps per mode"
+        "{on} ResNet-18 training step, batch {batch}x3x{image}x{image}, Adam, {rounds} rounds x {steps} steps per mode, interleaved step by step"
     );
     println!("  {:<48} {:>10} {:>10}", "mode", "median ms", "fastest ms");
     for ((mode, m), f) in MODES.iter().zip(&medians).zip(&fastest) {
         println!("  {:<48} {m:>10.2} {f:>10.2}", mode.describe());
     }
-    // Each round's ratio to that round's baseline: a slow phase of the machine that
-    // lasts a round hits the mode and its baseline alike.
-    let paired: Vec<f64> = round_medians
-        .iter()
-        .map(|r| {
-            let mut ratios: Vec<f64> = r
-                .iter()
-                .zip(&round_medians[0])
-                .map(|(m, b)| m / b)
-                .collect();
-            median(&mut ratios)
-        })
-        .collect();
     println!(
         "  {:<48} {:>10} {:>10} {:>10}",
-        "ratio to the baseline", "median", "fastest", "by round"
+        "ratio to the baseline", "median", "fastest", "paired"
     );
-    for (((mode, m), f), p) in MODES
-        .iter()
-        .zip(&medians)
-        .zip(&fastest)
-        .zip(&paired)
-        .skip(1)
-    {
+    for (m, mode) in MODES.iter().enumerate().skip(1) {
         println!(
-            "  {:<48} {:>10.4} {:>10.4} {p:>10.4}",
+            "  {:<48} {:>10.4} {:>10.4} {:>10.4}",
             mode.describe(),
-            m / medians[0],
-            f / fastest[0]
+            medians[m] / medians[0],
+            fastest[m] / fastest[0],
+            median(&mut paired[m].clone())
         );
     }
+}
+
+/// One child of `mode`, in lockstep: it runs a step for each line on its stdin.
+fn spawn(exe: &Path, mode: Mode, dev: Device) -> Child {
+    let mut cmd = Command::new(exe);
+    cmd.arg("--lockstep");
+    cmd.args(["--threads", &arg("--threads", 1).to_string()]);
+    cmd.args(["--batch", &arg("--batch", 8).to_string()]);
+    cmd.args(["--image", &arg("--image", 64).to_string()]);
+    if let Device::Cuda(_) = dev {
+        cmd.args(["--device", "cuda"]);
+    }
+    cmd.env(MODE, mode.name());
+    for (k, v) in MALLOC_PINNED {
+        if std::env::var_os(k).is_none() {
+            cmd.env(k, v);
+        }
+    }
+    if mode == Mode::Baseline {
+        cmd.env("TCH_MEMPROF_DISABLE", "1");
+    }
+    // stderr is the terminal's: a child's error shows as it happens.
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+    cmd.spawn().expect("run child")
+}
+
+/// The child's next line; a child that ended instead fails the bench (its stderr is
+/// above).
+fn read_line(out: &mut BufReader<ChildStdout>, mode: Mode, child: &mut Child) -> String {
+    let mut line = String::new();
+    if out.read_line(&mut line).unwrap_or(0) == 0 {
+        panic!("the {} child ended: {}", mode.name(), child.wait().unwrap());
+    }
+    line.trim().to_string()
 }
