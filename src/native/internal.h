@@ -518,6 +518,18 @@ void op_callback_use(int target, bool on, bool inputs, bool outputs);
 void clear_params(int target);
 int set_params(int target, const uint64_t* ptrs, const int32_t* ids, const int32_t* layers,
                size_t n);
+// layer_seq.cpp: the training thread's op layers learned once, then looked up (leak
+// hunting without the step timeline asks for op inputs only while it learns).
+// At session start: learn and look up (`on`) or ask for inputs always.
+void layer_seq_start(bool on);
+// At an iteration's start, on the training thread: whether it learns (needs inputs).
+bool layer_seq_next_iteration();
+// On the training thread's op callback: the op's layer comes from the learned sequence.
+bool layer_seq_looks_up();
+// A learning iteration's next timeline op, with the layer found from its inputs.
+void layer_seq_learn(int32_t name, int32_t layer1);
+// The next op's learned layer (id + 1), or 0 (no layer, or not the op learned there).
+int32_t layer_seq_lookup(int32_t name);
 // The dry run's op stack on this thread (the meta trace's current op).
 extern thread_local OpStack tls_dry_ops;
 

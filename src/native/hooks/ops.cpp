@@ -324,7 +324,18 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
       op = S::next_op();
     }
     int32_t layer1 = 0;
-    const int32_t var = backward_record ? -1 : first_variable(S::kTarget, fn.inputs(), &layer1);
+    int32_t var = -1;
+    // Leak hunting alone learns the training thread's layers, then looks them up
+    // without op inputs (layer_seq.cpp).
+    const bool seq = S::kTarget == MP_TARGET_STEP && !steplog;
+    if (!backward_record && seq && layer_seq_looks_up()) {
+      layer1 = layer_seq_lookup(id);
+    } else if (!backward_record) {
+      var = first_variable(S::kTarget, fn.inputs(), &layer1);
+      if (seq) {
+        layer_seq_learn(id, layer1);
+      }
+    }
     // The thread's scopes (tch_memprof::scope), whichever recorder runs.
     const OpStack& scopes = tls_ops;
     const uint32_t scope =
