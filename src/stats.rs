@@ -191,9 +191,10 @@ pub struct RunStats {
     pub peak_intermediate_gradients_bytes: u64,
     /// What the leak hunt found at the last `epoch_end`, if anything.
     pub leaks: Option<crate::leaks::LeakReport>,
-    /// Bytes the profiler itself holds: its buffers, and the native registry and logs
-    /// as far as they were used. Bounded: it depends on the most blocks live at once
-    /// and the most events in one iteration, not on the number of iterations. (The
+    /// Bytes the profiler itself holds: its buffers, and the native registry, logs and
+    /// leak hunting's learned op layers as far as they were used. Bounded: it depends
+    /// on the most blocks live at once and the most events and ops in one iteration,
+    /// not on the number of iterations. (The
     /// epoch summaries of `epochs()`, one small record per `epoch_end`, come on top.)
     pub profiler_memory_bytes: u64,
 }

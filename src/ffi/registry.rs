@@ -103,6 +103,8 @@ pub(crate) struct Registry {
     pub entry_bytes: u64,
     pub on: i32,
     pub pad: i32,
+    /// Leak hunting's learned op layers: bytes of the entries ever written.
+    pub learned_ops_bytes: u64,
 }
 
 pub(crate) fn registry() -> Result<Registry> {

@@ -528,8 +528,10 @@ bool layer_seq_next_iteration();
 bool layer_seq_looks_up();
 // A learning iteration's next timeline op, with the layer found from its inputs.
 void layer_seq_learn(int32_t name, int32_t layer1);
-// The next op's learned layer (id + 1), or 0 (no layer, or not the op learned there).
+// The next op's learned layer (id + 1, 0 none), or -1: not the op learned there.
 int32_t layer_seq_lookup(int32_t name);
+// The learned sequence's memory in use (the most entries ever written).
+uint64_t layer_seq_bytes();
 // The dry run's op stack on this thread (the meta trace's current op).
 extern thread_local OpStack tls_dry_ops;
 

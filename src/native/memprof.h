@@ -300,6 +300,8 @@ typedef struct MpRegistry {
   uint64_t entry_bytes;
   int32_t on;
   int32_t pad;
+  // Leak hunting's learned op layers (layer_seq.cpp): bytes of the entries ever written.
+  uint64_t learned_ops_bytes;
 } MpRegistry;
 
 // One birth (+size) or death (-size) of the memory history.

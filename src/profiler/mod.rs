@@ -521,6 +521,7 @@ impl MemoryProfiler {
         let st = ffi::state().unwrap_or_default();
         let event = std::mem::size_of::<LogEvent>() as u64;
         reg.high_water * reg.entry_bytes
+            + reg.learned_ops_bytes
             + st.log_len.min(st.log_capacity) * event
             + self.log.capacity() as u64 * event
             + self.hunter.as_ref().map_or(0, |h| h.own_bytes())

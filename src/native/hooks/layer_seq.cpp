@@ -10,10 +10,10 @@
 // hunting alone, the recorder asks for inputs in a *learning* iteration and keeps the
 // sequence of the training thread's forward and optimizer timeline ops (name and
 // layer); in the iterations after, registered without inputs, the n-th such op takes
-// the layer of the n-th learned op if their names are the same. At the first op whose
+// the layer of the n-th learned op if their names are the same. From the first op whose
 // name differs (or past the learned sequence) the rest of the iteration has no layer
-// from its variables (the recorder falls back to the layer that ran last, as for an op
-// with no variable among its inputs), and the next iteration learns again. The first
+// (`(none)`, not the layer that ran last: that may be wrong there), and the next
+// iteration learns again. The first
 // two iterations learn (the first often differs: an optimizer's state is made at its
 // first step), and every 64th after, so a change that keeps every op's name is not
 // kept for long. A loop that does not repeat itself (three looking-up iterations in a
@@ -45,6 +45,7 @@ struct LayerSeq {
   uint32_t iterations = 0; // iterations since the session began
   uint32_t since_learned = 0;
   uint32_t missed = 0;     // looking-up iterations in a row that met an unlearned op
+  uint32_t high_water = 0; // entries ever written (their memory is touched)
 };
 constexpr uint32_t kMissedLimit = 3;
 LayerSeq g_seq;
@@ -101,20 +102,25 @@ void layer_seq_learn(int32_t name, int32_t layer1) {
   if (i < kCapacity) {
     s.seq[i] = Learned{name, layer1};
     s.len = i + 1;
+    s.high_water = s.len > s.high_water ? s.len : s.high_water;
   }
 }
 
 int32_t layer_seq_lookup(int32_t name) {
   LayerSeq& s = g_seq;
   if (s.mismatch) {
-    return 0;
+    return -1;
   }
   const uint32_t i = s.pos++;
   if (i < s.len && s.seq[i].name == name) {
     return s.seq[i].layer1;
   }
   s.mismatch = true;
-  return 0;
+  return -1;
+}
+
+uint64_t layer_seq_bytes() {
+  return uint64_t(g_seq.high_water) * sizeof(Learned);
 }
 
 }  // namespace memprof

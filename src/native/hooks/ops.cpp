@@ -330,6 +330,11 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
     const bool seq = S::kTarget == MP_TARGET_STEP && !steplog;
     if (!backward_record && seq && layer_seq_looks_up()) {
       layer1 = layer_seq_lookup(id);
+      if (layer1 < 0) {
+        // Not the op learned here: no layer, not the last one's.
+        layer1 = 0;
+        t.last_layer1 = 0;
+      }
     } else if (!backward_record) {
       var = first_variable(S::kTarget, fn.inputs(), &layer1);
       if (seq) {

@@ -278,6 +278,7 @@ void registry_stats(MpRegistry* out) {
   out->entry_bytes = sizeof(RegEntry);
   out->on = g_origin_on.load() ? 1 : 0;
   out->pad = 0;
+  out->learned_ops_bytes = layer_seq_bytes();
 }
 
 void live_blocks(int32_t slot, MpLiveBlock* out, uint64_t cap, uint64_t* count) {
