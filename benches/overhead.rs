@@ -19,9 +19,10 @@
 //! at most three steps apart, so a slow phase of a shared machine hits every mode
 //! alike (on a 2-core AMD EPYC, the baseline's round medians spread from 165.8 to
 //! 196.9 ms in one run, and every mode's moved with them). The children are new every
-//! round: where a process's memory falls moves its step time by a percent or so for
-//! the whole process (two default-mode children taking turns in one run were 0.6%
-//! apart), so a mode's figure is taken over several processes.
+//! round: where a process's memory falls moves its step time for the whole process
+//! (on that machine a mode's round median was up to 5% above or below its round's
+//! baseline, in either direction), so a mode's figure is taken over many processes:
+//! the defaults are many short rounds (30 of 10 steps, about 5 minutes there).
 //!
 //! Three ratios to the baseline are printed side by side: of the medians of all timed
 //! steps, of the fastest rounds' medians, and the median of each step's ratio to the
@@ -41,8 +42,8 @@
 //! workers' waits on a 2-core machine moved a step's time by more than the profiler
 //! costs.
 //!
-//! Options (after `--`): `--rounds N` (default 8), `--steps N` timed steps per child
-//! and round (default 20), `--threads N` libtorch's threads in each child (default 1),
+//! Options (after `--`): `--rounds N` (default 30), `--steps N` timed steps per child
+//! and round (default 10), `--threads N` libtorch's threads in each child (default 1),
 //! `--device cpu|cuda` (default cpu), `--batch N` and `--image N` (default 8 and 64: the
 //! input is Nx3xIxI). A small input keeps every op and allocation of the step but little
 //! of its arithmetic, so that the profiler's share shows. A child run by hand (without
@@ -186,7 +187,6 @@ fn child(mode: Mode, steps: usize, dev: Device) {
             writeln!(out, "{us}").unwrap();
         }
     }
-    drop(step);
     if let Some(p) = profiler {
         assert_eq!(p.failures(), 0);
     }
@@ -203,7 +203,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn main() {
-    let steps = arg("--steps", 20);
+    let steps = arg("--steps", 10);
     let dev = device();
     if let Ok(name) = std::env::var(MODE) {
         let mode = MODES
@@ -213,13 +213,16 @@ fn main() {
         child(mode, steps, dev);
         return;
     }
-    let rounds = arg("--rounds", 8);
+    let rounds = arg("--rounds", 30);
     let exe = std::env::current_exe().unwrap();
     // Step times in ms, per mode and round; each step's ratio to the baseline step of
     // its cycle, per mode.
-    let mut times: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); rounds]; MODES.len()];
+    let mut times: Vec<Vec<Vec<f64>>> = vec![Vec::new(); MODES.len()];
     let mut paired: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
     for round in 0..rounds {
+        for t in times.iter_mut() {
+            t.push(Vec::new());
+        }
         // Fresh children every round: where a process's memory falls moves its step
         // time by a percent or two, for the whole process.
         let mut children: Vec<Child> = MODES.iter().map(|&m| spawn(&exe, m, dev)).collect();
@@ -250,7 +253,7 @@ fn main() {
                 step_ms[m] = us / 1000.0;
             }
             for m in 0..MODES.len() {
-                times[m][round].push(step_ms[m]);
+                times[m].last_mut().unwrap().push(step_ms[m]);
                 paired[m].push(step_ms[m] / step_ms[0]);
             }
         }
@@ -263,7 +266,7 @@ fn main() {
             .iter()
             .enumerate()
             .map(|(m, mode)| {
-                let med = median(&mut times[m][round].clone());
+                let med = median(&mut times[m].last().unwrap().clone());
                 format!("{} {med:.2}", mode.name())
             })
             .collect();
