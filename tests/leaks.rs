@@ -226,6 +226,58 @@ fn outputs_kept_by_a_loop_whose_ops_change_keep_their_layer() {
     assert_eq!((g.first_iteration, g.last_iteration), (1, iterations));
 }
 
+/// An iteration whose ops part from the learned ones after a layer ran: what it makes
+/// from there on is named after no layer, not after the layer that ran last.
+#[test]
+fn outputs_made_after_an_unlearned_op_are_named_after_no_layer() {
+    let _serial = common::serial();
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let l1 = nn::linear(vs.root() / "l1", IN, HIDDEN, Default::default());
+    let l2 = nn::linear(vs.root() / "l2", HIDDEN, OUT, Default::default());
+    let mut opt = nn::Adam::default().build(&vs, 1e-4).unwrap();
+    let mut profiler = MemoryProfiler::builder(&vs).print(false).build().unwrap();
+    let mut outputs = Vec::new();
+    let mut reports = Vec::new();
+    for epoch in 0..3 {
+        for i in 0..ITERS {
+            let n = epoch * ITERS + i + 1;
+            let b = batch();
+            let h = l1.forward(&b.x).relu();
+            if n % 3 == 0 {
+                // An op the learned iterations did not run, between the two layers.
+                let _ = Tensor::ones([1], (Kind::Float, Device::Cpu));
+            }
+            let out = l2.forward(&h);
+            let loss = out.cross_entropy_for_logits(&b.y);
+            opt.zero_grad();
+            loss.backward();
+            opt.step();
+            outputs.push(out);
+            profiler.record_stats();
+        }
+        profiler.epoch_end();
+        reports.push(profiler.last_leaks().cloned());
+    }
+    assert_eq!(profiler.failures(), 0);
+    // Iterations 1 and 2 learn; 3, 6, 9 and 12 look up and miss at `aten::ones`, each
+    // followed by one that learns and one that looks up and matches (so the loop never
+    // misses three times in a row).
+    let r = reports[2].as_ref().expect("named by the third epoch");
+    let linear = |layer: &str| {
+        r.suspects
+            .iter()
+            .find(|g| {
+                (g.op.as_str(), g.phase, g.layer.as_str())
+                    == ("aten::linear", Phase::Forward, layer)
+            })
+            .map(|g| g.count)
+    };
+    assert_eq!(linear("l2"), Some(12 - 4), "{}", r.render());
+    assert_eq!(linear("(none)"), Some(4), "{}", r.render());
+    assert_eq!(linear("l1"), None, "{}", r.render());
+}
+
 #[test]
 fn a_cache_grown_by_concatenation_is_named_within_two_epochs() {
     let (reports, _dir) = run(Leak::Cache, 3);
