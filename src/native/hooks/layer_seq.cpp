@@ -21,7 +21,8 @@
 // before.
 //
 // State of the training thread only (the thread that started the session): read and
-// written by its op callbacks and by begin_iteration, which it runs.
+// written by its op callbacks and by begin_iteration, which it runs; only the count of
+// entries ever written is read by other threads (the profiler's own memory).
 
 #include "../internal.h"
 
@@ -45,7 +46,8 @@ struct LayerSeq {
   uint32_t iterations = 0; // iterations since the session began
   uint32_t since_learned = 0;
   uint32_t missed = 0;     // looking-up iterations in a row that met an unlearned op
-  uint32_t high_water = 0; // entries ever written (their memory is touched)
+  // Entries ever written (their memory is touched); read by any thread's statistics.
+  std::atomic<uint32_t> high_water{0};
 };
 constexpr uint32_t kMissedLimit = 3;
 LayerSeq g_seq;
@@ -102,7 +104,9 @@ void layer_seq_learn(int32_t name, int32_t layer1) {
   if (i < kCapacity) {
     s.seq[i] = Learned{name, layer1};
     s.len = i + 1;
-    s.high_water = s.len > s.high_water ? s.len : s.high_water;
+    if (s.len > s.high_water.load(std::memory_order_relaxed)) {
+      s.high_water.store(s.len, std::memory_order_relaxed);
+    }
   }
 }
 
@@ -120,7 +124,7 @@ int32_t layer_seq_lookup(int32_t name) {
 }
 
 uint64_t layer_seq_bytes() {
-  return uint64_t(g_seq.high_water) * sizeof(Learned);
+  return uint64_t(g_seq.high_water.load(std::memory_order_relaxed)) * sizeof(Learned);
 }
 
 }  // namespace memprof
