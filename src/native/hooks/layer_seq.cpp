@@ -44,7 +44,6 @@ struct LayerSeq {
   uint32_t len = 0;        // ops learned
   uint32_t pos = 0;        // ops of this iteration so far
   uint32_t iterations = 0; // iterations since the session began
-  uint32_t since_learned = 0;
   uint32_t missed = 0;     // looking-up iterations in a row that met an unlearned op
   // Entries ever written (their memory is touched); read by any thread's statistics.
   std::atomic<uint32_t> high_water{0};
@@ -64,7 +63,6 @@ void layer_seq_start(bool on) {
   s.len = 0;
   s.pos = 0;
   s.iterations = 0;
-  s.since_learned = 0;
   s.missed = 0;
 }
 
@@ -81,8 +79,8 @@ bool layer_seq_next_iteration() {
       return true;
     }
   }
-  s.since_learned = s.learning ? 0 : s.since_learned + 1;
-  s.learning = s.iterations < 2 || s.mismatch || s.since_learned + 1 >= kRelearnEvery;
+  // Iterations 1 and 2 learn, then every kRelearnEvery-th and any after a miss.
+  s.learning = s.iterations < 2 || s.mismatch || s.iterations % kRelearnEvery == 0;
   s.mismatch = false;
   s.pos = 0;
   if (s.learning) {
