@@ -436,6 +436,46 @@ fn each_measured_convolution_is_charged_its_workspace() {
     );
 }
 
+/// CUDA's sum splits a reduction of many rows into few outputs across thread blocks,
+/// whose partial sums go through a staging buffer and a semaphore array it takes from
+/// the caching allocator after the output and frees before it returns (Reduce.cuh's
+/// setReduceConfig sizes them from the reduction and the GPU's multiprocessors). The
+/// sizes here are the H200's, recorded request by request in its snapshots of two
+/// training runs (`tests/data/gpu-truth/h200-2026-11-27/snapshots/traced/`, bf16
+/// autocast): each bias gradient of ConvNeXt-T's last stage (a [1568, 768] gradient
+/// summed over its rows) and of ViT-B's MLP ([6304, 3072]). The estimate for the H200
+/// charges a sum of those shapes the same two blocks, and no more.
+#[test]
+fn a_bias_gradients_sum_takes_the_buffers_an_h200_took() {
+    let _serial = serial();
+    // (rows, features, buffer): bytes asked of the allocator (the semaphores, 24 and
+    // 96 B, take a 512-byte block of the small pool after it).
+    for (rows, features, buffer) in [
+        (1568_i64, 768_i64, 9_830_400_u64),
+        (6304, 3072, 138_412_032),
+    ] {
+        let model =
+            Model::build_on_meta(|_| nn::func(|xs| xs.sum_dim_intlist(0, false, None))).unwrap();
+        let e = model
+            .estimate(
+                &[Input::new(&[rows, features], Kind::BFloat16)],
+                Mode::Inference,
+                &Options::for_gpu(Gpu::named("h200").unwrap()),
+            )
+            .unwrap();
+        let block = |b: i64| (b as u64).div_ceil(512) * 512;
+        let held = block(rows * features * 2) + block(features * 2);
+        let case = format!("[{rows}, {features}]");
+        assert_eq!(e.peak_requested - held, buffer, "{case}: the buffer");
+        assert_eq!(
+            e.kernel_workspaces, 2,
+            "{case}: the buffer and the semaphores"
+        );
+        let over = e.largest_kernel_workspace - buffer;
+        assert!(over <= 1 << 20, "{case}: the largest charged {over} B over");
+    }
+}
+
 /// Distinct float32 NCHW forward calls in the data, and those that took more than the
 /// charge.
 const CHECKED: usize = 149;

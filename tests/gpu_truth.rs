@@ -96,8 +96,8 @@ const KNOWN_GAPS: &[(&str, &str, f64, f64, &str)] = &[
     ("hf_smollm2_135m", "train-bf16", 12.15, 9.83, GQA_BF16),
     ("hf_smollm2_135m", "train-fused", -22.45, -22.93, GQA),
     ("hf_vit_base", "infer", -14.49, -12.08, LOCALS),
-    ("hf_vit_base", "train", 2.31, 0.51, EAGER_KEEPS_LESS),
-    ("hf_vit_base", "train-bf16", 9.81, 4.27, EAGER_KEEPS_LESS),
+    ("hf_vit_base", "train", 2.31, 3.52, EAGER_KEEPS_LESS),
+    ("hf_vit_base", "train-bf16", 9.81, 8.30, EAGER_KEEPS_LESS),
     ("timm_convnextv2_nano", "infer", -11.41, -16.81, LOCALS_CONV),
     (
         "timm_convnextv2_nano",
@@ -110,16 +110,16 @@ const KNOWN_GAPS: &[(&str, &str, f64, f64, &str)] = &[
     (
         "timm_vit_small_patch16_224",
         "train",
-        8.72,
-        7.71,
+        9.16,
+        9.95,
         EAGER_KEEPS_LESS,
     ),
     ("tv_convnext_tiny", "infer", -6.92, 0.00, LOCALS_CONV),
     (
         "tv_convnext_tiny",
         "train-bf16",
-        27.19,
-        29.07,
+        27.14,
+        34.16,
         EAGER_KEEPS_LESS,
     ),
     ("tv_efficientnet_b0", "infer", -7.08, -10.00, LOCALS_CONV),
@@ -129,23 +129,17 @@ const KNOWN_GAPS: &[(&str, &str, f64, f64, &str)] = &[
     ("tv_resnet50", "infer", 5.87, 9.06, CONV_HIGH),
     ("tv_resnet50", "train-bf16", 0.06, 3.77, CONV_RESERVED),
     ("tv_swin_t", "infer", -15.38, -8.26, LOCALS),
-    ("tv_swin_t", "train", 29.69, 30.85, EAGER_KEEPS_LESS),
+    ("tv_swin_t", "train", 29.67, 32.03, EAGER_KEEPS_LESS),
     ("tv_vgg16", "train", 1.70, 15.67, CONV_HIGH),
 ];
 
 /// The H200's runs of traced files and of the held-out models.
 const TRACED_DATA: &str = "tests/data/gpu-truth/h200-2026-11-27";
 
-/// Reserved alone, allocated exact.
-const RESERVED_OFF: &str = "reserved: the caching allocator's pool falls otherwise on the GPU \
-                            than its model predicts (allocated exact)";
-
 /// The traced files' runs outside the target, as [`KNOWN_GAPS`] (rows run from a file
 /// traced on the GPU are estimated from the file traced here, on the CPU).
 const KNOWN_TRACED_GAPS: &[(&str, &str, f64, f64, &str)] = &[
-    ("hf_vit_base", "train-bf16", -0.02, -3.68, RESERVED_OFF),
     ("timm_convnextv2_nano", "infer", -0.00, 3.18, CONV_RESERVED),
-    ("tv_convnext_tiny", "train-bf16", 0.11, -4.78, CONV_RESERVED),
     ("tv_efficientnet_b0", "train", 0.01, 4.87, CONV_RESERVED),
     ("tv_regnet_y_400mf", "infer", 0.00, 17.09, CONV_RESERVED),
     ("tv_resnet50", "infer", 12.06, 8.66, CONV_HIGH),
@@ -384,9 +378,9 @@ fn the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models() {
 /// The same cases run on the H200 from their traced files (`traced.csv` of
 /// `h200-2026-11-27`: what a tch user loading the file runs), against the estimate of
 /// the files traced here. Every inference case's peak allocated is predicted exactly or
-/// high (the eager runs' inference gaps were Python's, not the program's); training from
-/// a traced file on CUDA takes more than the estimate in several cases
-/// ([`KNOWN_TRACED_GAPS`]).
+/// high (the eager runs' inference gaps were Python's, not the program's); the cases
+/// outside the target ([`KNOWN_TRACED_GAPS`]) all err high, where cuDNN's workspaces are
+/// charged at their larger plausible size.
 #[test]
 fn the_estimate_is_held_to_the_peaks_of_the_traced_files_run_on_an_h200() {
     hold_file("traced.csv", 45, KNOWN_TRACED_GAPS);

@@ -36,27 +36,46 @@ pub struct Gpu {
     /// Compute capability, major * 10 + minor (`90` = 9.0): which attention kernels
     /// PyTorch's CUDA build picks on it.
     pub sm: u32,
+    /// Streaming multiprocessors: how CUDA's reductions (sum, mean) split across thread
+    /// blocks, which sizes the buffer they take for the blocks' partial results.
+    pub multiprocessors: u32,
+    /// The threads a multiprocessor holds at once (the same reductions' split).
+    pub threads_per_multiprocessor: u32,
 }
 
 /// The compute capability [`Gpu::generic`] assumes: 8.0 (an A100), the oldest that runs
 /// every fused attention kernel, before Hopper as its cuBLAS workspace.
 pub const GENERIC_SM: u32 = 80;
 
-/// (name, total MiB as nvidia-smi lists it, Hopper or later, compute capability).
-const KNOWN: [(&str, u64, bool, u32); 12] = [
-    ("t4", 15_360, false, 75),
-    ("v100-16gb", 16_384, false, 70),
-    ("v100-32gb", 32_768, false, 70),
-    ("a10", 23_028, false, 86),
-    ("l4", 23_034, false, 89),
-    ("rtx3090", 24_576, false, 86),
-    ("rtx4090", 24_564, false, 89),
-    ("a100-40gb", 40_960, false, 80),
-    ("a100-80gb", 81_920, false, 80),
-    ("l40s", 46_068, false, 89),
-    ("h100", 81_559, true, 90),
-    ("h200", 143_771, true, 90),
+/// The streaming multiprocessors [`Gpu::generic`] assumes: an A100's.
+pub const GENERIC_MULTIPROCESSORS: u32 = 108;
+
+/// (name, total MiB as nvidia-smi lists it, Hopper or later, compute capability,
+/// streaming multiprocessors), from NVIDIA's specifications (the H100 is the SXM one).
+const KNOWN: [(&str, u64, bool, u32, u32); 12] = [
+    ("t4", 15_360, false, 75, 40),
+    ("v100-16gb", 16_384, false, 70, 80),
+    ("v100-32gb", 32_768, false, 70, 80),
+    ("a10", 23_028, false, 86, 72),
+    ("l4", 23_034, false, 89, 58),
+    ("rtx3090", 24_576, false, 86, 82),
+    ("rtx4090", 24_564, false, 89, 128),
+    ("a100-40gb", 40_960, false, 80, 108),
+    ("a100-80gb", 81_920, false, 80, 108),
+    ("l40s", 46_068, false, 89, 142),
+    ("h100", 81_559, true, 90, 132),
+    ("h200", 143_771, true, 90, 132),
 ];
+
+/// The threads a streaming multiprocessor holds at once, by compute capability
+/// (CUDA's programming guide, "Technical Specifications per Compute Capability").
+fn threads_per_multiprocessor(sm: u32) -> u32 {
+    match sm {
+        75 => 1024,
+        86 | 87 | 89 => 1536,
+        _ => 2048,
+    }
+}
 
 impl Gpu {
     /// A GPU of unknown memory before Hopper (the default cuBLAS workspace), of compute
@@ -67,12 +86,14 @@ impl Gpu {
             memory: 0,
             cublas_workspace: CUBLAS_WORKSPACE_DEFAULT,
             sm: GENERIC_SM,
+            multiprocessors: GENERIC_MULTIPROCESSORS,
+            threads_per_multiprocessor: threads_per_multiprocessor(GENERIC_SM),
         }
     }
 
     /// The names [`Gpu::named`] knows.
     pub fn known() -> Vec<&'static str> {
-        KNOWN.iter().map(|(n, _, _, _)| *n).collect()
+        KNOWN.iter().map(|(n, ..)| *n).collect()
     }
 
     /// A GPU by name: `h100`, `a100-80gb` (`a100` alone is the 80 GB one), `rtx4090`, ...
@@ -93,8 +114,8 @@ impl Gpu {
         };
         KNOWN
             .iter()
-            .find(|(n, _, _, _)| n.replace('-', "") == key)
-            .map(|(n, mib, hopper, sm)| Gpu {
+            .find(|(n, ..)| n.replace('-', "") == key)
+            .map(|(n, mib, hopper, sm, sms)| Gpu {
                 name: (*n).to_string(),
                 memory: mib * MIB,
                 cublas_workspace: if *hopper {
@@ -103,6 +124,8 @@ impl Gpu {
                     CUBLAS_WORKSPACE_DEFAULT
                 },
                 sm: *sm,
+                multiprocessors: *sms,
+                threads_per_multiprocessor: threads_per_multiprocessor(*sm),
             })
             .ok_or_else(|| Error::InvalidInput {
                 name: "gpu",

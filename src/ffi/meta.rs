@@ -21,6 +21,7 @@ extern "C" {
     ) -> i32;
     fn memprof_meta_convert(tensor: *mut c_void) -> i32;
     fn memprof_meta_attention(set: *const Attention, get: *mut Attention) -> i32;
+    fn memprof_meta_gpu(multiprocessors: i32, threads_per_multiprocessor: i32) -> i32;
     fn memprof_meta_autocast_begin(list: i32, dtype: i32) -> i32;
     fn memprof_meta_autocast_end() -> i32;
     fn memprof_meta_inventory(buf: *mut c_char, len: usize, needed: *mut u64) -> i32;
@@ -73,6 +74,13 @@ pub(crate) fn meta_attention_set(sm: i32, backend: i32) -> Result<()> {
     };
     // SAFETY: `a` is a valid struct for the call; `get` is null.
     check(unsafe { memprof_meta_attention(&a, std::ptr::null_mut()) })
+}
+
+/// Sets the GPU later dry runs size CUDA's reduction buffers for: its streaming
+/// multiprocessors and the threads each holds at once.
+pub(crate) fn meta_gpu_set(multiprocessors: i32, threads_per_multiprocessor: i32) -> Result<()> {
+    // SAFETY: plain call with two integers.
+    check(unsafe { memprof_meta_gpu(multiprocessors, threads_per_multiprocessor) })
 }
 
 /// The attention calls of the dry runs since the last set, by backend: flash, efficient,

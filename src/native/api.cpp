@@ -530,6 +530,17 @@ int memprof_meta_attention(const MpAttention* set, MpAttention* get) noexcept {
   });
 }
 
+int memprof_meta_gpu(int32_t multiprocessors, int32_t threads_per_multiprocessor) noexcept {
+  return guarded("memprof_meta_gpu", [&]() -> int {
+    if (multiprocessors <= 0 || threads_per_multiprocessor <= 0) {
+      set_error("memprof_meta_gpu: no multiprocessors or no threads per multiprocessor");
+      return -1;
+    }
+    set_reduce_gpu(multiprocessors, threads_per_multiprocessor);
+    return 0;
+  });
+}
+
 int memprof_meta_empty(const int64_t* sizes, size_t n, const void* like, void** out) noexcept {
   return guarded("memprof_meta_empty", [&]() -> int {
     if (!given(out, "memprof_meta_empty") || !given(like, "memprof_meta_empty") ||

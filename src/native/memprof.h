@@ -480,6 +480,9 @@ int memprof_meta_convert(void* tensor) MP_NOEXCEPT;
 // run counts start again at 0) and/or reads the settings and the run counts (`get`).
 // Either may be null.
 int memprof_meta_attention(const MpAttention* set, MpAttention* get) MP_NOEXCEPT;
+// The GPU later dry runs size CUDA's reduction buffers for: its streaming
+// multiprocessors and the threads each holds at once (both > 0).
+int memprof_meta_gpu(int32_t multiprocessors, int32_t threads_per_multiprocessor) MP_NOEXCEPT;
 // Autocast in the dry run (dryrun/autocast.cpp): from begin to end, on this thread, the ops
 // of `list` (MP_AUTOCAST_LIST_CUDA or _CPU) cast meta tensors as that autocast casts
 // its device's, to `dtype` (c10::ScalarType: BFloat16 or Half). Only during a meta trace.

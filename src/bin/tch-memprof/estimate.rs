@@ -42,9 +42,10 @@ pub struct EstimateArgs {
     #[arg(long, value_delimiter = ',')]
     batch_sizes: Vec<i64>,
     /// The GPU (its cuBLAS workspace, its compute capability, which picks the attention
-    /// kernels, and its memory for --memory): h100, a100-80gb, rtx4090, ... Default: the
-    /// GPU --memory names (--memory h100), else a GPU before Hopper of unknown memory,
-    /// compute capability 8.0.
+    /// kernels, its multiprocessors, which size the buffers of CUDA's sums, and its
+    /// memory for --memory): h100, a100-80gb, rtx4090, ... Default: the GPU --memory
+    /// names (--memory h100), else a GPU before Hopper of unknown memory, compute
+    /// capability 8.0, an A100's 108 multiprocessors.
     #[arg(long)]
     gpu: Option<String>,
     /// Find the largest batch whose predicted peak reserved fits: a size (80GiB, 24GB)

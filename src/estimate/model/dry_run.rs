@@ -218,6 +218,10 @@ impl Model {
         // ends: no other dry run can change them in between.
         let trace = Trace::begin()?;
         ffi::meta_attention_set(options.gpu.sm as i32, options.attention.native())?;
+        ffi::meta_gpu_set(
+            options.gpu.multiprocessors as i32,
+            options.gpu.threads_per_multiprocessor as i32,
+        )?;
         // The op recorder finds the model's variables among op inputs, as the profiled
         // step's does: the layer of each op.
         let vars = self.vars()?;

@@ -50,6 +50,12 @@ char* dry_run_module_buf();
 // the kernel takes (a convolution's, whose size cuDNN's plan sets at run time).
 void meta_transient(int64_t bytes, bool bound);
 
+// reduce.cpp: the global-memory buffers CUDA's sum and mean take (the input kept at the
+// op's start, the buffers logged at its end with its output) and the GPU that sizes them.
+void reduce_started(const at::RecordFunction& fn, int depth);
+void reduce_ended(const at::RecordFunction& fn, int depth);
+void set_reduce_gpu(int32_t multiprocessors, int32_t threads_per_multiprocessor);
+
 // kernels.cpp: the meta kernels libtorch's C++ lacks (at the first trace).
 void register_meta_kernels();
 // The meta-kernel inventory (memprof_meta_inventory's lines).

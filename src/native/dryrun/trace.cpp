@@ -314,6 +314,7 @@ void dry_run_op_started(const at::RecordFunction& fn, int depth) {
   }
   const char* name = fn.name();
   tls_blas_kind[depth] = !is_cublas_op(name) ? int8_t(0) : uses_cublaslt(name, fn) ? 2 : 1;
+  reduce_started(fn, depth);
 }
 
 // The workspaces are taken inside the op, after its output is allocated: logged at the
@@ -323,6 +324,7 @@ void dry_run_op_ended(const at::RecordFunction& fn, int depth) {
       is_backward_record(fn)) {
     --tls_meta_backward;
   }
+  reduce_ended(fn, depth);
   if (tls_blas_kind[depth] != 0) {
     meta_append(MpTlEvent{
         MP_EV_WORKSPACE, uint8_t(meta_phase()), 0, 0, meta_step(), dry_run_current_op(),
