@@ -375,6 +375,68 @@ fn the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models() {
     hold(&cases, &python, KNOWN_GAPS);
 }
 
+/// The built-in transformers (GPT-2, BERT-base, ViT-B/16, Llama 3.2 1B), estimated with
+/// `tch-memprof estimate --model NAME --gpu h200`, against their PyTorch mirrors the H200
+/// measured (`builtin-mirrors.csv`, whose README section says how): every case within the
+/// target, inference and training, f32 and bf16 autocast. No Python needed.
+#[test]
+fn the_builtin_models_estimates_are_held_to_their_mirrors_on_an_h200() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(DATA)
+        .join("builtin-mirrors.csv");
+    let mut r = csv::Reader::from_path(path).unwrap();
+    let rows: Vec<csv::StringRecord> = r.records().map(|row| row.unwrap()).collect();
+    assert_eq!(rows.len(), 16, "the measured cases");
+    let made = common::in_pairs(&rows, |row| {
+        let input = match &row[0] {
+            "vit-b16" => row[1].to_string(),
+            _ => format!("{}:i64", &row[1]),
+        };
+        let mut args = vec![
+            "estimate", "--model", &row[0], "--input", &input, "--gpu", "h200",
+        ];
+        if &row[2] == "train" {
+            args.extend(["--train", "--optimizer", "adamw"]);
+        }
+        if &row[3] == "bf16" {
+            args.extend(["--autocast", "bf16"]);
+        }
+        args.push("--csv");
+        let out = common::cli(&args);
+        assert!(out.status.success(), "{}", common::text(&out.stderr));
+        let text = common::text(&out.stdout);
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let cells: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let col = |name: &str| -> u64 {
+            cells[header.iter().position(|h| *h == name).unwrap()]
+                .parse()
+                .unwrap()
+        };
+        (col("peak_allocated_bytes"), col("peak_reserved_bytes"))
+    });
+    let mut outside = Vec::new();
+    println!("model        input          mode       autocast  alloc err %  resv err %");
+    for (row, (allocated, reserved)) in rows.iter().zip(made) {
+        let err = |pred: u64, meas: &str| {
+            let meas: f64 = meas.parse().unwrap();
+            (pred as f64 / meas - 1.0) * 100.0
+        };
+        let (a, r) = (err(allocated, &row[4]), err(reserved, &row[5]));
+        println!(
+            "{:<12} {:<14} {:<10} {:<9} {a:>+11.2} {r:>+11.2}",
+            &row[0], &row[1], &row[2], &row[3]
+        );
+        if a.abs() > ALLOCATED_TARGET * 100.0 || r.abs() > RESERVED_TARGET * 100.0 {
+            outside.push(format!(
+                "{} {} {} {}: {a:+.2}%, {r:+.2}%",
+                &row[0], &row[1], &row[2], &row[3]
+            ));
+        }
+    }
+    assert!(outside.is_empty(), "outside the target: {outside:?}");
+}
+
 /// The same cases run on the H200 from their traced files (`traced.csv` of
 /// `h200-2026-11-27`: what a tch user loading the file runs), against the estimate of
 /// the files traced here. Every inference case's peak allocated is predicted exactly or
