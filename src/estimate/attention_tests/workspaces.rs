@@ -105,9 +105,16 @@ fn attention_backward_workspaces_are_what_an_h200_took() {
             ..BASE
         };
         let (events, _) = run_events(c, backend).unwrap();
-        let charged: Vec<i64> = events
+        // The attention backward's: the op of the last transient (the loss's sum, before
+        // backward, takes its own reduction buffers).
+        let transients: Vec<&crate::ffi::Event> = events
             .iter()
             .filter(|e| e.kind == EventKind::Transient)
+            .collect();
+        let backward_op = transients.last().map(|e| e.op);
+        let charged: Vec<i64> = transients
+            .iter()
+            .filter(|e| Some(e.op) == backward_op)
             .map(|e| e.value)
             .collect();
         let what = format!("{kind:?} {backend:?} {b}x{h}x{l}x64");
