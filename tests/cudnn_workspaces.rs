@@ -5,7 +5,8 @@
 //!
 //! The dry run cannot know the execution plan cuDNN's heuristics pick, so it charges
 //! each convolution the larger plausible workspace (docs/estimate.md, "How", step 4):
-//! forward, the input, weight and output together, each rounded to 512 B; none for a
+//! forward, the input, weight and output together, each rounded to 512 B (1.9 times
+//! that for a 16-bit image stem: 3 input channels, one group); none for a
 //! depthwise convolution, or for a 1x1, stride-1, one-group NCHW one on at least 14x14
 //! positions, or for a float32 NCHW image stem (3 input channels) with a kernel of at
 //! most 4 or one equal to its stride; backward, 1.5 times the output gradient, input and
@@ -172,10 +173,18 @@ impl Call {
                 && self.rest[3] == "False"
                 && x.nchw()
                 && x.shape[2] * x.shape[3] >= 14 * 14;
+            let unit = x.block() + w.block() + (self.output_bytes() + 511) / 512 * 512;
+            let half_stem = x.size == 2
+                && x.shape.len() == 4
+                && x.shape[1] == 3
+                && self.groups() == 1
+                && self.rest[3] == "False";
             if self.depthwise() || pointwise || self.free_image_stem() {
                 0
+            } else if half_stem {
+                (1.9 * unit as f64) as i64
             } else {
-                x.block() + w.block() + (self.output_bytes() + 511) / 512 * 512
+                unit
             }
         } else if (self.depthwise() && x.nchw()) || self.free_image_stem() {
             0
@@ -254,7 +263,7 @@ fn the_documented_workspace_shares_are_the_measured_ones() {
             .filter(|c| c.transient <= c.charged() + 512)
             .count()
     };
-    assert_eq!(covered(&fwd), 762, "forward calls within the charge");
+    assert_eq!(covered(&fwd), 764, "forward calls within the charge");
     assert_eq!(covered(&bwd), 377, "backward calls within the charge");
     let depthwise: Vec<_> = fwd.iter().filter(|c| c.depthwise()).collect();
     assert_eq!(depthwise.len(), 144);
@@ -330,15 +339,25 @@ fn the_documented_workspace_shares_are_the_measured_ones() {
     typical.sort_by(f64::total_cmp);
     let median = typical[typical.len() / 2];
     assert!((median - 1.0).abs() < 0.01, "3x3 forward median {median}");
-    // The largest forward overshoot of a call over 1 MiB: 1.9 times the charge (ViT's
-    // bfloat16 patch embedding, 37 MiB).
+    // The largest forward overshoot of a call over 1 MiB: 1.3 times the charge
+    // (ResNet-50's stride-2 3x3 convolution at 14x14 in float32, 32 MiB).
     let (ratio, took) = fwd
         .iter()
         .filter(|c| c.transient > 1 << 20)
         .map(|c| (c.transient as f64 / c.charged() as f64, c.transient))
         .fold((0.0, 0), |a, b| if b.0 > a.0 { b } else { a });
-    assert!((ratio - 1.88).abs() < 0.01, "{ratio}");
-    assert_eq!(took >> 20, 36, "{took}");
+    assert!((ratio - 1.32).abs() < 0.01, "{ratio}");
+    assert_eq!(took >> 20, 32, "{took}");
+    // 16-bit image stems forward: under 1.9 times the unit (ViT-B's bfloat16 16x16 patch
+    // embedding 1.88 times, ResNet-50's 7x7 stem 1.27, a third call none).
+    let half_stems: Vec<f64> = fwd
+        .iter()
+        .filter(|c| c.input().size == 2 && c.input().shape[1] == 3)
+        .map(|c| 1.9 * c.transient as f64 / c.charged() as f64)
+        .collect();
+    assert_eq!(half_stems.len(), 3, "{half_stems:?}");
+    let most = half_stems.iter().copied().fold(0.0, f64::max);
+    assert!((most - 1.88).abs() < 0.01, "{half_stems:?}");
     // Backward: 3x3 convolutions take 1.2 times the unit in the median; 1.5 covers the
     // 377 calls above (with the channels-last depthwise ones).
     let mut ratios: Vec<f64> = bwd

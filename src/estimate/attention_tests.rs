@@ -529,6 +529,13 @@ fn cudnn_allocates_output_stats_and_seeds() {
         subsequence(&bytes, &[8, 8, out, lse, out, dkv, dkv]),
         "{bytes:?}"
     );
+    // The forward's workspace: 256 B, the request every cuDNN attention forward made in
+    // the H200's snapshots (tests/data/gpu-truth/h200-2026-11-27/snapshots/traced/, the
+    // bf16 training runs of GPT-2, BERT-base, SmolLM2 and ViT-B: 132 calls), taken
+    // before the loss's sum and backward take theirs.
+    let (events, _) = run_events(c, Attention::Auto).unwrap();
+    let first = events.iter().find(|e| e.kind == EventKind::Transient);
+    assert_eq!(first.map(|e| e.value), Some(256));
 }
 
 #[test]

@@ -377,8 +377,7 @@ pub const NOT_MODELLED: [NotModelled; 3] = [
     NotModelled {
         what: "attention workspaces",
         likely: "flash attention's split-KV buffers (inference at small batch x \
-                 heads) and cuDNN attention's forward workspace (512 B measured on an \
-                 H200): taken inside the attention call and freed",
+                 heads): taken inside the attention call and freed",
     },
     NotModelled {
         what: "the CUDA context",

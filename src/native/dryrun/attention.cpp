@@ -498,6 +498,10 @@ cudnn_fwd_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   if (compute_log_sumexp) {
     lse = at::empty({B, H, L, 1}, q.options().dtype(at::kFloat));
   }
+  // cuDNN's forward workspace: a 256-byte request after the outputs, freed before the
+  // call returns, in every cuDNN attention forward of the H200's snapshots (GPT-2,
+  // BERT-base, SmolLM2 and ViT-B training under bf16 autocast, 132 calls).
+  meta_transient(256, false);
   return {out, lse, at::Tensor(), at::Tensor(), c10::SymInt(L), c10::SymInt(S), seed, offset,
           at::Tensor()};
 }

@@ -51,9 +51,10 @@ bool depthwise(const at::Tensor& input, int64_t groups) {
 // execution plan its heuristics pick, which the dry run cannot know, so the estimate
 // takes the larger plausible figure, in units of the call's tensors (each rounded to
 // 512 B):
-// - forward, input + weight + output: cuDNN converts them to its kernels' layout. 762
+// - forward, input + weight + output: cuDNN converts them to its kernels' layout. 764
 //   of the 804 calls took at most that (the 3x3 ones that take a workspace that in the
-//   median); the rest up to 1.9 times it (ViT's bfloat16 patch embedding);
+//   median, 16-bit image stems charged 1.9 times it, below); the rest up to 1.3 times
+//   it (ResNet-50's float32 stride-2 3x3 convolution at 14x14);
 // - backward, 1.5 x (output gradient + input + weight): the data and weight
 //   gradients' workspaces (377 of the 440 calls took at most that, the rule below included, 3x3 ones 1.2 times
 //   in the median, a few up to 4 times);
@@ -72,6 +73,10 @@ bool depthwise(const at::Tensor& input, int64_t groups) {
 // tests/cudnn_workspaces.rs checks these shares against the data and the charge of
 // each measured call.
 constexpr double kBackwardWorkspace = 1.5;
+// A 16-bit image stem's forward (3 input channels, one group): 1.9 times the unit. Under
+// bf16 autocast ViT-B's 16x16 patch embedding took 1.88 times it, ResNet-50's 7x7 stem
+// 1.27 times (cuDNN converts the 3-channel image to a padded layout of its own).
+constexpr double kHalfStemForward = 1.9;
 constexpr double kDepthwiseChannelsLastBackward = 4.3;
 constexpr int64_t kDepthwiseLargeFrom = 28 * 28;
 constexpr int64_t kPointwiseFreeFrom = 14 * 14;
@@ -163,7 +168,10 @@ at::Tensor conv_meta(
       at::empty(out, input.options().memory_format(input.suggest_memory_format()));
   if (!depthwise(input, groups) && !free_pointwise(input, weight, stride, transposed, groups) &&
       !free_image_stem(input, weight, stride, transposed, groups, 4, true)) {
-    meta_transient(block_bytes(input) + block_bytes(weight) + block_bytes(output), true);
+    const int64_t unit = block_bytes(input) + block_bytes(weight) + block_bytes(output);
+    const bool half_stem = input.dim() == 4 && input.size(1) == 3 && groups == 1 && !transposed &&
+                           (input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf);
+    meta_transient(half_stem ? int64_t(kHalfStemForward * double(unit)) : unit, true);
   }
   return output;
 }
