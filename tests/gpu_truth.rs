@@ -66,6 +66,9 @@ const LOCALS: &str = "probably: eager Python holds a module's locals until its f
                       returns, where the TorchScript interpreter frees each value after its \
                       last use (the peak is in the first block's MLP, with the block's \
                       residual and norm outputs still live)";
+/// BERT-base's eager inference.
+const BERT_INFER: &str = "eager PyTorch's run, not yet explained: the H200's run of the \
+                          traced file is predicted within 512 B";
 /// Training from the file keeps more than eager PyTorch (errs high against eager).
 const EAGER_KEEPS_LESS: &str = "errs high against eager PyTorch: the estimate predicts the \
                                 traced file as tch runs it (the TorchScript executor's \
@@ -79,7 +82,7 @@ const GPT2_HIGH: &str = "errs high, not yet explained";
 /// Cases outside the target: (model, mode, allocated error %, reserved error %, why), the
 /// errors as the estimate has them now (predicted over measured, minus one, in %).
 const KNOWN_GAPS: &[(&str, &str, f64, f64, &str)] = &[
-    ("hf_bert_base", "infer", -1.26, -3.07, LOCALS),
+    ("hf_bert_base", "infer", -1.26, -3.07, BERT_INFER),
     ("hf_bert_base", "train-bf16", 3.80, 3.26, EAGER_KEEPS_LESS),
     ("hf_gpt2", "train", 2.11, 10.14, GPT2_HIGH),
     ("hf_gpt2", "train-bf16", 5.12, 3.97, EAGER_KEEPS_LESS),
@@ -373,7 +376,8 @@ fn the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models() {
 /// The built-in transformers (GPT-2, BERT-base, ViT-B/16, Llama 3.2 1B), estimated with
 /// `tch-memprof estimate --model NAME --gpu h200`, against their PyTorch mirrors the H200
 /// measured (`builtin-mirrors.csv`, whose README section says how): every case within the
-/// target, inference and training, f32 and bf16 autocast. No Python needed.
+/// target, inference and training, f32 and bf16 autocast, and within what the docs say
+/// of them: 0.2% allocated, 2.1% reserved. No Python needed.
 #[test]
 fn the_builtin_models_estimates_are_held_to_their_mirrors_on_an_h200() {
     let rows = builtin_rows("builtin-mirrors.csv", 16);
@@ -391,13 +395,14 @@ fn the_builtin_models_estimates_are_held_to_their_mirrors_on_an_h200() {
         }
         builtin_estimate(&args, "")
     });
-    hold_builtin(&rows, &made, 4);
+    hold_builtin(&rows, &made, 4, (0.2, 2.1));
 }
 
 /// GPT-2's training step (AdamW, 8x1024) under each allocator setting `plan` tries and
 /// with activation checkpointing of every segment and of every second one, estimated
 /// with `PYTORCH_CUDA_ALLOC_CONF` and `--checkpoint`, against the H200's runs of its
-/// PyTorch mirror (`builtin-plan-levers.csv`): every case within the target.
+/// PyTorch mirror (`builtin-plan-levers.csv`): every case within the target, and within
+/// what the docs say: 0.2% allocated and reserved.
 #[test]
 fn the_plans_levers_are_held_to_an_h200s_runs_of_them() {
     let rows = builtin_rows("builtin-plan-levers.csv", 6);
@@ -410,7 +415,7 @@ fn the_plans_levers_are_held_to_an_h200s_runs_of_them() {
         }
         builtin_estimate(&args, &row[2])
     });
-    hold_builtin(&rows, &made, 4);
+    hold_builtin(&rows, &made, 4, (0.2, 0.2));
 }
 
 /// The `rows` rows of a CSV file of [`DATA`] (its header aside).
@@ -446,8 +451,14 @@ fn builtin_estimate(args: &[&str], conf: &str) -> (u64, u64) {
 }
 
 /// Prints each row's errors (its first `key` cells name it; the measured peaks are its
-/// last two) and fails on any outside the target.
-fn hold_builtin(rows: &[csv::StringRecord], made: &[(u64, u64)], key: usize) {
+/// last two) and fails on any outside the target or outside `documented` (allocated,
+/// reserved, in %: the bounds the docs quote).
+fn hold_builtin(
+    rows: &[csv::StringRecord],
+    made: &[(u64, u64)],
+    key: usize,
+    documented: (f64, f64),
+) {
     let mut outside = Vec::new();
     println!("{:<48}  alloc err %  resv err %", "case");
     for (row, (allocated, reserved)) in rows.iter().zip(made) {
@@ -460,11 +471,16 @@ fn hold_builtin(rows: &[csv::StringRecord], made: &[(u64, u64)], key: usize) {
         let case: Vec<&str> = row.iter().take(key).collect();
         let case = case.join(" ");
         println!("{case:<48} {a:>+11.2} {r:>+11.2}");
-        if a.abs() > ALLOCATED_TARGET * 100.0 || r.abs() > RESERVED_TARGET * 100.0 {
+        let target = (ALLOCATED_TARGET * 100.0).min(documented.0);
+        let target_reserved = (RESERVED_TARGET * 100.0).min(documented.1);
+        if a.abs() > target || r.abs() > target_reserved {
             outside.push(format!("{case}: {a:+.2}%, {r:+.2}%"));
         }
     }
-    assert!(outside.is_empty(), "outside the target: {outside:?}");
+    assert!(
+        outside.is_empty(),
+        "outside the target or the documented bounds {documented:?}: {outside:?}"
+    );
 }
 
 /// The same cases run on the H200 from their traced files (`traced.csv` of

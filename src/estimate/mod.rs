@@ -432,7 +432,9 @@ pub struct Estimate {
     pub cublas_workspace_bytes: u64,
     /// Kernels' workspaces charged, taken and freed inside one call each: cuDNN's
     /// convolutions' (forward and backward, at the larger plausible size; see the
-    /// module's docs) and the memory-efficient and cuDNN attention backward's.
+    /// module's docs), cuDNN attention's forward one, the memory-efficient and cuDNN
+    /// attention backward's, and the staging buffers and semaphores of CUDA's sums and
+    /// means that split across thread blocks.
     pub kernel_workspaces: u64,
     /// The largest of them, as the allocator charges it.
     pub largest_kernel_workspace: u64,

@@ -301,9 +301,9 @@ impl Estimate {
     pub fn kernel_workspace_line(&self) -> Option<String> {
         (self.kernel_workspaces > 0).then(|| {
             format!(
-                "Kernel workspaces (cuDNN convolutions, attention backward): {} charged at \
-                 batch {}, the largest {}; a convolution's at the larger plausible size \
-                 (where the peak is inside one, the estimate errs high)",
+                "Kernel workspaces (cuDNN convolutions, attention, the buffers of CUDA's \
+                 sums): {} charged at batch {}, the largest {}; a convolution's at the \
+                 larger plausible size (where the peak is inside one, the estimate errs high)",
                 self.kernel_workspaces,
                 self.batch,
                 bytes(self.largest_kernel_workspace)

@@ -216,6 +216,19 @@ impl Model {
     fn begin_trace(&self, options: &Options) -> Result<Trace> {
         // Set once this trace is ours (one trace per process at a time), read before it
         // ends: no other dry run can change them in between.
+        let gpu = &options.gpu;
+        if gpu.multiprocessors == 0 || gpu.threads_per_multiprocessor == 0 {
+            return Err(Error::InvalidInput {
+                name: "gpu",
+                value: format!(
+                    "{} multiprocessors, {} threads each",
+                    gpu.multiprocessors, gpu.threads_per_multiprocessor
+                ),
+                reason: "a GPU has at least one multiprocessor of at least one thread \
+                         (Gpu::named or Gpu::generic fill them in)"
+                    .to_string(),
+            });
+        }
         let trace = Trace::begin()?;
         ffi::meta_attention_set(options.gpu.sm as i32, options.attention.native())?;
         ffi::meta_gpu_set(

@@ -12,13 +12,14 @@
 //
 // Their sizes follow from the reduction's TensorIterator and the GPU's multiprocessors,
 // as setReduceConfig computes them; the port below is that function's host side,
-// checked against those snapshots byte for byte (tests/gpu_truth.rs). The meta
+// checked against those snapshots byte for byte (tests/cudnn_workspaces.rs). The meta
 // kernels compute no TensorIterator for a reduction (a structured meta function sizes
 // the output only), so the buffers are logged at the op's end from its inputs and
 // output, as a workspace the kernel takes (meta_transient, of its exact size).
 
 #include <ATen/ATen.h>
 #include <ATen/TensorIterator.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/native/ReduceOpsUtils.h>
 #include <ATen/record_function.h>
 
@@ -101,67 +102,149 @@ struct Config {
   }
 };
 
-// Reduce.cuh's get_output_vec_size: 4 lanes unless the input's address, the output
-// dimension or a stride is not a multiple (the meta input's address is its offset
-// from a block's start, as a fresh CUDA block starts aligned).
-int64_t output_vec_size(const at::TensorIteratorBase& iter, int64_t scalar_size) {
+// A reduction's iteration space as CUDA's TensorIterator has it: the dims reordered
+// (reduced ones first) and then coalesced. On meta tensors TensorIterator reorders but
+// does not coalesce (nor set data pointers), so the coalescing is done here, as
+// TensorIteratorBase::coalesce_dimensions does it for the output and the input.
+struct Geometry {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> out_strides;  // bytes
+  std::vector<int64_t> in_strides;   // bytes
+  int64_t in_address = 0;            // the input's offset from its block's start, bytes
+
+  int64_t ndim() const {
+    return int64_t(shape.size());
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) {
+      n *= d;
+    }
+    return n;
+  }
+  int64_t num_reduce_dims() const {
+    int64_t n = 0;
+    while (n < ndim() && out_strides[n] == 0) {
+      ++n;
+    }
+    return n;
+  }
+  int64_t num_output_elements() const {
+    int64_t n = 1;
+    for (int64_t d = 0; d < ndim(); ++d) {
+      if (out_strides[d] != 0) {
+        n *= shape[d];
+      }
+    }
+    return n;
+  }
+};
+
+Geometry coalesced(const at::TensorIteratorBase& iter, const at::Tensor& self) {
+  Geometry g;
+  g.shape.assign(iter.shape().begin(), iter.shape().end());
+  const auto out = iter.strides(0);
+  const auto in = iter.strides(iter.ntensors() - 1);
+  g.out_strides.assign(out.begin(), out.end());
+  g.in_strides.assign(in.begin(), in.end());
+  g.in_address = self.storage_offset() * int64_t(self.element_size());
+  const int64_t n = g.ndim();
+  if (n <= 1) {
+    return g;
+  }
+  auto can_coalesce = [&g](int64_t d0, int64_t d1) {
+    const int64_t s0 = g.shape[d0];
+    const int64_t s1 = g.shape[d1];
+    if (s0 == 1 || s1 == 1) {
+      return true;
+    }
+    return s0 * g.out_strides[d0] == g.out_strides[d1] &&
+           s0 * g.in_strides[d0] == g.in_strides[d1];
+  };
+  auto replace_stride = [&g](int64_t d0, int64_t d1) {
+    g.out_strides[d0] = g.out_strides[d1];
+    g.in_strides[d0] = g.in_strides[d1];
+  };
+  int64_t prev = 0;
+  for (int64_t d = 1; d < n; ++d) {
+    if (can_coalesce(prev, d)) {
+      if (g.shape[prev] == 1) {
+        replace_stride(prev, d);
+      }
+      g.shape[prev] *= g.shape[d];
+    } else {
+      ++prev;
+      if (prev != d) {
+        replace_stride(prev, d);
+        g.shape[prev] = g.shape[d];
+      }
+    }
+  }
+  g.shape.resize(prev + 1);
+  g.out_strides.resize(prev + 1);
+  g.in_strides.resize(prev + 1);
+  return g;
+}
+
+// Reduce.cuh's get_output_vec_size: 4 lanes unless the input's address (a fresh CUDA
+// block starts aligned: the input's offset from its start), the output dimension or a
+// stride is not a multiple.
+int64_t output_vec_size(const Geometry& g, int64_t scalar_size) {
   int64_t vec = 4;
   auto fit = [&vec](uint64_t n) {
     while (n % uint64_t(vec) != 0) {
       vec /= 2;
     }
   };
-  fit(reinterpret_cast<uint64_t>(iter.data_ptr(iter.noutputs())) / uint64_t(scalar_size));
-  const int64_t output_index = iter.num_reduce_dims();
-  fit(uint64_t(iter.shape()[output_index]));
-  int64_t j = 0;
-  for (int64_t s : iter.strides(iter.noutputs())) {
+  fit(uint64_t(g.in_address / scalar_size));
+  const int64_t output_index = g.num_reduce_dims();
+  fit(uint64_t(g.shape[output_index]));
+  for (int64_t j = 0; j < g.ndim(); ++j) {
     if (j != output_index) {
-      fit(uint64_t(s / scalar_size));
+      fit(uint64_t(g.in_strides[j] / scalar_size));
     }
-    ++j;
   }
   return vec;
 }
 
-// Reduce.cuh's setReduceConfig for a kernel of vt0 = input_vec_size = 4 (sum's and
-// mean's), input elements of `scalar_size` bytes and accumulators of `arg_size`.
-Config reduce_config(const at::TensorIteratorBase& iter, int64_t scalar_size, int64_t arg_size,
+// Reduce.cuh's setReduceConfig for sum's and mean's kernels (vt0 = 4; input_vec_size 4,
+// 8 for 16-bit inputs, which moves nothing here: it divides dim0 only where an output
+// has at least 128 inputs along the fastest dim, and the buffers need 256 a thread),
+// input elements of `scalar_size` bytes and accumulators of `arg_size`.
+Config reduce_config(const Geometry& g, int64_t scalar_size, int64_t arg_size,
                      int64_t max_threads) {
-  constexpr int64_t kInputVecSize = 4;
+  const int64_t input_vec_size = scalar_size == 2 ? 8 : 4;
   Config c;
   c.element_size = arg_size;
-  c.num_outputs = iter.num_output_elements();
-  c.num_inputs = iter.numel() / c.num_outputs;
-  const int input_index = iter.ntensors() - 1;
+  c.num_outputs = g.num_output_elements();
+  c.num_inputs = g.numel() / c.num_outputs;
   int64_t dim0 = 1;
   int64_t dim1 = 1;
   int64_t fastest_stride = scalar_size;
   bool on_fastest = true;
-  if (iter.ndim() > 0) {
-    const auto strides = iter.strides(input_index);
-    on_fastest = iter.num_reduce_dims() == iter.ndim() ||
-                 strides[0] < strides[iter.num_reduce_dims()];
+  const int64_t reduce_dims = g.num_reduce_dims();
+  if (g.ndim() > 0) {
+    on_fastest = reduce_dims == g.ndim() || g.in_strides[0] < g.in_strides[reduce_dims];
     if (on_fastest) {
       dim0 = c.num_inputs;
       dim1 = c.num_outputs;
-      fastest_stride = strides[0];
+      fastest_stride = g.in_strides[0];
     } else {
       dim0 = c.num_outputs;
       dim1 = c.num_inputs;
-      fastest_stride = strides[iter.num_reduce_dims()];
+      fastest_stride = g.in_strides[reduce_dims];
     }
   }
   if (fastest_stride == scalar_size) {
-    if (on_fastest && dim0 >= 128 && iter.num_reduce_dims() == 1) {
-      dim0 /= kInputVecSize;
+    if (on_fastest && dim0 >= 128 && reduce_dims == 1) {
+      dim0 /= input_vec_size;
     } else if (!on_fastest) {
-      c.output_vec_size = output_vec_size(iter, scalar_size);
+      c.output_vec_size = output_vec_size(g, scalar_size);
       dim0 /= c.output_vec_size;
     }
   }
   c.set_block_dimension(dim0, dim1, max_threads);
-  if (iter.ndim() == 0 || on_fastest) {
+  if (g.ndim() == 0 || on_fastest) {
     c.block_x_reduce = c.split_input(c.block_width) != 0;
   } else {
     c.split_output(c.block_width);
@@ -207,12 +290,14 @@ int64_t accumulator_size(at::ScalarType t) {
   }
 }
 
-void log_buffers(const at::TensorIteratorBase& iter, int64_t scalar_size, int64_t arg_size,
+void log_buffers(const at::TensorIteratorBase& iter, const at::Tensor& self, int64_t arg_size,
                  int64_t max_threads) {
-  const Config c = reduce_config(iter, scalar_size, arg_size, max_threads);
+  const int64_t scalar_size = int64_t(self.element_size());
+  const Config c = reduce_config(coalesced(iter, self), scalar_size, arg_size, max_threads);
   if (c.global_reduce) {
-    // The staging buffer, then the semaphores (both live until the kernel is launched;
-    // logged one after the other, the second in the small pool).
+    // The staging buffer, then the semaphores. CUDA holds both until the kernel is
+    // launched; they are logged one after the other (so the peak inside the call is at
+    // most the semaphores' 512-byte block low).
     meta_transient(c.global_memory_size(), false);
     meta_transient(c.semaphore_size(), false);
   }
@@ -259,6 +344,10 @@ void log_reduction(const at::Tensor& self, at::Tensor result, at::OptionalIntArr
   if (arg_size == 0) {
     return;
   }
+  // The view below is an op of its own: neither recorded (it would re-enter the op
+  // recorder inside this op's end) nor seen by autograd (no node, no sequence number).
+  at::DisableRecordFunctionGuard no_record;
+  at::AutoDispatchBelowADInplaceOrView no_autograd;
   const int64_t ndim = self.dim();
   const auto mask = at::native::make_dim_mask(dims, ndim);
   at::Tensor viewed = at::native::review_reduce_result(result, ndim, mask, keepdim);
@@ -266,13 +355,12 @@ void log_reduction(const at::Tensor& self, at::Tensor result, at::OptionalIntArr
   if (iter.numel() == 0) {
     return;
   }
-  const int64_t scalar_size = int64_t(self.element_size());
   constexpr int64_t kMaxThreads = 512;  // Reduce.cuh's MAX_NUM_THREADS (complex double aside)
   if (iter.can_use_32bit_indexing()) {
-    log_buffers(iter, scalar_size, arg_size, kMaxThreads);
+    log_buffers(iter, self, arg_size, kMaxThreads);
   } else {
     for (auto& sub : iter.with_32bit_indexing()) {
-      log_buffers(sub, scalar_size, arg_size, kMaxThreads);
+      log_buffers(sub, self, arg_size, kMaxThreads);
     }
   }
 }
