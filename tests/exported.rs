@@ -52,14 +52,7 @@ fn estimate(file: &Path, args: &[&str]) -> Result<(u64, u64), (Option<i32>, Stri
         return Err((out.status.code(), common::text(&out.stderr)));
     }
     let csv = common::text(&out.stdout);
-    let mut lines = csv.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let row: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let col = |name: &str| -> u64 {
-        row[header.iter().position(|h| *h == name).unwrap()]
-            .parse()
-            .unwrap()
-    };
+    let col = |name: &str| -> u64 { common::csv_cell(&csv, name).parse().unwrap() };
     Ok((col("weights_bytes"), col("peak_allocated_bytes")))
 }
 

@@ -352,14 +352,11 @@ fn estimate(file: &Path, case: &Measured) -> Result<(u64, u64, String), String> 
         return Err(common::text(&out.stderr));
     }
     let text = common::text(&out.stdout);
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let row: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let col = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
+    let col = |name: &str| common::csv_cell(&text, name);
     Ok((
         col("peak_allocated_bytes").parse().unwrap(),
         col("peak_reserved_bytes").parse().unwrap(),
-        col("attention").to_string(),
+        col("attention"),
     ))
 }
 
@@ -439,14 +436,7 @@ fn builtin_estimate(args: &[&str], conf: &str) -> (u64, u64) {
         .expect("runs tch-memprof");
     assert!(out.status.success(), "{}", common::text(&out.stderr));
     let text = common::text(&out.stdout);
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let cells: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let col = |name: &str| -> u64 {
-        cells[header.iter().position(|h| *h == name).unwrap()]
-            .parse()
-            .unwrap()
-    };
+    let col = |name: &str| -> u64 { common::csv_cell(&text, name).parse().unwrap() };
     (col("peak_allocated_bytes"), col("peak_reserved_bytes"))
 }
 

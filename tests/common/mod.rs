@@ -158,6 +158,19 @@ pub fn cli(args: &[&str]) -> std::process::Output {
         .expect("runs tch-memprof")
 }
 
+/// The cell under `name` in the first row of CSV `text` (a header line, then rows), as
+/// `estimate --csv` prints them.
+pub fn csv_cell(text: &str, name: &str) -> String {
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    let row: Vec<&str> = lines.next().expect("a row").split(',').collect();
+    let i = header
+        .iter()
+        .position(|h| *h == name)
+        .unwrap_or_else(|| panic!("no column {name} in {header:?}"));
+    row[i].to_string()
+}
+
 /// Bytes of a command's output as text.
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
