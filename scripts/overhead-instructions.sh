@@ -5,7 +5,8 @@
 # the difference, divided by the steps between them, is one step's instructions without
 # start-up. Prints each mode's instructions a step and its ratio to the plain loop, then
 # where the default profiler's extra instructions go (`callgrind_annotate`'s functions,
-# per step, against the plain loop's, grouped by library).
+# per step, against the plain loop's, grouped by library), and the step timeline's
+# against the default profiler's.
 #
 #   scripts/with-libtorch.sh scripts/overhead-instructions.sh                  # 1x3x16x16
 #   scripts/with-libtorch.sh scripts/overhead-instructions.sh --batch 8 --image 64
@@ -65,7 +66,8 @@ for mode in "${modes[@]}"; do
   step=$(( ($(total "$mode.$many") - $(total "$mode.$few")) / (many - few) ))
   python3 -c "print(f'  {\"$mode\":<9} {$step:>15,} instructions  ratio {$step / $base:.4f}')"
 done
-# Where the default mode's extra instructions go, per step, grouped by function.
+# Where the default mode's and the timeline's extra instructions go, per step, grouped
+# by function.
 python3 - "$out" "$few" "$many" <<'PY'
 import collections, re, subprocess, sys
 out, few, many = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -93,11 +95,15 @@ groups = [
      lambda k: ("memprof::" in k or "memprof_flops::" in k) and "tch_memprof::" not in k),
     ("the Rust side (tch_memprof::)", lambda k: "tch_memprof::" in k),
 ]
-profiled, baseline = per_step("profiled"), per_step("baseline")
-extra = {k: profiled.get(k, 0) - baseline.get(k, 0) for k in set(profiled) | set(baseline)}
-total = sum(extra.values())
-print(f"the default profiler's {total:,.0f} extra instructions a step, by function:")
-for name, match in groups:
-    part = sum(v for k, v in extra.items() if match(k))
-    print(f"  {name:<40} {part:>12,.0f}  {100 * part / total:5.1f}%")
+def breakdown(mode, base, what):
+    a, b = per_step(mode), per_step(base)
+    extra = {k: a.get(k, 0) - b.get(k, 0) for k in set(a) | set(b)}
+    total = sum(extra.values())
+    print(f"{what}'s {total:,.0f} extra instructions a step, by function:")
+    for name, match in groups:
+        part = sum(v for k, v in extra.items() if match(k))
+        print(f"  {name:<40} {part:>12,.0f}  {100 * part / total:5.1f}%")
+
+breakdown("profiled", "baseline", "the default profiler")
+breakdown("timeline", "profiled", "the step timeline, above the default profiler,")
 PY

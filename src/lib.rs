@@ -233,6 +233,11 @@ pub mod __private {
         let r = crate::ffi::registry().unwrap_or_default();
         (r.live, r.high_water, r.dropped)
     }
+    /// Ops of this session that took their layer, variable or FLOPs from the ones learned
+    /// in an earlier iteration, not from their inputs.
+    pub fn looked_up_ops() -> u64 {
+        crate::ffi::registry().map_or(0, |r| r.looked_up_ops)
+    }
     /// Live registered blocks of the CPU in this session: (bytes, count).
     pub fn registered_cpu_blocks() -> (i64, usize) {
         let mut v = Vec::new();

@@ -103,8 +103,11 @@ pub(crate) struct Registry {
     pub entry_bytes: u64,
     pub on: i32,
     pub pad: i32,
-    /// Leak hunting's learned op layers: bytes of the entries ever written.
+    /// What the ops took from their inputs, learned (leak hunting's layers, the
+    /// timeline's variables and FLOPs): bytes of the entries ever written.
     pub learned_ops_bytes: u64,
+    /// Ops of this session that took them from the learned ones, not their inputs.
+    pub looked_up_ops: u64,
 }
 
 pub(crate) fn registry() -> Result<Registry> {

@@ -462,7 +462,12 @@ inline void steplog_block_event(
   }
 }
 
+// Sizes of the blocks this thread allocated in this iteration, hashed in order (op_seq.cpp:
+// a learned op is looked up only after the same allocations).
+extern thread_local uint64_t tls_alloc_sig;
+
 inline void on_alloc(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t phase) {
+  tls_alloc_sig = (tls_alloc_sig ^ uint64_t(size) ^ (uint64_t(dev) << 56)) * 0x100000001b3ull;
   DeviceState& d = g_dev[dev];
   const int64_t live = d.live.fetch_add(size, std::memory_order_relaxed) + size;
   d.allocs.fetch_add(1, std::memory_order_relaxed);
@@ -518,20 +523,34 @@ void op_callback_use(int target, bool on, bool inputs, bool outputs);
 void clear_params(int target);
 int set_params(int target, const uint64_t* ptrs, const int32_t* ids, const int32_t* layers,
                size_t n);
-// layer_seq.cpp: the training thread's op layers learned once, then looked up (leak
-// hunting without the step timeline asks for op inputs only while it learns).
-// At session start: learn and look up (`on`) or ask for inputs always.
-void layer_seq_start(bool on);
+// op_seq.cpp: what the training thread's ops take from their inputs, learned in some
+// iterations and looked up in the others (leak hunting and the step timeline ask for op
+// inputs only while they learn).
+struct OpInputs {
+  int32_t var = -1;     // the first VarStore variable among them, -1 none
+  int32_t layer1 = 0;   // its layer's name id + 1, 0 none
+  int64_t flops = -1;   // a counted op's FLOPs, -1 not counted there
+};
+// At session start: learn and look up (`on`) or ask for inputs always; `sizes`: an op is
+// looked up only after the same sizes allocated (the timeline's FLOPs depend on shapes).
+void op_seq_start(bool on, bool sizes);
 // At an iteration's start, on the training thread: whether it learns (needs inputs).
-bool layer_seq_next_iteration();
-// On the training thread's op callback: the op's layer comes from the learned sequence.
-bool layer_seq_looks_up();
-// A learning iteration's next timeline op, with the layer found from its inputs.
-void layer_seq_learn(int32_t name, int32_t layer1);
-// The next op's learned layer (id + 1, 0 none), or -1: not the op learned there.
-int32_t layer_seq_lookup(int32_t name);
+bool op_seq_next_iteration();
+// A learning iteration's next op that took something from its inputs.
+void op_seq_learn(int32_t name, const OpInputs& took);
+// What the next op learned took, if it is that op (same name and, with `sizes`, the same
+// sizes allocated before it on the training thread); false: it parts from the learned ops.
+bool op_seq_lookup(int32_t name, OpInputs* took);
+// A timeline op ends (with `sizes`): learned, or checked, so that an op that allocated
+// other sizes is caught before the next op starts (which then gets its inputs).
+void op_seq_op_end(int32_t name);
+// The rest of this iteration asks for op inputs (registered anew); `parted`: because it
+// parted from the learned ops (the next iteration learns).
+void op_seq_ask_inputs(bool parted);
 // The learned sequence's memory in use (the most entries ever written).
-uint64_t layer_seq_bytes();
+uint64_t op_seq_bytes();
+// Ops of this session that took what they needed from the learned ones.
+uint64_t op_seq_looked_up();
 // The dry run's op stack on this thread (the meta trace's current op).
 extern thread_local OpStack tls_dry_ops;
 

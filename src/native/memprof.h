@@ -300,8 +300,11 @@ typedef struct MpRegistry {
   uint64_t entry_bytes;
   int32_t on;
   int32_t pad;
-  // Leak hunting's learned op layers (layer_seq.cpp): bytes of the entries ever written.
+  // What the ops took from their inputs, learned (op_seq.cpp): bytes of the entries ever written.
   uint64_t learned_ops_bytes;
+  // Ops of this session that took what they needed from the learned ones, not from
+  // their inputs.
+  uint64_t looked_up_ops;
 } MpRegistry;
 
 // One birth (+size) or death (-size) of the memory history.

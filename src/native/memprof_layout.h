@@ -127,7 +127,7 @@
   MP_FIELD(MpLiveBlock, phase, 28)                     \
   MP_FIELD(MpLiveBlock, device, 29)                    \
   MP_FIELD(MpLiveBlock, pad, 30)                       \
-  MP_SIZE(MpRegistry, 56)                              \
+  MP_SIZE(MpRegistry, 64)                              \
   MP_FIELD(MpRegistry, capacity, 0)                    \
   MP_FIELD(MpRegistry, high_water, 8)                  \
   MP_FIELD(MpRegistry, live, 16)                       \
@@ -136,6 +136,7 @@
   MP_FIELD(MpRegistry, on, 40)                         \
   MP_FIELD(MpRegistry, pad, 44)                        \
   MP_FIELD(MpRegistry, learned_ops_bytes, 48)          \
+  MP_FIELD(MpRegistry, looked_up_ops, 56)              \
   MP_SIZE(MpHistEvent, 32)                             \
   MP_FIELD(MpHistEvent, ptr, 0)                        \
   MP_FIELD(MpHistEvent, size, 8)                       \

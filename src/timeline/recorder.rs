@@ -3,7 +3,7 @@
 //! iteration begins and replays its step log when it ends; the profiler hands the
 //! profiles to its reports.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use crate::error::Result;
 use crate::ffi::{self, Event};
@@ -72,21 +72,34 @@ impl Recorder {
             self.detail = detail;
         }
         let header = ffi::timeline_header()?;
-        let mut start = StepStart {
-            generation: header.start_generation,
-            live: header.start_live,
-            ..StepStart::default()
-        };
-        let mut entries = Vec::with_capacity(vars.len());
+        // The maps and the variables' list are kept from the last iteration and refilled:
+        // this runs every step, and building them anew cost allocations and rehashing.
+        let start = &mut self.start;
+        start.generation = header.start_generation;
+        start.live = header.start_live;
+        start.opt = 0;
+        for m in [
+            &mut start.param,
+            &mut start.buffer,
+            &mut start.grad,
+            &mut start.workspace,
+        ] {
+            m.clear();
+        }
+        start.device_owned.clear();
         let mut opt_claimed = 0i64;
         let slot = self.slot;
-        let mut claim = |map: &mut HashMap<u64, i64>, b: &ffi::Block| {
+        let mut claim = |map: &mut FxHashMap<u64, i64>, b: &ffi::Block| {
             if b.tracked_on(slot) && map.insert(b.base, b.bytes).is_none() && b.born_in_optimizer()
             {
                 opt_claimed += b.bytes;
             }
         };
-        for (v, block, grad) in vars.rows() {
+        let same_vars = self.vars.len() == vars.len();
+        if !same_vars {
+            self.vars.clear();
+        }
+        for (k, (v, block, grad)) in vars.rows().enumerate() {
             if v.trainable {
                 claim(&mut start.param, &block);
             } else {
@@ -95,23 +108,30 @@ impl Recorder {
             if grad.is_defined() {
                 claim(&mut start.grad, &grad);
             }
-            entries.push(VarEntry {
-                layer: v.layer.clone(),
-                bytes: block.size(),
-            });
+            let bytes = block.size();
+            match self.vars.get_mut(k) {
+                Some(e) if same_vars => {
+                    if e.layer != v.layer {
+                        e.layer.clone_from(&v.layer);
+                    }
+                    e.bytes = bytes;
+                }
+                _ => self.vars.push(VarEntry {
+                    layer: v.layer.clone(),
+                    bytes,
+                }),
+            }
         }
         // CUDA: the cuBLAS workspaces PyTorch holds are WORKSPACE, those the session saw
         // born counted at the start (the others are not in its live bytes).
         for w in self.workspaces() {
-            start.device_owned.insert(w.ptr);
+            self.start.device_owned.insert(w.ptr);
             if w.tracked != 0 {
-                start.workspace.insert(w.ptr, w.bytes);
+                self.start.workspace.insert(w.ptr, w.bytes);
             }
         }
         let ds = ffi::device_stats(self.slot)?;
-        start.opt = (ds.optimizer_born_live - opt_claimed).max(0);
-        self.vars = entries;
-        self.start = start;
+        self.start.opt = (ds.optimizer_born_live - opt_claimed).max(0);
         Ok(())
     }
 

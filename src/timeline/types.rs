@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
 use crate::names::MISSING;
@@ -459,16 +460,16 @@ pub(crate) struct VarEntry {
 pub(crate) struct StepStart {
     pub generation: u32,
     pub live: i64,
-    pub param: HashMap<u64, i64>,
-    pub buffer: HashMap<u64, i64>,
-    pub grad: HashMap<u64, i64>,
+    pub param: FxHashMap<u64, i64>,
+    pub buffer: FxHashMap<u64, i64>,
+    pub grad: FxHashMap<u64, i64>,
     pub opt: i64,
     /// Blocks the device takes for itself, the cuBLAS and cuBLASLt workspaces (a
     /// prediction's, or those PyTorch holds at the step's end): WORKSPACE whenever they
     /// are made.
-    pub device_owned: std::collections::HashSet<u64>,
+    pub device_owned: FxHashSet<u64>,
     /// Those of them alive when the step began, with their bytes.
-    pub workspace: HashMap<u64, i64>,
+    pub workspace: FxHashMap<u64, i64>,
 }
 
 /// Where the profile of a step goes, beside the run's CSV files.

@@ -9,7 +9,9 @@
 //   what only a prediction needs (the cuBLAS workspaces' ops, outputs sized without
 //   the allocator), from the dry run's hooks (dryrun/trace.cpp).
 // So FLOPs, layers, module paths and reads are counted by the same code for a
-// measured step and a predicted one.
+// measured step and a predicted one. The profiled step asks libtorch for op inputs only
+// in the iterations that learn what its ops take from them (op_seq.cpp); the others look
+// it up.
 //
 // A record counts as "backward running" when it is an autograd node
 // (BACKWARD_FUNCTION scope) or the engine's wrapper around one
@@ -318,29 +320,47 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
   }
   const uint32_t phase = S::phase(backward_record);
 
+  // What the op takes from its inputs: a timeline op outside backward, its first
+  // variable; with the step log, the outermost op with a FLOP formula, its FLOPs (linear
+  // counts at addmm). The profiled step asks for inputs only while it learns them
+  // (op_seq.cpp), and looks them up in the other iterations.
+  const bool wants_var = opens && !backward_record;
+  const bool wants_flops =
+      steplog && t.counted_depth1 == 0 && memprof_flops::counted(kind_of(id));
+  OpInputs took;
+  bool flops_lost = false;
+  if (wants_var || wants_flops) {
+    if (fn.needsInputs() || S::kTarget != MP_TARGET_STEP) {
+      if (wants_var) {
+        took.var = first_variable(S::kTarget, fn.inputs(), &took.layer1);
+      }
+      if (wants_flops) {
+        took.flops = memprof_flops::count(kind_of(id), fn.inputs());
+      }
+      if (S::kTarget == MP_TARGET_STEP) {
+        op_seq_learn(id, took);
+      }
+    } else if (!op_seq_lookup(id, &took)) {
+      took = OpInputs{};
+      if (steplog) {
+        // The timeline: this op's FLOPs are not known; the ops after it are counted
+        // from their own inputs.
+        flops_lost = wants_flops;
+        op_seq_ask_inputs(true);
+      } else if (wants_var && tls_training_thread) {
+        // Leak hunting alone: not the op learned here, so no layer, not the last one's.
+        t.last_layer1 = 0;
+      }
+    }
+  }
+
   if (opens) {
     int32_t op = -1;
     if (steplog) {
       op = S::next_op();
     }
-    int32_t layer1 = 0;
-    int32_t var = -1;
-    // Leak hunting alone learns the training thread's layers, then looks them up
-    // without op inputs (layer_seq.cpp).
-    const bool seq = S::kTarget == MP_TARGET_STEP && !steplog;
-    if (!backward_record && seq && layer_seq_looks_up()) {
-      layer1 = layer_seq_lookup(id);
-      if (layer1 < 0) {
-        // Not the op learned here: no layer, not the last one's.
-        layer1 = 0;
-        t.last_layer1 = 0;
-      }
-    } else if (!backward_record) {
-      var = first_variable(S::kTarget, fn.inputs(), &layer1);
-      if (seq) {
-        layer_seq_learn(id, layer1);
-      }
-    }
+    int32_t layer1 = took.layer1;
+    const int32_t var = took.var;
     // The thread's scopes (tch_memprof::scope), whichever recorder runs.
     const OpStack& scopes = tls_ops;
     const uint32_t scope =
@@ -395,13 +415,13 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
       seq_layer_store(seq_layers, fn.seqNr(), t.open_layer1[t.n_open - 1]);
     }
   }
-  // FLOPs once, at the outermost op with a formula (linear counts at addmm).
-  if (steplog && t.counted_depth1 == 0) {
-    const memprof_flops::Kind k = kind_of(id);
-    if (memprof_flops::counted(k)) {
-      t.counted_depth1 = d + 1;
-      const int64_t flops = memprof_flops::count(k, fn.inputs());
-      S::append(MpTlEvent{MP_EV_FLOPS, uint8_t(phase), 0, 0, 0, cur, id, 0, flops});
+  // FLOPs once, at the outermost op with a formula.
+  if (wants_flops) {
+    t.counted_depth1 = d + 1;
+    if (flops_lost) {
+      S::append(MpTlEvent{MP_EV_UNCOUNTED, uint8_t(phase), 0, 0, 0, cur, id, 0, 0});
+    } else {
+      S::append(MpTlEvent{MP_EV_FLOPS, uint8_t(phase), 0, 0, 0, cur, id, 0, took.flops});
     }
   }
 }
@@ -435,6 +455,9 @@ void op_end(const at::RecordFunction& fn, bool backward_record, bool steplog) {
   }
   if (t.n_open > 0 && t.open_depth[t.n_open - 1] == d) {
     const int32_t op = t.open_op[--t.n_open];
+    if (S::kTarget == MP_TARGET_STEP && steplog) {
+      op_seq_op_end(id);
+    }
     if (steplog) {
       S::append(MpTlEvent{
           MP_EV_OP_END, uint8_t(S::phase(backward_record)), 0, 0, 0, op, id, 0, S::live()});

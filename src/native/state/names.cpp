@@ -20,9 +20,41 @@ struct NameSlot {
   std::atomic<uint64_t> hash;
   std::atomic<uint32_t> ready;
   memprof_flops::Kind kind;
+  bool prefixed;  // the name began with the evaluate_function prefix (dropped here)
+  bool whole;     // the name after it fit (not cut to kNameLen - 1)
   char name[kNameLen];
 };
 NameSlot g_names[kNameSlots];
+
+// The name as stored: without the evaluate_function prefix of backward nodes.
+inline const char* shown_name(const char* name, bool* prefixed) {
+  constexpr size_t kPrefix = sizeof(kEvaluateFunction) - 1;
+  *prefixed = name[0] == 'a' && std::strncmp(name, kEvaluateFunction, kPrefix) == 0;
+  if (!*prefixed) {
+    return name;
+  }
+  const char* shown = name + kPrefix;
+  while (*shown == ':' || *shown == ' ') {
+    ++shown;
+  }
+  return shown;
+}
+
+// The last ids this thread interned, by the address of the name. An op's name is its
+// schema's, at the same address every call, so most records find their id here and
+// skip hashing the name; an address can be reused for another name (a record's own
+// string), so a hit counts only when the name is the slot's, prefix included.
+struct NameCacheEntry {
+  const char* ptr;
+  int32_t id;
+};
+constexpr uint32_t kNameCache = 64;
+thread_local NameCacheEntry tls_name_cache[kNameCache];
+
+inline uint32_t name_cache_index(const char* p) {
+  const uint64_t a = uint64_t(reinterpret_cast<uintptr_t>(p));
+  return uint32_t((a >> 3) ^ (a >> 11)) & (kNameCache - 1);
+}
 
 inline uint64_t name_hash(const char* s) {
   uint64_t h = 1469598103934665603ull;
@@ -33,26 +65,20 @@ inline uint64_t name_hash(const char* s) {
 }
 }  // namespace
 
-int32_t intern(const char* name) {
-  if (!name) {
-    name = "";
-  }
+namespace {
+int32_t intern_slow(const char* name) {
   const uint64_t h = name_hash(name);
   uint32_t i = uint32_t(h) & (kNameSlots - 1);
   for (uint32_t probe = 0; probe < kMaxNameProbe; ++probe, i = (i + 1) & (kNameSlots - 1)) {
     NameSlot& slot = g_names[i];
     uint64_t cur = slot.hash.load(std::memory_order_acquire);
     if (cur == 0 && slot.hash.compare_exchange_strong(cur, h, std::memory_order_acq_rel)) {
-      const char* shown = name;
-      constexpr size_t kPrefix = sizeof(kEvaluateFunction) - 1;
-      if (std::strncmp(name, kEvaluateFunction, kPrefix) == 0) {
-        shown = name + kPrefix;
-        while (*shown == ':' || *shown == ' ') {
-          ++shown;
-        }
-      }
+      bool prefixed = false;
+      const char* shown = shown_name(name, &prefixed);
       std::strncpy(slot.name, shown, kNameLen - 1);
       slot.name[kNameLen - 1] = 0;
+      slot.prefixed = prefixed;
+      slot.whole = std::strlen(shown) < kNameLen - 1;
       slot.kind = memprof_flops::classify(name);
       slot.ready.store(1, std::memory_order_release);
       return int32_t(i);
@@ -67,6 +93,29 @@ int32_t intern(const char* name) {
     }
   }
   return -1;
+}
+}  // namespace
+
+int32_t intern(const char* name) {
+  if (!name) {
+    name = "";
+  }
+  NameCacheEntry& e = tls_name_cache[name_cache_index(name)];
+  if (e.ptr == name) {
+    const NameSlot& slot = g_names[e.id];
+    if (slot.whole) {
+      bool prefixed = false;
+      const char* shown = shown_name(name, &prefixed);
+      if (prefixed == slot.prefixed && std::strcmp(shown, slot.name) == 0) {
+        return e.id;
+      }
+    }
+  }
+  const int32_t id = intern_slow(name);
+  if (id >= 0) {
+    e = NameCacheEntry{name, id};
+  }
+  return id;
 }
 
 memprof_flops::Kind kind_of(int32_t id) {

@@ -278,7 +278,8 @@ void registry_stats(MpRegistry* out) {
   out->entry_bytes = sizeof(RegEntry);
   out->on = g_origin_on.load() ? 1 : 0;
   out->pad = 0;
-  out->learned_ops_bytes = layer_seq_bytes();
+  out->learned_ops_bytes = op_seq_bytes();
+  out->looked_up_ops = op_seq_looked_up();
 }
 
 void live_blocks(int32_t slot, MpLiveBlock* out, uint64_t cap, uint64_t* count) {

@@ -85,9 +85,9 @@ int session_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
     push_cuda_reporter();
     g_session.reporter_pushed = true;
   }
-  // Leak hunting without the timeline asks for op inputs only while it learns the
-  // layers of the ops (layer_seq.cpp): the first iteration does.
-  layer_seq_start(leaks != 0 && timeline_slot < 0);
+  // Leak hunting and the timeline ask for op inputs only while they learn what the ops
+  // take from them (op_seq.cpp): the first iteration does.
+  op_seq_start(leaks != 0 || timeline_slot >= 0, timeline_slot >= 0);
   op_callback_use(MP_TARGET_STEP, true, timeline_slot >= 0 || leaks != 0, false);
   g_session.on = true;
   // Start iteration 1 in the forward phase.
@@ -137,10 +137,13 @@ int begin_iteration() {
   tls_ops.last_layer1 = 0;
   g_log_len.store(0);
   g_backward_passes.store(0);
-  if (g_steplog_on.load()) {
+  const bool steplog = g_steplog_on.load();
+  if (steplog) {
     begin_steplog(gen);
-  } else if (g_session.leaks_requested) {
-    op_callback_use(MP_TARGET_STEP, true, layer_seq_next_iteration(), false);
+  }
+  const bool inputs = op_seq_next_iteration();
+  if (steplog || g_session.leaks_requested) {
+    op_callback_use(MP_TARGET_STEP, true, inputs, false);
   }
   for (auto& d : g_dev) {
     d.peak_iter.store(d.live.load());

@@ -100,8 +100,8 @@ fn replay_classifies_blocks_by_what_became_of_them() {
     let start = StepStart {
         generation: 10,
         live: 100 + 10 + 1,
-        param: HashMap::from([(1, 100)]),
-        grad: HashMap::from([(2, 10)]),
+        param: [(1, 100)].into_iter().collect(),
+        grad: [(2, 10)].into_iter().collect(),
         ..StepStart::default()
     };
     let events = vec![

@@ -1,0 +1,202 @@
+// What the training thread's ops take from their inputs, learned once and then looked
+// up, so that neither leak hunting nor the step timeline need ask libtorch for every
+// op's inputs in every iteration.
+//
+// From its inputs the recorder takes the layer and variable of a timeline-level op (the
+// first VarStore variable among them) and, with the step timeline, the FLOPs of a
+// counted op (conv, matmul: from the inputs' shapes). Asking libtorch for op inputs
+// makes it box every argument of every op, nested ones included, into IValues (tensors'
+// reference counts, lists on the heap): on a CPU ResNet-18 training step that cost a
+// percent or two of the step, where the rest of the recording costs a fraction of that.
+// But a training loop runs the same ops in the same order every iteration. So the
+// recorder asks for inputs in a *learning* iteration and keeps, for each op that took
+// something from its inputs, its name, layer, variable and FLOPs, and a signature of
+// the sizes of every block the thread allocated before it in the iteration; in the
+// iterations after, registered without inputs, the n-th such op takes what the n-th
+// learned op took if their names and signatures are the same. The first two iterations
+// learn (the first often differs: an optimizer's state is made at its first step), and
+// every 64th after.
+//
+// Where they part (another op, or the same ops on blocks of other sizes: a batch of
+// another shape, whose FLOPs differ):
+// - leak hunting alone: the rest of the iteration has no layer (`(none)`, not the layer
+//   that ran last: that may be wrong there);
+// - with the step timeline: that op's FLOPs are logged as not counted, and the rest of
+//   the iteration asks for inputs again (the callback is registered anew, with them),
+//   so every later op is counted from its own inputs.
+// Either way the next iteration learns again. A loop that does not repeat itself (three
+// looking-up iterations in a row that parted) gets inputs for every op from then on.
+//
+// State of the training thread only (the thread that started the session): read and
+// written by its op callbacks, its allocations and begin_iteration, which it runs; only
+// the count of entries ever written is read by other threads (the profiler's own
+// memory). Ops on other threads (CUDA's backward runs on the autograd engine's device
+// thread) cannot look up: one that needs its inputs in a looking-up iteration parts
+// from the sequence as above.
+
+#include "../internal.h"
+
+namespace memprof {
+
+thread_local uint64_t tls_alloc_sig = 0;
+
+namespace {
+constexpr uint32_t kCapacity = uint32_t(1) << 20;  // ops an iteration; 32 MiB reserved
+constexpr uint32_t kRelearnEvery = 64;             // iterations
+
+struct Learned {
+  int32_t name;
+  bool end;      // a timeline op's end (checked, takes nothing), else an op's start
+  OpInputs took;
+  uint64_t sig;  // tls_alloc_sig there
+};
+static_assert(sizeof(Learned) == 32, "the docs give a learned op's size");
+
+struct OpSeq {
+  Learned* seq = nullptr;  // reserved at the first session that uses it
+  bool on = false;         // this session learns and looks up
+  bool sizes = false;      // the sizes allocated matter (the timeline's FLOPs), not only names
+  bool learning = true;    // this iteration asks for inputs and learns
+  // This iteration met an op the sequence did not have; it asks for inputs (the timeline
+  // after parting, the step detail). Written by any thread's op callback.
+  std::atomic<bool> mismatch{false};
+  std::atomic<bool> forced{false};
+  uint32_t len = 0;        // ops learned
+  uint32_t pos = 0;        // ops of this iteration so far
+  uint32_t iterations = 0; // iterations since the session began
+  uint32_t missed = 0;     // looking-up iterations in a row that parted
+  // Entries ever written (their memory is touched); read by any thread's statistics.
+  std::atomic<uint32_t> high_water{0};
+  // Ops of this session that took what they needed from the learned ones.
+  std::atomic<uint64_t> looked_up{0};
+};
+constexpr uint32_t kMissedLimit = 3;
+OpSeq g_seq;
+}  // namespace
+
+void op_seq_start(bool on, bool sizes) {
+  OpSeq& s = g_seq;
+  if (on && !s.seq) {
+    s.seq = reserve<Learned>(kCapacity);
+  }
+  s.on = on && s.seq;
+  s.sizes = sizes;
+  s.learning = true;
+  s.mismatch.store(false);
+  s.forced.store(false);
+  s.len = 0;
+  s.pos = 0;
+  s.iterations = 0;
+  s.missed = 0;
+  s.looked_up.store(0);
+  tls_alloc_sig = 0;
+}
+
+bool op_seq_next_iteration() {
+  OpSeq& s = g_seq;
+  tls_alloc_sig = 0;
+  if (!s.on) {
+    return true;
+  }
+  ++s.iterations;
+  if (!s.learning) {
+    s.missed = s.mismatch.load() ? s.missed + 1 : 0;
+    if (s.missed >= kMissedLimit) {
+      s.on = false;  // not a repeating loop: inputs for every op from now on
+      return true;
+    }
+  }
+  // Iterations 1 and 2 learn, then every kRelearnEvery-th and any after a miss.
+  s.learning = s.iterations < 2 || s.mismatch.load() || s.iterations % kRelearnEvery == 0;
+  s.mismatch.store(false);
+  s.forced.store(false);
+  s.pos = 0;
+  if (s.learning) {
+    s.len = 0;
+  }
+  return s.learning;
+}
+
+namespace {
+void learn(int32_t name, bool end, const OpInputs& took) {
+  OpSeq& s = g_seq;
+  if (!s.on || !s.learning || !tls_training_thread) {
+    return;
+  }
+  const uint32_t i = s.pos++;
+  if (i < kCapacity) {
+    s.seq[i] = Learned{name, end, took, tls_alloc_sig};
+    s.len = i + 1;
+    if (s.len > s.high_water.load(std::memory_order_relaxed)) {
+      s.high_water.store(s.len, std::memory_order_relaxed);
+    }
+  }
+}
+
+// The learned entry the training thread's next op start or end matches, or null (it
+// parts from the learned ops: the rest of the iteration does too).
+const Learned* match(int32_t name, bool end) {
+  OpSeq& s = g_seq;
+  if (s.mismatch.load(std::memory_order_relaxed)) {
+    return nullptr;
+  }
+  const uint32_t i = s.pos++;
+  if (i < s.len && s.seq[i].name == name && s.seq[i].end == end &&
+      (!s.sizes || s.seq[i].sig == tls_alloc_sig)) {
+    return &s.seq[i];
+  }
+  s.mismatch.store(true, std::memory_order_relaxed);
+  return nullptr;
+}
+}  // namespace
+
+void op_seq_learn(int32_t name, const OpInputs& took) {
+  learn(name, false, took);
+}
+
+bool op_seq_lookup(int32_t name, OpInputs* took) {
+  if (!tls_training_thread) {
+    return false;
+  }
+  const Learned* e = match(name, false);
+  if (!e) {
+    return false;
+  }
+  *took = e->took;
+  // One writer, the training thread.
+  g_seq.looked_up.store(g_seq.looked_up.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  return true;
+}
+
+void op_seq_op_end(int32_t name) {
+  const OpSeq& s = g_seq;
+  if (!tls_training_thread || !s.on || !s.sizes) {
+    return;
+  }
+  if (s.learning) {
+    learn(name, true, OpInputs{});
+  } else if (!s.forced.load(std::memory_order_relaxed) && !match(name, true)) {
+    // Another op, or blocks of other sizes: the next ops' inputs may have other shapes.
+    op_seq_ask_inputs(true);
+  }
+}
+
+void op_seq_ask_inputs(bool parted) {
+  OpSeq& s = g_seq;
+  if (parted) {
+    s.mismatch.store(true, std::memory_order_relaxed);
+  }
+  if (!s.forced.exchange(true)) {
+    op_callback_use(MP_TARGET_STEP, true, true, false);
+  }
+}
+
+uint64_t op_seq_looked_up() {
+  return g_seq.looked_up.load(std::memory_order_relaxed);
+}
+
+uint64_t op_seq_bytes() {
+  return uint64_t(g_seq.high_water.load(std::memory_order_relaxed)) * sizeof(Learned);
+}
+
+}  // namespace memprof
