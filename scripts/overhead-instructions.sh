@@ -99,11 +99,11 @@ def breakdown(mode, base, what):
     a, b = per_step(mode), per_step(base)
     extra = {k: a.get(k, 0) - b.get(k, 0) for k in set(a) | set(b)}
     total = sum(extra.values())
-    print(f"{what}'s {total:,.0f} extra instructions a step, by function:")
+    print(f"{what}: {total:,.0f} extra instructions a step, by function:")
     for name, match in groups:
         part = sum(v for k, v in extra.items() if match(k))
         print(f"  {name:<40} {part:>12,.0f}  {100 * part / total:5.1f}%")
 
-breakdown("profiled", "baseline", "the default profiler")
-breakdown("timeline", "profiled", "the step timeline, above the default profiler,")
+breakdown("profiled", "baseline", "the default profiler over the plain loop")
+breakdown("timeline", "profiled", "the step timeline over the default profiler")
 PY

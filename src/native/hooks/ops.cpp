@@ -485,7 +485,8 @@ bool is_backward_record(const at::RecordFunction& fn) {
     return true;
   }
   const char* name = fn.name();
-  return name && name[0] == 'a' &&
+  // Most names are "aten::...": the second letter settles them without a call.
+  return name && name[0] == 'a' && name[1] == 'u' &&
       std::strncmp(name, kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0;
 }
 
@@ -500,6 +501,7 @@ struct Entered {
   uint64_t backward;
   uint64_t step;
   uint64_t dry;
+  uint64_t backward_record;  // is_backward_record, kept for the end
 };
 thread_local Entered tls_entered;
 }  // namespace
@@ -515,6 +517,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   en.step &= ~bit;
   en.dry &= ~bit;
   const bool backward_record = is_backward_record(fn);
+  en.backward_record = backward_record ? en.backward_record | bit : en.backward_record & ~bit;
   // A dry run's thread records into the meta trace only; any other thread into the
   // profiled step only.
   if (dry_run_thread()) {
@@ -563,7 +566,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (!((en.backward | en.step | en.dry) & bit)) {
     return;
   }
-  const bool backward_record = is_backward_record(fn);
+  const bool backward_record = (en.backward_record & bit) != 0;
   if (en.step & bit) {
     try {
       op_end<StepSink>(fn, backward_record, g_steplog_on.load(std::memory_order_relaxed));

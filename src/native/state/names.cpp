@@ -29,7 +29,8 @@ NameSlot g_names[kNameSlots];
 // The name as stored: without the evaluate_function prefix of backward nodes.
 inline const char* shown_name(const char* name, bool* prefixed) {
   constexpr size_t kPrefix = sizeof(kEvaluateFunction) - 1;
-  *prefixed = name[0] == 'a' && std::strncmp(name, kEvaluateFunction, kPrefix) == 0;
+  *prefixed = name[0] == 'a' && name[1] == 'u' &&
+      std::strncmp(name, kEvaluateFunction, kPrefix) == 0;
   if (!*prefixed) {
     return name;
   }
