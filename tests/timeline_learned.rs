@@ -82,3 +82,40 @@ fn a_batch_of_another_size_is_counted_from_its_own_inputs() {
     assert_eq!(changed.forward_flops, forward_flops(2 * B));
     assert_eq!(shape(&changed), shape(&reference));
 }
+
+#[test]
+fn flops_looked_up_for_an_op_that_then_allocates_other_sizes_are_not_counted() {
+    // Steps 1 to 4 multiply 4 sequences of 64 by their transposes; step 5 multiplies 8
+    // of 32: the same bytes in (the learned sizes before the product match), other
+    // FLOPs, and an output of other size, which the product's end catches.
+    let _guard = serial();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let mut prof = MemoryProfiler::builder(&vs)
+        .print(false)
+        .timeline_step(5)
+        .build()
+        .unwrap();
+    let _no_grad = tch::no_grad_guard();
+    let mut looked_up = 0;
+    for step in 1..=5 {
+        let (b, l) = if step < 5 { (4, 64) } else { (8, 32) };
+        let x = Tensor::randn([b, l, 32], (Kind::Float, Device::Cpu));
+        drop(x.bmm(&x.transpose(1, 2)));
+        looked_up = tch_memprof::__private::looked_up_ops();
+        prof.record_stats();
+    }
+    assert_eq!(prof.failures(), 0);
+    assert!(looked_up > 0, "step 5 took nothing from the learned ops");
+    let p = prof.step_profile().expect("step 5 was profiled");
+    let learned = 2 * 4 * 64 * 64 * 32;
+    assert_ne!(
+        p.forward_flops, learned,
+        "step 5 kept the FLOPs of steps 1 to 4"
+    );
+    assert_eq!(p.forward_flops, 0);
+    assert!(
+        p.uncounted_ops.iter().any(|u| u.op == "aten::bmm"),
+        "uncounted: {:?}",
+        p.uncounted_ops
+    );
+}

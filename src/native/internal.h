@@ -252,6 +252,9 @@ inline void steplog_append(const MpTlEvent& e) {
 
 // Empties the step log for a new iteration whose first generation is `gen`.
 void begin_steplog(uint32_t gen);
+// The FLOPs logged for timeline op `op` from log index `from` on become "not counted"
+// (they were looked up for inputs the op did not have: op_seq.cpp).
+void steplog_uncount(uint64_t from, int32_t op);
 // Blocks adopted on device slot `dev` were live when the step began: its start counts them.
 void steplog_add_start_live(int dev, int64_t bytes);
 
@@ -333,6 +336,8 @@ struct OpStack {
   int32_t open_name[kMaxOpenOps];
   int32_t open_layer1[kMaxOpenOps];
   int32_t last_layer1;
+  // The profiled step's log length when each open timeline-level op began.
+  uint64_t open_log[kMaxOpenOps];
   // The step detail: storages already logged as read by timeline op read_op.
   int32_t read_op;
   int n_read;
@@ -516,9 +521,16 @@ int scope_pop();
 // Op callbacks (ops.cpp).
 
 bool is_backward_record(const at::RecordFunction& fn);
+// The op callback (ops.cpp), registered by callback.cpp.
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn);
+void on_op_end(const at::RecordFunction& fn, at::ObserverContext*);
+// A profiling session uses the callback (callback.cpp).
+extern std::atomic<bool> g_step_user;
 // The one op callback's registration: target (MpTarget) needs it (on) or not, with the
 // ops' inputs and/or outputs; registered while any target needs it, with what they need.
 void op_callback_use(int target, bool on, bool inputs, bool outputs);
+// Target now needs the ops' inputs too, if it still needs the callback (else nothing).
+void op_callback_want_inputs(int target);
 // The variables the op recorder of `target` finds among an op's inputs.
 void clear_params(int target);
 int set_params(int target, const uint64_t* ptrs, const int32_t* ids, const int32_t* layers,
@@ -542,10 +554,14 @@ void op_seq_learn(int32_t name, const OpInputs& took);
 // sizes allocated before it on the training thread); false: it parts from the learned ops.
 bool op_seq_lookup(int32_t name, OpInputs* took);
 // A timeline op ends (with `sizes`): learned, or checked, so that an op that allocated
-// other sizes is caught before the next op starts (which then gets its inputs).
-void op_seq_op_end(int32_t name);
-// The rest of this iteration asks for op inputs (registered anew); `parted`: because it
-// parted from the learned ops (the next iteration learns).
+// other sizes is caught before the next op starts (which then gets its inputs). False:
+// it parted there (what was looked up inside it may be wrong).
+bool op_seq_op_end(int32_t name);
+// On the training thread: this iteration looks its ops up (asked for no inputs, nor
+// parted yet).
+bool op_seq_looking_up();
+// The rest of this iteration asks for op inputs (registered anew, while the session
+// is on); `parted`: because it parted from the learned ops (the next iteration learns).
 void op_seq_ask_inputs(bool parted);
 // The learned sequence's memory in use (the most entries ever written).
 uint64_t op_seq_bytes();

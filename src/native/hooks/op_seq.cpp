@@ -23,16 +23,18 @@
 //   that ran last: that may be wrong there);
 // - with the step timeline: that op's FLOPs are logged as not counted, and the rest of
 //   the iteration asks for inputs again (the callback is registered anew, with them),
-//   so every later op is counted from its own inputs.
+//   so every later op is counted from its own inputs. A timeline op whose end parts
+//   (it allocated other sizes) has the FLOPs looked up inside it logged as not counted
+//   too (ops.cpp): the same bytes in can be another shape (8x32 tokens after 4x64).
 // Either way the next iteration learns again. A loop that does not repeat itself (three
 // looking-up iterations in a row that parted) gets inputs for every op from then on.
 //
 // State of the training thread only (the thread that started the session): read and
 // written by its op callbacks, its allocations and begin_iteration, which it runs; only
-// the count of entries ever written is read by other threads (the profiler's own
-// memory). Ops on other threads (CUDA's backward runs on the autograd engine's device
-// thread) cannot look up: one that needs its inputs in a looking-up iteration parts
-// from the sequence as above.
+// the count of entries ever written, the looked-up count and the parting flags are read
+// or written by other threads. Ops on other threads (CUDA's backward runs on the
+// autograd engine's device thread) do not look up: with the timeline, the first of them
+// without inputs makes the rest of the iteration ask for them (not a parting).
 
 #include "../internal.h"
 
@@ -120,7 +122,15 @@ bool op_seq_next_iteration() {
 namespace {
 void learn(int32_t name, bool end, const OpInputs& took) {
   OpSeq& s = g_seq;
-  if (!s.on || !s.learning || !tls_training_thread) {
+  if (!s.on || !tls_training_thread) {
+    return;
+  }
+  if (!s.learning) {
+    // Inputs in a looking-up iteration (another callback asked for them): the op takes
+    // its own, and keeps its place in the sequence.
+    if (!s.mismatch.load(std::memory_order_relaxed)) {
+      ++s.pos;
+    }
     return;
   }
   const uint32_t i = s.pos++;
@@ -164,21 +174,30 @@ bool op_seq_lookup(int32_t name, OpInputs* took) {
   }
   *took = e->took;
   // One writer, the training thread.
-  g_seq.looked_up.store(g_seq.looked_up.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  std::atomic<uint64_t>& n = g_seq.looked_up;
+  n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   return true;
 }
 
-void op_seq_op_end(int32_t name) {
+bool op_seq_looking_up() {
+  const OpSeq& s = g_seq;
+  return tls_training_thread && s.on && !s.learning &&
+      !s.forced.load(std::memory_order_relaxed);
+}
+
+bool op_seq_op_end(int32_t name) {
   const OpSeq& s = g_seq;
   if (!tls_training_thread || !s.on || !s.sizes) {
-    return;
+    return true;
   }
   if (s.learning) {
     learn(name, true, OpInputs{});
   } else if (!s.forced.load(std::memory_order_relaxed) && !match(name, true)) {
     // Another op, or blocks of other sizes: the next ops' inputs may have other shapes.
     op_seq_ask_inputs(true);
+    return false;
   }
+  return true;
 }
 
 void op_seq_ask_inputs(bool parted) {
@@ -187,7 +206,7 @@ void op_seq_ask_inputs(bool parted) {
     s.mismatch.store(true, std::memory_order_relaxed);
   }
   if (!s.forced.exchange(true)) {
-    op_callback_use(MP_TARGET_STEP, true, true, false);
+    op_callback_want_inputs(MP_TARGET_STEP);
   }
 }
 

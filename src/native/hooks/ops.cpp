@@ -329,6 +329,12 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
       steplog && t.counted_depth1 == 0 && memprof_flops::counted(kind_of(id));
   OpInputs took;
   bool flops_lost = false;
+  if (S::kTarget == MP_TARGET_STEP && steplog && backward_record && !tls_training_thread &&
+      !fn.needsInputs()) {
+    // Backward on another thread (CUDA's autograd engine): its ops are not learned, so
+    // the rest of the iteration asks for inputs before the node's ops begin.
+    op_seq_ask_inputs(false);
+  }
   if (wants_var || wants_flops) {
     if (fn.needsInputs() || S::kTarget != MP_TARGET_STEP) {
       if (wants_var) {
@@ -340,6 +346,15 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
       if (S::kTarget == MP_TARGET_STEP) {
         op_seq_learn(id, took);
       }
+    } else if (!tls_training_thread) {
+      // Another thread, no inputs: nothing known of this op; with the timeline, the ops
+      // after it get their inputs (this iteration only: not a parting).
+      if (steplog) {
+        flops_lost = wants_flops;
+        op_seq_ask_inputs(false);
+      }
+    } else if (!op_seq_looking_up()) {
+      // No inputs and nothing learned (the memory history alone): nothing known.
     } else if (!op_seq_lookup(id, &took)) {
       took = OpInputs{};
       if (steplog) {
@@ -347,7 +362,7 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
         // from their own inputs.
         flops_lost = wants_flops;
         op_seq_ask_inputs(true);
-      } else if (wants_var && tls_training_thread) {
+      } else if (wants_var) {
         // Leak hunting alone: not the op learned here, so no layer, not the last one's.
         t.last_layer1 = 0;
       }
@@ -382,6 +397,9 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
     t.open_op[t.n_open] = op;
     t.open_name[t.n_open] = id;
     t.open_layer1[t.n_open] = layer1;  // a backward node sets it below
+    t.open_log[t.n_open] = S::kTarget == MP_TARGET_STEP && steplog
+        ? g_steplog_len.load(std::memory_order_relaxed)
+        : 0;
     ++t.n_open;
     if (steplog) {
       const uint64_t module = script ? uint64_t(module1) + 1 : 0;
@@ -455,8 +473,10 @@ void op_end(const at::RecordFunction& fn, bool backward_record, bool steplog) {
   }
   if (t.n_open > 0 && t.open_depth[t.n_open - 1] == d) {
     const int32_t op = t.open_op[--t.n_open];
-    if (S::kTarget == MP_TARGET_STEP && steplog) {
-      op_seq_op_end(id);
+    if (S::kTarget == MP_TARGET_STEP && steplog && !op_seq_op_end(id)) {
+      // It allocated other sizes than the op learned there: the FLOPs looked up inside
+      // it may have been another shape's.
+      steplog_uncount(t.open_log[t.n_open], op);
     }
     if (steplog) {
       S::append(MpTlEvent{
@@ -465,17 +485,6 @@ void op_end(const at::RecordFunction& fn, bool backward_record, bool steplog) {
   }
 }
 
-// ---------------------------------------------------------------------------------
-// The one callback registration: who needs the callback, and with what.
-
-std::atomic<bool> g_step_user{false};  // a profiling session is on
-std::mutex g_callback_mutex;
-at::CallbackHandle g_callback = 0;
-bool g_used[2] = {false, false};
-bool g_inputs[2] = {false, false};
-bool g_outputs[2] = {false, false};
-bool g_has_inputs = false;
-bool g_has_outputs = false;
 }  // namespace
 
 thread_local OpStack tls_dry_ops;
@@ -581,36 +590,6 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
       op_end<DryRunSink>(fn, backward_record, true);
     } catch (...) {
     }
-  }
-}
-
-void op_callback_use(int target, bool on, bool inputs, bool outputs) {
-  std::lock_guard<std::mutex> lock(g_callback_mutex);
-  g_used[target] = on;
-  g_inputs[target] = on && inputs;
-  g_outputs[target] = on && outputs;
-  if (target == MP_TARGET_STEP) {
-    g_step_user.store(on);
-  }
-  const bool any = g_used[0] || g_used[1];
-  const bool want_inputs = g_inputs[0] || g_inputs[1];
-  const bool want_outputs = g_outputs[0] || g_outputs[1];
-  if (g_callback != 0 && any && want_inputs == g_has_inputs && want_outputs == g_has_outputs) {
-    return;  // registered as needed
-  }
-  // Records begun under the old registration keep it to their end.
-  if (g_callback != 0) {
-    at::removeCallback(g_callback);
-    g_callback = 0;
-  }
-  if (any) {
-    g_callback = at::addGlobalCallback(
-        at::RecordFunctionCallback(&on_op_start, &on_op_end)
-            .needsInputs(want_inputs)
-            .needsOutputs(want_outputs)
-            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
-    g_has_inputs = want_inputs;
-    g_has_outputs = want_outputs;
   }
 }
 

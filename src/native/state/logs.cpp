@@ -45,6 +45,21 @@ void begin_steplog(uint32_t gen) {
   g_steplog_len.store(0);
 }
 
+void steplog_uncount(uint64_t from, int32_t op) {
+  if (!g_steplog) {
+    return;
+  }
+  const uint64_t len = g_steplog_len.load(std::memory_order_relaxed);
+  const uint64_t n = len < kStepLogCapacity ? len : kStepLogCapacity;
+  for (uint64_t i = from; i < n; ++i) {
+    MpTlEvent& e = g_steplog[i];
+    if (e.kind == MP_EV_FLOPS && e.op == op) {
+      e.kind = MP_EV_UNCOUNTED;
+      e.value = 0;
+    }
+  }
+}
+
 void steplog_add_start_live(int dev, int64_t bytes) {
   if (g_steplog_on.load() && dev == g_steplog_device.load()) {
     g_steplog_start_live.fetch_add(bytes);

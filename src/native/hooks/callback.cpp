@@ -1,0 +1,71 @@
+// The one op callback's registration (the callback itself and the op recorder are in
+// ops.cpp): registered while a profiling session or a dry run needs it, with the ops'
+// inputs while either needs them. The profiled step asks for inputs only in the
+// iterations that learn what its ops take from them (op_seq.cpp), and from inside a
+// record for the rest of an iteration that parted from them.
+
+#include <mutex>
+
+#include "../internal.h"
+
+namespace memprof {
+
+std::atomic<bool> g_step_user{false};
+
+namespace {
+std::mutex g_callback_mutex;
+at::CallbackHandle g_callback = 0;
+bool g_used[2] = {false, false};
+bool g_inputs[2] = {false, false};
+bool g_outputs[2] = {false, false};
+bool g_has_inputs = false;
+bool g_has_outputs = false;
+}  // namespace
+
+namespace {
+// Registers the callback as the targets need it now (under g_callback_mutex).
+void register_callback_locked() {
+  const bool any = g_used[0] || g_used[1];
+  const bool want_inputs = g_inputs[0] || g_inputs[1];
+  const bool want_outputs = g_outputs[0] || g_outputs[1];
+  if (g_callback != 0 && any && want_inputs == g_has_inputs && want_outputs == g_has_outputs) {
+    return;  // registered as needed
+  }
+  // Records begun under the old registration keep it to their end.
+  if (g_callback != 0) {
+    at::removeCallback(g_callback);
+    g_callback = 0;
+  }
+  if (any) {
+    g_callback = at::addGlobalCallback(
+        at::RecordFunctionCallback(&on_op_start, &on_op_end)
+            .needsInputs(want_inputs)
+            .needsOutputs(want_outputs)
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    g_has_inputs = want_inputs;
+    g_has_outputs = want_outputs;
+  }
+}
+}  // namespace
+
+void op_callback_use(int target, bool on, bool inputs, bool outputs) {
+  std::lock_guard<std::mutex> lock(g_callback_mutex);
+  g_used[target] = on;
+  g_inputs[target] = on && inputs;
+  g_outputs[target] = on && outputs;
+  if (target == MP_TARGET_STEP) {
+    g_step_user.store(on);
+  }
+  register_callback_locked();
+}
+
+void op_callback_want_inputs(int target) {
+  std::lock_guard<std::mutex> lock(g_callback_mutex);
+  if (!g_used[target] || g_inputs[target]) {
+    return;  // stopped (a late record of another thread), or asking already
+  }
+  g_inputs[target] = true;
+  register_callback_locked();
+}
+
+}  // namespace memprof
