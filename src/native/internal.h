@@ -550,8 +550,9 @@ void op_seq_start(bool on, bool sizes);
 bool op_seq_next_iteration();
 // A learning iteration's next op that took something from its inputs.
 void op_seq_learn(int32_t name, const OpInputs& took);
-// What the next op learned took, if it is that op (same name and, with `sizes`, the same
-// sizes allocated before it on the training thread); false: it parts from the learned ops.
+// On the training thread, while op_seq_looking_up(): what the next op learned took, if
+// it is that op (same name and, with `sizes`, the same sizes allocated before it);
+// false: it parts from the learned ops.
 bool op_seq_lookup(int32_t name, OpInputs* took);
 // A timeline op ends (with `sizes`): learned, or checked, so that an op that allocated
 // other sizes is caught before the next op starts (which then gets its inputs). False:

@@ -165,9 +165,6 @@ void op_seq_learn(int32_t name, const OpInputs& took) {
 }
 
 bool op_seq_lookup(int32_t name, OpInputs* took) {
-  if (!tls_training_thread) {
-    return false;
-  }
   const Learned* e = match(name, false);
   if (!e) {
     return false;

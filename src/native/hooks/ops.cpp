@@ -310,10 +310,12 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
   // Without the step log, only timeline-level ops need their name.
   const int32_t id = (steplog || opens) ? intern(fn.name()) : -1;
   t.ids[d] = id;
+  const memprof_flops::Kind kind =
+      steplog ? kind_of(id) : memprof_flops::Kind{memprof_flops::kUnknown, 0};
   if (steplog) {
     // A parent counts as a leaf for the "uncounted" list when its only children are
     // ops known to do no arithmetic (most kernels allocate their output via aten::empty).
-    if (d > 0 && kind_of(id).family != memprof_flops::kZero) {
+    if (d > 0 && kind.family != memprof_flops::kZero) {
       t.had_child |= (uint64_t(1) << (d - 1));
     }
     t.had_child &= ~(uint64_t(1) << d);
@@ -326,7 +328,7 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
   // (op_seq.cpp), and looks them up in the other iterations.
   const bool wants_var = opens && !backward_record;
   const bool wants_flops =
-      steplog && t.counted_depth1 == 0 && memprof_flops::counted(kind_of(id));
+      steplog && t.counted_depth1 == 0 && memprof_flops::counted(kind);
   OpInputs took;
   bool flops_lost = false;
   if (S::kTarget == MP_TARGET_STEP && steplog && backward_record && !tls_training_thread &&
@@ -341,7 +343,7 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
         took.var = first_variable(S::kTarget, fn.inputs(), &took.layer1);
       }
       if (wants_flops) {
-        took.flops = memprof_flops::count(kind_of(id), fn.inputs());
+        took.flops = memprof_flops::count(kind, fn.inputs());
       }
       if (S::kTarget == MP_TARGET_STEP) {
         op_seq_learn(id, took);
