@@ -47,20 +47,20 @@ const GQA_BF16: &str = "errs high against eager PyTorch: under autocast eager ru
                         repeats them to the query's heads, and the file's optimized graph \
                         keeps the JIT autocast pass's casts for backward; the H200's run of \
                         the file itself is within the target";
-/// Convolution nets where the workspaces charged exceed what cuDNN took.
-const CONV_HIGH: &str = "errs high, the safe side: cuDNN's convolution workspaces are charged at \
-                         the larger plausible size (forward: input, weight and output; \
-                         backward: 1.5 times output gradient, input and weight), where many \
-                         calls take less";
-/// Convolution nets' reserved.
-const CONV_RESERVED: &str = "reserved: where the pool falls around cuDNN's workspaces depends \
-                             on their exact sizes, which the estimate does not know (it takes \
-                             the larger of its replays with and without them)";
-/// Convolution nets' inference under, with the workspaces charged.
-const LOCALS_CONV: &str = "not the convolutions' workspaces (the call at the peak is charged \
-                           its own, or takes none): probably eager Python's locals, as in \
-                           ViT (RegNet: the block's input, held by `proj(x) + f(x)` while \
-                           f's grouped convolution runs)";
+/// Convolution nets' training reserved.
+const CONV_RESERVED: &str = "reserved errs high, the safe side: where the pool falls around a \
+                             convolution backward's cuDNN workspaces depends on the sizes of \
+                             its requests, which are not known one by one (a measured call \
+                             gives the most it held at once; an unmeasured one is charged the \
+                             larger plausible size), so the estimate takes the largest of its \
+                             replays with them as charged, without them, and with every \
+                             backward's at the larger plausible size";
+/// Convolution nets' inference under against eager PyTorch.
+const LOCALS_CONV: &str = "eager PyTorch's run: the H200's run of the traced file is predicted \
+                           within the target (its convolutions' workspaces as measured); \
+                           probably eager Python's locals, as in ViT (RegNet: the block's \
+                           input, held by `proj(x) + f(x)` while f's grouped convolution \
+                           runs)";
 /// Attention models' inference.
 const LOCALS: &str = "probably: eager Python holds a module's locals until its forward \
                       returns, where the TorchScript interpreter frees each value after its \
@@ -98,12 +98,12 @@ const KNOWN_GAPS: &[(&str, &str, f64, f64, &str)] = &[
     ("hf_vit_base", "infer", -14.49, -12.08, LOCALS),
     ("hf_vit_base", "train", 2.31, 3.52, EAGER_KEEPS_LESS),
     ("hf_vit_base", "train-bf16", 9.84, 8.30, EAGER_KEEPS_LESS),
-    ("timm_convnextv2_nano", "infer", -11.41, -16.81, LOCALS_CONV),
+    ("timm_convnextv2_nano", "infer", -11.41, -21.08, LOCALS_CONV),
     (
         "timm_convnextv2_nano",
         "train",
-        5.98,
-        0.88,
+        6.08,
+        4.17,
         EAGER_KEEPS_LESS,
     ),
     ("timm_vit_small_patch16_224", "infer", -11.23, 0.00, LOCALS),
@@ -123,13 +123,13 @@ const KNOWN_GAPS: &[(&str, &str, f64, f64, &str)] = &[
         EAGER_KEEPS_LESS,
     ),
     ("tv_efficientnet_b0", "infer", -7.08, -10.00, LOCALS_CONV),
-    ("tv_efficientnet_b0", "train", 0.01, 4.87, CONV_RESERVED),
+    ("tv_efficientnet_b0", "train", -0.01, 4.58, CONV_RESERVED),
     ("tv_mobilenet_v3_large", "infer", -9.42, -7.30, LOCALS_CONV),
-    ("tv_regnet_y_400mf", "infer", -17.37, 17.09, LOCALS_CONV),
-    ("tv_resnet50", "infer", 5.87, 9.06, CONV_HIGH),
+    ("tv_regnet_y_400mf", "infer", -17.37, 0.00, LOCALS_CONV),
+    ("tv_resnet50", "infer", -5.52, 0.36, LOCALS_CONV),
     ("tv_swin_t", "infer", -15.38, -8.26, LOCALS),
     ("tv_swin_t", "train", 29.67, 32.03, EAGER_KEEPS_LESS),
-    ("tv_vgg16", "train", 1.70, 15.67, CONV_HIGH),
+    ("tv_vgg16", "train", 0.04, 15.64, CONV_RESERVED),
 ];
 
 /// The H200's runs of traced files and of the held-out models.
@@ -138,18 +138,16 @@ const TRACED_DATA: &str = "tests/data/gpu-truth/h200-2026-11-27";
 /// The traced files' runs outside the target, as [`KNOWN_GAPS`] (rows run from a file
 /// traced on the GPU are estimated from the file traced here, on the CPU).
 const KNOWN_TRACED_GAPS: &[(&str, &str, f64, f64, &str)] = &[
-    ("timm_convnextv2_nano", "infer", -0.00, 3.18, CONV_RESERVED),
-    ("tv_efficientnet_b0", "train", 0.01, 4.87, CONV_RESERVED),
-    ("tv_regnet_y_400mf", "infer", 0.00, 17.09, CONV_RESERVED),
-    ("tv_resnet50", "infer", 12.06, 8.66, CONV_HIGH),
-    ("tv_vgg16", "train", 1.70, 15.63, CONV_HIGH),
+    ("timm_convnextv2_nano", "train", 0.41, 4.12, CONV_RESERVED),
+    ("tv_efficientnet_b0", "train", -0.01, 4.58, CONV_RESERVED),
+    ("tv_vgg16", "train", 0.04, 15.60, CONV_RESERVED),
 ];
 
 /// The held-out models' runs outside the target, as [`KNOWN_GAPS`].
 const KNOWN_HELD_OUT_GAPS: &[(&str, &str, f64, f64, &str)] = &[
-    ("tv_mobilenet_v2", "train", -0.03, 5.53, CONV_RESERVED),
-    ("tv_resnext50_32x4d", "infer", 0.20, 25.96, CONV_RESERVED),
-    ("tv_resnext50_32x4d", "train", 0.26, 8.56, CONV_RESERVED),
+    ("tv_densenet121", "train", -0.05, 3.13, CONV_RESERVED),
+    ("tv_mobilenet_v2", "train", -0.00, 5.53, CONV_RESERVED),
+    ("tv_resnext50_32x4d", "train", 0.22, 10.49, CONV_RESERVED),
 ];
 
 struct Measured {
@@ -475,10 +473,10 @@ fn hold_builtin(
 
 /// The same cases run on the H200 from their traced files (`traced.csv` of
 /// `h200-2026-11-27`: what a tch user loading the file runs), against the estimate of
-/// the files traced here. Every inference case's peak allocated is predicted exactly or
-/// high (the eager runs' inference gaps were Python's, not the program's); the cases
-/// outside the target ([`KNOWN_TRACED_GAPS`]) all err high, where cuDNN's workspaces are
-/// charged at their larger plausible size.
+/// the files traced here. Every case's peak allocated is predicted within 2% (the eager
+/// runs' inference gaps were Python's, not the program's); the cases outside the target
+/// ([`KNOWN_TRACED_GAPS`]) all err high, in the reserved of convolution nets' training,
+/// whose backward workspaces are not known request by request.
 #[test]
 fn the_estimate_is_held_to_the_peaks_of_the_traced_files_run_on_an_h200() {
     hold_file("traced.csv", 45, KNOWN_TRACED_GAPS);

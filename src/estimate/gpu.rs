@@ -67,6 +67,15 @@ const KNOWN: [(&str, u64, bool, u32, u32); 12] = [
     ("h200", 143_771, true, 90, 132),
 ];
 
+/// cuDNN's workspace inside each convolution and convolution backward an NVIDIA H200
+/// ran in 14 torchvision, timm and transformers models (PyTorch 2.11.0+cu130, cuDNN 9,
+/// `cudnn.benchmark` off, 2026-11-26), a line a distinct call: the call's arguments as
+/// the measuring script wrote them, a tab, the bytes taken and freed inside the call
+/// (`scripts/conv-workspace-table.py` writes it from
+/// `tests/data/gpu-truth/h200-2026-11-26/workspaces.csv`). An NVIDIA H100 SXM ran the
+/// same models with the same workspaces (`tests/data/gpu-truth/h100-2026-11-26`).
+const SM90_CONV_WORKSPACES: &str = include_str!("conv_workspaces_sm90.tsv");
+
 /// The threads a streaming multiprocessor holds at once, by compute capability
 /// (CUDA's programming guide, "Technical Specifications per Compute Capability").
 fn threads_per_multiprocessor(sm: u32) -> u32 {
@@ -132,6 +141,19 @@ impl Gpu {
                 value: name.to_string(),
                 reason: format!("unknown GPU; known: {}", Gpu::known().join(", ")),
             })
+    }
+
+    /// The cuDNN convolution workspaces measured on a GPU like this one (a line a call,
+    /// as [`SM90_CONV_WORKSPACES`]): those an NVIDIA H200 took, for any GPU of compute
+    /// capability 9.0 with 132 multiprocessors (the H200 and the H100 SXM, which ran
+    /// every measured model with the same workspaces); empty for another GPU, whose
+    /// convolutions are charged the larger plausible size.
+    pub(crate) fn measured_conv_workspaces(&self) -> &'static str {
+        if self.sm == 90 && self.multiprocessors == 132 {
+            SM90_CONV_WORKSPACES
+        } else {
+            ""
+        }
     }
 
     /// Memory PyTorch's allocator can use: the total less [`CONTEXT_ALLOWANCE`]; `None`

@@ -15,17 +15,20 @@
 //!   training thread and the autograd engine's CUDA thread (which runs backward) each
 //!   get one. Its size depends on the GPU ([`Gpu`]). A batched linear layer with bias
 //!   runs on cuBLASLt, which takes a workspace of its own (1 MiB) the same way.
-//! - **cuDNN convolution workspaces** (modelled, on the safe side): cuDNN's heuristics
-//!   choose a convolution's execution plan at run time and PyTorch allocates its
-//!   workspace for the span of the call. The dry run cannot know the plan, so each
-//!   convolution is charged the larger plausible workspace an NVIDIA H200 measured in
-//!   1,244 calls of real models: forward, its input, weight and output together (none
-//!   for a depthwise one, a 1x1 stride-1 one on at least 14x14 positions, or a float32
-//!   image stem of 3 channels whose kernel is at most 4 or its stride); backward, 1.5
-//!   times its output gradient, input and weight (none for a depthwise one in the NCHW
-//!   layout, or a float32 3x3 image stem). The peak reserved is the larger of
-//!   the replays with and without them. Other kernels' workspaces: see
-//!   [`Estimate::not_modelled`].
+//! - **cuDNN convolution workspaces** (measured, else on the safe side): cuDNN's
+//!   heuristics choose a convolution's execution plan at run time and PyTorch allocates
+//!   its workspace for the span of the call. On a GPU of compute capability 9.0 with 132
+//!   multiprocessors (the H200, the H100 SXM), a call an NVIDIA H200 ran in the 14 real
+//!   models it was measured on is charged what it took (a backward call's as the most it
+//!   held at once). Any other call, and every call on another GPU, is charged the larger
+//!   plausible workspace those 1,244 calls give: forward, its input, weight and output
+//!   together (none for a depthwise one, a 1x1 stride-1 one on at least 14x14
+//!   positions, or a float32 image stem of 3 channels whose kernel is at most 4 or its
+//!   stride); backward, 1.5 times its output gradient, input and weight (none for a
+//!   depthwise one in the NCHW layout, or a float32 3x3 image stem). Where a workspace
+//!   is not known request by request, the peak reserved is the largest of the replays
+//!   with them as charged, without them, and with every backward's at the larger
+//!   plausible size. Other kernels' workspaces: see [`Estimate::not_modelled`].
 //! - **The CUDA context** (stated apart): the driver's and libraries' own memory, which
 //!   `nvidia-smi` shows on top of reserved; never part of PyTorch's numbers.
 //!
@@ -431,13 +434,17 @@ pub struct Estimate {
     /// Size of one cuBLAS workspace on this GPU.
     pub cublas_workspace_bytes: u64,
     /// Kernels' workspaces charged, taken and freed inside one call each: cuDNN's
-    /// convolutions' (forward and backward, at the larger plausible size; see the
-    /// module's docs), cuDNN attention's forward one, the memory-efficient and cuDNN
-    /// attention backward's, and the staging buffers and semaphores of CUDA's sums and
-    /// means that split across thread blocks.
+    /// convolutions' (forward and backward: as measured where the GPU's table has the
+    /// call, else at the larger plausible size; see the module's docs), cuDNN
+    /// attention's forward one, the memory-efficient and cuDNN attention backward's,
+    /// and the staging buffers and semaphores of CUDA's sums and means that split
+    /// across thread blocks.
     pub kernel_workspaces: u64,
     /// The largest of them, as the allocator charges it.
     pub largest_kernel_workspace: u64,
+    /// Of them, the convolutions' charged at the larger plausible size: no measurement
+    /// of that call on a GPU like the one estimated for.
+    pub bounded_kernel_workspaces: u64,
     /// Allocations the dry run made.
     pub allocations: u64,
     /// Time of the dry run and of the replay.

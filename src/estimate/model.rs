@@ -526,6 +526,7 @@ impl Model {
             cublas_workspace_bytes: options.gpu.cublas_workspace,
             kernel_workspaces: device.transients,
             largest_kernel_workspace: device.largest_transient,
+            bounded_kernel_workspaces: device.bounded_transients,
             allocations: device.allocations,
             elapsed: run.elapsed,
             unknown_frees: device.unknown_frees,

@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::allocator::{AllocatorStats, CachingAllocator, PoolState};
 use super::{gpu, Options};
-use crate::ffi::{Event, EventKind};
+use crate::ffi::{native, Event, EventKind};
 use crate::names::Names;
 use crate::phase::Phase;
 use crate::timeline::{replay_step, StepProfile, StepStart, VarEntry};
@@ -58,6 +58,9 @@ pub(super) struct Device {
     /// charged.
     pub transients: u64,
     pub largest_transient: u64,
+    /// Of them, those charged at the larger plausible size (convolutions not measured on
+    /// the GPU estimated for).
+    pub bounded_transients: u64,
     /// Every request the allocator was asked, in order (the weights', the run's, the
     /// cuBLAS workspaces', the kernels' workspaces'): what a recorded history's `alloc`
     /// actions are compared with.
@@ -155,20 +158,26 @@ impl Allocator {
 /// Replays the weights' and the run's events through the caching allocator under
 /// `options` (its settings, the GPU's cuBLAS workspace).
 ///
-/// The sizes of cuDNN's workspaces are the larger plausible ones (see the dry run's
-/// convolution kernels): right for the allocated peak's safe side, but a pool that
-/// splits a workspace larger than the real one for later blocks may need fewer segments
-/// than the GPU does. So when the run has workspaces, the peak reserved is the larger of
-/// the replays with and without them: each is a way the pool can fall.
+/// A cuDNN convolution's workspace is the size measured for the call on the GPU where
+/// there is one, else the larger plausible size (see the dry run's convolution
+/// kernels); a measured backward call holds it over several requests whose sizes are not
+/// known one by one. Both are right for the allocated peak's safe side, but a pool that
+/// splits a workspace other than the real one for later blocks may need fewer segments
+/// than the GPU does. So when the run has such workspaces, the peak reserved is the
+/// largest of three replays: with them (measured, else the larger plausible size),
+/// without them, and with every convolution backward's at its larger plausible size:
+/// each is a way the pool can fall.
 pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Options) -> Device {
     let caching = || Allocator::Caching(Box::new(CachingAllocator::new(options.allocator.clone())));
     let mut device = replay_on(caching(), weights, run, options, Transients::All);
-    let bounds = run
+    let inexact = run
         .iter()
-        .any(|e| e.kind == EventKind::Transient && e.aux == 1);
-    if bounds {
-        let without = replay_on(caching(), weights, run, options, Transients::Exact);
-        device.stats.peak_reserved = device.stats.peak_reserved.max(without.stats.peak_reserved);
+        .any(|e| e.kind == EventKind::Transient && e.aux != native::TRANSIENT_EXACT);
+    if inexact {
+        for other in [Transients::Exact, Transients::Rule] {
+            let layout = replay_on(caching(), weights, run, options, other);
+            device.stats.peak_reserved = device.stats.peak_reserved.max(layout.stats.peak_reserved);
+        }
     }
     device
 }
@@ -178,10 +187,13 @@ pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Opti
 enum Transients {
     /// None (the bytes a CPU run holds).
     None,
-    /// Those of their kernel's own size, not the larger plausible ones.
+    /// Those of their kernel's own size (a convolution's where measured as one request).
     Exact,
-    /// All.
+    /// Every workspace as charged: the kernel's own size, measured, or the larger
+    /// plausible one.
     All,
+    /// As `All`, but a measured convolution backward's at its larger plausible size.
+    Rule,
 }
 
 /// The same with every block its request and no workspace (the bytes a CPU run holds).
@@ -206,8 +218,9 @@ fn replay_on(
     let takes = |e: &Event| match transients {
         _ if exact => false,
         Transients::None => false,
-        Transients::Exact => e.aux == 0,
-        Transients::All => true,
+        Transients::Exact => e.aux == native::TRANSIENT_EXACT,
+        Transients::All => e.aux != native::TRANSIENT_RULE,
+        Transients::Rule => e.aux != native::TRANSIENT_MEASURED,
     };
     let mut charged: HashMap<u64, i64> = HashMap::new();
     let mut events = Vec::with_capacity(weights.len() + run.len() + 4);
@@ -255,7 +268,7 @@ fn replay_on(
     let weight_requests = requests.len();
     let mut baseline = weights_allocated;
     let mut workspaces = [false; 4];
-    let (mut taken, mut largest_transient) = (0u64, 0u64);
+    let (mut taken, mut largest_transient, mut bounded) = (0u64, 0u64, 0u64);
     let (mut allocations, mut flops) = (0u64, 0u64);
     let mut steps: Vec<StepPeak> = Vec::new();
     // The name of each op of the step running now, by its index in the step.
@@ -323,6 +336,7 @@ fn replay_on(
                 // Taken after the kernel's outputs, freed before it returns: a block of
                 // its own that the pool may have to make room for.
                 taken += 1;
+                bounded += u64::from(e.aux == native::TRANSIENT_BOUND);
                 requests.push(Request {
                     bytes: e.value as u64,
                     op: op_names.get(&e.op).copied().unwrap_or(-1),
@@ -373,6 +387,7 @@ fn replay_on(
         at_reserved_peak,
         transients: taken,
         largest_transient,
+        bounded_transients: bounded,
         requests,
         weight_requests,
     }

@@ -300,10 +300,20 @@ impl Estimate {
     /// The kernels' workspaces charged, in one line; `None` when the run has none.
     pub fn kernel_workspace_line(&self) -> Option<String> {
         (self.kernel_workspaces > 0).then(|| {
+            let bounded =
+                match self.bounded_kernel_workspaces {
+                    0 => String::new(),
+                    n => {
+                        format!(
+                    "; {n} {} not measured on a GPU like this one, at the larger plausible \
+                     size (where the peak is inside one, the estimate errs high)",
+                    if n == 1 { "convolution's" } else { "convolutions'" }
+                )
+                    }
+                };
             format!(
                 "Kernel workspaces (cuDNN convolutions, attention, the buffers of CUDA's \
-                 sums): {} charged at batch {}, the largest {}; a convolution's at the \
-                 larger plausible size (where the peak is inside one, the estimate errs high)",
+                 sums): {} charged at batch {}, the largest {}{bounded}",
                 self.kernel_workspaces,
                 self.batch,
                 bytes(self.largest_kernel_workspace)

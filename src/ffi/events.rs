@@ -46,7 +46,10 @@ pub(crate) enum EventKind {
     },
     /// A dry run: a CUDA kernel inside timeline op `op` takes `value` bytes after its
     /// outputs and frees them before it returns (cuDNN's convolution workspace); `aux`
-    /// 1 when `value` is the larger plausible size (a convolution's), not the kernel's.
+    /// what the size is (`native::TRANSIENT_*`): the kernel's own; the larger plausible
+    /// one (a convolution not measured on the GPU); the most a measured call held at
+    /// once over requests not known one by one (a convolution backward's); or, beside
+    /// that, the same call's larger plausible size, for the pool's other layout.
     Transient,
 }
 

@@ -22,6 +22,7 @@ extern "C" {
     fn memprof_meta_convert(tensor: *mut c_void) -> i32;
     fn memprof_meta_attention(set: *const Attention, get: *mut Attention) -> i32;
     fn memprof_meta_gpu(multiprocessors: i32, threads_per_multiprocessor: i32) -> i32;
+    fn memprof_meta_conv_workspaces(table: *const c_char, len: usize) -> i32;
     fn memprof_meta_autocast_begin(list: i32, dtype: i32) -> i32;
     fn memprof_meta_autocast_end() -> i32;
     fn memprof_meta_inventory(buf: *mut c_char, len: usize, needed: *mut u64) -> i32;
@@ -81,6 +82,15 @@ pub(crate) fn meta_attention_set(sm: i32, backend: i32) -> Result<()> {
 pub(crate) fn meta_gpu_set(multiprocessors: i32, threads_per_multiprocessor: i32) -> Result<()> {
     // SAFETY: plain call with two integers.
     check(unsafe { memprof_meta_gpu(multiprocessors, threads_per_multiprocessor) })
+}
+
+/// Sets the cuDNN convolution workspaces later dry runs charge where a call was
+/// measured (`table`: a line a call, `key\tbytes`; lines without a tab are skipped;
+/// empty: none measured). Static: the native side keeps the pointer to skip parsing the
+/// same table again.
+pub(crate) fn meta_conv_workspaces_set(table: &'static str) -> Result<()> {
+    // SAFETY: `table` is valid for `len` bytes and lives for the whole program.
+    check(unsafe { memprof_meta_conv_workspaces(table.as_ptr().cast(), table.len()) })
 }
 
 /// The attention calls of the dry runs since the last set, by backend: flash, efficient,

@@ -62,6 +62,10 @@ pub(crate) mod native {
     pub const EV_BASELINE: u8 = 10;
     pub const EV_WORKSPACE: u8 = 11;
     pub const EV_TRANSIENT: u8 = 12;
+    pub const TRANSIENT_EXACT: i32 = 0;
+    pub const TRANSIENT_BOUND: i32 = 1;
+    pub const TRANSIENT_MEASURED: i32 = 2;
+    pub const TRANSIENT_RULE: i32 = 3;
     pub const TARGET_STEP: i32 = 0;
     pub const TARGET_DRY_RUN: i32 = 1;
     pub const SITE_DEPTH: usize = 96;

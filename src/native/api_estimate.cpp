@@ -83,6 +83,16 @@ int memprof_meta_gpu(int32_t multiprocessors, int32_t threads_per_multiprocessor
   });
 }
 
+int memprof_meta_conv_workspaces(const char* table, size_t len) noexcept {
+  return guarded("memprof_meta_conv_workspaces", [&]() -> int {
+    if (len > 0 && !given(table, "memprof_meta_conv_workspaces")) {
+      return -1;
+    }
+    set_conv_workspaces(len > 0 ? table : nullptr, len);
+    return 0;
+  });
+}
+
 int memprof_meta_empty(const int64_t* sizes, size_t n, const void* like, void** out) noexcept {
   return guarded("memprof_meta_empty", [&]() -> int {
     if (!given(out, "memprof_meta_empty") || !given(like, "memprof_meta_empty") ||

@@ -60,6 +60,14 @@ enum MpEventKind {
   MP_EV_TRANSIENT = 12,  // dry run only: a CUDA kernel's workspace, taken and freed inside it
 };
 
+// What an MP_EV_TRANSIENT's size is (its aux).
+enum MpTransient {
+  MP_TRANSIENT_EXACT = 0,     // the size the kernel takes
+  MP_TRANSIENT_BOUND = 1,     // the larger plausible size (a convolution not measured)
+  MP_TRANSIENT_MEASURED = 2,  // the most a measured call held at once, over requests not known
+  MP_TRANSIENT_RULE = 3,      // that call's larger plausible size: the pool's other layout only
+};
+
 // Where the op recorder's events go (memprof_set_params' target).
 enum MpTarget {
   MP_TARGET_STEP = 0,     // the step log of the profiled loop
@@ -486,6 +494,12 @@ int memprof_meta_attention(const MpAttention* set, MpAttention* get) MP_NOEXCEPT
 // The GPU later dry runs size CUDA's reduction buffers for: its streaming
 // multiprocessors and the threads each holds at once (both > 0).
 int memprof_meta_gpu(int32_t multiprocessors, int32_t threads_per_multiprocessor) MP_NOEXCEPT;
+// cuDNN's convolution workspaces later dry runs charge where a call was measured: `len`
+// bytes of text, a line a call, `key\tbytes\n` (the key: the op's name and arguments as
+// the measuring script wrote them); empty (len 0): none measured, every convolution the
+// rule's size. The text must outlive the dry runs that use it (the caller's static
+// table): it is parsed again only when another is given.
+int memprof_meta_conv_workspaces(const char* table, size_t len) MP_NOEXCEPT;
 // Autocast in the dry run (dryrun/autocast.cpp): from begin to end, on this thread, the ops
 // of `list` (MP_AUTOCAST_LIST_CUDA or _CPU) cast meta tensors as that autocast casts
 // its device's, to `dtype` (c10::ScalarType: BFloat16 or Half). Only during a meta trace.

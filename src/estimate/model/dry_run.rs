@@ -235,6 +235,7 @@ impl Model {
             options.gpu.multiprocessors as i32,
             options.gpu.threads_per_multiprocessor as i32,
         )?;
+        ffi::meta_conv_workspaces_set(options.gpu.measured_conv_workspaces())?;
         // The op recorder finds the model's variables among op inputs, as the profiled
         // step's does: the layer of each op.
         let vars = self.vars()?;

@@ -476,7 +476,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_bwd_meta(
   {
     auto delta = at::empty({B, H, L}, q.options().dtype(at::kFloat));
     const int64_t rows = B * H * round_up(L, 64);
-    meta_transient(rows * round_up(q.size(3), 64) * 4 + rows * 4, false);
+    meta_transient(rows * round_up(q.size(3), 64) * 4 + rows * 4, kTransientExact);
   }
   return {gq.transpose(1, 2), gk.transpose(1, 2), gv.transpose(1, 2), gb};
 }
@@ -501,7 +501,7 @@ cudnn_fwd_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   // cuDNN's forward workspace: a 256-byte request after the outputs, freed before the
   // call returns, in every cuDNN attention forward of the H200's snapshots (GPT-2,
   // BERT-base, SmolLM2 and ViT-B training under bf16 autocast, 132 calls).
-  meta_transient(256, false);
+  meta_transient(256, kTransientExact);
   return {out, lse, at::Tensor(), at::Tensor(), c10::SymInt(L), c10::SymInt(S), seed, offset,
           at::Tensor()};
 }
@@ -521,7 +521,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cudnn_bwd_meta(
   auto dk = at::empty_like(k);
   auto dv = at::empty_like(v);
   const int64_t rows = q.size(0) * q.size(1) * q.size(2);
-  meta_transient(rows * q.size(3) * 4 + rows * 4, false);
+  meta_transient(rows * q.size(3) * 4 + rows * 4, kTransientExact);
   return {dq, dk, dv};
 }
 

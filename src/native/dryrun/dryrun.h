@@ -7,6 +7,9 @@
 #ifndef TCH_MEMPROF_DRYRUN_H
 #define TCH_MEMPROF_DRYRUN_H
 
+#include <array>
+#include <optional>
+
 #include "../internal.h"
 
 namespace memprof {
@@ -46,15 +49,52 @@ void dry_run_op_ended(const at::RecordFunction& fn, int depth);
 char* dry_run_module_buf();
 // A CUDA kernel's workspace of `bytes`, taken after its outputs and freed before it
 // returns (the kernels below log cuDNN's): replayed through the caching allocator only,
-// never in the bytes a CPU run holds. `bound`: the larger plausible size, not the size
-// the kernel takes (a convolution's, whose size cuDNN's plan sets at run time).
-void meta_transient(int64_t bytes, bool bound);
+// never in the bytes a CPU run holds. `kind` (the event's aux) says what the size is:
+// - kTransientExact: the size the kernel takes;
+// - kTransientBound: the larger plausible size (a convolution not measured on the GPU
+//   estimated for, whose workspace cuDNN's plan sets at run time);
+// - kTransientMeasured: the most a measured call held at once, over requests whose
+//   sizes and order are not known (a convolution backward's data and weight gradients');
+// - kTransientRule: the larger plausible size of that same call, logged beside it: the
+//   replay of the pool's other plausible layout takes it in the measured one's place.
+constexpr int32_t kTransientExact = MP_TRANSIENT_EXACT;
+constexpr int32_t kTransientBound = MP_TRANSIENT_BOUND;
+constexpr int32_t kTransientMeasured = MP_TRANSIENT_MEASURED;
+constexpr int32_t kTransientRule = MP_TRANSIENT_RULE;
+void meta_transient(int64_t bytes, int32_t kind);
 
 // reduce.cpp: the global-memory buffers CUDA's sum and mean take (the input kept at the
 // op's start, the buffers logged at its end with its output) and the GPU that sizes them.
 void reduce_started(const at::RecordFunction& fn, int depth);
 void reduce_ended(const at::RecordFunction& fn, int depth);
 void set_reduce_gpu(int32_t multiprocessors, int32_t threads_per_multiprocessor);
+
+// conv_workspaces.cpp: cuDNN's convolution workspaces as a GPU measured them, a line a
+// call (`key\tbytes\n`, the key the measuring script's arguments, the bytes the most
+// the call held at once above what it left); the lookups the convolution kernels make
+// (nullopt: not measured, the rule's size is charged).
+void set_conv_workspaces(const char* table, size_t len);
+std::optional<int64_t> measured_conv_workspace(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    bool transposed,
+    at::IntArrayRef output_padding,
+    int64_t groups);
+std::optional<int64_t> measured_conv_backward_workspace(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    bool transposed,
+    at::IntArrayRef output_padding,
+    int64_t groups,
+    std::array<bool, 3> mask);
 
 // kernels.cpp: the meta kernels libtorch's C++ lacks (at the first trace).
 void register_meta_kernels();

@@ -48,9 +48,10 @@ bool depthwise(const at::Tensor& input, int64_t groups) {
 // off), as an NVIDIA H200 measured it in 1,244 calls of 14 torchvision, timm and
 // transformers models (tests/data/gpu-truth/h200-2026-11-26/workspaces.csv): bytes
 // taken after the outputs and freed before the call returns. cuDNN sizes it by the
-// execution plan its heuristics pick, which the dry run cannot know, so the estimate
-// takes the larger plausible figure, in units of the call's tensors (each rounded to
-// 512 B):
+// execution plan its heuristics pick. On a GPU like the one measured, a measured call
+// is charged what it took (conv_workspaces.cpp's table); otherwise the dry run cannot
+// know the plan, and the estimate takes the larger plausible figure, in units of the
+// call's tensors (each rounded to 512 B):
 // - forward, input + weight + output: cuDNN converts them to its kernels' layout. 764
 //   of the 804 calls took at most that (the 3x3 ones that take a workspace that in the
 //   median, 16-bit image stems charged 1.9 times it, below); the rest up to 1.3 times
@@ -130,7 +131,7 @@ bool free_pointwise(
 at::Tensor conv_meta(
     const at::Tensor& input,
     const at::Tensor& weight,
-    const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>& bias,
     at::IntArrayRef stride,
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
@@ -166,12 +167,16 @@ at::Tensor conv_meta(
   }
   at::Tensor output =
       at::empty(out, input.options().memory_format(input.suggest_memory_format()));
-  if (!depthwise(input, groups) && !free_pointwise(input, weight, stride, transposed, groups) &&
-      !free_image_stem(input, weight, stride, transposed, groups, 4, true)) {
+  if (const auto measured = measured_conv_workspace(
+          input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)) {
+    meta_transient(*measured, kTransientExact);
+  } else if (!depthwise(input, groups) &&
+             !free_pointwise(input, weight, stride, transposed, groups) &&
+             !free_image_stem(input, weight, stride, transposed, groups, 4, true)) {
     const int64_t unit = block_bytes(input) + block_bytes(weight) + block_bytes(output);
     const bool half_stem = input.dim() == 4 && input.size(1) == 3 && groups == 1 && !transposed &&
                            (input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf);
-    meta_transient(half_stem ? int64_t(kHalfStemForward * double(unit)) : unit, true);
+    meta_transient(half_stem ? int64_t(kHalfStemForward * double(unit)) : unit, kTransientBound);
   }
   return output;
 }
@@ -181,26 +186,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward_meta(
     const at::Tensor& input,
     const at::Tensor& weight,
     at::IntArrayRef stride,
-    at::IntArrayRef,
-    at::IntArrayRef,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
     bool transposed,
-    at::IntArrayRef,
+    at::IntArrayRef output_padding,
     int64_t groups,
     std::array<bool, 3> mask) {
   // CUDA (cuDNN) gives the input and weight gradients; convolution_backward then sums
   // grad_output for the bias gradient when it is asked for and undefined here.
-  at::Tensor grad_input = mask[0] ? empty_as(input) : at::Tensor();
-  at::Tensor grad_weight = mask[1] ? empty_as(weight) : at::Tensor();
   const bool channels_last =
       input.dim() == 4 && !nchw(input) && input.is_contiguous(at::MemoryFormat::ChannelsLast);
   const bool free_stem = free_image_stem(input, weight, stride, transposed, groups, 3, false);
+  int64_t rule = 0;
   if ((!depthwise(input, groups) || channels_last) && !free_stem) {
     const int64_t tensors = block_bytes(grad_output) + block_bytes(input) + block_bytes(weight);
     const bool large_depthwise = depthwise(input, groups) && channels_last &&
                                  input.scalar_type() == at::kFloat &&
                                  input.size(2) * input.size(3) >= kDepthwiseLargeFrom;
     const double unit = large_depthwise ? kDepthwiseChannelsLastBackward : kBackwardWorkspace;
-    meta_transient(int64_t(unit * double(tensors)), true);
+    rule = int64_t(unit * double(tensors));
+  }
+  at::Tensor grad_input = mask[0] ? empty_as(input) : at::Tensor();
+  at::Tensor grad_weight = mask[1] ? empty_as(weight) : at::Tensor();
+  if (const auto measured = measured_conv_backward_workspace(
+          grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
+          groups, mask)) {
+    // Measured as the most it held at once, over its data and weight gradients'
+    // requests, whose sizes are not known one by one; the rule's size beside it, for
+    // the replay of the pool's other plausible layout.
+    meta_transient(*measured, kTransientMeasured);
+    meta_transient(rule, kTransientRule);
+  } else {
+    meta_transient(rule, kTransientBound);
   }
   return {grad_input, grad_weight, at::Tensor()};
 }

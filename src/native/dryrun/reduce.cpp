@@ -298,8 +298,8 @@ void log_buffers(const at::TensorIteratorBase& iter, const at::Tensor& self, int
     // The staging buffer, then the semaphores. CUDA holds both until the kernel is
     // launched; they are logged one after the other (so the peak inside the call is at
     // most the semaphores' 512-byte block low).
-    meta_transient(c.global_memory_size(), false);
-    meta_transient(c.semaphore_size(), false);
+    meta_transient(c.global_memory_size(), kTransientExact);
+    meta_transient(c.semaphore_size(), kTransientExact);
   }
 }
 

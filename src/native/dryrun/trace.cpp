@@ -335,11 +335,11 @@ void dry_run_op_ended(const at::RecordFunction& fn, int depth) {
   }
 }
 
-void meta_transient(int64_t bytes, bool bound) {
+void meta_transient(int64_t bytes, int32_t kind) {
   if (bytes > 0 && dry_run_thread()) {
     meta_append(MpTlEvent{
         MP_EV_TRANSIENT, uint8_t(meta_phase_for_alloc()), 0, 0, meta_step(),
-        dry_run_current_op(), bound ? 1 : 0, 0, bytes});
+        dry_run_current_op(), kind, 0, bytes});
   }
 }
 
