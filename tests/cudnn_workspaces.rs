@@ -1,12 +1,12 @@
 //! cuDNN's convolution workspaces in the estimate, held to what an NVIDIA H200 measured
-//! inside 1,244 convolution calls of 14 real models (PyTorch 2.11, cuDNN 9,
+//! inside 1,244 convolution calls of 9 real models (PyTorch 2.11, cuDNN 9,
 //! `cudnn.benchmark` off; `tests/data/gpu-truth/h200-2026-11-26/workspaces.csv`, whose
 //! README says how): `transient` is the bytes a call took and freed inside itself.
 //!
 //! On a GPU like the one measured (compute capability 9.0, 132 multiprocessors: the
 //! H200, the H100 SXM) a measured call is charged what it took, the smallest of its
-//! calls (`src/estimate/conv_workspaces_sm90.tsv`, which the third test holds to the
-//! data). Elsewhere the dry run cannot know the execution plan cuDNN's heuristics pick,
+//! calls (`src/estimate/conv_workspaces_sm90.tsv`, which
+//! `the_measured_gpus_table_is_the_measured_calls` holds to the data). Elsewhere the dry run cannot know the execution plan cuDNN's heuristics pick,
 //! so it charges each convolution the larger plausible workspace (docs/estimate.md,
 //! "How", step 4):
 //! forward, the input, weight and output together, each rounded to 512 B (1.9 times
@@ -16,10 +16,12 @@
 //! most 4 or one equal to its stride; backward, 1.5 times the output gradient, input and
 //! weight (4.3 times for a float32 depthwise one in channels-last on at least 28x28
 //! positions; none for a depthwise one in the NCHW layout, or a float32 NCHW image stem
-//! with a kernel of at most 3). The first test checks the shares the docs quote
-//! against the data; the second that the estimate charges each measured forward call
-//! what the H200 took on the measured GPUs, and elsewhere what the rule says, computed
-//! here from the call's shapes.
+//! with a kernel of at most 3). `the_documented_workspace_shares_are_the_measured_ones`
+//! checks the shares the docs quote against the data;
+//! `each_measured_convolution_is_charged_its_workspace` that the estimate charges each
+//! measured forward call what the H200 took on the measured GPUs, and elsewhere what the
+//! rule says, computed here from the call's shapes; `a_measured_backward_is_looked_up`
+//! that backward calls find their lines too.
 
 mod common;
 
@@ -27,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use common::serial;
 use tch::{nn, Kind};
-use tch_memprof::estimate::{Gpu, Input, Mode, Model, Options};
+use tch_memprof::estimate::{Gpu, Input, Mode, Model, Optimizer, Options};
 
 const DATA: &str = "tests/data/gpu-truth/h200-2026-11-26/workspaces.csv";
 
@@ -430,9 +432,11 @@ fn the_documented_workspace_shares_are_the_measured_ones() {
 }
 
 /// Each distinct forward call of the data in float32 and the NCHW layout, estimated as
-/// one `nn::conv2d` at its shapes (inference, before Hopper): the bytes requested at
-/// the peak, less the weights', the input's and the output's, are the rule's charge,
-/// and at least what the H200 took in all but the calls the first test counts.
+/// one `nn::conv2d` at its shapes (inference): on the H200 and the H100 the bytes
+/// requested at the peak, less the weights', the input's and the output's, are what the
+/// H200 took; on a GPU before Hopper they are the rule's charge, and at least what the
+/// H200 took in all but the calls `the_documented_workspace_shares_are_the_measured_ones`
+/// counts.
 #[test]
 fn each_measured_convolution_is_charged_its_workspace() {
     let _serial = serial();
@@ -528,6 +532,72 @@ fn each_measured_convolution_is_charged_its_workspace() {
         (checked, under),
         (CHECKED, UNDER),
         "distinct calls checked, under the charge"
+    );
+}
+
+/// Backward calls find their lines in the H200's table too (their keys are built from
+/// the backward kernel's arguments, without the bias sizes): VGG-16's first two
+/// convolutions (3 to 64 and 64 to 64 channels, 3x3, bias, 224x224 at batch 32) trained
+/// one step on the H200 charge no workspace by the rule, and the largest they charge is
+/// the second one's backward, 824,295,936 B as measured (the rule would charge 1.5 times
+/// its output gradient, input and weight: 1,233,346,560 B); on a GPU before Hopper the
+/// second's forward and backward are charged by the rule (the first's take none: a
+/// float32 3-channel 3x3 stem).
+#[test]
+fn a_measured_backward_is_looked_up() {
+    let _serial = serial();
+    let model = Model::build_on_meta(|path| {
+        let conv = |p: nn::Path, cin| {
+            nn::conv2d(
+                p,
+                cin,
+                64,
+                3,
+                nn::ConvConfig {
+                    padding: 1,
+                    ..Default::default()
+                },
+            )
+        };
+        nn::seq()
+            .add(conv(path / "c1", 3))
+            .add_fn(|x| x.relu())
+            .add(conv(path / "c2", 64))
+    })
+    .unwrap();
+    let estimate = |gpu: Gpu| {
+        model
+            .estimate(
+                &[Input::new(&[32, 3, 224, 224], Kind::Float)],
+                Mode::Train(Optimizer::Sgd),
+                &Options::for_gpu(gpu),
+            )
+            .unwrap()
+    };
+    let measured = 824_295_936u64;
+    for gpu in ["h200", "h100"] {
+        let e = estimate(Gpu::named(gpu).unwrap());
+        assert_eq!(e.bounded_kernel_workspaces, 0, "{gpu}");
+        // As the allocator charges it: the request, or a whole cached block at most
+        // 1 MiB over it.
+        assert!(
+            (measured..=measured + (1 << 20)).contains(&e.largest_kernel_workspace),
+            "{gpu}: largest {}",
+            e.largest_kernel_workspace
+        );
+    }
+    // Two in each of the dry run's two training steps.
+    let e = estimate(Gpu::generic());
+    assert_eq!(e.bounded_kernel_workspaces, 4);
+    // 1.5 times the output gradient and the input (32x64x224x224 float32 each) and the
+    // weight (64x64x3x3).
+    let tensor = 32 * 64 * 224 * 224 * 4;
+    let rule = (1.5 * (2 * tensor + 64 * 64 * 9 * 4) as f64) as u64;
+    assert_eq!(rule, 1_233_346_560);
+    assert!(
+        e.largest_kernel_workspace >= rule,
+        "largest {} below the rule's {rule}",
+        e.largest_kernel_workspace
     );
 }
 

@@ -68,12 +68,13 @@ const KNOWN: [(&str, u64, bool, u32, u32); 12] = [
 ];
 
 /// cuDNN's workspace inside each convolution and convolution backward an NVIDIA H200
-/// ran in 14 torchvision, timm and transformers models (PyTorch 2.11.0+cu130, cuDNN 9,
-/// `cudnn.benchmark` off, 2026-11-26), a line a distinct call: the call's arguments as
-/// the measuring script wrote them, a tab, the bytes taken and freed inside the call
-/// (`scripts/conv-workspace-table.py` writes it from
-/// `tests/data/gpu-truth/h200-2026-11-26/workspaces.csv`). An NVIDIA H100 SXM ran the
-/// same models with the same workspaces (`tests/data/gpu-truth/h100-2026-11-26`).
+/// ran in 9 torchvision, timm and transformers models (PyTorch 2.11.0+cu130 and the
+/// cuDNN 9 it bundles, `cudnn.benchmark` off, 2026-11-26), a line a distinct call: the
+/// call's arguments as the measuring script wrote them, a tab, the most the call held
+/// at once above what it left (`scripts/conv-workspace-table.py` writes it from
+/// `tests/data/gpu-truth/h200-2026-11-26/workspaces.csv`). An NVIDIA H100 SXM measured
+/// the same peaks for every convolution net but VGG-16's training, 125 KiB lower
+/// (`tests/data/gpu-truth/h100-2026-11-26`), so the table is taken for it too.
 const SM90_CONV_WORKSPACES: &str = include_str!("conv_workspaces_sm90.tsv");
 
 /// The threads a streaming multiprocessor holds at once, by compute capability
@@ -145,8 +146,8 @@ impl Gpu {
 
     /// The cuDNN convolution workspaces measured on a GPU like this one (a line a call,
     /// as [`SM90_CONV_WORKSPACES`]): those an NVIDIA H200 took, for any GPU of compute
-    /// capability 9.0 with 132 multiprocessors (the H200 and the H100 SXM, which ran
-    /// every measured model with the same workspaces); empty for another GPU, whose
+    /// capability 9.0 with 132 multiprocessors (the H200 and the H100 SXM, whose peaks
+    /// in every measured convolution net were the H200's); empty for another GPU, whose
     /// convolutions are charged the larger plausible size.
     pub(crate) fn measured_conv_workspaces(&self) -> &'static str {
         if self.sm == 90 && self.multiprocessors == 132 {

@@ -86,10 +86,9 @@ pub(crate) fn meta_gpu_set(multiprocessors: i32, threads_per_multiprocessor: i32
 
 /// Sets the cuDNN convolution workspaces later dry runs charge where a call was
 /// measured (`table`: a line a call, `key\tbytes`; lines without a tab are skipped;
-/// empty: none measured). Static: the native side keeps the pointer to skip parsing the
-/// same table again.
-pub(crate) fn meta_conv_workspaces_set(table: &'static str) -> Result<()> {
-    // SAFETY: `table` is valid for `len` bytes and lives for the whole program.
+/// empty: none measured). The native side copies what it parses.
+pub(crate) fn meta_conv_workspaces_set(table: &str) -> Result<()> {
+    // SAFETY: `table` is valid for `len` bytes for the call.
     check(unsafe { memprof_meta_conv_workspaces(table.as_ptr().cast(), table.len()) })
 }
 

@@ -497,8 +497,7 @@ int memprof_meta_gpu(int32_t multiprocessors, int32_t threads_per_multiprocessor
 // cuDNN's convolution workspaces later dry runs charge where a call was measured: `len`
 // bytes of text, a line a call, `key\tbytes\n` (the key: the op's name and arguments as
 // the measuring script wrote them); empty (len 0): none measured, every convolution the
-// rule's size. The text must outlive the dry runs that use it (the caller's static
-// table): it is parsed again only when another is given.
+// rule's size. The text is copied (parsed anew at each call, a few hundred lines).
 int memprof_meta_conv_workspaces(const char* table, size_t len) MP_NOEXCEPT;
 // Autocast in the dry run (dryrun/autocast.cpp): from begin to end, on this thread, the ops
 // of `list` (MP_AUTOCAST_LIST_CUDA or _CPU) cast meta tensors as that autocast casts

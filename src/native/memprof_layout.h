@@ -23,6 +23,10 @@
   MP_CONST(MP_EV_BASELINE, 10)                         \
   MP_CONST(MP_EV_WORKSPACE, 11)                        \
   MP_CONST(MP_EV_TRANSIENT, 12)                        \
+  MP_CONST(MP_TRANSIENT_EXACT, 0)                      \
+  MP_CONST(MP_TRANSIENT_BOUND, 1)                      \
+  MP_CONST(MP_TRANSIENT_MEASURED, 2)                   \
+  MP_CONST(MP_TRANSIENT_RULE, 3)                       \
   MP_CONST(MP_TARGET_STEP, 0)                          \
   MP_CONST(MP_TARGET_DRY_RUN, 1)                       \
   MP_CONST(MP_SITE_DEPTH, 96)                          \

@@ -22,10 +22,6 @@ namespace {
 
 std::mutex g_mutex;
 std::unordered_map<std::string, int64_t> g_table;
-// The text the table was parsed from (the Rust side passes the same static text every
-// time: parsed once).
-const char* g_source = nullptr;
-size_t g_source_len = 0;
 
 // PyTorch's name of a dtype, as `str(tensor.dtype)` writes it without `torch.`.
 const char* dtype_name(at::ScalarType t) {
@@ -109,10 +105,6 @@ std::optional<int64_t> find(const std::string& key) {
 }  // namespace
 
 void set_conv_workspaces(const char* table, size_t len) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (table == g_source && len == g_source_len) {
-    return;
-  }
   // A line a call: `key\tbytes\n`. Parsed whole before it replaces the table (a bad
   // number throws, the caller's error, and leaves the old table).
   std::unordered_map<std::string, int64_t> parsed;
@@ -128,9 +120,8 @@ void set_conv_workspaces(const char* table, size_t len) {
     }
     at += n + 1;
   }
+  std::lock_guard<std::mutex> lock(g_mutex);
   g_table.swap(parsed);
-  g_source = table;
-  g_source_len = len;
 }
 
 std::optional<int64_t> measured_conv_workspace(

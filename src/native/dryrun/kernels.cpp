@@ -45,7 +45,7 @@ bool depthwise(const at::Tensor& input, int64_t groups) {
 }
 
 // cuDNN's workspace inside a CUDA convolution (PyTorch 2.11, cuDNN 9, cudnn.benchmark
-// off), as an NVIDIA H200 measured it in 1,244 calls of 14 torchvision, timm and
+// off), as an NVIDIA H200 measured it in 1,244 calls of 9 torchvision, timm and
 // transformers models (tests/data/gpu-truth/h200-2026-11-26/workspaces.csv): bytes
 // taken after the outputs and freed before the call returns. cuDNN sizes it by the
 // execution plan its heuristics pick. On a GPU like the one measured, a measured call
