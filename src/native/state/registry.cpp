@@ -146,6 +146,20 @@ void reclaim(BlockTable& t, uint64_t i) {
     }
   }
 }
+// A key was just published at slot `at`, its home `h`: lookups walk from h and stop at
+// the first empty slot, so every slot between must hold something. A slot this insert
+// passed while it was taken may have been freed and emptied by another thread's
+// reclaim since (its successor was still empty then, and its re-check ran before this
+// claim): walking back from `at`, such a slot becomes a tombstone again. A reclaim
+// that empties one after this walk passed it sees its successor taken when it checks
+// again, and restores it.
+void keep_chain(BlockTable& t, uint64_t h, uint64_t at) {
+  for (uint64_t i = at; i != h;) {
+    i = (i - 1) & t.mask;
+    uint64_t expect = kEmpty;
+    t.slots[i].key.compare_exchange_strong(expect, kTomb, std::memory_order_acq_rel);
+  }
+}
 }  // namespace
 
 bool table_insert(BlockTable& t, uint64_t ptr, uint64_t tag, uint32_t reg, uint32_t* stale_reg) {
@@ -180,15 +194,19 @@ bool table_insert(BlockTable& t, uint64_t ptr, uint64_t tag, uint32_t reg, uint3
       break;
     }
   }
-  // Claim the first reusable slot of the chain (another writer may take it first).
+  // Claim the first reusable slot of the chain (another writer may take it first; a
+  // slot a failed CAS finds free again, as reclaim leaves a tombstone, is tried again,
+  // never passed).
   for (int p = 0; p < kMaxProbe && reusable >= 0; ++p) {
     const uint64_t i = (uint64_t(reusable) + uint64_t(p)) & t.mask;
     BlockSlot& s = t.slots[i];
     uint64_t k = s.key.load(std::memory_order_acquire);
-    if ((k == kEmpty || k == kTomb) &&
-        s.key.compare_exchange_strong(k, kBusy, std::memory_order_acq_rel)) {
-      publish(s, ptr, tag, reg);
-      return true;
+    while (k == kEmpty || k == kTomb) {
+      if (s.key.compare_exchange_strong(k, kBusy, std::memory_order_acq_rel)) {
+        publish(s, ptr, tag, reg);
+        keep_chain(t, h, i);
+        return true;
+      }
     }
   }
   return false;
