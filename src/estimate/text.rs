@@ -300,11 +300,11 @@ impl Estimate {
     /// The kernels' workspaces charged, in one line; `None` when the run has none.
     pub fn kernel_workspace_line(&self) -> Option<String> {
         (self.kernel_workspaces > 0).then(|| {
-            let n = self.bounded_kernel_workspaces;
+            let (n, mut bounded) = (self.bounded_kernel_workspaces, String::new());
             let whose = if n == 1 { "convolution's" } else { "convolutions'" };
-            let bounded = (n > 0)
-                .then(|| format!("; {n} {whose} not measured on a GPU like this one, at the larger plausible size (where the peak is inside one, the estimate errs high)"))
-                .unwrap_or_default();
+            if n > 0 {
+                bounded = format!("; {n} {whose} not measured on a GPU like this one, at the larger plausible size (where the peak is inside one, the estimate errs high)");
+            }
             format!(
                 "Kernel workspaces (cuDNN convolutions, attention, the buffers of CUDA's \
                  sums): {} charged at batch {}, the largest {}{bounded}",
