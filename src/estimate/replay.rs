@@ -172,12 +172,17 @@ pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Opti
     let caching = || Allocator::Caching(Box::new(CachingAllocator::new(options.allocator.clone())));
     let mut device = replay_on(caching(), weights, run, options, Transients::All);
     let transients = || run.iter().filter(|e| e.kind == EventKind::Transient);
-    let inexact = transients().any(|e| e.aux != native::TRANSIENT_EXACT);
-    // The rule's layout differs from `All` only where a measured call has its alternate.
-    let measured = transients().any(|e| e.aux == native::TRANSIENT_RULE);
-    if inexact {
+    let has = |aux| transients().any(|e| e.aux == aux);
+    let (bound, measured) = (
+        has(native::TRANSIENT_BOUND),
+        has(native::TRANSIENT_MEASURED),
+    );
+    if bound || measured {
+        // Where a call's requests are not all known (one charged by the rule, or
+        // measured only as the most it held at once), the pool's layout is not known
+        // either: the larger of the plausible ones.
         let mut others = vec![Transients::Exact];
-        if measured {
+        if has(native::TRANSIENT_RULE) {
             others.push(Transients::Rule);
         }
         for other in others {
@@ -193,7 +198,8 @@ pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Opti
 enum Transients {
     /// None (the bytes a CPU run holds).
     None,
-    /// Those of their kernel's own size (a convolution's where measured as one request).
+    /// Those of their kernel's own size (a convolution's where measured as one request,
+    /// or request by request).
     Exact,
     /// Every workspace as charged: the kernel's own size, measured, or the larger
     /// plausible one.
@@ -224,9 +230,9 @@ fn replay_on(
     let takes = |e: &Event| match transients {
         _ if exact => false,
         Transients::None => false,
-        Transients::Exact => e.aux == native::TRANSIENT_EXACT,
+        Transients::Exact => matches!(e.aux, native::TRANSIENT_EXACT | native::TRANSIENT_SPLIT),
         Transients::All => e.aux != native::TRANSIENT_RULE,
-        Transients::Rule => e.aux != native::TRANSIENT_MEASURED,
+        Transients::Rule => !matches!(e.aux, native::TRANSIENT_MEASURED | native::TRANSIENT_SPLIT),
     };
     let mut charged: HashMap<u64, i64> = HashMap::new();
     let mut events = Vec::with_capacity(weights.len() + run.len() + 4);
@@ -275,6 +281,8 @@ fn replay_on(
     let mut baseline = weights_allocated;
     let mut workspaces = [false; 4];
     let (mut taken, mut largest_transient, mut bounded) = (0u64, 0u64, 0u64);
+    // A convolution backward charged by the rule takes two workspaces: one call counted.
+    let mut last_bounded = None;
     let (mut allocations, mut flops) = (0u64, 0u64);
     let mut steps: Vec<StepPeak> = Vec::new();
     // The name of each op of the step running now, by its index in the step.
@@ -342,7 +350,10 @@ fn replay_on(
                 // Taken after the kernel's outputs, freed before it returns: a block of
                 // its own that the pool may have to make room for.
                 taken += 1;
-                bounded += u64::from(e.aux == native::TRANSIENT_BOUND);
+                if e.aux == native::TRANSIENT_BOUND && last_bounded != Some((e.generation, e.op)) {
+                    bounded += 1;
+                    last_bounded = Some((e.generation, e.op));
+                }
                 requests.push(Request {
                     bytes: e.value as u64,
                     op: op_names.get(&e.op).copied().unwrap_or(-1),

@@ -66,6 +66,7 @@ pub(crate) mod native {
     pub const TRANSIENT_BOUND: i32 = 1;
     pub const TRANSIENT_MEASURED: i32 = 2;
     pub const TRANSIENT_RULE: i32 = 3;
+    pub const TRANSIENT_SPLIT: i32 = 4;
     pub const TARGET_STEP: i32 = 0;
     pub const TARGET_DRY_RUN: i32 = 1;
     pub const SITE_DEPTH: usize = 96;

@@ -66,6 +66,7 @@ enum MpTransient {
   MP_TRANSIENT_BOUND = 1,     // the larger plausible size (a convolution not measured)
   MP_TRANSIENT_MEASURED = 2,  // the most a measured call held at once, over requests not known
   MP_TRANSIENT_RULE = 3,      // that call's larger plausible size: the pool's other layout only
+  MP_TRANSIENT_SPLIT = 4,     // one of a measured call's requests, known one by one
 };
 
 // Where the op recorder's events go (memprof_set_params' target).

@@ -27,6 +27,7 @@
   MP_CONST(MP_TRANSIENT_BOUND, 1)                      \
   MP_CONST(MP_TRANSIENT_MEASURED, 2)                   \
   MP_CONST(MP_TRANSIENT_RULE, 3)                       \
+  MP_CONST(MP_TRANSIENT_SPLIT, 4)                      \
   MP_CONST(MP_TARGET_STEP, 0)                          \
   MP_CONST(MP_TARGET_DRY_RUN, 1)                       \
   MP_CONST(MP_SITE_DEPTH, 96)                          \

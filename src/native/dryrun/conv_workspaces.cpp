@@ -21,7 +21,7 @@ namespace memprof {
 namespace {
 
 std::mutex g_mutex;
-std::unordered_map<std::string, int64_t> g_table;
+std::unordered_map<std::string, ConvWorkspace> g_table;
 
 // PyTorch's name of a dtype, as `str(tensor.dtype)` writes it without `torch.`.
 const char* dtype_name(at::ScalarType t) {
@@ -93,7 +93,7 @@ void put_params(
   key += std::to_string(groups);
 }
 
-std::optional<int64_t> find(const std::string& key) {
+std::optional<ConvWorkspace> find(const std::string& key) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_table.find(key);
   if (it == g_table.end()) {
@@ -102,12 +102,27 @@ std::optional<int64_t> find(const std::string& key) {
   return it->second;
 }
 
+// The tab-separated numbers of a line after its key: the most held at once, then, where
+// the line has them, the data and weight gradients' workspace requests.
+ConvWorkspace parse_bytes(const std::string& fields) {
+  ConvWorkspace w;
+  size_t used = 0;
+  w.held = std::stoll(fields, &used);
+  if (used < fields.size() && fields[used] == '\t') {
+    const std::string rest = fields.substr(used + 1);
+    w.data = std::stoll(rest, &used);
+    w.weight = std::stoll(rest.substr(used + 1));
+  }
+  return w;
+}
+
 }  // namespace
 
 void set_conv_workspaces(const char* table, size_t len) {
-  // A line a call: `key\tbytes\n`. Parsed whole before it replaces the table (a bad
+  // A line a call: `key\tbytes\n`, or `key\tbytes\tdata\tweight\n` for a backward
+  // call whose requests are known. Parsed whole before it replaces the table (a bad
   // number throws, the caller's error, and leaves the old table).
-  std::unordered_map<std::string, int64_t> parsed;
+  std::unordered_map<std::string, ConvWorkspace> parsed;
   size_t at = 0;
   while (table != nullptr && at < len) {
     const char* line = table + at;
@@ -116,7 +131,7 @@ void set_conv_workspaces(const char* table, size_t len) {
     const void* tab = memchr(line, '\t', n);
     if (tab != nullptr) {
       const size_t k = size_t(static_cast<const char*>(tab) - line);
-      parsed[std::string(line, k)] = std::stoll(std::string(line + k + 1, n - k - 1));
+      parsed[std::string(line, k)] = parse_bytes(std::string(line + k + 1, n - k - 1));
     }
     at += n + 1;
   }
@@ -146,10 +161,11 @@ std::optional<int64_t> measured_conv_workspace(
     key += "None ";
   }
   put_params(key, stride, padding, dilation, transposed, output_padding, groups);
-  return find(key);
+  const auto found = find(key);
+  return found ? std::optional<int64_t>(found->held) : std::nullopt;
 }
 
-std::optional<int64_t> measured_conv_backward_workspace(
+std::optional<ConvWorkspace> measured_conv_backward_workspace(
     const at::Tensor& grad_output,
     const at::Tensor& input,
     const at::Tensor& weight,

@@ -46,6 +46,10 @@ int32_t meta_next_op();
 void meta_append(const MpTlEvent& e);
 void dry_run_op_started(const at::RecordFunction& fn, int depth);
 void dry_run_op_ended(const at::RecordFunction& fn, int depth);
+// Whether the innermost open record of this dry-run thread is an op the autograd engine
+// runs itself, outside any node (its parent the evaluate_function record): gradient
+// accumulation in an input buffer.
+bool dry_run_engine_op();
 char* dry_run_module_buf();
 // A CUDA kernel's workspace of `bytes`, taken after its outputs and freed before it
 // returns (the kernels below log cuDNN's): replayed through the caching allocator only,
@@ -56,11 +60,15 @@ char* dry_run_module_buf();
 // - kTransientMeasured: the most a measured call held at once, over requests whose
 //   sizes and order are not known (a convolution backward's data and weight gradients');
 // - kTransientRule: the larger plausible size of that same call, logged beside it: the
-//   replay of the pool's other plausible layout takes it in the measured one's place.
+//   replay of the pool's other plausible layout takes it in the measured one's place;
+// - kTransientSplit: one of a measured call's requests whose sizes are known one by one
+//   (a convolution backward's data and weight gradients'), with a kTransientRule beside
+//   them as for kTransientMeasured.
 constexpr int32_t kTransientExact = MP_TRANSIENT_EXACT;
 constexpr int32_t kTransientBound = MP_TRANSIENT_BOUND;
 constexpr int32_t kTransientMeasured = MP_TRANSIENT_MEASURED;
 constexpr int32_t kTransientRule = MP_TRANSIENT_RULE;
+constexpr int32_t kTransientSplit = MP_TRANSIENT_SPLIT;
 void meta_transient(int64_t bytes, int32_t kind);
 
 // reduce.cpp: the global-memory buffers CUDA's sum and mean take (the input kept at the
@@ -74,6 +82,14 @@ void set_reduce_gpu(int32_t multiprocessors, int32_t threads_per_multiprocessor)
 // the call held at once above what it left); the lookups the convolution kernels make
 // (nullopt: not measured, the rule's size is charged).
 void set_conv_workspaces(const char* table, size_t len);
+// A measured call: the most it held at once; for a backward call whose requests the
+// allocator's trace showed, the bytes its data gradient's workspace asked for (after
+// the input gradient) and its weight gradient's (after the weight gradient), else -1.
+struct ConvWorkspace {
+  int64_t held = 0;
+  int64_t data = -1;
+  int64_t weight = -1;
+};
 std::optional<int64_t> measured_conv_workspace(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -84,7 +100,7 @@ std::optional<int64_t> measured_conv_workspace(
     bool transposed,
     at::IntArrayRef output_padding,
     int64_t groups);
-std::optional<int64_t> measured_conv_backward_workspace(
+std::optional<ConvWorkspace> measured_conv_backward_workspace(
     const at::Tensor& grad_output,
     const at::Tensor& input,
     const at::Tensor& weight,

@@ -5,12 +5,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/ops/add_meta_dispatch.h>
 #include <torch/library.h>
 
 #include <array>
 #include <optional>
 #include <tuple>
 
+#include "dryrun.h"
 #include "kernels.h"
 
 namespace memprof {
@@ -248,5 +250,32 @@ const MetaKernel kGapKernels[] = {
      [] { return torch::CppFunction(TORCH_FN(bn_legit_functional_meta)); }},
 };
 const size_t kGapKernelCount = sizeof(kGapKernels) / sizeof(kGapKernels[0]);
+
+namespace {
+
+// Gradient accumulation as the autograd engine does it on CUDA. Where a node's input
+// gets a second gradient (every residual join of a backward), the engine's input buffer
+// adds it into the first in place when the first is a plain dense tensor whose last
+// reference the buffer holds, and makes a new tensor otherwise; on the meta device it
+// always makes a new one, as a meta tensor counts as a tensor subclass there
+// (InputBuffer's accumulate, PyTorch 2.11). The engine's add, the buffer's tensor its
+// `self`, is answered here as CUDA's in-place add: `self`, no new block. Every other
+// add runs the meta kernel libtorch has.
+at::Tensor add_as_accumulated_on_cuda(
+    const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  if (dry_run_engine_op() && !at::GradMode::is_enabled() && !self._is_zerotensor() &&
+      !self.is_nested() && self.is_non_overlapping_and_dense() && self.use_count() == 1 &&
+      self.has_storage() && self.storage().use_count() == 1 && self.sizes() == other.sizes() &&
+      self.scalar_type() == other.scalar_type()) {
+    return self;
+  }
+  return at::meta::add(self, other, alpha);
+}
+
+}  // namespace
+
+void register_engine_kernels(torch::Library& meta) {
+  meta.impl("add.Tensor", TORCH_FN(add_as_accumulated_on_cuda));
+}
 
 }  // namespace memprof

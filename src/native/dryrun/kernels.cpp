@@ -206,19 +206,37 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward_meta(
     const double unit = large_depthwise ? kDepthwiseChannelsLastBackward : kBackwardWorkspace;
     rule = int64_t(unit * double(tensors));
   }
+  const auto measured = measured_conv_backward_workspace(
+      grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
+      groups, mask);
+  if (measured && measured->data >= 0) {
+    // The requests as the GPU made them: cuDNN's data gradient takes its workspace
+    // after the input gradient, its weight gradient after the weight gradient.
+    // The rule's size beside them, for the pool's other plausible layout.
+    at::Tensor grad_input = mask[0] ? empty_as(input) : at::Tensor();
+    meta_transient(measured->data, kTransientSplit);
+    at::Tensor grad_weight = mask[1] ? empty_as(weight) : at::Tensor();
+    meta_transient(measured->weight, kTransientSplit);
+    meta_transient(rule, kTransientRule);
+    return {grad_input, grad_weight, at::Tensor()};
+  }
+  if (!measured) {
+    // Not measured: each of the two requests (the data gradient's workspace after the
+    // input gradient, the weight gradient's after the weight gradient) at the larger
+    // plausible size.
+    at::Tensor grad_input = mask[0] ? empty_as(input) : at::Tensor();
+    meta_transient(mask[0] ? rule : 0, kTransientBound);
+    at::Tensor grad_weight = mask[1] ? empty_as(weight) : at::Tensor();
+    meta_transient(mask[1] ? rule : 0, kTransientBound);
+    return {grad_input, grad_weight, at::Tensor()};
+  }
+  // Measured as the most it held at once, over its data and weight gradients' requests,
+  // whose sizes are not known one by one; the rule's size beside it, for the replay of
+  // the pool's other plausible layout.
   at::Tensor grad_input = mask[0] ? empty_as(input) : at::Tensor();
   at::Tensor grad_weight = mask[1] ? empty_as(weight) : at::Tensor();
-  if (const auto measured = measured_conv_backward_workspace(
-          grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
-          groups, mask)) {
-    // Measured as the most it held at once, over its data and weight gradients'
-    // requests, whose sizes are not known one by one; the rule's size beside it, for
-    // the replay of the pool's other plausible layout.
-    meta_transient(*measured, kTransientMeasured);
-    meta_transient(rule, kTransientRule);
-  } else {
-    meta_transient(rule, kTransientBound);
-  }
+  meta_transient(measured->held, kTransientMeasured);
+  meta_transient(rule, kTransientRule);
   return {grad_input, grad_weight, at::Tensor()};
 }
 
@@ -608,6 +626,7 @@ void register_meta_kernels() {
       }
     }
   }
+  register_engine_kernels(*lib);
   // A device guard for MPS that does nothing (as meta's does), so that `.to(MPS)` and
   // other ops that take a device guard reach the fallback below instead of failing with
   // "not linked with support for mps devices". Only where this libtorch has none.

@@ -204,6 +204,13 @@ thread_local char tls_script_module[kNameLen] = "";
 // start callbacks), and logged at its end: 0 none, 1 cuBLAS, 2 cuBLASLt.
 thread_local int8_t tls_blas_kind[kMaxDepth];
 
+// What each record open on this thread is, by nesting depth (0 an op, 1 an autograd
+// node, 2 the engine's evaluate_function around a node), and how many are open: where an
+// op's parent is an evaluate_function record, the op is the engine's own work between
+// node and input buffer (gradient accumulation, validate_outputs' casts and sums).
+thread_local int8_t tls_record_kind[kMaxDepth];
+thread_local int tls_open_records = 0;
+
 // A meta kernel that sizes its output by resizing an empty tensor (`arange`, `out=`
 // variants) sets the storage's size without the allocator: its bytes would be missing
 // from the trace, though a CUDA run allocates them. Such an output (a meta storage of
@@ -313,6 +320,10 @@ void dry_run_op_started(const at::RecordFunction& fn, int depth) {
     meta_set_phase(kBackward);
   }
   const char* name = fn.name();
+  tls_record_kind[depth] = fn.scope() == at::RecordScope::BACKWARD_FUNCTION ? int8_t(1)
+      : is_backward_record(fn)                                             ? int8_t(2)
+                                                                           : int8_t(0);
+  tls_open_records = depth + 1;
   tls_blas_kind[depth] = !is_cublas_op(name) ? int8_t(0) : uses_cublaslt(name, fn) ? 2 : 1;
   reduce_started(fn, depth);
 }
@@ -324,6 +335,7 @@ void dry_run_op_ended(const at::RecordFunction& fn, int depth) {
       is_backward_record(fn)) {
     --tls_meta_backward;
   }
+  tls_open_records = depth;
   reduce_ended(fn, depth);
   if (tls_blas_kind[depth] != 0) {
     meta_append(MpTlEvent{
@@ -333,6 +345,11 @@ void dry_run_op_ended(const at::RecordFunction& fn, int depth) {
   if (depth == 0) {
     for_each_tensor(fn.outputs(), adopt_resized);
   }
+}
+
+bool dry_run_engine_op() {
+  const int d = tls_open_records - 1;
+  return dry_run_thread() && d >= 1 && d < kMaxDepth && tls_record_kind[d - 1] == 2;
 }
 
 void meta_transient(int64_t bytes, int32_t kind) {
