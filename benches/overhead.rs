@@ -225,7 +225,14 @@ fn main() {
         }
         // Fresh children every round: where a process's memory falls moves its step
         // time by a percent or two, for the whole process.
-        let mut children: Vec<Child> = MODES.iter().map(|&m| spawn(&exe, m, dev)).collect();
+        // Spawned in an order that rotates every round too: the slot a child starts in
+        // (what the others are doing while it loads and warms up) is no mode's alone.
+        let mut slots: Vec<Option<Child>> = (0..MODES.len()).map(|_| None).collect();
+        for k in 0..MODES.len() {
+            let m = (k + round) % MODES.len();
+            slots[m] = Some(spawn(&exe, MODES[m], dev));
+        }
+        let mut children: Vec<Child> = slots.into_iter().map(Option::unwrap).collect();
         let mut pipes: Vec<(ChildStdin, BufReader<ChildStdout>)> = children
             .iter_mut()
             .map(|c| {
