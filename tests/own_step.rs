@@ -98,6 +98,22 @@ fn the_dry_run_of_a_users_own_step_is_the_cpu_run_category_by_category() {
         cpu.peak.bytes,
         dry.peak.bytes
     );
+    // Inside every op the dry run holds no more than the CPU: where a residual join sums
+    // a second gradient into the first, the engine adds it in place on the CPU (and on
+    // CUDA), and gather's backward scatters into a new zero tensor in place; on the meta
+    // device libtorch makes another tensor for each (12,416 B at gather's backward here),
+    // which the dry run must not. The kernels' own temporaries are CUDA's in the dry run
+    // and the CPU's here, a few hundred bytes apart either way (layer norm's backward
+    // 512 B less, embedding's 256 B more).
+    for (i, (c, d)) in cpu_rows.iter().zip(&dry_rows).enumerate() {
+        assert!(
+            d.peak_bytes <= c.peak_bytes + 1024,
+            "op {i} {}: peak inside it {} B on the CPU, {} B in the dry run",
+            c.op,
+            c.peak_bytes,
+            d.peak_bytes
+        );
+    }
     // AdamW's two moments per parameter are optimizer state in both.
     let params = 4 * gpt::params();
     assert_eq!(dry.peak.breakdown.get(Category::Param), params);

@@ -46,10 +46,16 @@ int32_t meta_next_op();
 void meta_append(const MpTlEvent& e);
 void dry_run_op_started(const at::RecordFunction& fn, int depth);
 void dry_run_op_ended(const at::RecordFunction& fn, int depth);
-// Whether the innermost open record of this dry-run thread is an op the autograd engine
-// runs itself, outside any node (its parent the evaluate_function record): gradient
-// accumulation in an input buffer.
-bool dry_run_engine_op();
+// What the parent of the innermost open record of this dry-run thread is: kRecordNode
+// (an autograd node: the op is one its backward formula calls), kRecordEngine (the
+// engine's evaluate_function around a node: an op the engine runs itself, such as
+// gradient accumulation in an input buffer), 0 another op; -1 none or not a dry run.
+constexpr int kRecordNode = 1;
+constexpr int kRecordEngine = 2;
+int dry_run_parent_record();
+// Whether the innermost open record of this dry-run thread runs inside an autograd node
+// (an op its backward formula calls, directly or through another op).
+bool dry_run_in_node();
 char* dry_run_module_buf();
 // A CUDA kernel's workspace of `bytes`, taken after its outputs and freed before it
 // returns (the kernels below log cuDNN's): replayed through the caching allocator only,

@@ -6,6 +6,9 @@
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/add_meta_dispatch.h>
+#include <ATen/ops/index_add_meta_dispatch.h>
+#include <ATen/ops/scatter_add_meta_dispatch.h>
+#include <ATen/ops/scatter_meta_dispatch.h>
 #include <torch/library.h>
 
 #include <array>
@@ -253,6 +256,15 @@ const size_t kGapKernelCount = sizeof(kGapKernels) / sizeof(kGapKernels[0]);
 
 namespace {
 
+// Whether a dry run may answer an out-of-place op on `self` as its in-place form, as CUDA
+// runs it: `self` a plain dense meta tensor nobody else holds (the caller's last
+// reference), the result of `self`'s sizes and dtype.
+bool in_place_as_on_cuda(const at::Tensor& self, at::IntArrayRef result, at::ScalarType st) {
+  return !at::GradMode::is_enabled() && !self._is_zerotensor() && !self.is_nested() &&
+         self.is_non_overlapping_and_dense() && self.use_count() == 1 && self.has_storage() &&
+         self.storage().use_count() == 1 && self.sizes() == result && self.scalar_type() == st;
+}
+
 // Gradient accumulation as the autograd engine does it on CUDA. Where a node's input
 // gets a second gradient (every residual join of a backward), the engine's input buffer
 // adds it into the first in place when the first is a plain dense tensor whose last
@@ -263,19 +275,48 @@ namespace {
 // add runs the meta kernel libtorch has.
 at::Tensor add_as_accumulated_on_cuda(
     const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  if (dry_run_engine_op() && !at::GradMode::is_enabled() && !self._is_zerotensor() &&
-      !self.is_nested() && self.is_non_overlapping_and_dense() && self.use_count() == 1 &&
-      self.has_storage() && self.storage().use_count() == 1 && self.sizes() == other.sizes() &&
-      self.scalar_type() == other.scalar_type()) {
+  if (dry_run_parent_record() == kRecordEngine &&
+      in_place_as_on_cuda(self, other.sizes(), other.scalar_type())) {
     return self;
   }
   return at::meta::add(self, other, alpha);
+}
+
+// Backward formulas that write into a tensor they just made (`zeros(...).scatter_add_`:
+// gather's backward, index_select's with `index_add_`, a max or min over a dimension's
+// with `scatter_`) call the out-of-place op instead when an argument is a tensor
+// subclass, as a meta tensor counts there: a second block of the input's size that CUDA
+// does not make. Called inside a node (gather_backward is an op of its own) with a
+// tensor only the caller holds, each is answered as the in-place op: `self`, no new
+// block.
+bool formula_in_place(const at::Tensor& self, const at::Tensor& src) {
+  return dry_run_in_node() && in_place_as_on_cuda(self, self.sizes(), src.scalar_type());
+}
+
+at::Tensor scatter_add_as_on_cuda(
+    const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src) {
+  return formula_in_place(self, src) ? self : at::meta::scatter_add(self, dim, index, src);
+}
+
+at::Tensor index_add_as_on_cuda(
+    const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source,
+    const at::Scalar& alpha) {
+  return formula_in_place(self, source) ? self
+                                        : at::meta::index_add(self, dim, index, source, alpha);
+}
+
+at::Tensor scatter_as_on_cuda(
+    const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src) {
+  return formula_in_place(self, src) ? self : at::meta::scatter(self, dim, index, src);
 }
 
 }  // namespace
 
 void register_engine_kernels(torch::Library& meta) {
   meta.impl("add.Tensor", TORCH_FN(add_as_accumulated_on_cuda));
+  meta.impl("scatter_add", TORCH_FN(scatter_add_as_on_cuda));
+  meta.impl("index_add", TORCH_FN(index_add_as_on_cuda));
+  meta.impl("scatter.src", TORCH_FN(scatter_as_on_cuda));
 }
 
 }  // namespace memprof

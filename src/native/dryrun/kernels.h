@@ -21,8 +21,8 @@ extern const size_t kGapKernelCount;
 // The normalizations' kernels (norm_kernels.cpp).
 extern const MetaKernel kNormKernels[];
 extern const size_t kNormKernelCount;
-// The kernels that replace libtorch's meta kernel of an op where the engine calls it
-// (gap_kernels.cpp), registered always.
+// The kernels that replace libtorch's meta kernel of an op where the autograd engine or a
+// backward formula calls it (gap_kernels.cpp), registered always.
 void register_engine_kernels(torch::Library& meta);
 
 }  // namespace memprof

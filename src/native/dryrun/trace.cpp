@@ -347,9 +347,21 @@ void dry_run_op_ended(const at::RecordFunction& fn, int depth) {
   }
 }
 
-bool dry_run_engine_op() {
+bool dry_run_in_node() {
+  if (!dry_run_thread()) {
+    return false;
+  }
+  for (int d = std::min(tls_open_records, kMaxDepth) - 2; d >= 0; --d) {
+    if (tls_record_kind[d] == 1) {
+      return true;
+    }
+  }
+  return false;
+}
+
+int dry_run_parent_record() {
   const int d = tls_open_records - 1;
-  return dry_run_thread() && d >= 1 && d < kMaxDepth && tls_record_kind[d - 1] == 2;
+  return dry_run_thread() && d >= 1 && d < kMaxDepth ? tls_record_kind[d - 1] : -1;
 }
 
 void meta_transient(int64_t bytes, int32_t kind) {
