@@ -209,34 +209,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward_meta(
   const auto measured = measured_conv_backward_workspace(
       grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
       groups, mask);
-  if (measured && measured->data >= 0) {
-    // The requests as the GPU made them: cuDNN's data gradient takes its workspace
-    // after the input gradient, its weight gradient after the weight gradient.
-    // The rule's size beside them, for the pool's other plausible layout.
-    at::Tensor grad_input = mask[0] ? empty_as(input) : at::Tensor();
-    meta_transient(measured->data, kTransientSplit);
-    at::Tensor grad_weight = mask[1] ? empty_as(weight) : at::Tensor();
-    meta_transient(measured->weight, kTransientSplit);
-    meta_transient(rule, kTransientRule);
-    return {grad_input, grad_weight, at::Tensor()};
-  }
-  if (!measured) {
-    // Not measured: each of the two requests (the data gradient's workspace after the
-    // input gradient, the weight gradient's after the weight gradient) at the larger
-    // plausible size.
-    at::Tensor grad_input = mask[0] ? empty_as(input) : at::Tensor();
-    meta_transient(mask[0] ? rule : 0, kTransientBound);
-    at::Tensor grad_weight = mask[1] ? empty_as(weight) : at::Tensor();
-    meta_transient(mask[1] ? rule : 0, kTransientBound);
-    return {grad_input, grad_weight, at::Tensor()};
-  }
-  // Measured as the most it held at once, over its data and weight gradients' requests,
-  // whose sizes are not known one by one; the rule's size beside it, for the replay of
-  // the pool's other plausible layout.
+  // cuDNN's data gradient takes its workspace after the input gradient, its weight
+  // gradient after the weight gradient: each request as the GPU made it where the
+  // trace showed it, at the larger plausible size where the call was not measured.
+  // A call measured only as the most it held at once is charged that after both.
+  // Beside a measured call, the rule's size, for the pool's other plausible layout.
+  const bool split = !measured || measured->data >= 0;
+  const int32_t kind = measured ? kTransientSplit : kTransientBound;
   at::Tensor grad_input = mask[0] ? empty_as(input) : at::Tensor();
+  if (split) {
+    meta_transient(measured ? measured->data : mask[0] ? rule : 0, kind);
+  }
   at::Tensor grad_weight = mask[1] ? empty_as(weight) : at::Tensor();
-  meta_transient(measured->held, kTransientMeasured);
-  meta_transient(rule, kTransientRule);
+  if (split) {
+    meta_transient(measured ? measured->weight : mask[1] ? rule : 0, kind);
+  }
+  if (measured) {
+    if (!split) {
+      meta_transient(measured->held, kTransientMeasured);
+    }
+    meta_transient(rule, kTransientRule);
+  }
   return {grad_input, grad_weight, at::Tensor()};
 }
 

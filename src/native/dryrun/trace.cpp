@@ -204,12 +204,12 @@ thread_local char tls_script_module[kNameLen] = "";
 // start callbacks), and logged at its end: 0 none, 1 cuBLAS, 2 cuBLASLt.
 thread_local int8_t tls_blas_kind[kMaxDepth];
 
-// What each record open on this thread is, by nesting depth (0 an op, 1 an autograd
-// node, 2 the engine's evaluate_function around a node), and how many are open: where an
-// op's parent is an evaluate_function record, the op is the engine's own work between
-// node and input buffer (gradient accumulation, validate_outputs' casts and sums).
+// What each record open on this thread is, by nesting depth (0 an op, kRecordNode an
+// autograd node, kRecordEngine the engine's evaluate_function around a node; how many
+// are open is the op recorder's depth): where an op's parent is an evaluate_function
+// record, the op is the engine's own work between node and input buffer (gradient
+// accumulation, validate_outputs' casts and sums).
 thread_local int8_t tls_record_kind[kMaxDepth];
-thread_local int tls_open_records = 0;
 
 // A meta kernel that sizes its output by resizing an empty tensor (`arange`, `out=`
 // variants) sets the storage's size without the allocator: its bytes would be missing
@@ -308,22 +308,21 @@ void meta_append(const MpTlEvent& e) {
 }
 
 void dry_run_op_started(const at::RecordFunction& fn, int depth) {
+  const bool node = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
+  const bool backward = node || is_backward_record(fn);
+  tls_record_kind[depth] = node ? int8_t(kRecordNode) : backward ? int8_t(kRecordEngine) : 0;
   if (g_meta_auto.load(std::memory_order_relaxed)) {
-    if (is_backward_record(fn)) {
+    if (backward) {
       ++tls_meta_backward;
       if (g_meta_phase.load() != kBackward) {
         meta_set_phase(kBackward);
       }
     }
-  } else if (g_meta_backward_pending.load(std::memory_order_relaxed) && is_backward_record(fn)) {
+  } else if (g_meta_backward_pending.load(std::memory_order_relaxed) && backward) {
     g_meta_backward_pending.store(false);
     meta_set_phase(kBackward);
   }
   const char* name = fn.name();
-  tls_record_kind[depth] = fn.scope() == at::RecordScope::BACKWARD_FUNCTION ? int8_t(1)
-      : is_backward_record(fn)                                             ? int8_t(2)
-                                                                           : int8_t(0);
-  tls_open_records = depth + 1;
   tls_blas_kind[depth] = !is_cublas_op(name) ? int8_t(0) : uses_cublaslt(name, fn) ? 2 : 1;
   reduce_started(fn, depth);
 }
@@ -335,7 +334,6 @@ void dry_run_op_ended(const at::RecordFunction& fn, int depth) {
       is_backward_record(fn)) {
     --tls_meta_backward;
   }
-  tls_open_records = depth;
   reduce_ended(fn, depth);
   if (tls_blas_kind[depth] != 0) {
     meta_append(MpTlEvent{
@@ -351,8 +349,8 @@ bool dry_run_in_node() {
   if (!dry_run_thread()) {
     return false;
   }
-  for (int d = std::min(tls_open_records, kMaxDepth) - 2; d >= 0; --d) {
-    if (tls_record_kind[d] == 1) {
+  for (int d = std::min(tls_dry_ops.depth, kMaxDepth) - 2; d >= 0; --d) {
+    if (tls_record_kind[d] == kRecordNode) {
       return true;
     }
   }
@@ -360,7 +358,7 @@ bool dry_run_in_node() {
 }
 
 int dry_run_parent_record() {
-  const int d = tls_open_records - 1;
+  const int d = tls_dry_ops.depth - 1;
   return dry_run_thread() && d >= 1 && d < kMaxDepth ? tls_record_kind[d - 1] : -1;
 }
 
