@@ -186,6 +186,7 @@ pub mod runs;
 mod stats;
 pub mod timeline;
 mod vars;
+mod workload;
 
 pub use cuda::CudaStats;
 pub use error::{Error, Result};

@@ -70,10 +70,10 @@ use crate::error::{Error, Result};
 use crate::phase::Phase;
 use crate::timeline::{IdleAtPeak, StepProfile};
 
+pub use crate::workload::Input;
 pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator, PoolState, SegmentState};
 pub use compare::{Comparison, Divergence};
 pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE, GENERIC_SM};
-pub(crate) use model::loss;
 pub use model::{Model, Segment};
 pub use options::{autocast_name, parse_autocast, Options, AUTOCAST_DTYPES};
 pub use plan::{allocator_candidates, breakdown, Config, Cost, Dominant, Plan, Plans, MAX_PLANS};
@@ -164,96 +164,6 @@ impl Mode {
             Mode::Train(o) => format!("train-{}", o.name()),
             Mode::Steps => "steps".to_string(),
         }
-    }
-}
-
-/// One input of the model: its shape (batch first) and dtype.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Input {
-    /// Sizes, the batch first.
-    pub shape: Vec<i64>,
-    /// Element type.
-    pub kind: Kind,
-}
-
-/// Dtype names accepted by [`Input::parse`].
-const DTYPES: [(&str, Kind); 12] = [
-    ("f32", Kind::Float),
-    ("float", Kind::Float),
-    ("float32", Kind::Float),
-    ("f16", Kind::Half),
-    ("half", Kind::Half),
-    ("float16", Kind::Half),
-    ("bf16", Kind::BFloat16),
-    ("bfloat16", Kind::BFloat16),
-    ("f64", Kind::Double),
-    ("i64", Kind::Int64),
-    ("int64", Kind::Int64),
-    ("i32", Kind::Int),
-];
-
-impl Input {
-    /// An input of `shape` (batch first) and `kind`.
-    pub fn new(shape: &[i64], kind: Kind) -> Input {
-        Input {
-            shape: shape.to_vec(),
-            kind,
-        }
-    }
-
-    /// Parses `1x3x224x224` (sizes separated by `x`, batch first) and an optional dtype
-    /// (`f32` by default; `f16`, `bf16`, `f64`, `i64`, `i32` and their long names).
-    pub fn parse(shape: &str, dtype: Option<&str>) -> Result<Input> {
-        let bad = |reason: String| Error::InvalidInput {
-            name: "input",
-            value: shape.to_string(),
-            reason,
-        };
-        let mut dims = Vec::new();
-        for part in shape.split(['x', 'X', ',']) {
-            let n: i64 = part.trim().parse().map_err(|_| {
-                bad(format!(
-                    "{part:?} is not a size (write the sizes separated by x, batch first: 1x3x224x224)"
-                ))
-            })?;
-            if n <= 0 {
-                return Err(bad(format!("size {n} must be positive")));
-            }
-            dims.push(n);
-        }
-        let kind = match dtype {
-            None => Kind::Float,
-            Some(d) => {
-                let lower = d.to_ascii_lowercase();
-                DTYPES
-                    .iter()
-                    .find(|(n, _)| *n == lower)
-                    .map(|(_, k)| *k)
-                    .ok_or_else(|| Error::InvalidInput {
-                        name: "dtype",
-                        value: d.to_string(),
-                        reason: format!("unknown; known: {}", DTYPES.map(|(n, _)| n).join(", ")),
-                    })?
-            }
-        };
-        Ok(Input { shape: dims, kind })
-    }
-
-    /// The same input at batch `b`.
-    pub fn with_batch(&self, b: i64) -> Input {
-        let mut shape = self.shape.clone();
-        if let Some(first) = shape.first_mut() {
-            *first = b;
-        }
-        Input {
-            shape,
-            kind: self.kind,
-        }
-    }
-
-    /// The batch (the first size).
-    pub fn batch(&self) -> i64 {
-        self.shape.first().copied().unwrap_or(1)
     }
 }
 

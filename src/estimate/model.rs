@@ -26,7 +26,7 @@ use crate::phase::Phase;
 use crate::program::Program;
 use crate::timeline::sites::SiteNames;
 use crate::timeline::{VarEntry, UNKNOWN_SITE};
-pub(crate) use dry_run::{loss, DryRun};
+pub(crate) use dry_run::DryRun;
 
 type ForwardFn = Box<dyn Fn(&[Tensor], bool) -> Tensor>;
 

@@ -25,7 +25,6 @@ use std::cmp::Ordering;
 use tch::Kind;
 
 use super::model::Analysis;
-use super::text::describe;
 use super::{AllocatorConfig, Estimate, Input, Mode, Model, Optimizer, Options};
 use crate::error::{Error, Result};
 
@@ -520,5 +519,63 @@ impl Model {
             skipped,
             as_is,
         })
+    }
+}
+
+/// `every segment`, `every 2nd segment`, `every 3rd segment`, `every 4th segment`, ...
+pub(super) fn every_segment(k: u32) -> String {
+    let suffix = match (k % 10, k % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    match k {
+        0 | 1 => "every segment".to_string(),
+        k => format!("every {k}{suffix} segment"),
+    }
+}
+
+/// The levers of a configuration, in words (`as is` for none).
+pub(super) fn describe(config: &Config, micro: i64, asked: Optimizer, cost: &Cost) -> String {
+    let words = lever_words(config, micro, asked, cost);
+    if words.is_empty() {
+        "as is".to_string()
+    } else {
+        words.join(", ")
+    }
+}
+
+pub(super) fn lever_words(
+    config: &Config,
+    micro: i64,
+    asked: Optimizer,
+    cost: &Cost,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(k) = cost.lower_precision {
+        out.push(format!("{} autocast", dtype_name(k)));
+    }
+    if let Some(k) = config.checkpoint {
+        out.push(format!("checkpoint {}", every_segment(k)));
+    } else if cost.zero_grad_moved {
+        out.push("gradients to none first".to_string());
+    }
+    if config.accumulate > 1 {
+        out.push(format!("{} x micro-batch {micro}", config.accumulate));
+    }
+    if config.optimizer != asked {
+        out.push(format!("optimizer {}", config.optimizer.name()));
+    }
+    out
+}
+
+/// `bf16`, `f16` or `f32`: a lower precision's short name.
+pub(super) fn dtype_name(k: Kind) -> &'static str {
+    match k {
+        Kind::BFloat16 => "bf16",
+        Kind::Half => "f16",
+        _ => "f32",
     }
 }

@@ -7,10 +7,10 @@ use std::fmt;
 
 use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 
-use tch::Kind;
-
 use super::gpu::CONTEXT_ALLOWANCE;
-use super::plan::{breakdown, Config, Cost, Dominant, Plan, THIN_MARGIN};
+use super::plan::{
+    breakdown, dtype_name, every_segment, lever_words, Cost, Dominant, Plan, THIN_MARGIN,
+};
 use super::{AllocatorConfig, Estimate, Fit, Mode, Optimizer, Options, Plans};
 use crate::format::bytes;
 use crate::names::MISSING;
@@ -327,21 +327,6 @@ impl Estimate {
     }
 }
 
-/// `every segment`, `every 2nd segment`, `every 3rd segment`, `every 4th segment`, ...
-pub(super) fn every_segment(k: u32) -> String {
-    let suffix = match (k % 10, k % 100) {
-        (_, 11..=13) => "th",
-        (1, _) => "st",
-        (2, _) => "nd",
-        (3, _) => "rd",
-        _ => "th",
-    };
-    match k {
-        0 | 1 => "every segment".to_string(),
-        k => format!("every {k}{suffix} segment"),
-    }
-}
-
 impl fmt::Display for Plans {
     /// The plans that fit as a table (cheapest first) and the code of the first; or,
     /// when none fits, the smallest peak reached and what dominates it.
@@ -525,43 +510,6 @@ impl Plan {
             }
         }
         out
-    }
-}
-
-/// The levers of a configuration, in words (`as is` for none).
-pub(super) fn describe(config: &Config, micro: i64, asked: Optimizer, cost: &Cost) -> String {
-    let words = lever_words(config, micro, asked, cost);
-    if words.is_empty() {
-        "as is".to_string()
-    } else {
-        words.join(", ")
-    }
-}
-
-fn lever_words(config: &Config, micro: i64, asked: Optimizer, cost: &Cost) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(k) = cost.lower_precision {
-        out.push(format!("{} autocast", dtype_name(k)));
-    }
-    if let Some(k) = config.checkpoint {
-        out.push(format!("checkpoint {}", every_segment(k)));
-    } else if cost.zero_grad_moved {
-        out.push("gradients to none first".to_string());
-    }
-    if config.accumulate > 1 {
-        out.push(format!("{} x micro-batch {micro}", config.accumulate));
-    }
-    if config.optimizer != asked {
-        out.push(format!("optimizer {}", config.optimizer.name()));
-    }
-    out
-}
-
-fn dtype_name(k: Kind) -> &'static str {
-    match k {
-        Kind::BFloat16 => "bf16",
-        Kind::Half => "f16",
-        _ => "f32",
     }
 }
 

@@ -97,8 +97,24 @@ pub(crate) fn phase(p: impl Into<u32>) -> Phase {
     }
 }
 
+/// `MpTlEvent`: one raw event of the step log or of the meta trace, decoded into an
+/// [`Event`](super::Event) before it leaves `ffi` (see memprof.h for the fields).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TlEvent {
+    pub kind: u8,
+    pub phase: u8,
+    pub device: u8,
+    pub pad: u8,
+    pub generation: u32,
+    pub op: i32,
+    pub aux: i32,
+    pub ptr: u64,
+    pub value: i64,
+}
+
 /// The raw event's kind, `None` for a kind this crate does not know (never written).
-fn kind_of(raw: &super::logs::TlEvent) -> Option<EventKind> {
+fn kind_of(raw: &TlEvent) -> Option<EventKind> {
     Some(match raw.kind {
         native::EV_ALLOC => EventKind::Alloc,
         native::EV_FREE => EventKind::Free,
@@ -117,7 +133,7 @@ fn kind_of(raw: &super::logs::TlEvent) -> Option<EventKind> {
 }
 
 /// Decodes raw events into `into` (cleared first), in order.
-pub(super) fn decode(raw: &[super::logs::TlEvent], into: &mut Vec<Event>) -> crate::Result<()> {
+pub(super) fn decode(raw: &[TlEvent], into: &mut Vec<Event>) -> crate::Result<()> {
     into.clear();
     into.try_reserve_exact(raw.len()).map_err(|e| {
         crate::Error::Native(format!(
@@ -142,7 +158,6 @@ pub(super) fn decode(raw: &[super::logs::TlEvent], into: &mut Vec<Event>) -> cra
 
 #[cfg(test)]
 mod tests {
-    use super::super::logs::TlEvent;
     use super::*;
 
     #[test]

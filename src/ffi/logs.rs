@@ -1,5 +1,6 @@
 //! The native logs (`logs.cpp`): the backward log, the step log, the memory history.
 
+use super::events::{decode, TlEvent};
 use super::{buffer, check};
 use crate::error::Result;
 
@@ -21,22 +22,6 @@ pub(crate) struct LogEvent {
     pub delta: i64,
     pub generation: u32,
     pub device: u32,
-}
-
-/// `MpTlEvent`: one raw event of the step log or of the meta trace, decoded into an
-/// [`Event`](super::Event) before it leaves `ffi` (see memprof.h for the fields).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct TlEvent {
-    pub kind: u8,
-    pub phase: u8,
-    pub device: u8,
-    pub pad: u8,
-    pub generation: u32,
-    pub op: i32,
-    pub aux: i32,
-    pub ptr: u64,
-    pub value: i64,
 }
 
 /// `MpSite`: the call stack of one allocation of the detailed step, innermost first.
@@ -110,7 +95,7 @@ pub(crate) fn read_timeline(into: &mut Vec<super::Event>) -> Result<bool> {
     // SAFETY: `raw` holds `n` initialised TlEvents; the callee copies at most `n`.
     check(unsafe { memprof_read_timeline(raw.as_mut_ptr(), n as u64, &mut total) })?;
     raw.truncate((total.min(h.capacity) as usize).min(n));
-    super::events::decode(&raw, into)?;
+    decode(&raw, into)?;
     Ok(total > h.capacity)
 }
 

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{catching, torch_message, Error, Result};
-use crate::estimate::Input;
 use crate::timeline::StepProfile;
+use crate::workload::{loss, Input};
 
 /// What [`profile_torchscript`] measured and wrote.
 #[derive(Debug, Clone)]
@@ -145,9 +145,8 @@ fn profile_step(
     let step = || -> Result<()> {
         let out = forward(&xs).map_err(|e| failed("the model's forward pass failed", e))?;
         if train {
-            let loss =
-                crate::estimate::loss(&out, |n| Ok(Tensor::zeros([n], (Kind::Int64, device))))
-                    .map_err(|e| failed("the loss failed", e))?;
+            let loss = loss(&out, |n| Ok(Tensor::zeros([n], (Kind::Int64, device))))
+                .map_err(|e| failed("the loss failed", e))?;
             catching(|| loss.backward()).map_err(|e| failed("the backward pass failed", e))?;
         }
         Ok(())

@@ -75,7 +75,7 @@ pub(crate) struct Program {
     graph: Graph,
     weights: Vec<Weight>,
     /// Graph inputs bound to constants of the signature (`constant_input`).
-    constant_inputs: HashMap<String, run::Val>,
+    constant_inputs: HashMap<String, symbolic::Val>,
     user_inputs: Vec<UserInput>,
     /// The first user output's graph value.
     output: String,
@@ -345,10 +345,10 @@ impl Program {
                 }
                 InputSpec::ConstantInput(c) => {
                     let v = match &c.value {
-                        schema::ConstantValue::AsNone(_) => run::Val::None,
-                        schema::ConstantValue::AsInt(i) => run::Val::Int(*i),
-                        schema::ConstantValue::AsFloat(f) => run::Val::Float(f.0),
-                        schema::ConstantValue::AsBool(b) => run::Val::Bool(*b),
+                        schema::ConstantValue::AsNone(_) => symbolic::Val::None,
+                        schema::ConstantValue::AsInt(i) => symbolic::Val::Int(*i),
+                        schema::ConstantValue::AsFloat(f) => symbolic::Val::Float(f.0),
+                        schema::ConstantValue::AsBool(b) => symbolic::Val::Bool(*b),
                         schema::ConstantValue::AsString(_) => {
                             return Err(fail(format!(
                                 "input {} is a string constant, which is not read",
@@ -612,12 +612,12 @@ impl Program {
         inputs: &[Tensor],
         device: &str,
     ) -> Result<Tensor> {
-        let mut env: HashMap<String, run::Val> = HashMap::new();
+        let mut env: HashMap<String, symbolic::Val> = HashMap::new();
         for (w, t) in self.weights.iter().zip(weights) {
-            env.insert(w.input.clone(), run::Val::Tensor(t.shallow_clone()));
+            env.insert(w.input.clone(), symbolic::Val::Tensor(t.shallow_clone()));
         }
         for (u, t) in self.user_inputs.iter().zip(inputs) {
-            env.insert(u.name.clone(), run::Val::Tensor(t.shallow_clone()));
+            env.insert(u.name.clone(), symbolic::Val::Tensor(t.shallow_clone()));
         }
         for (k, v) in &self.constant_inputs {
             env.insert(k.clone(), v.clone());
@@ -625,7 +625,7 @@ impl Program {
         let keep: HashSet<&str> = [self.output.as_str()].into_iter().collect();
         run::run_graph(&self.graph, &mut env, &keep, device)?;
         match env.remove(&self.output) {
-            Some(run::Val::Tensor(t)) => Ok(t),
+            Some(symbolic::Val::Tensor(t)) => Ok(t),
             _ => Err(Error::Native(format!(
                 "the program's output {} is not a tensor",
                 self.output

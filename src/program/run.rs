@@ -9,39 +9,10 @@ use std::collections::{HashMap, HashSet};
 use tch::Tensor;
 
 use super::schema::{Argument, Float, Graph, Node, OptionalTensorArgument, SymArgument};
-use super::symbolic::{is_symbolic, symbolic};
+use super::symbolic::{is_symbolic, symbolic, Val};
 use super::{c10_layout, c10_memory_format, c10_scalar_type};
 use crate::error::{torch_message, Error, Result};
 use crate::ffi::{self, Arg, Returned};
-
-/// A value of the graph.
-#[derive(Debug)]
-pub(crate) enum Val {
-    None,
-    Tensor(Tensor),
-    /// A list of tensors, some absent (`Tensor?[]`).
-    Tensors(Vec<Option<Tensor>>),
-    Int(i64),
-    Float(f64),
-    Bool(bool),
-}
-
-impl Clone for Val {
-    fn clone(&self) -> Val {
-        match self {
-            Val::None => Val::None,
-            Val::Tensor(t) => Val::Tensor(t.shallow_clone()),
-            Val::Tensors(ts) => Val::Tensors(
-                ts.iter()
-                    .map(|t| t.as_ref().map(Tensor::shallow_clone))
-                    .collect(),
-            ),
-            Val::Int(i) => Val::Int(*i),
-            Val::Float(f) => Val::Float(*f),
-            Val::Bool(b) => Val::Bool(*b),
-        }
-    }
-}
 
 /// Nodes that only check what the exporter assumed; the run skips them.
 const CHECKS: [&str; 6] = [

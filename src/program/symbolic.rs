@@ -2,8 +2,39 @@
 //! arithmetic it computes sizes with (`sym_size` then `_operator.mul`, `floordiv`,
 //! `torch.sym_max`, ...), evaluated as Python evaluates it.
 
-use super::run::Val;
+use tch::Tensor;
+
 use crate::error::{Error, Result};
+
+/// A value of the graph: a tensor (or a list of them), or one of the Python-level values
+/// the size arithmetic here computes with.
+#[derive(Debug)]
+pub(crate) enum Val {
+    None,
+    Tensor(Tensor),
+    /// A list of tensors, some absent (`Tensor?[]`).
+    Tensors(Vec<Option<Tensor>>),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+impl Clone for Val {
+    fn clone(&self) -> Val {
+        match self {
+            Val::None => Val::None,
+            Val::Tensor(t) => Val::Tensor(t.shallow_clone()),
+            Val::Tensors(ts) => Val::Tensors(
+                ts.iter()
+                    .map(|t| t.as_ref().map(Tensor::shallow_clone))
+                    .collect(),
+            ),
+            Val::Int(i) => Val::Int(*i),
+            Val::Float(f) => Val::Float(*f),
+            Val::Bool(b) => Val::Bool(*b),
+        }
+    }
+}
 
 /// Python-level targets the graph computes sizes with.
 const SYMBOLIC: [&str; 33] = [

@@ -7,7 +7,7 @@ use crate::format;
 use crate::names::MISSING;
 use crate::timeline::{IdleAtPeak, UNKNOWN_SITE};
 
-use super::terminal::{right, table};
+use super::{right, table};
 
 /// The section, or a line saying that nothing was idle.
 pub(crate) fn render_idle(idle: &IdleAtPeak, top: usize) -> String {

@@ -19,6 +19,9 @@ pub(crate) mod plot;
 pub(crate) mod snapshot;
 pub(crate) mod terminal;
 
+use comfy_table::presets::UTF8_FULL_CONDENSED;
+use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
+
 use crate::error::{Error, Result};
 use crate::leaks::LeakReport;
 use crate::oom::OomReport;
@@ -103,4 +106,17 @@ impl Reports {
     pub(crate) fn oom(&mut self, o: &OomReport) -> Vec<(&'static str, Error)> {
         self.each(|r| r.oom(o))
     }
+}
+
+/// A terminal table in the reports' style: condensed borders, wrapped to the terminal.
+pub(crate) fn table() -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic);
+    t
+}
+
+/// A right-aligned cell (numbers).
+pub(crate) fn right(text: String) -> Cell {
+    Cell::new(text).set_alignment(CellAlignment::Right)
 }

@@ -2,8 +2,7 @@
 
 use std::io::Write;
 
-use comfy_table::presets::UTF8_FULL_CONDENSED;
-use comfy_table::{Cell, CellAlignment, ColumnConstraint, ContentArrangement, Table, Width};
+use comfy_table::{Cell, ColumnConstraint, Width};
 
 use crate::error::Result;
 use crate::format;
@@ -12,7 +11,7 @@ use crate::oom::OomReport;
 use crate::stats::{EpochStats, IterationStats, VariableKind};
 use crate::timeline::{Category, StepKind, StepProfile};
 
-use super::Report;
+use super::{right, table, Report};
 
 /// Prints tables to standard output.
 pub(crate) struct TerminalReport {
@@ -58,17 +57,6 @@ pub(crate) fn write_stdout(text: &str) -> Result<()> {
             path: "<stdout>".into(),
             source,
         })
-}
-
-pub(super) fn table() -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED)
-        .set_content_arrangement(ContentArrangement::Dynamic);
-    t
-}
-
-pub(super) fn right(text: String) -> Cell {
-    Cell::new(text).set_alignment(CellAlignment::Right)
 }
 
 /// The terminal report of a step profile: the peak and its split, each category's

@@ -12,6 +12,7 @@ use crate::error::{catching, torch_message, Error, Result};
 use crate::estimate::{AttentionRuns, Input, Mode, Options};
 use crate::ffi::{self, native, Event, Mark, Target};
 use crate::optim::{meta_autocast, Checkpointed};
+use crate::workload::loss;
 
 /// `f` under the dry run's autocast in `dtype` with the op lists `list`, or plainly.
 fn autocasting<T>(dtype: Option<Kind>, list: i32, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -360,41 +361,6 @@ fn keep_sites(sites: bool) {
         if let Err(e) = ffi::meta_sites(true) {
             log::debug!("tch-memprof: the dry run keeps no allocation sites: {e}");
         }
-    }
-}
-
-/// The loss of a training step when the model is a file: cross-entropy against one
-/// class per row for a 2-D output (class scores), against one class per token for a 3-D
-/// output (a token model's `[batch, tokens, vocab]` logits, as a language model trains),
-/// the mean otherwise. `target(n)` makes
-/// `n` int64 class indices on the output's device. Used by the estimate's dry run and by
-/// a real profiled step of a TorchScript file, so both run the same step.
-pub(crate) fn loss(
-    out: &Tensor,
-    target: impl FnOnce(i64) -> Result<Tensor>,
-) -> std::result::Result<Tensor, String> {
-    if !matches!(
-        out.kind(),
-        Kind::Float | Kind::Half | Kind::BFloat16 | Kind::Double
-    ) {
-        return Err(format!(
-            "the model's output has dtype {:?}: training needs a floating-point output",
-            out.kind()
-        ));
-    }
-    if out.dim() == 2 {
-        let target = target(out.size()[0]).map_err(|e| e.to_string())?;
-        catching(|| out.cross_entropy_for_logits(&target))
-    } else if out.dim() == 3 {
-        let size = out.size();
-        let rows = size[0] * size[1];
-        let target = target(rows).map_err(|e| e.to_string())?;
-        catching(|| {
-            out.reshape([rows, size[2]])
-                .cross_entropy_for_logits(&target)
-        })
-    } else {
-        catching(|| out.mean(out.kind()))
     }
 }
 
