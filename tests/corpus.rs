@@ -28,9 +28,10 @@
 //!
 //! The coverage table is printed (`cargo test --test corpus -- --nocapture`).
 //!
-//! Exporting is the slow part (about 5 minutes a libtorch for the corpus and the
-//! held-out set on a 2-core machine), so their `.pt2` programs are kept in a cache
-//! (`scripts/corpus.py --cache`): beside the wheel's Python, or in
+//! Exporting and tracing are the slow part (about 5 minutes a libtorch for the
+//! programs of the corpus and the held-out set on a 2-core machine, and 2 more for
+//! their TorchScript files), so both are kept in a cache (`scripts/corpus.py
+//! --cache`, 3.3 GB a format and libtorch): beside the wheel's Python, or in
 //! `TCH_MEMPROF_CORPUS_CACHE` (`off`: export anew). An entry is reused only while
 //! the script, the Python, and the versions of torch and the corpus's packages are
 //! the same (a hash of them names it); the estimates always run.
@@ -124,9 +125,9 @@ fn trace(dir: &Path, set: Set, format: Format) -> Option<(Vec<Traced>, Untraced)
             corpus.arg("--full-size");
         }
     }
-    // The programs of the corpus and the held-out set (the full-size decoders' files
-    // are large and quick to make; TorchScript traces are quick).
-    if format == Format::Exported && set != Set::FullSize {
+    // The files of the corpus and the held-out set (the full-size decoders' files are
+    // large and quick to make).
+    if set != Set::FullSize {
         if let Some(cache) = corpus_cache(Path::new(&python)) {
             corpus.arg("--cache").arg(cache);
         }

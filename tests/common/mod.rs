@@ -149,11 +149,15 @@ pub fn gpu_not_run(what: &str) {
     let _ = writeln!(std::io::stderr(), "NOT RUN: {what}");
 }
 
-/// Runs the `tch-memprof` command with `args` (without `PYTORCH_CUDA_ALLOC_CONF`).
+/// Runs the `tch-memprof` command with `args` (without `PYTORCH_CUDA_ALLOC_CONF`), on
+/// one OpenMP thread: tests run two at a time and may run two commands each, and on a
+/// 2-core machine each command's spinning thread pool slowed the others (the corpus test
+/// took a quarter longer with the default pools).
 pub fn cli(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_tch-memprof"))
         .args(args)
         .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env("OMP_NUM_THREADS", "1")
         .output()
         .expect("runs tch-memprof")
 }
