@@ -61,8 +61,21 @@ pub(crate) struct HistEvent {
     pub size: i64,
     pub op: i32,
     pub layer: i32,
-    /// Microseconds (monotonic clock) << 8 | device slot.
-    pub time_dev: u64,
+    /// Microseconds (monotonic clock) << 8 | device slot: read through
+    /// [`HistEvent::time_us`] and [`HistEvent::device`].
+    pub(super) time_dev: u64,
+}
+
+impl HistEvent {
+    /// When it happened: microseconds of the monotonic clock.
+    pub(crate) fn time_us(&self) -> i64 {
+        (self.time_dev >> 8) as i64
+    }
+
+    /// The device slot it happened on (0: CPU, 1 + i: cuda:i).
+    pub(crate) fn device(&self) -> u8 {
+        (self.time_dev & 0xff) as u8
+    }
 }
 
 pub(crate) fn timeline_header() -> Result<TimelineHeader> {

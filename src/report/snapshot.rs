@@ -122,11 +122,8 @@ pub(crate) fn write(
         });
     }
     let mut trace = Vec::new();
-    for e in history
-        .iter()
-        .filter(|e| (e.time_dev & 0xff) as u8 == device_slot)
-    {
-        let time_us = (e.time_dev >> 8) as i64;
+    for e in history.iter().filter(|e| e.device() == device_slot) {
+        let time_us = e.time_us();
         let size = e.size.unsigned_abs();
         let frames = vec![frame(names, e.op, e.layer, 0)];
         if e.size >= 0 {
