@@ -10,19 +10,21 @@
 //! MemoryProfiler and call record_stats every step: core without leak hunting,
 //! profiled with the default settings (leak hunting on), timeline with the step
 //! timeline on as well (every op's inputs, every allocation logged, the peak step
-//! replayed).
+//! replayed); and a control, the baseline again in a process of its own: its ratio to
+//! the baseline is the bench's resolution in that run, what it cannot tell from no
+//! cost at all.
 //!
 //! **Interleaved step by step.** Each round starts one child of every mode; each builds
 //! its model, runs its warm-up steps and waits. The bench then has them take turns, one
 //! step each (a line on the child's stdin starts a step, the child answers with its
 //! time), in an order that rotates every step: a baseline step and a profiled step are
-//! at most three steps apart, so a slow phase of a shared machine hits every mode
+//! at most four steps apart, so a slow phase of a shared machine hits every mode
 //! alike (on a 2-core AMD EPYC, the baseline's round medians spread from 165.8 to
 //! 196.9 ms in one run, and every mode's moved with them). The children are new every
 //! round: where a process's memory falls moves its step time for the whole process
 //! (on that machine a mode's round median was up to 5% above or below its round's
 //! baseline, in either direction), so a mode's figure is taken over many processes:
-//! the defaults are many short rounds (30 of 10 steps, about 5 minutes there).
+//! the defaults are many short rounds (30 of 10 steps, about 6 minutes there).
 //!
 //! Three ratios to the baseline are printed side by side: of the medians of all timed
 //! steps, of the fastest rounds' medians, and the median of each step's ratio to the
@@ -110,9 +112,18 @@ enum Mode {
     Profiled,
     /// The default profiler with the step timeline.
     Timeline,
+    /// The baseline again, in a process of its own: two identical modes' ratio is what
+    /// the bench cannot tell from 1 in that run.
+    Control,
 }
 
-const MODES: [Mode; 4] = [Mode::Baseline, Mode::Core, Mode::Profiled, Mode::Timeline];
+const MODES: [Mode; 5] = [
+    Mode::Baseline,
+    Mode::Core,
+    Mode::Profiled,
+    Mode::Timeline,
+    Mode::Control,
+];
 
 impl Mode {
     fn name(self) -> &'static str {
@@ -121,6 +132,7 @@ impl Mode {
             Mode::Core => "core",
             Mode::Profiled => "profiled",
             Mode::Timeline => "timeline",
+            Mode::Control => "control",
         }
     }
 
@@ -130,6 +142,7 @@ impl Mode {
             Mode::Core => "profiler without leak hunting",
             Mode::Profiled => "profiler, default settings (leak hunting on)",
             Mode::Timeline => "profiler + step timeline",
+            Mode::Control => "control (the baseline again)",
         }
     }
 }
@@ -138,7 +151,7 @@ impl Mode {
 fn child(mode: Mode, steps: usize, dev: Device) {
     tch::set_num_threads(arg("--threads", 1) as i32);
     let (batch, image) = (arg("--batch", 8) as i64, arg("--image", 64) as i64);
-    let profiled = mode != Mode::Baseline;
+    let profiled = !matches!(mode, Mode::Baseline | Mode::Control);
     let vs = nn::VarStore::new(dev);
     let net = tch::vision::resnet::resnet18(&vs.root(), 10);
     let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
@@ -331,7 +344,7 @@ fn spawn(exe: &Path, mode: Mode, dev: Device) -> Child {
             cmd.env(k, v);
         }
     }
-    if mode == Mode::Baseline {
+    if matches!(mode, Mode::Baseline | Mode::Control) {
         cmd.env("TCH_MEMPROF_DISABLE", "1");
     }
     // stderr is the terminal's: a child's error shows as it happens.
