@@ -10,6 +10,9 @@
 # dependencies are built already; its profile is the package's, for the same reason.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+# A relative CARGO_TARGET_DIR is the caller's, not tests/downstream's.
+target="${CARGO_TARGET_DIR:-$root/target}"
+case "$target" in /*) ;; *) target="$PWD/$target" ;; esac
+export CARGO_TARGET_DIR="$target"
 cd "$root/tests/downstream"
 exec "$root/scripts/with-libtorch.sh" cargo run --locked --quiet
