@@ -203,19 +203,50 @@ fn native_sources(dir: &Path) -> Vec<PathBuf> {
 /// is newer than the source and than every header the compiler read for it (its `-MMD`
 /// list) and the compiler's command is the last build's: an edit to one file recompiles
 /// that file and the files that include what changed, not the whole layer against
-/// libtorch's headers. `NUM_JOBS` compilers at once. Returns every object.
+/// libtorch's headers. `NUM_JOBS` compilers at once, a new one as soon as one ends.
+/// With GCC, libtorch's headers are parsed once, into a precompiled header
+/// ([`PRECOMPILED`]) every source is compiled with: on a 2-core AMD EPYC a source that
+/// includes `ATen/ATen.h` took 12.1 s alone and 7.6 s with it, the TorchScript reader
+/// 17.6 s and 5.3 s (the header itself takes 19 s). Returns every object.
 fn compile_changed(build: &cc::Build, sources: &[PathBuf], out_dir: &Path) -> Vec<PathBuf> {
     let dir = out_dir.join("native");
     fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     let tool = build.get_compiler();
     let command = format!("{:?} {:?}", tool.path(), tool.args());
     let stamp = dir.join("command");
-    let same_command = fs::read_to_string(&stamp).is_ok_and(|c| c == command);
+    let mut same_command = fs::read_to_string(&stamp).is_ok_and(|c| c == command);
     let jobs: usize = env::var("NUM_JOBS")
         .ok()
         .and_then(|j| j.parse().ok())
         .unwrap_or(1)
         .max(1);
+    // GCC finds `H.gch` beside `H` when `-include H` names it, and uses it when it was
+    // made by the same compiler with the same options (else it reads `H` itself).
+    let precompiled = (tool.is_like_gnu() && !tool.is_like_clang()).then(|| {
+        let header = dir.join("precompiled.h");
+        let gch = dir.join("precompiled.h.gch");
+        let dep = dir.join("precompiled.h.d");
+        let text = PRECOMPILED
+            .iter()
+            .map(|h| format!("#include <{h}>\n"))
+            .collect::<String>();
+        if fs::read_to_string(&header).ok().as_deref() != Some(text.as_str()) {
+            fs::write(&header, text)
+                .unwrap_or_else(|e| panic!("writing {}: {e}", header.display()));
+        }
+        if !same_command || stale(&gch, &dep) {
+            let mut cmd = tool.to_command();
+            cmd.arg("-MMD").arg("-MF").arg(&dep);
+            cmd.args(["-x", "c++-header"])
+                .arg(&header)
+                .arg("-o")
+                .arg(gch.with_extension("gch.partial"));
+            run_to(cmd, &header, &gch, "gch.partial");
+            // Every source is compiled with it: all of them again.
+            same_command = false;
+        }
+        header
+    });
     let mut objects = Vec::new();
     let mut todo = Vec::new();
     for src in sources {
@@ -232,39 +263,92 @@ fn compile_changed(build: &cc::Build, sources: &[PathBuf], out_dir: &Path) -> Ve
         }
         objects.push(obj);
     }
-    for batch in todo.chunks(jobs) {
-        let running: Vec<_> = batch
-            .iter()
-            .map(|(src, obj, dep)| {
-                // Written under a temporary name and renamed once whole: a compile that
-                // is killed leaves no object that looks built.
-                let _ = fs::remove_file(obj);
-                let mut cmd = tool.to_command();
-                cmd.arg("-MMD").arg("-MF").arg(dep);
-                cmd.arg("-c")
-                    .arg(src)
-                    .arg("-o")
-                    .arg(obj.with_extension("o.partial"));
-                let child = cmd.spawn().unwrap_or_else(|e| {
-                    panic!("running the C++ compiler for {}: {e}", src.display())
-                });
-                (src, obj, child)
-            })
-            .collect();
-        for (src, obj, mut child) in running {
-            let ok = child.wait().is_ok_and(|s| s.success());
-            if !ok {
-                panic!(
-                    "tch-memprof: compiling {} failed (see above)",
-                    src.display()
-                );
+    let mut todo = todo.into_iter();
+    let mut running: Vec<(PathBuf, PathBuf, std::process::Child)> = Vec::new();
+    loop {
+        while running.len() < jobs {
+            let Some((src, obj, dep)) = todo.next() else {
+                break;
+            };
+            // Written under a temporary name and renamed once whole: a compile that is
+            // killed leaves no object that looks built.
+            let _ = fs::remove_file(&obj);
+            let mut cmd = tool.to_command();
+            if let Some(header) = &precompiled {
+                cmd.arg("-include").arg(header);
             }
-            fs::rename(obj.with_extension("o.partial"), obj)
-                .unwrap_or_else(|e| panic!("renaming {}: {e}", obj.display()));
+            cmd.arg("-MMD").arg("-MF").arg(&dep);
+            cmd.arg("-c")
+                .arg(&src)
+                .arg("-o")
+                .arg(obj.with_extension("o.partial"));
+            let child = cmd
+                .spawn()
+                .unwrap_or_else(|e| panic!("running the C++ compiler for {}: {e}", src.display()));
+            running.push((src, obj, child));
         }
+        if running.is_empty() {
+            break;
+        }
+        // The first compiler to end frees its slot.
+        let done = loop {
+            let ended = running
+                .iter_mut()
+                .position(|(_, _, child)| child.try_wait().map_or(true, |status| status.is_some()));
+            match ended {
+                Some(i) => break running.swap_remove(i),
+                None => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        };
+        let (src, obj, mut child) = done;
+        finish(child.wait(), &src, &obj, "o.partial");
     }
     fs::write(&stamp, command).unwrap_or_else(|e| panic!("writing {}: {e}", stamp.display()));
     objects
+}
+
+/// libtorch's headers most native sources include, precompiled once with GCC. A source
+/// still includes what it uses: other compilers build without this, and
+/// `scripts/native-syntax-check.sh` compiles each source on its own.
+const PRECOMPILED: &[&str] = &[
+    "ATen/ATen.h",
+    "ATen/record_function.h",
+    "ATen/core/dispatch/Dispatcher.h",
+    "torch/library.h",
+    "c10/core/CPUAllocator.h",
+    "algorithm",
+    "array",
+    "atomic",
+    "mutex",
+    "optional",
+    "string",
+    "vector",
+];
+
+/// Runs the compiler `cmd` for `src` to completion, then renames its output (`out` with
+/// the extension `partial`) to `out`; panics naming `src` if it failed.
+fn run_to(mut cmd: std::process::Command, src: &Path, out: &Path, partial: &str) {
+    match cmd.status() {
+        Ok(status) => finish(Ok(status), src, out, partial),
+        Err(e) => panic!("running the C++ compiler for {}: {e}", src.display()),
+    }
+}
+
+/// A compiler's end: its output renamed into place, or a panic naming `src`.
+fn finish(
+    status: std::io::Result<std::process::ExitStatus>,
+    src: &Path,
+    out: &Path,
+    partial: &str,
+) {
+    if !status.is_ok_and(|s| s.success()) {
+        panic!(
+            "tch-memprof: compiling {} failed (see above)",
+            src.display()
+        );
+    }
+    fs::rename(out.with_extension(partial), out)
+        .unwrap_or_else(|e| panic!("renaming {}: {e}", out.display()));
 }
 
 /// Whether `obj` must be compiled again: missing, or older than a file its dependency
