@@ -316,8 +316,20 @@ fn real_world_models_estimate_for_inference_and_training() {
 /// kept apart from the corpus the dry run was developed on): at least 95% of the
 /// TorchScript files and 90% of the exported programs estimate in each mode, and every
 /// refusal is one line, exit status 2.
+///
+/// It runs in the suite of the crate's own lock, not in the compat suite
+/// (`scripts/compat.sh`, which sets `TCH_MEMPROF_COMPAT`): the held-out set measures how
+/// far the estimate carries to models it was not developed on, which the corpus's
+/// programs, traced and exported by the other libtorch there, already check it can read.
 #[test]
 fn a_held_out_set_estimates_at_least_95_percent() {
+    if let Some(suite) = std::env::var_os("TCH_MEMPROF_COMPAT") {
+        eprintln!(
+            "NOT RUN in the compat suite ({}): the held-out set runs with the crate's own lock",
+            suite.to_string_lossy()
+        );
+        return;
+    }
     run_set(true);
 }
 
@@ -335,10 +347,14 @@ fn median(mut xs: Vec<f64>) -> f64 {
 fn run_set(held_out: bool) {
     let dir = tempfile::tempdir().unwrap();
     let set = if held_out { Set::HeldOut } else { Set::Corpus };
-    let Some((traced, untraced)) = trace(&dir.path().join("pt"), set, Format::TorchScript) else {
-        return;
-    };
-    let Some((exported, unexported)) = trace(&dir.path().join("pt2"), set, Format::Exported) else {
+    // The two formats are made at once (one Python process each): where the other set is
+    // not running beside this one, both cores work.
+    let (pt, pt2) = std::thread::scope(|s| {
+        let pt2 = s.spawn(|| trace(&dir.path().join("pt2"), set, Format::Exported));
+        let pt = trace(&dir.path().join("pt"), set, Format::TorchScript);
+        (pt, pt2.join().expect("exporting the programs"))
+    });
+    let (Some((traced, untraced)), Some((exported, unexported))) = (pt, pt2) else {
         return;
     };
     assert!(
