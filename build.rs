@@ -205,9 +205,10 @@ fn native_sources(dir: &Path) -> Vec<PathBuf> {
 /// that file and the files that include what changed, not the whole layer against
 /// libtorch's headers. `NUM_JOBS` compilers at once, a new one as soon as one ends.
 /// With GCC, libtorch's headers are parsed once, into a precompiled header
-/// ([`PRECOMPILED`]) every source is compiled with: on a 2-core AMD EPYC a source that
-/// includes `ATen/ATen.h` took 12.1 s alone and 7.6 s with it, the TorchScript reader
-/// 17.6 s and 5.3 s (the header itself takes 19 s). Returns every object.
+/// ([`PRECOMPILED`]) every source is compiled with. With both, the library's build took
+/// 109 s against 168 s before, on a 2-core AMD EPYC (`cargo clean --release -p
+/// tch-memprof`, then `time scripts/with-libtorch.sh cargo build --release --lib`).
+/// Returns every object.
 fn compile_changed(build: &cc::Build, sources: &[PathBuf], out_dir: &Path) -> Vec<PathBuf> {
     let dir = out_dir.join("native");
     fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
@@ -222,7 +223,7 @@ fn compile_changed(build: &cc::Build, sources: &[PathBuf], out_dir: &Path) -> Ve
         .max(1);
     // GCC finds `H.gch` beside `H` when `-include H` names it, and uses it when it was
     // made by the same compiler with the same options (else it reads `H` itself).
-    let precompiled = (tool.is_like_gnu() && !tool.is_like_clang()).then(|| {
+    let precompiled = tool.is_like_gnu().then(|| {
         let header = dir.join("precompiled.h");
         let gch = dir.join("precompiled.h.gch");
         let dep = dir.join("precompiled.h.d");
