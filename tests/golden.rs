@@ -1,0 +1,307 @@
+//! Golden files of what the CLI prints and writes: `estimate` (terminal, CSV, the
+//! predicted step's files), `plan` (terminal, CSV) and `replay` of a real PyTorch
+//! snapshot, each held byte for byte to its snapshot in `tests/snapshots/` (insta). A
+//! change to the code that prints them must leave them as they are, or change the
+//! snapshot in the same commit, where the diff shows what a user will see differently.
+//!
+//! What varies from run to run is filtered out before the comparison: the dry run's
+//! wall time in the estimate's table and the process's resident memory.
+//!
+//! The snapshots were made with PyTorch 2.11's libtorch; under another (the compat
+//! suite) a dry run may take other kernels' sizes, so they are held under 2.11 only, and
+//! the test says NOT RUN otherwise.
+//!
+//! After a deliberate change: `INSTA_UPDATE=always scripts/with-libtorch.sh cargo test
+//! --test golden`, then read the diff of `tests/snapshots/` before committing it
+//! (`cargo insta review` does the same, where cargo-insta is installed).
+
+mod common;
+
+use std::path::Path;
+
+/// The run-to-run variation of the outputs, as insta filters: (pattern, replacement).
+const FILTERS: &[(&str, &str)] = &[
+    // The estimate table's time column: the dry run's wall time (its padding with it;
+    // a run of 10 s or more would widen the column and still differ).
+    (r" +\d+\.\d\d s ([┆│])", " [time] $1"),
+    (
+        r"This estimate's host memory: [0-9.]+ [KMG]?i?B",
+        "This estimate's host memory: [rss]",
+    ),
+];
+
+/// `tch-memprof ARGS`: its standard output, which must succeed.
+fn run(args: &[&str]) -> String {
+    let out = common::cli(args);
+    assert!(
+        out.status.success(),
+        "tch-memprof {}: {}",
+        args.join(" "),
+        common::text(&out.stderr)
+    );
+    common::text(&out.stdout)
+}
+
+/// Holds `text` to the snapshot `name`, the run's variation filtered out (under the
+/// libtorch the snapshots were made with; see [`made_with_this_libtorch`]).
+fn golden(name: &str, args: &[&str], text: &str) {
+    if !made_with_this_libtorch() {
+        return;
+    }
+    let mut settings = insta::Settings::clone_current();
+    for (pattern, replacement) in FILTERS {
+        settings.add_filter(pattern, *replacement);
+    }
+    settings.set_description(format!("tch-memprof {}", args.join(" ")));
+    settings.set_omit_expression(true);
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| insta::assert_snapshot!(name, text));
+}
+
+/// Whether this libtorch is the one the snapshots were made with (2.11); says NOT RUN
+/// once otherwise. Not a failure under CI: the compat suite runs another libtorch on
+/// purpose, and the commands still run (and must succeed) there.
+fn made_with_this_libtorch() -> bool {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let version = std::env::var("TCH_MEMPROF_TORCH_VERSION").unwrap_or_default();
+    let same = version.starts_with("2.11.");
+    if !same {
+        SAID.call_once(|| {
+            eprintln!(
+                "NOT RUN: the golden files were made with libtorch 2.11; this one is \
+                 {version:?} (the test runs under scripts/with-libtorch.sh with tch 0.24)"
+            )
+        });
+    }
+    same
+}
+
+/// A command's standard output held to its snapshot.
+fn golden_stdout(name: &str, args: &[&str]) {
+    golden(name, args, &run(args));
+}
+
+#[test]
+fn estimate_terminal_output() {
+    golden_stdout(
+        "estimate_resnet18_train",
+        &[
+            "estimate", "--model", "resnet18", "--train", "--gpu", "h100",
+        ],
+    );
+    golden_stdout(
+        "estimate_gpt2_batches_memory",
+        &[
+            "estimate",
+            "--model",
+            "gpt2",
+            "--input",
+            "1x256",
+            "--batch-sizes",
+            "1,4",
+            "--train",
+            "--autocast",
+            "bf16",
+            "--memory",
+            "rtx4090",
+        ],
+    );
+    golden_stdout(
+        "estimate_vit_inference_all_idle",
+        &[
+            "estimate",
+            "--model",
+            "vit-b16",
+            "--gpu",
+            "a100-80gb",
+            "--all-idle",
+            "--top",
+            "3",
+        ],
+    );
+    golden_stdout(
+        "estimate_bert_checkpoint",
+        &[
+            "estimate",
+            "--model",
+            "bert-base",
+            "--input",
+            "2x128",
+            "--train",
+            "--optimizer",
+            "sgd-momentum",
+            "--checkpoint",
+            "2",
+            "--gpu",
+            "h200",
+        ],
+    );
+}
+
+#[test]
+fn estimate_csv() {
+    golden_stdout(
+        "estimate_csv_bert_batches",
+        &[
+            "estimate",
+            "--model",
+            "bert-base",
+            "--input",
+            "1x128",
+            "--batch-sizes",
+            "1,8",
+            "--memory",
+            "24GB",
+            "--csv",
+        ],
+    );
+    golden_stdout(
+        "estimate_csv_resnet50_train",
+        &[
+            "estimate",
+            "--model",
+            "resnet50",
+            "--train",
+            "--optimizer",
+            "adam",
+            "--gpu",
+            "h200",
+            "--csv",
+        ],
+    );
+}
+
+#[test]
+fn estimate_output_dir_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let args = [
+        "estimate",
+        "--model",
+        "alexnet",
+        "--input",
+        "2x3x224x224",
+        "--train",
+        "--gpu",
+        "h100",
+        "--output-dir",
+        out,
+    ];
+    run(&args);
+    // The plots are pictures of the same numbers (tests/timeline_files.rs checks them).
+    for file in ["summary.txt", "timeline.csv", "layers.csv", "idle.csv"] {
+        let text = std::fs::read_to_string(Path::new(out).join(file)).unwrap();
+        golden(&format!("estimate_output_dir_{file}"), &args[..9], &text);
+    }
+}
+
+#[test]
+fn plan_output() {
+    golden_stdout(
+        "plan_gpt2",
+        &[
+            "plan", "--model", "gpt2", "--memory", "24GB", "--input", "8x1024",
+        ],
+    );
+    golden_stdout(
+        "plan_gpt2_csv",
+        &[
+            "plan", "--model", "gpt2", "--memory", "24GB", "--input", "8x1024", "--csv",
+        ],
+    );
+    golden_stdout(
+        "plan_resnet50_h100",
+        &[
+            "plan", "--model", "resnet50", "--memory", "h100", "--batch", "256",
+        ],
+    );
+}
+
+#[test]
+fn replay_of_a_pytorch_snapshot() {
+    let snapshot = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/gpu-truth/h200-2026-11-26/leak-graph.allocator-snapshot.pickle");
+    let path = snapshot.to_str().unwrap();
+    let text = run(&["replay", path]);
+    // The path as the tests name it, not this checkout's.
+    let text = text.replace(env!("CARGO_MANIFEST_DIR"), "<repo>");
+    golden("replay_leak_graph", &["replay", "<snapshot>"], &text);
+}
+
+/// What varies from run to run in the profiler's CSV files, as columns or as the keys
+/// of the run file's key,value rows: when a row was written or the run started, the
+/// process's resident memory (the test's, not the model's), and the versions.
+const VARYING: &[&str] = &[
+    "timestamp",
+    "resident_bytes",
+    "peak_resident_bytes",
+    "started",
+    "libtorch",
+    "tch_memprof",
+];
+
+/// A CSV file with what [`VARYING`] names blanked.
+fn steady_csv(path: &Path) -> String {
+    let mut r = csv::Reader::from_path(path).unwrap();
+    let header = r.headers().unwrap().clone();
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(&header).unwrap();
+    for row in r.records() {
+        let row = row.unwrap();
+        let varying_key = header.get(0) == Some("key") && VARYING.contains(&&row[0]);
+        let cells = header.iter().zip(row.iter()).map(|(h, v)| {
+            if VARYING.contains(&h) || varying_key && h == "value" {
+                "-"
+            } else {
+                v
+            }
+        });
+        w.write_record(cells).unwrap();
+    }
+    String::from_utf8(w.into_inner().unwrap()).unwrap()
+}
+
+/// A profiled run's CSV files: the reference MLP trained with Adam on the CPU, two
+/// epochs of two iterations, every CSV the profiler writes (the wide per-variable one
+/// included).
+#[test]
+fn profiled_run_csv_files() {
+    use tch::nn::OptimizerConfig;
+    let _guard = common::serial();
+    tch::manual_seed(0);
+    let dir = tempfile::tempdir().unwrap();
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let net = common::mlp(&vs);
+    let mut opt = tch::nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let mut profiler = tch_memprof::MemoryProfiler::builder(&vs)
+        .print(false)
+        .csv(true)
+        .csv_dir(dir.path())
+        .wide_csv(true)
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        for _ in 0..2 {
+            common::train_step(&net, &mut opt);
+            profiler.record_stats();
+        }
+        profiler.epoch_end();
+    }
+    assert_eq!(profiler.failures(), 0);
+    drop(profiler);
+    let mut paths: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    paths.sort();
+    for path in paths {
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        // The files are named after the run (its start time): the part after it.
+        let kind = name.split_once('_').map_or(name.as_str(), |(_, k)| k);
+        golden(
+            &format!("profiled_{kind}"),
+            &["(profiled MLP, CPU)"],
+            &steady_csv(&path),
+        );
+    }
+}
