@@ -347,25 +347,26 @@ impl Model {
         self.chain.as_ref().map(|c| c.segments())
     }
 
-    /// A built-in model by name ([`models::BUILTIN`]), 1000 classes.
+    /// A built-in model by name ([`models::BUILTINS`]), 1000 classes.
     /// Built on the meta device ([`Model::build_on_meta`]): no host memory.
     pub fn builtin(name: &str) -> Result<Model> {
-        models::check(name)?;
-        let label = name.to_string();
-        let (vs, chain, weights) = meta_build(|p| models::build_chain(name, p, 1000))?;
-        // Not the user's code: no sites (they would point into this crate).
-        let mut model = match chain? {
-            Some(chain) => Model::chained(vs, Rc::from(chain), weights),
-            None => {
-                drop((vs, weights));
-                let name_owned = name.to_string();
-                Model::build_on_meta(move |p| {
-                    Boxed(models::build(&name_owned, p, 1000).expect("a known built-in model"))
-                })?
+        let builtin = models::builtin(name)?;
+        let (vs, built, weights) = meta_build(|p| (builtin.build)(p, 1000))?;
+        let mut model = match built {
+            models::Built::Chain(chain) => {
+                let chain: Box<dyn models::Chain> = chain;
+                Model::chained(vs, Rc::from(chain), weights)
             }
+            models::Built::Module(module) => Model::code(
+                vs,
+                Box::new(move |xs, train| module.forward_t(&xs[0], train)),
+                weights,
+                None,
+            ),
         };
+        // Not the user's code: no sites (they would point into this crate).
         model.user_code = false;
-        Ok(model.with_label(label))
+        Ok(model.with_label(name.to_string()))
     }
 
     /// Bytes of the model's variables.
@@ -629,16 +630,6 @@ impl Model {
             &mut Names::default(),
             peaks,
         ))
-    }
-}
-
-/// A boxed module as a module.
-#[derive(Debug)]
-struct Boxed(Box<dyn nn::ModuleT>);
-
-impl nn::ModuleT for Boxed {
-    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
-        self.0.forward_t(xs, train)
     }
 }
 

@@ -20,10 +20,8 @@ pub struct EstimateArgs {
     /// file (torch.jit.trace or torch.jit.script, saved with .save()).
     #[arg(required_unless_present = "model", conflicts_with = "model")]
     path: Option<PathBuf>,
-    /// A built-in model instead of a file: alexnet, mobilenet_v3_small, resnet18,
-    /// resnet50, resnet101, resnet152, vgg16, vit-b16, bert-base, gpt2, gpt2-medium,
-    /// llama3.2-1b, llama3-8b.
-    #[arg(long)]
+    /// A built-in model instead of a file (the names: models::BUILTIN).
+    #[arg(long, help = builtin_help())]
     model: Option<String>,
     /// An input shape, batch first (1x3x224x224), with an optional dtype after a colon
     /// (8x128:i64); once per input of the model. Built-in models default to 1x3x224x224 (images) or 1x1024:i64 (tokens; BERT
@@ -113,6 +111,14 @@ pub struct EstimateArgs {
     /// Layers listed in the anatomy of the predicted step (0: none).
     #[arg(long, default_value_t = 5)]
     top: usize,
+}
+
+/// `--model`'s help: the built-in models' names.
+fn builtin_help() -> String {
+    format!(
+        "A built-in model instead of a file: {}",
+        models::BUILTIN.join(", ")
+    )
 }
 
 pub fn run(a: &EstimateArgs) -> ExitCode {

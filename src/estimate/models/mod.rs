@@ -36,32 +36,141 @@ pub use mobilenet::{mobilenet_v3_small, MobileNetV3};
 pub use resnet::{resnet101, resnet152, resnet18, resnet50, ResNet};
 pub use vit::{vit_b16, Vit};
 
-/// Names of the built-in models, as `tch-memprof estimate --model` takes them.
-pub const BUILTIN: [&str; 13] = [
-    "alexnet",
-    "mobilenet_v3_small",
-    "resnet18",
-    "resnet50",
-    "resnet101",
-    "resnet152",
-    "vgg16",
-    "vit-b16",
-    "bert-base",
-    "gpt2",
-    "gpt2-medium",
-    "llama3.2-1b",
-    "llama3-8b",
+/// A built-in model: its name as `tch-memprof estimate --model` takes it, the input it
+/// takes when none is given, and how it is built. [`BUILTINS`] is the one list of
+/// them: the names, the default inputs, the builders and the CLI's help come from it.
+pub struct Builtin {
+    /// The name `--model` takes.
+    pub name: &'static str,
+    /// The input it takes when none is given: one 224x224 RGB image for the vision
+    /// models, int64 token ids for the language models (BERT: 1x512; GPT-2 and Llama:
+    /// 1x1024, GPT-2's whole context).
+    pub default_input: (&'static [i64], Kind),
+    /// Builds it on a path, the image models with the number of classes given (the
+    /// language models end in their vocabulary, BERT in its pooled output).
+    pub build: fn(&nn::Path, i64) -> Built,
+}
+
+/// A built-in model as built: a chain of segments, which activation checkpointing
+/// takes, or a module without one (AlexNet, VGG-16, MobileNet v3).
+pub enum Built {
+    /// A chain of segments, also a module.
+    Chain(Box<dyn ChainModule>),
+    /// A module only.
+    Module(Box<dyn nn::ModuleT>),
+}
+
+impl Built {
+    /// The model as a module, chain or not.
+    pub fn into_module(self) -> Box<dyn nn::ModuleT> {
+        match self {
+            Built::Chain(c) => c,
+            Built::Module(m) => m,
+        }
+    }
+}
+
+/// A chain of segments that is also a module: what the built-in chains are.
+pub trait ChainModule: Chain + nn::ModuleT {}
+impl<T: Chain + nn::ModuleT> ChainModule for T {}
+
+const IMAGE: (&[i64], Kind) = (&[1, 3, 224, 224], Kind::Float);
+const TOKENS: (&[i64], Kind) = (&[1, 1024], Kind::Int64);
+
+/// Every built-in model, in the order the CLI's help lists them.
+pub const BUILTINS: [Builtin; 13] = [
+    Builtin {
+        name: "alexnet",
+        default_input: IMAGE,
+        build: |p, n| Built::Module(Box::new(alexnet(p, n))),
+    },
+    Builtin {
+        name: "mobilenet_v3_small",
+        default_input: IMAGE,
+        build: |p, n| Built::Module(Box::new(mobilenet_v3_small(p, n))),
+    },
+    Builtin {
+        name: "resnet18",
+        default_input: IMAGE,
+        build: |p, n| Built::Chain(Box::new(resnet18(p, n))),
+    },
+    Builtin {
+        name: "resnet50",
+        default_input: IMAGE,
+        build: |p, n| Built::Chain(Box::new(resnet50(p, n))),
+    },
+    Builtin {
+        name: "resnet101",
+        default_input: IMAGE,
+        build: |p, n| Built::Chain(Box::new(resnet101(p, n))),
+    },
+    Builtin {
+        name: "resnet152",
+        default_input: IMAGE,
+        build: |p, n| Built::Chain(Box::new(resnet152(p, n))),
+    },
+    Builtin {
+        name: "vgg16",
+        default_input: IMAGE,
+        build: |p, n| Built::Module(Box::new(vgg16(p, n))),
+    },
+    Builtin {
+        name: "vit-b16",
+        default_input: IMAGE,
+        build: |p, n| Built::Chain(Box::new(vit_b16(p, n))),
+    },
+    Builtin {
+        name: "bert-base",
+        default_input: (&[1, 512], Kind::Int64),
+        build: |p, _| Built::Chain(Box::new(bert_base(p))),
+    },
+    Builtin {
+        name: "gpt2",
+        default_input: TOKENS,
+        build: |p, _| Built::Chain(Box::new(gpt2(p))),
+    },
+    Builtin {
+        name: "gpt2-medium",
+        default_input: TOKENS,
+        build: |p, _| Built::Chain(Box::new(gpt2_medium(p))),
+    },
+    Builtin {
+        name: "llama3.2-1b",
+        default_input: TOKENS,
+        build: |p, _| Built::Chain(Box::new(llama3_2_1b(p))),
+    },
+    Builtin {
+        name: "llama3-8b",
+        default_input: TOKENS,
+        build: |p, _| Built::Chain(Box::new(llama3_8b(p))),
+    },
 ];
 
-/// The input a built-in model takes when none is given: one 224x224 RGB image for the
-/// vision models, 1x512 int64 token ids for BERT, 1x1024 for GPT-2 and Llama (GPT-2's
-/// whole context).
-pub fn default_input(name: &str) -> Input {
-    match name {
-        "bert-base" => Input::new(&[1, 512], Kind::Int64),
-        "gpt2" | "gpt2-medium" | "llama3.2-1b" | "llama3-8b" => Input::new(&[1, 1024], Kind::Int64),
-        _ => Input::new(&[1, 3, 224, 224], Kind::Float),
+/// Names of the built-in models, as `tch-memprof estimate --model` takes them (those
+/// of [`BUILTINS`], in its order).
+pub const BUILTIN: [&str; BUILTINS.len()] = {
+    let mut names = [""; BUILTINS.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = BUILTINS[i].name;
+        i += 1;
     }
+    names
+};
+
+/// The built-in model `name`, or the error that lists the known ones.
+pub fn builtin(name: &str) -> Result<&'static Builtin> {
+    BUILTINS
+        .iter()
+        .find(|b| b.name == name)
+        .ok_or_else(|| unknown(name))
+}
+
+/// The input a built-in model takes when none is given ([`Builtin::default_input`];
+/// an image for a name not among them).
+pub fn default_input(name: &str) -> Input {
+    let (shape, kind) = builtin(name).map_or(IMAGE, |b| b.default_input);
+    Input::new(shape, kind)
 }
 
 /// A model that runs as a chain of segments, each one tensor in and one out (the
@@ -87,53 +196,10 @@ pub fn run_chain<C: Chain + ?Sized>(chain: &C, x: &Tensor, train: bool) -> Tenso
     h
 }
 
-/// The built-in model `name` as a chain of segments, on `p` (`None` for the models
-/// without one: AlexNet, VGG-16, MobileNet v3).
-pub fn build_chain(name: &str, p: &nn::Path, num_classes: i64) -> Result<Option<Box<dyn Chain>>> {
-    check(name)?;
-    Ok(Some(match name {
-        "resnet18" => Box::new(resnet18(p, num_classes)),
-        "resnet50" => Box::new(resnet50(p, num_classes)),
-        "resnet101" => Box::new(resnet101(p, num_classes)),
-        "resnet152" => Box::new(resnet152(p, num_classes)),
-        "vit-b16" => Box::new(vit_b16(p, num_classes)),
-        "bert-base" => Box::new(bert_base(p)),
-        "gpt2" => Box::new(gpt2(p)),
-        "gpt2-medium" => Box::new(gpt2_medium(p)),
-        "llama3.2-1b" => Box::new(llama3_2_1b(p)),
-        "llama3-8b" => Box::new(llama3_8b(p)),
-        _ => return Ok(None),
-    }))
-}
-
 /// Builds the built-in model `name` on `p`; the image models with `num_classes`
 /// outputs (the language models end in their vocabulary, BERT in its pooled output).
 pub fn build(name: &str, p: &nn::Path, num_classes: i64) -> Result<Box<dyn nn::ModuleT>> {
-    Ok(match name {
-        "alexnet" => Box::new(alexnet(p, num_classes)),
-        "mobilenet_v3_small" => Box::new(mobilenet_v3_small(p, num_classes)),
-        "resnet18" => Box::new(resnet18(p, num_classes)),
-        "resnet50" => Box::new(resnet50(p, num_classes)),
-        "resnet101" => Box::new(resnet101(p, num_classes)),
-        "resnet152" => Box::new(resnet152(p, num_classes)),
-        "vgg16" => Box::new(vgg16(p, num_classes)),
-        "vit-b16" => Box::new(vit_b16(p, num_classes)),
-        "bert-base" => Box::new(bert_base(p)),
-        "gpt2" => Box::new(gpt2(p)),
-        "gpt2-medium" => Box::new(gpt2_medium(p)),
-        "llama3.2-1b" => Box::new(llama3_2_1b(p)),
-        "llama3-8b" => Box::new(llama3_8b(p)),
-        other => return Err(unknown(other)),
-    })
-}
-
-/// `Ok` for a name in [`BUILTIN`], else the error that lists the known ones.
-pub fn check(name: &str) -> Result<()> {
-    if BUILTIN.contains(&name) {
-        Ok(())
-    } else {
-        Err(unknown(name))
-    }
+    Ok((builtin(name)?.build)(p, num_classes).into_module())
 }
 
 fn unknown(name: &str) -> Error {
