@@ -6,28 +6,18 @@ use std::process::ExitCode;
 use clap::Args;
 use tch_memprof::estimate::recorded::Recording;
 use tch_memprof::estimate::{
-    anatomy, budget_line, gpu_memory, models, parse_autocast, peak_lines_with, table,
-    AllocatorConfig, Attention, Estimate, Gpu, Input, Mode, Model, Optimizer, Options,
-    NOT_MODELLED,
+    anatomy, budget_line, parse_autocast, peak_lines_with, table, AllocatorConfig, Attention,
+    Estimate, Input, Mode, Optimizer, Options, NOT_MODELLED,
 };
 
-use crate::{fail, parse_inputs};
+use crate::fail;
+use crate::model_args::{gpu_and_memory, ModelArgs};
 
 /// Arguments of `tch-memprof estimate`.
 #[derive(Args, Debug)]
 pub struct EstimateArgs {
-    /// A model file: an exported program (.pt2, from torch.export.save) or a TorchScript
-    /// file (torch.jit.trace or torch.jit.script, saved with .save()).
-    #[arg(required_unless_present = "model", conflicts_with = "model")]
-    path: Option<PathBuf>,
-    /// A built-in model instead of a file (the names: models::BUILTIN).
-    #[arg(long, help = builtin_help())]
-    model: Option<String>,
-    /// An input shape, batch first (1x3x224x224), with an optional dtype after a colon
-    /// (8x128:i64); once per input of the model. Built-in models default to 1x3x224x224 (images) or 1x1024:i64 (tokens; BERT
-    /// 1x512:i64).
-    #[arg(long = "input")]
-    inputs: Vec<String>,
+    #[command(flatten)]
+    target: ModelArgs,
     /// Estimate one training step (forward, loss, backward, optimizer step) instead of
     /// inference. The loss is cross-entropy for a 2-D output (per row) or a 3-D one (per
     /// token), the mean otherwise.
@@ -113,14 +103,6 @@ pub struct EstimateArgs {
     top: usize,
 }
 
-/// `--model`'s help: the built-in models' names.
-fn builtin_help() -> String {
-    format!(
-        "A built-in model instead of a file: {}",
-        models::BUILTIN.join(", ")
-    )
-}
-
 pub fn run(a: &EstimateArgs) -> ExitCode {
     let mode = if a.train {
         match Optimizer::parse(&a.optimizer) {
@@ -141,7 +123,7 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         Ok(k) => k,
         Err(e) => return fail(e),
     };
-    let mut inputs = match parse_inputs(&a.inputs) {
+    let mut inputs = match a.target.inputs() {
         Ok(i) => i,
         Err(e) => return fail(e),
     };
@@ -167,12 +149,7 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
     if let Err(e) = options.validate(mode) {
         return fail(e);
     }
-    let model = match load_model(
-        a.path.as_deref(),
-        a.model.as_deref(),
-        &mut inputs,
-        &a.inputs,
-    ) {
+    let model = match a.target.load(&mut inputs) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -289,119 +266,6 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         print!("{}", c.text(a.top.max(1)));
     }
     ExitCode::SUCCESS
-}
-
-/// The GPU of `--gpu` (default: a generic one before Hopper) and the budget of
-/// `--memory` (a size or a GPU name, which also names the GPU when `--gpu` is not given).
-pub(crate) fn gpu_and_memory(
-    gpu: Option<&str>,
-    memory: Option<&str>,
-) -> Result<(Gpu, Option<u64>), String> {
-    let mut chosen = gpu
-        .map(Gpu::named)
-        .transpose()
-        .map_err(|e| e.to_string())?
-        .unwrap_or_else(Gpu::generic);
-    let budget = match memory {
-        None => None,
-        Some(m) => {
-            let (size, named) = gpu_memory(m).map_err(|e| e.to_string())?;
-            if let (Some(g), None) = (named, gpu) {
-                chosen = g;
-            }
-            Some(size)
-        }
-    };
-    Ok((chosen, budget))
-}
-
-/// What to say when a TorchScript file is given no `--input`: the input to try, from
-/// what the model does with its first input.
-pub(crate) fn missing_input(path: &std::path::Path, m: &Model) -> String {
-    let hint = match m.suggested_input() {
-        Some(s) if s.contains(":i64") => format!("it takes token ids: --input {s}"),
-        Some(s) => format!("it takes images: --input {s}"),
-        None => "--input 1x3x224x224 for images, --input 1x128:i64 for token ids".to_string(),
-    };
-    format!(
-        "{}: give the model's input shape with --input, batch first ({hint})",
-        path.display()
-    )
-}
-
-/// The model of a file (an exported program or a TorchScript file) or of `--model
-/// NAME`. A built-in's default input is added when `inputs` is empty; a TorchScript file
-/// needs one; an exported program takes its exported shape when none is given (if it
-/// has no dynamic dimension), and its inputs' dtypes where `specs` (the `--input`
-/// values) name none.
-pub(crate) fn load_model(
-    path: Option<&std::path::Path>,
-    model: Option<&str>,
-    inputs: &mut Vec<Input>,
-    specs: &[String],
-) -> Result<Model, String> {
-    let m = match (path, model) {
-        (Some(p), _) => {
-            let m = Model::from_file(p).map_err(|e| e.to_string())?;
-            if m.exported_inputs().is_none() && inputs.is_empty() {
-                return Err(missing_input(p, &m));
-            }
-            program_inputs(p, &m, inputs, specs)?;
-            Ok(m)
-        }
-        (None, Some(name)) => {
-            let default = models::default_input(name);
-            if inputs.is_empty() {
-                inputs.push(default);
-            } else {
-                // A shape without a dtype takes the model's own: token ids (int64) for
-                // the built-in transformers, float images for the rest.
-                for (input, spec) in inputs.iter_mut().zip(specs) {
-                    if !spec.contains(':') {
-                        input.kind = default.kind;
-                    }
-                }
-            }
-            Model::builtin(name)
-        }
-        (None, None) => {
-            return Err("give a model file (.pt2 or TorchScript) or --model NAME".into())
-        }
-    };
-    m.map_err(|e| e.to_string())
-}
-
-/// For an exported program: its exported shapes when `inputs` is empty (an error if it
-/// has dynamic dimensions), and its inputs' dtypes where `specs` (the `--input` values)
-/// name none. Nothing for other models.
-pub(crate) fn program_inputs(
-    p: &std::path::Path,
-    m: &Model,
-    inputs: &mut Vec<Input>,
-    specs: &[String],
-) -> Result<(), String> {
-    let Some(exported) = m.exported_inputs() else {
-        return Ok(());
-    };
-    if inputs.is_empty() {
-        for (sizes, kind) in &exported {
-            let shape: Option<Vec<i64>> = sizes.iter().copied().collect();
-            let Some(shape) = shape else {
-                return Err(format!(
-                    "{}: the program has dynamic dimensions: give its input shapes with --input",
-                    p.display()
-                ));
-            };
-            inputs.push(Input { shape, kind: *kind });
-        }
-        return Ok(());
-    }
-    for ((input, spec), (_, kind)) in inputs.iter_mut().zip(specs).zip(&exported) {
-        if !spec.contains(':') {
-            input.kind = *kind;
-        }
-    }
-    Ok(())
 }
 
 fn write_csv<'a>(

@@ -24,6 +24,7 @@
 
 mod diff;
 mod estimate;
+mod model_args;
 mod plan;
 mod profile;
 mod replay;
@@ -32,7 +33,6 @@ mod report;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tch_memprof::estimate::Input;
 
 #[derive(Parser)]
 #[command(
@@ -94,18 +94,4 @@ fn main() -> ExitCode {
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("tch-memprof: {msg}");
     ExitCode::from(2)
-}
-
-/// `--input` values: a shape, batch first, with an optional dtype after a colon.
-fn parse_inputs(specs: &[String]) -> Result<Vec<Input>, String> {
-    specs
-        .iter()
-        .map(|s| {
-            let (shape, dtype) = match s.split_once(':') {
-                Some((a, b)) => (a, Some(b)),
-                None => (s.as_str(), None),
-            };
-            Input::parse(shape, dtype).map_err(|e| e.to_string())
-        })
-        .collect()
 }

@@ -1,7 +1,7 @@
 //! `tch-memprof plan`: the cheapest configurations of a training step that fit a memory
 //! budget.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Args;
@@ -10,25 +10,21 @@ use tch_memprof::estimate::{
     allocator_candidates, budget_line, parse_autocast, AllocatorConfig, Optimizer, Options, Plans,
 };
 
-use crate::estimate::{gpu_and_memory, load_model};
-use crate::{fail, parse_inputs};
+use crate::fail;
+use crate::model_args::{gpu_and_memory, ModelArgs};
+
+/// What plan's model file may also be.
+const PATH_HELP: &str = "A model file: an exported program (.pt2, from torch.export.save) or \
+    a TorchScript file (torch.jit.trace or torch.jit.script, saved with .save()). Or a \
+    recorded run: PyTorch's memory snapshot with its allocator history (as `replay` reads \
+    it), whose lever is then the allocator's settings, resting on the run as recorded";
 
 /// Arguments of `tch-memprof plan`.
 #[derive(Args, Debug)]
+#[command(mut_arg("path", |a| a.help(PATH_HELP)))]
 pub struct PlanArgs {
-    /// A model file: an exported program (.pt2, from torch.export.save) or a TorchScript
-    /// file (torch.jit.trace or torch.jit.script, saved with .save()). Or a recorded run:
-    /// PyTorch's memory snapshot with its allocator history (as `replay` reads it), whose
-    /// lever is then the allocator's settings, resting on the run as recorded.
-    #[arg(required_unless_present = "model", conflicts_with = "model")]
-    path: Option<PathBuf>,
-    /// A built-in model instead of a file (as for `estimate`).
-    #[arg(long)]
-    model: Option<String>,
-    /// An input shape, batch first, with an optional dtype after a colon; once per
-    /// input. Built-in models have a default.
-    #[arg(long = "input")]
-    inputs: Vec<String>,
+    #[command(flatten)]
+    target: ModelArgs,
     /// The optimizer asked for: sgd, sgd-momentum, adam, adamw.
     #[arg(long, default_value = "adamw")]
     optimizer: String,
@@ -63,7 +59,7 @@ pub fn run(a: &PlanArgs) -> ExitCode {
     if let Some(b) = a.batch.filter(|b| *b <= 0) {
         return fail(format!("invalid batch {b}: must be positive"));
     }
-    let mut inputs = match parse_inputs(&a.inputs) {
+    let mut inputs = match a.target.inputs() {
         Ok(i) => i,
         Err(e) => return fail(e),
     };
@@ -76,15 +72,10 @@ pub fn run(a: &PlanArgs) -> ExitCode {
         Ok((_, None)) => return fail("give the budget with --memory (24GB or a GPU name)"),
         Err(e) => return fail(e),
     };
-    if let Some(path) = a.path.as_deref().filter(|p| is_recording(p)) {
+    if let Some(path) = a.target.path.as_deref().filter(|p| is_recording(p)) {
         return plan_recorded(a, path, memory);
     }
-    let model = match load_model(
-        a.path.as_deref(),
-        a.model.as_deref(),
-        &mut inputs,
-        &a.inputs,
-    ) {
+    let model = match a.target.load(&mut inputs) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -156,7 +147,7 @@ fn is_recording(path: &Path) -> bool {
 /// The plan of a recorded run: the run replayed under its own allocator settings and
 /// under each the plan tries, and the cheapest that fits `memory`; exit 1 when none does.
 fn plan_recorded(a: &PlanArgs, path: &Path, memory: u64) -> ExitCode {
-    if !a.inputs.is_empty() || a.batch.is_some() || a.autocast.is_some() {
+    if !a.target.inputs.is_empty() || a.batch.is_some() || a.autocast.is_some() {
         return fail(format!(
             "{}: a recorded run's only lever is the allocator's settings: --input, --batch \
              and --autocast apply to a model file",

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use clap::Args;
 use tch::Device;
 
-use crate::{fail, parse_inputs};
+use crate::fail;
+use crate::model_args::parse_inputs;
 
 /// Arguments of `tch-memprof profile`.
 #[derive(Args, Debug)]
@@ -58,13 +59,13 @@ pub fn run(a: &ProfileArgs) -> ExitCode {
         // The program's own input shapes and dtypes where --input leaves them out.
         let adopted = tch_memprof::estimate::Model::exported(&a.path)
             .map_err(|e| e.to_string())
-            .and_then(|m| crate::estimate::program_inputs(&a.path, &m, &mut inputs, &a.inputs));
+            .and_then(|m| crate::model_args::program_inputs(&a.path, &m, &mut inputs, &a.inputs));
         if let Err(e) = adopted {
             return fail(e);
         }
     } else if inputs.is_empty() {
         return fail(match tch_memprof::estimate::Model::from_file(&a.path) {
-            Ok(m) => crate::estimate::missing_input(&a.path, &m),
+            Ok(m) => crate::model_args::missing_input(&a.path, &m),
             Err(e) => e.to_string(),
         });
     }
