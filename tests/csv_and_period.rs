@@ -3,8 +3,7 @@
 mod common;
 use common::*;
 use std::path::{Path, PathBuf};
-use tch::{nn, nn::OptimizerConfig, Device};
-use tch_memprof::MemoryProfiler;
+use tch::{nn, Device};
 
 fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
     let mut r = csv::Reader::from_path(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -36,14 +35,9 @@ fn every_third_iteration_is_reported_and_the_files_parse_back() {
     let _guard = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let csv_dir = dir.path().join("nested/memory_csv_data");
-    let vs = nn::VarStore::new(Device::Cpu);
-    let net = mlp(&vs);
-    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
-    let mut profiler = MemoryProfiler::builder(&vs)
-        .print(false)
+    let Mlp { vs, net, mut opt } = mlp_with_adam(1e-3);
+    let mut profiler = quiet_csv(&vs, &csv_dir)
         .print_period(3)
-        .csv(true)
-        .csv_dir(&csv_dir)
         .wide_csv(true)
         .build()
         .unwrap();
@@ -161,12 +155,7 @@ fn files_are_never_overwritten() {
     let _net = mlp(&vs);
     let mut stems = Vec::new();
     for _ in 0..2 {
-        let mut p = MemoryProfiler::builder(&vs)
-            .print(false)
-            .csv(true)
-            .csv_dir(dir.path())
-            .build()
-            .unwrap();
+        let mut p = quiet_csv(&vs, dir.path()).build().unwrap();
         p.record_stats();
         stems.push(p.csv_paths()[0].clone());
     }

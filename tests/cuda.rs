@@ -229,12 +229,7 @@ fn allocator_calls_snapshots_and_oom_on_cuda() {
     let dev = Device::Cuda(0);
     let vs = nn::VarStore::new(dev);
     let net = nn::linear(vs.root() / "l1", 1024, 1024, Default::default());
-    let mut p = MemoryProfiler::builder(&vs)
-        .print(false)
-        .csv(true)
-        .csv_dir(dir.path())
-        .build()
-        .unwrap();
+    let mut p = common::quiet_csv(&vs, dir.path()).build().unwrap();
     p.start_memory_history(100_000).unwrap();
     let big = Tensor::zeros([64 << 20], (Kind::Float, dev)); // 256 MiB
     drop(big);

@@ -8,7 +8,6 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
-use tch_memprof::MemoryProfiler;
 
 /// Trains 2 epochs of 3 steps at `batch` with CSV into `dir`; returns the run's stem and
 /// the largest feature-map figure of its iterations.
@@ -19,13 +18,7 @@ fn run(dir: &Path, batch: i64) -> (PathBuf, u64) {
         .add_fn(|x| x.relu())
         .add(nn::linear(vs.root() / "fc2", 128, 4, Default::default()));
     let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
-    let mut p = MemoryProfiler::builder(&vs)
-        .print(false)
-        .csv(true)
-        .csv_dir(dir)
-        .timeline(true)
-        .build()
-        .unwrap();
+    let mut p = common::quiet_csv(&vs, dir).timeline(true).build().unwrap();
     let mut feature_maps = 0;
     for _ in 0..2 {
         for _ in 0..3 {

@@ -13,7 +13,7 @@ use common::{cli, text};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 use tch_memprof::estimate::{Input, Mode, Model, Optimizer, Options};
-use tch_memprof::{Category, MemoryProfiler};
+use tch_memprof::Category;
 
 /// GPT-2 small's published parameter count (tied head).
 const GPT2_PARAMS: u64 = 124_439_808;
@@ -31,10 +31,7 @@ fn profiled_header() -> Vec<String> {
     let vs = nn::VarStore::new(Device::Cpu);
     let net = nn::linear(vs.root() / "fc", 16, 4, Default::default());
     let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
-    let mut prof = MemoryProfiler::builder(&vs)
-        .print(false)
-        .csv(true)
-        .csv_dir(dir.path())
+    let mut prof = common::quiet_csv(&vs, dir.path())
         .timeline_step(1)
         .build()
         .unwrap();

@@ -266,23 +266,17 @@ fn steady_csv(path: &Path) -> String {
 /// included).
 #[test]
 fn profiled_run_csv_files() {
-    use tch::nn::OptimizerConfig;
     let _guard = common::serial();
     tch::manual_seed(0);
     let dir = tempfile::tempdir().unwrap();
-    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-    let net = common::mlp(&vs);
-    let mut opt = tch::nn::Adam::default().build(&vs, 1e-3).unwrap();
-    let mut profiler = tch_memprof::MemoryProfiler::builder(&vs)
-        .print(false)
-        .csv(true)
-        .csv_dir(dir.path())
+    let mut mlp = common::mlp_with_adam(1e-3);
+    let mut profiler = common::quiet_csv(&mlp.vs, dir.path())
         .wide_csv(true)
         .build()
         .unwrap();
     for _ in 0..2 {
         for _ in 0..2 {
-            common::train_step(&net, &mut opt);
+            mlp.step();
             profiler.record_stats();
         }
         profiler.epoch_end();

@@ -35,15 +35,8 @@ fn run(leak: Leak, epochs: u64) -> (Vec<Option<LeakReport>>, tempfile::TempDir) 
     let _serial = common::serial();
     tch::manual_seed(0);
     let dir = tempfile::tempdir().unwrap();
-    let vs = nn::VarStore::new(Device::Cpu);
-    let net = mlp(&vs);
-    let mut opt = nn::Adam::default().build(&vs, 1e-4).unwrap();
-    let mut profiler = MemoryProfiler::builder(&vs)
-        .print(false)
-        .csv(true)
-        .csv_dir(dir.path())
-        .build()
-        .unwrap();
+    let Mlp { vs, net, mut opt } = mlp_with_adam(1e-4);
+    let mut profiler = quiet_csv(&vs, dir.path()).build().unwrap();
     let vx = Tensor::randn([VB, IN], (Kind::Float, Device::Cpu));
     let vy = Tensor::randint(OUT, [VB], (Kind::Int64, Device::Cpu));
     let mut metric = Tensor::zeros([], (Kind::Float, Device::Cpu));

@@ -7,21 +7,14 @@
 mod common;
 
 use common::*;
-use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
-use tch_memprof::{MemoryProfiler, Phase};
+use tch::{nn::Module, Device, Kind, Tensor};
+use tch_memprof::Phase;
 
 #[test]
 fn a_failed_allocation_is_reported_and_the_loop_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let vs = nn::VarStore::new(Device::Cpu);
-    let net = mlp(&vs);
-    let mut opt = nn::Adam::default().build(&vs, 1e-4).unwrap();
-    let mut profiler = MemoryProfiler::builder(&vs)
-        .print(false)
-        .csv(true)
-        .csv_dir(dir.path())
-        .build()
-        .unwrap();
+    let Mlp { vs, net, mut opt } = mlp_with_adam(1e-4);
+    let mut profiler = quiet_csv(&vs, dir.path()).build().unwrap();
     train_step(&net, &mut opt); // gradients and Adam state exist from here on
     profiler.record_stats();
     assert!(profiler.last_oom().is_none());

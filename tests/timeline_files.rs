@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use tch::nn::{self, OptimizerConfig};
+use tch::nn;
 use tch_memprof::{Error, MemoryProfiler};
 
 fn files(dir: &Path) -> Vec<PathBuf> {
@@ -29,13 +29,8 @@ fn ending(dir: &Path, suffix: &str) -> Option<PathBuf> {
 fn peak_step_files_appear_at_epoch_end_and_parse() {
     let _g = common::serial();
     let dir = tempfile::tempdir().unwrap();
-    let vs = nn::VarStore::new(tch::Device::Cpu);
-    let net = mlp(&vs);
-    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
-    let mut prof = MemoryProfiler::builder(&vs)
-        .print(false)
-        .csv(true)
-        .csv_dir(dir.path())
+    let Mlp { vs, net, mut opt } = mlp_with_adam(1e-3);
+    let mut prof = quiet_csv(&vs, dir.path())
         .timeline(true)
         .timeline_step(2)
         .build()
@@ -114,15 +109,8 @@ fn peak_step_files_appear_at_epoch_end_and_parse() {
 fn no_timeline_files_without_the_timeline() {
     let _g = common::serial();
     let dir = tempfile::tempdir().unwrap();
-    let vs = nn::VarStore::new(tch::Device::Cpu);
-    let net = mlp(&vs);
-    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
-    let mut prof = MemoryProfiler::builder(&vs)
-        .print(false)
-        .csv(true)
-        .csv_dir(dir.path())
-        .build()
-        .unwrap();
+    let Mlp { vs, net, mut opt } = mlp_with_adam(1e-3);
+    let mut prof = quiet_csv(&vs, dir.path()).build().unwrap();
     train_step(&net, &mut opt);
     prof.record_stats();
     prof.epoch_end();

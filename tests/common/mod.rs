@@ -10,7 +10,7 @@ pub const OUT: i64 = 10;
 pub const F32: u64 = 4;
 
 /// Linear(1024->4096) -> ReLU -> Linear(4096->10).
-pub fn mlp(vs: &nn::VarStore) -> impl Module {
+pub fn mlp(vs: &nn::VarStore) -> nn::Sequential {
     nn::seq()
         .add(nn::linear(vs.root() / "l1", IN, HIDDEN, Default::default()))
         .add_fn(|x| x.relu())
@@ -46,6 +46,41 @@ pub fn mlp_feature_map_bytes() -> u64 {
 /// nothing else in backward is larger.
 pub fn mlp_intermediate_bytes() -> u64 {
     2 * F32 * (B * HIDDEN) as u64
+}
+
+/// The reference MLP on the CPU with its Adam optimizer: what most profiled tests train.
+pub struct Mlp {
+    pub vs: nn::VarStore,
+    pub net: nn::Sequential,
+    pub opt: nn::Optimizer,
+}
+
+/// The reference MLP ([`mlp`]) on the CPU, with Adam at learning rate `lr`.
+pub fn mlp_with_adam(lr: f64) -> Mlp {
+    use tch::nn::OptimizerConfig;
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = mlp(&vs);
+    let opt = nn::Adam::default().build(&vs, lr).unwrap();
+    Mlp { vs, net, opt }
+}
+
+impl Mlp {
+    /// One training iteration ([`train_step`]).
+    pub fn step(&mut self) {
+        train_step(&self.net, &mut self.opt);
+    }
+}
+
+/// A profiler of `vs` that prints nothing and writes its CSV files into `dir`: the
+/// builder most tests start from (add what the test needs, then build).
+pub fn quiet_csv(
+    vs: &nn::VarStore,
+    dir: impl AsRef<std::path::Path>,
+) -> tch_memprof::MemoryProfilerBuilder {
+    tch_memprof::MemoryProfiler::builder(vs)
+        .print(false)
+        .csv(true)
+        .csv_dir(dir)
 }
 
 pub struct Batch {
