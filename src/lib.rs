@@ -181,7 +181,7 @@ pub mod optim;
 mod phase;
 mod profiler;
 mod program;
-mod report;
+pub mod report;
 pub mod runs;
 mod stats;
 pub mod timeline;

@@ -54,7 +54,6 @@ mod options;
 mod plan;
 pub mod recorded;
 mod replay;
-mod text;
 #[doc(hidden)]
 pub mod trace;
 
@@ -77,7 +76,10 @@ pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE
 pub use model::{Model, Segment};
 pub use options::{autocast_name, parse_autocast, Options, AUTOCAST_DTYPES};
 pub use plan::{allocator_candidates, breakdown, Config, Cost, Dominant, Plan, Plans, MAX_PLANS};
-pub use text::{anatomy, budget_line, fits_cell, peak_lines, peak_lines_with, table};
+pub use recorded::fits_cell;
+
+pub(crate) use gpu::is_size;
+pub(crate) use plan::{dtype_name, every_segment, lever_words, THIN_MARGIN};
 
 /// An optimizer whose step (and state) the estimate of a training step includes: tch's
 /// optimizers, which are libtorch's C++ ones.

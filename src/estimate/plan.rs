@@ -523,7 +523,7 @@ impl Model {
 }
 
 /// `every segment`, `every 2nd segment`, `every 3rd segment`, `every 4th segment`, ...
-pub(super) fn every_segment(k: u32) -> String {
+pub(crate) fn every_segment(k: u32) -> String {
     let suffix = match (k % 10, k % 100) {
         (_, 11..=13) => "th",
         (1, _) => "st",
@@ -547,7 +547,7 @@ pub(super) fn describe(config: &Config, micro: i64, asked: Optimizer, cost: &Cos
     }
 }
 
-pub(super) fn lever_words(
+pub(crate) fn lever_words(
     config: &Config,
     micro: i64,
     asked: Optimizer,
@@ -572,7 +572,7 @@ pub(super) fn lever_words(
 }
 
 /// `bf16`, `f16` or `f32`: a lower precision's short name.
-pub(super) fn dtype_name(k: Kind) -> &'static str {
+pub(crate) fn dtype_name(k: Kind) -> &'static str {
     match k {
         Kind::BFloat16 => "bf16",
         Kind::Half => "f16",

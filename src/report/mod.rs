@@ -1,9 +1,12 @@
-//! Presentation: everything that prints or writes a file. The profiler hands each
-//! result to every sink of its [`Reports`] (terminal, CSV); a sink's failure is logged
-//! and counted by the profiler, never raised in the loop. Data modules (stats,
-//! timeline, leaks, oom) only compute.
+//! Presentation: what is printed or written to a file. The profiler hands each result
+//! to every sink of its reports (terminal, CSV); a sink's failure is logged and counted
+//! by the profiler, never raised in the loop. Data modules (stats, timeline, leaks,
+//! oom, estimate) only compute. The public part is [`estimate_text`]: estimates and
+//! plans as a person reads them, as `tch-memprof estimate` and `plan` print them.
 //!
 //! - `terminal`: tables on standard output, and the text of leak and OOM reports;
+//! - `estimate_text`: estimates and plans as a person reads them (the CLI's, and the
+//!   `Display` of [`Plans`](crate::estimate::Plans) and [`Fit`](crate::estimate::Fit));
 //! - `csv`: the run's CSV files, and a profiled step's timeline, layers and idle CSV;
 //! - `idle_text`: the terminal section of the blocks idle at a step's peak;
 //! - `html_page`: the run's HTML report, rebuilt from its CSV files;
@@ -12,6 +15,7 @@
 //! - `oom_files`: the report and snapshot files of an out-of-memory error.
 
 pub(crate) mod csv;
+pub mod estimate_text;
 pub(crate) mod html_page;
 mod idle_text;
 pub(crate) mod oom_files;

@@ -6,9 +6,10 @@ use std::process::ExitCode;
 use clap::Args;
 use tch_memprof::estimate::recorded::Recording;
 use tch_memprof::estimate::{
-    anatomy, budget_line, parse_autocast, peak_lines_with, table, AllocatorConfig, Attention,
-    Estimate, Input, Mode, Optimizer, Options, NOT_MODELLED,
+    parse_autocast, AllocatorConfig, Attention, Estimate, Input, Mode, Optimizer, Options,
+    NOT_MODELLED,
 };
+use tch_memprof::report::estimate_text::{anatomy, budget_line, peak_lines_with, table};
 
 use crate::fail;
 use crate::model_args::{gpu_and_memory, ModelArgs};

@@ -7,8 +7,9 @@ use std::process::ExitCode;
 use clap::Args;
 use tch_memprof::estimate::recorded::{self, cheapest_fit, Peaks, Recording};
 use tch_memprof::estimate::{
-    allocator_candidates, budget_line, parse_autocast, AllocatorConfig, Optimizer, Options, Plans,
+    allocator_candidates, parse_autocast, AllocatorConfig, Optimizer, Options, Plans,
 };
+use tch_memprof::report::estimate_text::budget_line;
 
 use crate::fail;
 use crate::model_args::{gpu_and_memory, ModelArgs};

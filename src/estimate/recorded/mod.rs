@@ -476,6 +476,15 @@ pub fn cheapest_fit(rows: &[(String, Peaks)], budget: u64) -> (Option<usize>, St
     (fits, line)
 }
 
+/// `✓ 1.20 GiB left` or `✗ 300.00 MiB over`: a peak reserved against a budget.
+pub fn fits_cell(peak_reserved: u64, budget: u64) -> String {
+    if peak_reserved <= budget {
+        format!("✓ {} left", crate::format::bytes(budget - peak_reserved))
+    } else {
+        format!("✗ {} over", crate::format::bytes(peak_reserved - budget))
+    }
+}
+
 /// The recorded peaks and the replays' as a table (a row per allocator setting, the
 /// recorded one first), with a `fits` column against `budget`. `replays`: each setting
 /// as `PYTORCH_CUDA_ALLOC_CONF` reads it with its replay's peaks, the run's own first
@@ -502,7 +511,7 @@ pub fn table(recorded: Peaks, replays: &[(String, Peaks)], budget: Option<u64>) 
     for (name, p) in rows {
         let mut row = vec![name, bytes(p.allocated), bytes(p.reserved)];
         if let Some(b) = budget {
-            row.push(super::fits_cell(p.reserved, b));
+            row.push(fits_cell(p.reserved, b));
         }
         t.add_row(row);
     }

@@ -7,11 +7,11 @@ use std::fmt;
 
 use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 
-use super::gpu::CONTEXT_ALLOWANCE;
-use super::plan::{
-    breakdown, dtype_name, every_segment, lever_words, Cost, Dominant, Plan, THIN_MARGIN,
+use crate::estimate::{
+    autocast_name, breakdown, dtype_name, every_segment, fits_cell, is_size, lever_words,
+    AllocatorConfig, Cost, Dominant, Estimate, Fit, Mode, Optimizer, Options, Plan, Plans,
+    CONTEXT_ALLOWANCE, THIN_MARGIN,
 };
-use super::{AllocatorConfig, Estimate, Fit, Mode, Optimizer, Options, Plans};
 use crate::format::bytes;
 use crate::names::MISSING;
 use crate::timeline::{IdleAtPeak, UNKNOWN_SITE};
@@ -57,19 +57,10 @@ pub fn table(rows: &[Estimate], budget: Option<u64>) -> String {
     t.to_string()
 }
 
-/// `✓ 1.20 GiB left` or `✗ 300.00 MiB over`: a peak reserved against a budget.
-pub fn fits_cell(peak_reserved: u64, budget: u64) -> String {
-    if peak_reserved <= budget {
-        format!("✓ {} left", bytes(budget - peak_reserved))
-    } else {
-        format!("✗ {} over", bytes(peak_reserved - budget))
-    }
-}
-
 /// The budget the table's `fits` column is against, and what it keeps for the CUDA
 /// context: a GPU name keeps [`CONTEXT_ALLOWANCE`] out of its memory, a plain size none.
 pub fn budget_line(budget: u64, spec: &str) -> String {
-    if super::gpu::is_size(spec) {
+    if is_size(spec) {
         format!(
             "budget: peak reserved within {} (--memory {spec}, all of it for the caching \
              allocator: the CUDA context takes memory beside it, so keep {} out, or name the GPU)",
@@ -135,7 +126,7 @@ fn batch_label(e: &Estimate, line: bool) -> String {
 /// `top` layers by activations and by FLOPs. `None` when the dry run made no step.
 pub fn anatomy(e: &Estimate, top: usize) -> Option<String> {
     let step = e.step.as_ref()?;
-    Some(crate::report::terminal::render_step(
+    Some(super::terminal::render_step(
         step,
         &format!(
             "predicted {}, in the bytes the caching allocator charges",
@@ -222,7 +213,7 @@ impl Options {
             mode.label(),
             match self.autocast {
                 None => String::new(),
-                Some(k) => format!(", autocast {}", super::autocast_name(Some(k))),
+                Some(k) => format!(", autocast {}", autocast_name(Some(k))),
             },
             self.gpu.name,
             bytes(self.gpu.cublas_workspace),
@@ -606,7 +597,7 @@ impl Estimate {
             peak_reserved_bytes: self.peak_reserved,
             largest_batch,
             attention: self.attention.label(),
-            autocast: super::autocast_name(self.autocast).to_string(),
+            autocast: autocast_name(self.autocast).to_string(),
             idle_bytes: self.idle().map_or(0, |i| i.bytes),
             peak_if_dropped_bytes: self
                 .idle()
@@ -629,7 +620,7 @@ impl Plans {
                 batch: self.batch,
                 micro_batch: p.micro_batch,
                 accumulate: p.config.accumulate,
-                autocast: super::autocast_name(p.config.autocast).to_string(),
+                autocast: autocast_name(p.config.autocast).to_string(),
                 optimizer: p.config.optimizer.name().to_string(),
                 checkpoint: p
                     .config
