@@ -1,8 +1,9 @@
 //! Golden files of what the CLI prints and writes: `estimate` (terminal, CSV, the
-//! predicted step's files), `plan` (terminal, CSV) and `replay` of a real PyTorch
-//! snapshot, each held byte for byte to its snapshot in `tests/snapshots/` (insta). A
-//! change to the code that prints them must leave them as they are, or change the
-//! snapshot in the same commit, where the diff shows what a user will see differently.
+//! predicted step's files), `plan` (terminal, CSV; of a model and of a recorded run),
+//! `replay` of a real PyTorch snapshot (terminal, CSV), and a profiled run's CSV files,
+//! each held byte for byte to its snapshot in `tests/snapshots/` (insta). A change to
+//! the code that prints them must leave them as they are, or change the snapshot in the
+//! same commit, where the diff shows what a user will see differently.
 //!
 //! What varies from run to run is filtered out before the comparison: the dry run's
 //! wall time in the estimate's table and the process's resident memory.
@@ -218,14 +219,36 @@ fn plan_output() {
 }
 
 #[test]
-fn replay_of_a_pytorch_snapshot() {
+fn replay_and_plan_of_a_pytorch_snapshot() {
     let snapshot = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/gpu-truth/h200-2026-11-26/leak-graph.allocator-snapshot.pickle");
     let path = snapshot.to_str().unwrap();
-    let text = run(&["replay", path]);
-    // The path as the tests name it, not this checkout's.
-    let text = text.replace(env!("CARGO_MANIFEST_DIR"), "<repo>");
-    golden("replay_leak_graph", &["replay", "<snapshot>"], &text);
+    let cases: [(&str, &[&str]); 5] = [
+        ("replay_leak_graph", &["replay"]),
+        (
+            "replay_leak_graph_csv",
+            &["replay", "--csv", "--memory", "95MiB"],
+        ),
+        (
+            "replay_leak_graph_csv_conf",
+            &[
+                "replay",
+                "--csv",
+                "--alloc-conf",
+                "expandable_segments:True",
+            ],
+        ),
+        ("plan_recorded", &["plan", "--memory", "95MiB"]),
+        ("plan_recorded_csv", &["plan", "--memory", "95MiB", "--csv"]),
+    ];
+    for (name, args) in cases {
+        let mut with_path = vec![args[0], path];
+        with_path.extend(&args[1..]);
+        // The path as the tests name it, not this checkout's.
+        let text = run(&with_path).replace(env!("CARGO_MANIFEST_DIR"), "<repo>");
+        with_path[1] = "<snapshot>";
+        golden(name, &with_path, &text);
+    }
 }
 
 /// What varies from run to run in the profiler's CSV files, as columns or as the keys
