@@ -584,6 +584,19 @@ impl Plans {
 // ---------------------------------------------------------------------------------
 // The rows of `--csv` (the one schema: `runs::schema`).
 
+/// Writes `rows` as CSV to standard output, a header first (the rows of
+/// `tch-memprof estimate`, `plan` and `replay --csv`: `runs::schema`).
+pub fn csv_to_stdout<R: serde::Serialize>(
+    rows: impl IntoIterator<Item = R>,
+) -> Result<(), csv::Error> {
+    let mut w = csv::Writer::from_writer(std::io::stdout().lock());
+    for row in rows {
+        w.serialize(row)?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
 impl Estimate {
     /// Its row of `tch-memprof estimate --csv`: `model` names it, `largest_batch` marks
     /// the largest batch that fits.

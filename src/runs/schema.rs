@@ -359,3 +359,32 @@ pub struct PlanRow {
     /// The plan changes the optimizer (so training itself).
     pub changes_training: bool,
 }
+
+/// A row of `tch-memprof replay --csv` and of `plan --csv` for a recorded run
+/// (docs/replay.md): one allocator setting's peaks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ReplayRow {
+    /// The allocator settings as `PYTORCH_CUDA_ALLOC_CONF` reads them (empty: the run's
+    /// own), or `recorded` for the run as it was recorded.
+    pub alloc_conf: String,
+    /// Peak allocated bytes.
+    pub peak_allocated_bytes: u64,
+    /// Peak reserved bytes.
+    pub peak_reserved_bytes: u64,
+    /// Whether the peak reserved fits the budget (absent without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fits: Option<bool>,
+}
+
+impl ReplayRow {
+    /// The row of one setting's peaks, against `budget` if there is one.
+    pub fn new(alloc_conf: &str, allocated: u64, reserved: u64, budget: Option<u64>) -> Self {
+        ReplayRow {
+            alloc_conf: alloc_conf.to_string(),
+            peak_allocated_bytes: allocated,
+            peak_reserved_bytes: reserved,
+            fits: budget.map(|b| reserved <= b),
+        }
+    }
+}

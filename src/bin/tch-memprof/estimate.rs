@@ -9,7 +9,9 @@ use tch_memprof::estimate::{
     parse_autocast, AllocatorConfig, Attention, Estimate, Input, Mode, Optimizer, Options,
     NOT_MODELLED,
 };
-use tch_memprof::report::estimate_text::{anatomy, budget_line, peak_lines_with, table};
+use tch_memprof::report::estimate_text::{
+    anatomy, budget_line, csv_to_stdout, peak_lines_with, table,
+};
 
 use crate::fail;
 use crate::model_args::{gpu_and_memory, ModelArgs};
@@ -212,9 +214,9 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         let largest = fit.as_ref().and_then(|f| f.fits.clone());
         let csv_rows = rows
             .iter()
-            .map(|e| (e, false))
-            .chain(largest.iter().map(|e| (e, true)));
-        return match write_csv(&label, csv_rows) {
+            .map(|e| e.csv_row(&label, false))
+            .chain(largest.iter().map(|e| e.csv_row(&label, true)));
+        return match csv_to_stdout(csv_rows) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(format!("writing CSV to standard output: {e}")),
         };
@@ -267,16 +269,4 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         print!("{}", c.text(a.top.max(1)));
     }
     ExitCode::SUCCESS
-}
-
-fn write_csv<'a>(
-    label: &str,
-    rows: impl Iterator<Item = (&'a Estimate, bool)>,
-) -> Result<(), csv::Error> {
-    let mut w = csv::Writer::from_writer(std::io::stdout().lock());
-    for (e, largest_batch) in rows {
-        w.serialize(e.csv_row(label, largest_batch))?;
-    }
-    w.flush()?;
-    Ok(())
 }

@@ -7,9 +7,10 @@ use std::process::ExitCode;
 use clap::Args;
 use tch_memprof::estimate::recorded::{self, cheapest_fit, Peaks, Recording};
 use tch_memprof::estimate::{
-    allocator_candidates, parse_autocast, AllocatorConfig, Optimizer, Options, Plans,
+    allocator_candidates, parse_autocast, AllocatorConfig, Optimizer, Options,
 };
-use tch_memprof::report::estimate_text::budget_line;
+use tch_memprof::report::estimate_text::{budget_line, csv_to_stdout};
+use tch_memprof::runs::schema::ReplayRow;
 
 use crate::fail;
 use crate::model_args::{gpu_and_memory, ModelArgs};
@@ -106,7 +107,7 @@ pub fn run(a: &PlanArgs) -> ExitCode {
     progress.clear();
     let label = model.label().to_string();
     if a.csv {
-        return match write_csv(&label, &plans) {
+        return match csv_to_stdout(plans.csv_rows(&label)) {
             Ok(()) if plans.fits.is_empty() => {
                 if let Some(line) = plans.nothing_fits() {
                     eprintln!("tch-memprof: {line}");
@@ -177,22 +178,12 @@ fn plan_recorded(a: &PlanArgs, path: &Path, memory: u64) -> ExitCode {
         .collect();
     let (fits, line) = cheapest_fit(&rows, memory);
     if a.csv {
-        let mut w = csv::Writer::from_writer(std::io::stdout().lock());
-        let _ = w.write_record([
-            "alloc_conf",
-            "peak_allocated_bytes",
-            "peak_reserved_bytes",
-            "fits",
-        ]);
-        for (conf, p) in &rows {
-            let _ = w.write_record([
-                conf.clone(),
-                p.allocated.to_string(),
-                p.reserved.to_string(),
-                (p.reserved <= memory).to_string(),
-            ]);
+        let rows = rows
+            .iter()
+            .map(|(conf, p)| ReplayRow::new(conf, p.allocated, p.reserved, Some(memory)));
+        if let Err(e) = csv_to_stdout(rows) {
+            return fail(format!("writing CSV to standard output: {e}"));
         }
-        let _ = w.flush();
     } else {
         println!(
             "tch-memprof plan: {}, a recorded run: its lever is the allocator's settings \
@@ -211,15 +202,6 @@ fn plan_recorded(a: &PlanArgs, path: &Path, memory: u64) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
-}
-
-fn write_csv(label: &str, plans: &Plans) -> Result<(), csv::Error> {
-    let mut w = csv::Writer::from_writer(std::io::stdout().lock());
-    for row in plans.csv_rows(label) {
-        w.serialize(row)?;
-    }
-    w.flush()?;
-    Ok(())
 }
 
 /// A progress line on standard error, while the search runs past two seconds and only

@@ -10,6 +10,8 @@ use std::process::ExitCode;
 use clap::Args;
 use tch_memprof::estimate::recorded::{self, Action, Peaks, Recording};
 use tch_memprof::estimate::{gpu_memory, AllocatorConfig};
+use tch_memprof::report::estimate_text::csv_to_stdout;
+use tch_memprof::runs::schema::ReplayRow;
 
 use crate::fail;
 
@@ -106,23 +108,18 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
     }
     let recorded = rows[0].1.recorded;
     if a.csv {
-        let mut w = csv::Writer::from_writer(std::io::stdout());
-        let mut header = vec!["alloc_conf", "peak_allocated_bytes", "peak_reserved_bytes"];
-        if budget.is_some() {
-            header.push("fits");
+        let rows = std::iter::once(ReplayRow::new(
+            "recorded",
+            recorded.allocated,
+            recorded.reserved,
+            budget,
+        ))
+        .chain(rows.iter().map(|(conf, run)| {
+            ReplayRow::new(conf, run.replayed.allocated, run.replayed.reserved, budget)
+        }));
+        if let Err(e) = csv_to_stdout(rows) {
+            return fail(format!("writing CSV to standard output: {e}"));
         }
-        let _ = w.write_record(&header);
-        let fits = |reserved: u64| budget.map(|b| (reserved <= b).to_string());
-        let mut record = |conf: &str, alloc: u64, resv: u64| {
-            let mut r = vec![conf.to_string(), alloc.to_string(), resv.to_string()];
-            r.extend(fits(resv));
-            let _ = w.write_record(&r);
-        };
-        record("recorded", recorded.allocated, recorded.reserved);
-        for (conf, run) in &rows {
-            record(conf, run.replayed.allocated, run.replayed.reserved);
-        }
-        let _ = w.flush();
         return ExitCode::SUCCESS;
     }
     let allocations = recording
