@@ -5,6 +5,9 @@
   style) must be named in docs/architecture.md by its path below src/, in backquotes
   (`estimate/replay.rs`, `native/dryrun/trace.cpp`).
 - Every such path the document names must exist.
+- A Rust module with submodules is a folder with its `mod.rs` (`estimate/model/mod.rs`),
+  never a file beside a folder of the same name (`estimate/model.rs` and
+  `estimate/model/`): one layout convention.
 - Every `src/...` path of this crate's modules named in the sources, the build script,
   the scripts, the tests, the README and docs/ must exist (a comment naming a file that
   moved is caught here; other projects' `src/` paths, tch's or PyTorch's, are not
@@ -42,6 +45,13 @@ def main() -> int:
     for f in sorted(n for n in named if "/" in n or n in files):
         if f not in files and not (ROOT / f).exists():
             problems.append(f"docs/architecture.md names {f}, which does not exist under src/")
+    for d in sorted(p for p in SRC.rglob("*") if p.is_dir()):
+        beside = d.with_suffix(".rs")
+        if beside.is_file():
+            problems.append(
+                f"src/{beside.relative_to(SRC)} sits beside the folder src/{d.relative_to(SRC)}/: "
+                f"make it src/{d.relative_to(SRC)}/mod.rs (one layout convention)"
+            )
     mention = re.compile(r"(?<![\w/.-])src/([A-Za-z0-9_./-]+\.(?:rs|cpp|h|js|css))\b")
     # The crate's modules: what a path of ours begins with.
     ours = {Path(f).parts[0].split(".")[0] for f in files}
