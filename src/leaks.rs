@@ -176,17 +176,15 @@ struct Agg {
 /// Groups live blocks by origin, leaving out the blocks in `exclude`.
 fn group(blocks: &[LiveBlock], exclude: &HashSet<u64>) -> HashMap<Key, Agg> {
     let mut groups: HashMap<Key, Agg> = HashMap::new();
-    for b in blocks.iter().filter(|b| !exclude.contains(&b.ptr)) {
-        let a = groups
-            .entry((b.op, crate::ffi::phase(b.phase), b.layer))
-            .or_insert(Agg {
-                first: u32::MAX,
-                ..Agg::default()
-            });
+    for b in blocks.iter().filter(|b| !exclude.contains(&b.ptr())) {
+        let a = groups.entry((b.op(), b.phase(), b.layer())).or_insert(Agg {
+            first: u32::MAX,
+            ..Agg::default()
+        });
         a.count += 1;
-        a.bytes += b.size.max(0) as u64;
-        a.first = a.first.min(b.iter);
-        a.last = a.last.max(b.iter);
+        a.bytes += b.bytes();
+        a.first = a.first.min(b.iteration());
+        a.last = a.last.max(b.iteration());
     }
     groups
 }

@@ -245,7 +245,7 @@ pub mod __private {
         if crate::ffi::live_blocks(0, &mut v).is_err() {
             return (-1, 0);
         }
-        (v.iter().map(|b| b.size).sum(), v.len())
+        (v.iter().map(|b| b.bytes() as i64).sum(), v.len())
     }
     /// Times an allocation hook was entered while one was running on the same thread
     /// (a hook that allocated through the allocator it watches); must stay 0.

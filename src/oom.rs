@@ -204,12 +204,12 @@ pub(crate) fn build(st: &mut OomState, e: OomEvent) -> Option<(OomReport, Forens
 fn summarize(st: &OomState, e: OomEvent, blocks: &[LiveBlock], names: &mut Names) -> OomReport {
     let allocated = e.allocated.max(0) as u64;
     let category = |b: &LiveBlock| -> OomCategory {
-        if st.weights.contains(&b.ptr) {
+        if st.weights.contains(&b.ptr()) {
             OomCategory::Weights
-        } else if st.grads.contains(&b.ptr) {
+        } else if st.grads.contains(&b.ptr()) {
             OomCategory::Gradients
         } else {
-            match crate::ffi::phase(b.phase) {
+            match b.phase() {
                 Phase::Forward => OomCategory::Forward,
                 Phase::Backward => OomCategory::Backward,
                 Phase::Optimizer => OomCategory::AfterBackward,
@@ -221,14 +221,14 @@ fn summarize(st: &OomState, e: OomEvent, blocks: &[LiveBlock], names: &mut Names
     let mut registered = 0u64;
     let mut registered_weights = 0u64;
     for b in blocks {
-        let bytes = b.size.max(0) as u64;
+        let bytes = b.bytes();
         registered += bytes;
         let c = category(b);
         *by_cat.entry(c).or_default() += bytes;
         if c == OomCategory::Weights {
             registered_weights += bytes; // counted in weights_by_layer already
         } else {
-            *by_layer.entry(names.get(b.layer)).or_default() += bytes;
+            *by_layer.entry(names.get(b.layer())).or_default() += bytes;
         }
     }
     // What the registry did not see: born before the profiler started (the weights,
@@ -250,16 +250,16 @@ fn summarize(st: &OomState, e: OomEvent, blocks: &[LiveBlock], names: &mut Names
     by_layer.truncate(10);
 
     let mut largest: Vec<&LiveBlock> = blocks.iter().collect();
-    largest.sort_by_key(|b| std::cmp::Reverse(b.size));
+    largest.sort_by_key(|b| std::cmp::Reverse(b.bytes()));
     let largest_blocks = largest
         .iter()
         .take(10)
         .map(|b| OomBlock {
-            op: names.get(b.op),
-            phase: crate::ffi::phase(b.phase),
-            layer: names.get(b.layer),
-            iteration: b.iter as u64,
-            bytes: b.size.max(0) as u64,
+            op: names.get(b.op()),
+            phase: b.phase(),
+            layer: names.get(b.layer()),
+            iteration: b.iteration() as u64,
+            bytes: b.bytes(),
             category: category(b),
         })
         .collect();

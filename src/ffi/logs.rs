@@ -14,14 +14,48 @@ extern "C" {
     fn memprof_site(id: u64, out: *mut Site) -> i32;
 }
 
-/// `MpLogEvent`: one birth (+size) or death (-size) of a block during backward.
+/// `MpLogEvent`: one birth (+size) or death (-size) of a block during backward. Read
+/// where the native layer wrote it (no copy); its fields are read through its methods.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct LogEvent {
-    pub ptr: u64,
-    pub delta: i64,
-    pub generation: u32,
-    pub device: u32,
+    pub(super) ptr: u64,
+    pub(super) delta: i64,
+    pub(super) generation: u32,
+    pub(super) device: u32,
+}
+
+impl LogEvent {
+    /// An event as the native layer logs it (for tests of what reads the log).
+    #[cfg(test)]
+    pub(crate) fn new(ptr: u64, delta: i64, generation: u32, device: u32) -> Self {
+        LogEvent {
+            ptr,
+            delta,
+            generation,
+            device,
+        }
+    }
+
+    /// The block's address.
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Its bytes: positive at its birth, negative at its death.
+    pub(crate) fn delta(&self) -> i64 {
+        self.delta
+    }
+
+    /// The backward pass it happened in (the phase generation).
+    pub(crate) fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// The device slot (0: CPU, 1 + i: cuda:i).
+    pub(crate) fn device(&self) -> u32 {
+        self.device
+    }
 }
 
 /// `MpSite`: the call stack of one allocation of the detailed step, innermost first.
@@ -53,20 +87,46 @@ pub(crate) struct TimelineHeader {
     pub device: i32,
 }
 
-/// `MpHistEvent`: one birth (+size) or death (-size) of the memory history.
+/// `MpHistEvent`: one birth (+size) or death (-size) of the memory history. Read where
+/// the native layer wrote it (no copy); its fields are read through its methods.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct HistEvent {
-    pub ptr: u64,
-    pub size: i64,
-    pub op: i32,
-    pub layer: i32,
+    pub(super) ptr: u64,
+    pub(super) size: i64,
+    pub(super) op: i32,
+    pub(super) layer: i32,
     /// Microseconds (monotonic clock) << 8 | device slot: read through
     /// [`HistEvent::time_us`] and [`HistEvent::device`].
     pub(super) time_dev: u64,
 }
 
 impl HistEvent {
+    /// The block's address.
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Whether it is a birth (else a death).
+    pub(crate) fn is_alloc(&self) -> bool {
+        self.size >= 0
+    }
+
+    /// The block's bytes.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.size.unsigned_abs()
+    }
+
+    /// Name id of the op it happened in (`-1`: none; read with `names::Names`).
+    pub(crate) fn op(&self) -> i32 {
+        self.op
+    }
+
+    /// Name id of the layer it happened in (`-1`: unknown).
+    pub(crate) fn layer(&self) -> i32 {
+        self.layer
+    }
+
     /// When it happened: microseconds of the monotonic clock.
     pub(crate) fn time_us(&self) -> i64 {
         (self.time_dev >> 8) as i64

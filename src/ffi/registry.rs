@@ -6,6 +6,7 @@ use tch::Tensor;
 
 use super::{buffer, check, native};
 use crate::error::{Error, Result};
+use crate::phase::Phase;
 
 extern "C" {
     fn memprof_registry(out: *mut Registry) -> i32;
@@ -75,21 +76,55 @@ impl Block {
     }
 }
 
-/// `MpLiveBlock`: a live block of the registry (leak hunting).
+/// `MpLiveBlock`: a live block of the registry (leak hunting). Read where the native
+/// layer wrote it (no copy: the out-of-memory path reads it too); its fields are read
+/// through its methods.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct LiveBlock {
-    pub ptr: u64,
-    pub size: i64,
+    pub(super) ptr: u64,
+    pub(super) size: i64,
     /// Name id of the op that allocated it, -1 none.
-    pub op: i32,
+    pub(super) op: i32,
     /// Name id of its layer, -1 unknown.
-    pub layer: i32,
+    pub(super) layer: i32,
     /// Iteration (step, from 1) it was born in.
-    pub iter: u32,
-    pub phase: u8,
-    pub device: u8,
-    pub pad: u16,
+    pub(super) iter: u32,
+    pub(super) phase: u8,
+    pub(super) device: u8,
+    pub(super) pad: u16,
+}
+
+impl LiveBlock {
+    /// Its address.
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Its bytes.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.size.max(0) as u64
+    }
+
+    /// Name id of the op that allocated it (`-1`: none; read with `names::Names`).
+    pub(crate) fn op(&self) -> i32 {
+        self.op
+    }
+
+    /// Name id of its layer (`-1`: unknown).
+    pub(crate) fn layer(&self) -> i32 {
+        self.layer
+    }
+
+    /// The iteration (step, from 1) it was born in.
+    pub(crate) fn iteration(&self) -> u32 {
+        self.iter
+    }
+
+    /// The phase it was born in.
+    pub(crate) fn phase(&self) -> Phase {
+        super::phase(self.phase)
+    }
 }
 
 /// `MpRegistry`: the live-block registry's own size.

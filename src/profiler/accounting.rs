@@ -20,14 +20,14 @@ pub fn intermediate_peak<S: BuildHasher>(
     device: u32,
     grads: &HashSet<u64, S>,
 ) -> u64 {
-    let events: Vec<&LogEvent> = events.iter().filter(|e| e.device == device).collect();
+    let events: Vec<&LogEvent> = events.iter().filter(|e| e.device() == device).collect();
     // Births still alive at the end, by address.
     let mut alive: FxHashMap<u64, usize> = FxHashMap::default();
     for (i, e) in events.iter().enumerate() {
-        if e.delta > 0 {
-            alive.insert(e.ptr, i);
+        if e.delta() > 0 {
+            alive.insert(e.ptr(), i);
         } else {
-            alive.remove(&e.ptr);
+            alive.remove(&e.ptr());
         }
     }
     let grad_births: FxHashSet<usize> = alive
@@ -39,14 +39,14 @@ pub fn intermediate_peak<S: BuildHasher>(
     let mut running: i64 = 0;
     let mut pass = None;
     for (i, e) in events.iter().enumerate() {
-        if pass != Some(e.generation) {
-            pass = Some(e.generation);
+        if pass != Some(e.generation()) {
+            pass = Some(e.generation());
             running = 0;
         }
         if grad_births.contains(&i) {
             continue;
         }
-        running += e.delta;
+        running += e.delta();
         peak = peak.max(running);
     }
     peak.max(0) as u64
@@ -96,12 +96,7 @@ mod tests {
     use super::*;
 
     fn ev(ptr: u64, delta: i64, generation: u32) -> LogEvent {
-        LogEvent {
-            ptr,
-            delta,
-            generation,
-            device: 0,
-        }
+        LogEvent::new(ptr, delta, generation, 0)
     }
 
     #[test]
@@ -139,8 +134,7 @@ mod tests {
 
     #[test]
     fn other_devices_are_ignored() {
-        let mut e = ev(1, 100, 7);
-        e.device = 1;
+        let e = LogEvent::new(1, 100, 7, 1);
         assert_eq!(intermediate_peak(&[e], 0, &HashSet::new()), 0);
         assert_eq!(intermediate_peak(&[e], 1, &HashSet::new()), 100);
     }

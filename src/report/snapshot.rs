@@ -88,21 +88,22 @@ pub(crate) fn write(
 ) -> Result<()> {
     let mut segments = Vec::with_capacity(blocks.len());
     let mut sorted: Vec<&LiveBlock> = blocks.iter().collect();
-    sorted.sort_by_key(|b| b.ptr);
+    sorted.sort_by_key(|b| b.ptr());
     for b in sorted {
-        let size = b.size.max(0) as u64;
-        let phase = crate::ffi::phase(b.phase).name();
+        let size = b.bytes();
+        let phase = b.phase().name();
+        let iteration = b.iteration();
         let frames = vec![
-            frame(names, b.op, b.layer, b.iter as i64),
+            frame(names, b.op(), b.layer(), iteration as i64),
             Frame {
-                name: format!("{phase} phase, iteration {}", b.iter),
+                name: format!("{phase} phase, iteration {iteration}"),
                 filename: "tch-memprof".into(),
-                line: b.iter as i64,
+                line: iteration as i64,
             },
         ];
         segments.push(Segment {
             device: index as i64,
-            address: b.ptr,
+            address: b.ptr(),
             total_size: size,
             allocated_size: size,
             active_size: size,
@@ -113,7 +114,7 @@ pub(crate) fn write(
             is_expandable: false,
             frames: frames.clone(),
             blocks: vec![Block {
-                address: b.ptr,
+                address: b.ptr(),
                 size,
                 requested_size: size,
                 state: "active_allocated",
@@ -124,12 +125,12 @@ pub(crate) fn write(
     let mut trace = Vec::new();
     for e in history.iter().filter(|e| e.device() == device_slot) {
         let time_us = e.time_us();
-        let size = e.size.unsigned_abs();
-        let frames = vec![frame(names, e.op, e.layer, 0)];
-        if e.size >= 0 {
+        let size = e.bytes();
+        let frames = vec![frame(names, e.op(), e.layer(), 0)];
+        if e.is_alloc() {
             trace.push(TraceEntry {
                 action: "alloc",
-                addr: e.ptr,
+                addr: e.ptr(),
                 size,
                 stream: 0,
                 time_us,
@@ -139,7 +140,7 @@ pub(crate) fn write(
             for action in ["free_requested", "free_completed"] {
                 trace.push(TraceEntry {
                     action,
-                    addr: e.ptr,
+                    addr: e.ptr(),
                     size,
                     stream: 0,
                     time_us,
