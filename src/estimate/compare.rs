@@ -13,11 +13,7 @@ use similar::{capture_diff_slices, Algorithm, DiffOp};
 
 use super::recorded::{Action, Peaks, Recording};
 use super::replay::Request;
-use crate::format::bytes;
 use crate::names::Names;
-
-/// Requests shown per side of a divergence.
-const SHOWN: usize = 4;
 
 /// One place where the prediction's requests and the recorded ones part.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,83 +168,6 @@ impl Comparison {
         rows.sort_by_key(|(op, p, r)| (std::cmp::Reverse(p.abs_diff(*r)), op.clone()));
         rows
     }
-
-    /// The comparison in words: the counts and peaks, the first `top` divergences, the
-    /// ops where the bytes differ most.
-    pub fn text(&self, top: usize) -> String {
-        let mut out = String::new();
-        let pct = |p: u64, r: u64| {
-            if r == 0 {
-                "n/a".to_string()
-            } else {
-                format!("{:+.2}%", (p as f64 / r as f64 - 1.0) * 100.0)
-            }
-        };
-        out.push_str(&format!(
-            "peak allocated: recorded {}, predicted {} ({})\n",
-            bytes(self.recorded.allocated),
-            bytes(self.predicted.allocated),
-            pct(self.predicted.allocated, self.recorded.allocated)
-        ));
-        out.push_str(&format!(
-            "peak reserved: recorded {}, predicted {} ({})\n",
-            bytes(self.recorded.reserved),
-            bytes(self.predicted.reserved),
-            pct(self.predicted.reserved, self.recorded.reserved)
-        ));
-        out.push_str(&format!(
-            "requests: {} recorded, {} predicted; {} the same size in the same order \
-             (the {} weights' in any order); {} place(s) where they part\n",
-            self.recorded_requests,
-            self.predicted_requests,
-            self.matched,
-            self.weights_matched,
-            self.divergences.len()
-        ));
-        for (i, d) in self.divergences.iter().take(top).enumerate() {
-            out.push_str(&format!(
-                "{}. at recorded request {}: {}{}\n",
-                i + 1,
-                d.recorded_at,
-                if d.net_bytes() >= 0 { "+" } else { "-" },
-                bytes(d.net_bytes().unsigned_abs())
-            ));
-            if !d.recorded.is_empty() {
-                out.push_str(&format!("   recorded only: {}\n", list(&d.recorded)));
-            }
-            if !d.predicted.is_empty() {
-                let sizes: Vec<u64> = d.predicted.iter().map(|(b, _)| *b).collect();
-                out.push_str(&format!(
-                    "   predicted only: {} in {}\n",
-                    list(&sizes),
-                    d.predicted[0].1
-                ));
-            }
-        }
-        if self.divergences.len() > top {
-            out.push_str(&format!(
-                "({} more places where they part)\n",
-                self.divergences.len() - top
-            ));
-        }
-        let ops = self.by_op();
-        if !ops.is_empty() {
-            out.push_str("by op (predicted only / recorded only):\n");
-            for (op, p, r) in ops.iter().take(top.max(1)) {
-                out.push_str(&format!("   {op}: {} / {}\n", bytes(*p), bytes(*r)));
-            }
-        }
-        out
-    }
-}
-
-/// Sizes as a short list: the first few, then how many more.
-fn list(sizes: &[u64]) -> String {
-    let mut parts: Vec<String> = sizes.iter().take(SHOWN).map(|b| bytes(*b)).collect();
-    if sizes.len() > SHOWN {
-        parts.push(format!("and {} more", sizes.len() - SHOWN));
-    }
-    parts.join(", ")
 }
 
 #[cfg(test)]

@@ -76,7 +76,6 @@ pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE
 pub use model::{Model, Segment};
 pub use options::{autocast_name, parse_autocast, Options, AUTOCAST_DTYPES};
 pub use plan::{allocator_candidates, breakdown, Config, Cost, Dominant, Plan, Plans, MAX_PLANS};
-pub use recorded::fits_cell;
 
 pub(crate) use gpu::is_size;
 pub(crate) use plan::{dtype_name, every_segment, lever_words, THIN_MARGIN};

@@ -7,10 +7,11 @@ use std::fmt;
 
 use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 
+use super::replay_text::fits_cell;
 use crate::estimate::{
-    autocast_name, breakdown, dtype_name, every_segment, fits_cell, is_size, lever_words,
-    AllocatorConfig, Cost, Dominant, Estimate, Fit, Mode, Optimizer, Options, Plan, Plans,
-    CONTEXT_ALLOWANCE, THIN_MARGIN,
+    autocast_name, breakdown, dtype_name, every_segment, is_size, lever_words, AllocatorConfig,
+    Cost, Dominant, Estimate, Fit, Mode, Optimizer, Options, Plan, Plans, CONTEXT_ALLOWANCE,
+    THIN_MARGIN,
 };
 use crate::format::bytes;
 use crate::names::MISSING;

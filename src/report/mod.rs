@@ -7,6 +7,7 @@
 //! - `terminal`: tables on standard output, and the text of leak and OOM reports;
 //! - `estimate_text`: estimates and plans as a person reads them (the CLI's, and the
 //!   `Display` of [`Plans`](crate::estimate::Plans) and [`Fit`](crate::estimate::Fit));
+//! - `replay_text`: recorded runs replayed, and a prediction held to a recorded run;
 //! - `csv`: the run's CSV files, and a profiled step's timeline, layers and idle CSV;
 //! - `idle_text`: the terminal section of the blocks idle at a step's peak;
 //! - `html_page`: the run's HTML report, rebuilt from its CSV files;
@@ -20,6 +21,7 @@ pub(crate) mod html_page;
 mod idle_text;
 pub(crate) mod oom_files;
 pub(crate) mod plot;
+pub mod replay_text;
 pub(crate) mod snapshot;
 pub(crate) mod terminal;
 

@@ -5,11 +5,12 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Args;
-use tch_memprof::estimate::recorded::{self, cheapest_fit, Peaks, Recording};
+use tch_memprof::estimate::recorded::{Peaks, Recording};
 use tch_memprof::estimate::{
     allocator_candidates, parse_autocast, AllocatorConfig, Optimizer, Options,
 };
 use tch_memprof::report::estimate_text::{budget_line, csv_to_stdout};
+use tch_memprof::report::replay_text;
 use tch_memprof::runs::schema::ReplayRow;
 
 use crate::fail;
@@ -176,7 +177,7 @@ fn plan_recorded(a: &PlanArgs, path: &Path, memory: u64) -> ExitCode {
             (name, recording.replay(c).replayed)
         })
         .collect();
-    let (fits, line) = cheapest_fit(&rows, memory);
+    let (fits, line) = replay_text::cheapest_fit(&rows, memory);
     if a.csv {
         let rows = rows
             .iter()
@@ -193,7 +194,7 @@ fn plan_recorded(a: &PlanArgs, path: &Path, memory: u64) -> ExitCode {
         println!("{}", budget_line(memory, &a.memory));
         println!(
             "{}",
-            recorded::table(recording.recorded_peaks(), &rows, Some(memory))
+            replay_text::table(recording.recorded_peaks(), &rows, Some(memory))
         );
         println!("{line}");
     }

@@ -8,9 +8,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use tch_memprof::estimate::recorded::{self, Action, Peaks, Recording};
+use tch_memprof::estimate::recorded::{Action, Peaks, Recording};
 use tch_memprof::estimate::{gpu_memory, AllocatorConfig};
 use tch_memprof::report::estimate_text::csv_to_stdout;
+use tch_memprof::report::replay_text;
 use tch_memprof::runs::schema::ReplayRow;
 
 use crate::fail;
@@ -154,7 +155,7 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         .iter()
         .map(|(conf, run)| (conf.clone(), run.replayed))
         .collect();
-    println!("{}", recorded::table(recorded, &replays, budget));
+    println!("{}", replay_text::table(recorded, &replays, budget));
     if !unmodelled.is_empty() {
         println!(
             "not modelled, replayed as if absent: {} (the rows with them may differ on the GPU)",
@@ -162,7 +163,7 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         );
     }
     if let Some(b) = budget {
-        println!("{}", recorded::cheapest_fit(&replays, b).1);
+        println!("{}", replay_text::cheapest_fit(&replays, b).1);
     }
     if let Some(line) = first.fragmentation_line() {
         println!("{line}");

@@ -126,32 +126,6 @@ pub struct RecordedRun {
     pub at_reserved_peak: Option<(PoolState, u64)>,
 }
 
-impl RecordedRun {
-    /// What the reserved peak is made of, in one line: allocated, free inside the
-    /// segments by pool, the largest free block, and the request that made the last
-    /// segment.
-    pub fn fragmentation_line(&self) -> Option<String> {
-        let (p, request) = self.at_reserved_peak?;
-        Some(format!(
-            "at the peak reserved ({}): {} allocated, {} free inside segments (small pool \
-             {}, large pool {}), the largest free block {}; the last segment was made for \
-             a request of {}{}",
-            bytes(p.reserved),
-            bytes(p.allocated),
-            bytes(p.free_small + p.free_large),
-            bytes(p.free_small),
-            bytes(p.free_large),
-            bytes(p.largest_free),
-            bytes(request),
-            if request <= 1 << 20 {
-                " (the small pool's, of 2 MiB segments)"
-            } else {
-                ""
-            }
-        ))
-    }
-}
-
 impl Recording {
     /// The compact CSV of a history (`seq,action,addr,size,stream,frame`, one event a
     /// row, as the GPU truth data keeps it).
@@ -430,97 +404,6 @@ impl Recording {
             at_reserved_peak: device.at_reserved_peak,
         }
     }
-}
-
-/// The first of `rows` (an allocator setting as `PYTORCH_CUDA_ALLOC_CONF` reads it, and
-/// the peaks of the recorded run replayed under it; the run's own setting first, then
-/// the others, the cheapest change first) whose peak reserved is within `budget`, in
-/// words; `None` when none is.
-pub fn cheapest_fit(rows: &[(String, Peaks)], budget: u64) -> (Option<usize>, String) {
-    let fits = rows.iter().position(|(_, p)| p.reserved <= budget);
-    let line = match fits {
-        Some(0) => format!(
-            "it fits {} as it ran: peak reserved {}, {} to spare",
-            bytes(budget),
-            bytes(rows[0].1.reserved),
-            bytes(budget - rows[0].1.reserved)
-        ),
-        Some(i) => format!(
-            "it fits {} with PYTORCH_CUDA_ALLOC_CONF={}: peak reserved {} (as it ran: {}), \
-             {} to spare",
-            bytes(budget),
-            rows[i].0,
-            bytes(rows[i].1.reserved),
-            bytes(rows[0].1.reserved),
-            bytes(budget - rows[i].1.reserved)
-        ),
-        None => {
-            let best = rows
-                .iter()
-                .min_by_key(|(_, p)| p.reserved)
-                .map_or((String::new(), 0), |(c, p)| (c.clone(), p.reserved));
-            format!(
-                "no allocator setting tried makes it fit {}: the smallest peak reserved is {} \
-                 ({}); the allocated peak itself is {}",
-                bytes(budget),
-                bytes(best.1),
-                if best.0.is_empty() {
-                    "as it ran".to_string()
-                } else {
-                    best.0
-                },
-                bytes(rows.first().map_or(0, |(_, p)| p.allocated))
-            )
-        }
-    };
-    (fits, line)
-}
-
-/// `✓ 1.20 GiB left` or `✗ 300.00 MiB over`: a peak reserved against a budget.
-pub fn fits_cell(peak_reserved: u64, budget: u64) -> String {
-    if peak_reserved <= budget {
-        format!("✓ {} left", crate::format::bytes(budget - peak_reserved))
-    } else {
-        format!("✗ {} over", crate::format::bytes(peak_reserved - budget))
-    }
-}
-
-/// The recorded peaks and the replays' as a table (a row per allocator setting, the
-/// recorded one first), with a `fits` column against `budget`. `replays`: each setting
-/// as `PYTORCH_CUDA_ALLOC_CONF` reads it with its replay's peaks, the run's own first
-/// (named "replayed (as recorded: ...)").
-pub fn table(recorded: Peaks, replays: &[(String, Peaks)], budget: Option<u64>) -> String {
-    use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
-    let mut t = Table::new();
-    let mut header = vec!["allocator settings", "peak allocated", "peak reserved"];
-    if budget.is_some() {
-        header.push("fits");
-    }
-    t.load_preset(UTF8_FULL)
-        .set_content_arrangement(ContentArrangement::Dynamic)
-        .set_header(header);
-    let named = replays.iter().enumerate().map(|(i, (conf, p))| {
-        let name = match (i, conf.is_empty()) {
-            (0, true) => "replayed (as recorded: default)".to_string(),
-            (0, false) => format!("replayed (as recorded: {conf})"),
-            _ => conf.clone(),
-        };
-        (name, *p)
-    });
-    let rows = std::iter::once(("recorded".to_string(), recorded)).chain(named);
-    for (name, p) in rows {
-        let mut row = vec![name, bytes(p.allocated), bytes(p.reserved)];
-        if let Some(b) = budget {
-            row.push(fits_cell(p.reserved, b));
-        }
-        t.add_row(row);
-    }
-    for c in 1..4 {
-        if let Some(col) = t.column_mut(c) {
-            col.set_cell_alignment(CellAlignment::Right);
-        }
-    }
-    t.to_string()
 }
 
 /// Sites, each named once.
