@@ -206,7 +206,7 @@ impl PeakView {
 
     /// The `top` segments with the most free bytes, each in words: its size, what is
     /// allocated and free in it, and where the blocks that split it were asked for
-    /// (`sites`: [`Recording::sites`]).
+    /// (`sites`: [`Recording::sites`](crate::estimate::recorded::Recording::sites)).
     pub fn split_segments(&self, sites: &[String], top: usize) -> Vec<String> {
         let mut segs: Vec<&SegmentState> = self
             .segments
