@@ -107,37 +107,23 @@ pub struct EstimateArgs {
 }
 
 pub fn run(a: &EstimateArgs) -> ExitCode {
-    let mode = if a.train {
-        match Optimizer::parse(&a.optimizer) {
-            Ok(o) => Mode::Train(o),
-            Err(e) => return fail(e),
-        }
-    } else {
-        Mode::Inference
+    estimate(a).unwrap_or_else(fail)
+}
+
+/// The command, its bad input as the error.
+fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let mode = match a.train {
+        true => Mode::Train(Optimizer::parse(&a.optimizer)?),
+        false => Mode::Inference,
     };
-    let attention = match Attention::parse(&a.attention) {
-        Ok(x) => x,
-        Err(e) => return fail(e),
-    };
+    let attention = Attention::parse(&a.attention)?;
     if let Some(b) = a.batch_sizes.iter().find(|b| **b <= 0) {
-        return fail(format!("invalid batch size {b}: must be positive"));
+        return Err(format!("invalid batch size {b}: must be positive").into());
     }
-    let autocast = match a.autocast.as_deref().map(parse_autocast).transpose() {
-        Ok(k) => k,
-        Err(e) => return fail(e),
-    };
-    let mut inputs = match a.target.inputs() {
-        Ok(i) => i,
-        Err(e) => return fail(e),
-    };
-    let allocator = match AllocatorConfig::from_env() {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
-    let (gpu, memory) = match gpu_and_memory(a.gpu.as_deref(), a.memory.as_deref()) {
-        Ok(g) => g,
-        Err(e) => return fail(e),
-    };
+    let autocast = a.autocast.as_deref().map(parse_autocast).transpose()?;
+    let mut inputs = a.target.inputs()?;
+    let allocator = AllocatorConfig::from_env()?;
+    let (gpu, memory) = gpu_and_memory(a.gpu.as_deref(), a.memory.as_deref())?;
     let options = Options {
         gpu,
         allocator,
@@ -149,61 +135,42 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         jit_optimize: !a.no_jit_optimize,
         zero_grad_first: a.zero_grad_first,
     };
-    if let Err(e) = options.validate(mode) {
-        return fail(e);
-    }
-    let model = match a.target.load(&mut inputs) {
-        Ok(m) => m,
-        Err(e) => return fail(e),
-    };
+    options.validate(mode)?;
+    let model = a.target.load(&mut inputs)?;
     let label = model.label().to_string();
     let batches: Vec<i64> = if a.batch_sizes.is_empty() {
         vec![inputs[0].batch()]
     } else {
         a.batch_sizes.clone()
     };
+    let at_batch = |b: i64| move |e: tch_memprof::Error| format!("at batch {b}: {e}");
     let mut rows = Vec::new();
-    for b in &batches {
-        let xs: Vec<Input> = inputs.iter().map(|i| i.with_batch(*b)).collect();
-        match model.estimate(&xs, mode, &options) {
-            Ok(e) => rows.push(e),
-            Err(e) => return fail(format!("at batch {b}: {e}")),
-        }
+    for &b in &batches {
+        let xs: Vec<Input> = inputs.iter().map(|i| i.with_batch(b)).collect();
+        rows.push(model.estimate(&xs, mode, &options).map_err(at_batch(b))?);
     }
     let comparison = match (&a.compare, batches.last()) {
-        (Some(path), Some(b)) => {
-            let recording = match Recording::read(path, 0) {
-                Ok(r) => r,
-                Err(e) => return fail(e),
-            };
-            let xs: Vec<Input> = inputs.iter().map(|i| i.with_batch(*b)).collect();
-            match model.compare(&xs, mode, &options, &recording) {
-                Ok(c) => Some((path, c)),
-                Err(e) => return fail(format!("at batch {b}: {e}")),
-            }
+        (Some(path), Some(&b)) => {
+            let recording = Recording::read(path, 0)?;
+            let xs: Vec<Input> = inputs.iter().map(|i| i.with_batch(b)).collect();
+            let c = model
+                .compare(&xs, mode, &options, &recording)
+                .map_err(at_batch(b))?;
+            Some((path, c))
         }
         _ => None,
     };
-    let fit = match memory {
-        None => None,
-        Some(m) => match model.largest_batch(&inputs, mode, &options, Some(m)) {
-            Ok(f) => Some(f),
-            Err(e) => return fail(e),
-        },
-    };
+    let fit = memory
+        .map(|m| model.largest_batch(&inputs, mode, &options, Some(m)))
+        .transpose()?;
     if let (Some(dir), Some(e)) = (&a.output_dir, rows.last()) {
         let Some(step) = &e.step else {
-            return fail(format!("{label}: the dry run made no step to write"));
+            return Err(format!("{label}: the dry run made no step to write").into());
         };
         let title = format!("{label} {} (predicted), batch {}", mode.label(), e.batch);
-        match step.write_files(dir, &title) {
-            // Standard output stays CSV with --csv.
-            Ok(files) => {
-                for f in files {
-                    eprintln!("wrote {}", f.display());
-                }
-            }
-            Err(e) => return fail(e),
+        // Standard output stays CSV with --csv.
+        for f in step.write_files(dir, &title)? {
+            eprintln!("wrote {}", f.display());
         }
     }
     if a.csv {
@@ -216,10 +183,8 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
             .iter()
             .map(|e| e.csv_row(&label, false))
             .chain(largest.iter().map(|e| e.csv_row(&label, true)));
-        return match csv_to_stdout(csv_rows) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(format!("writing CSV to standard output: {e}")),
-        };
+        csv_to_stdout(csv_rows).map_err(|e| format!("writing CSV to standard output: {e}"))?;
+        return Ok(ExitCode::SUCCESS);
     }
     println!("tch-memprof estimate: {label}, {}", options.describe(mode));
     println!("{}", table(&rows, memory));
@@ -268,5 +233,5 @@ pub fn run(a: &EstimateArgs) -> ExitCode {
         println!("Compared with {}:", path.display());
         print!("{}", c.text(a.top.max(1)));
     }
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }

@@ -55,40 +55,29 @@ pub struct PlanArgs {
 }
 
 pub fn run(a: &PlanArgs) -> ExitCode {
-    let optimizer = match Optimizer::parse(&a.optimizer) {
-        Ok(o) => o,
-        Err(e) => return fail(e),
-    };
+    plan(a).unwrap_or_else(fail)
+}
+
+/// The command, its bad input as the error.
+fn plan(a: &PlanArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let optimizer = Optimizer::parse(&a.optimizer)?;
     if let Some(b) = a.batch.filter(|b| *b <= 0) {
-        return fail(format!("invalid batch {b}: must be positive"));
+        return Err(format!("invalid batch {b}: must be positive").into());
     }
-    let mut inputs = match a.target.inputs() {
-        Ok(i) => i,
-        Err(e) => return fail(e),
-    };
-    let allocator = match AllocatorConfig::from_env() {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
-    let (gpu, memory) = match gpu_and_memory(a.gpu.as_deref(), Some(&a.memory)) {
-        Ok((g, Some(m))) => (g, m),
-        Ok((_, None)) => return fail("give the budget with --memory (24GB or a GPU name)"),
-        Err(e) => return fail(e),
+    let mut inputs = a.target.inputs()?;
+    let allocator = AllocatorConfig::from_env()?;
+    let (gpu, memory) = match gpu_and_memory(a.gpu.as_deref(), Some(&a.memory))? {
+        (g, Some(m)) => (g, m),
+        (_, None) => return Err("give the budget with --memory (24GB or a GPU name)".into()),
     };
     if let Some(path) = a.target.path.as_deref().filter(|p| is_recording(p)) {
         return plan_recorded(a, path, memory);
     }
-    let model = match a.target.load(&mut inputs) {
-        Ok(m) => m,
-        Err(e) => return fail(e),
-    };
+    let model = a.target.load(&mut inputs)?;
     if let Some(b) = a.batch {
         inputs = inputs.iter().map(|i| i.with_batch(b)).collect();
     }
-    let autocast = match a.autocast.as_deref().map(parse_autocast).transpose() {
-        Ok(k) => k,
-        Err(e) => return fail(e),
-    };
+    let autocast = a.autocast.as_deref().map(parse_autocast).transpose()?;
     let options = Options {
         gpu,
         allocator,
@@ -96,28 +85,22 @@ pub fn run(a: &PlanArgs) -> ExitCode {
         ..Options::default()
     };
     let mut progress = Progress::new();
-    let plans = match model.plan_with_progress(&inputs, optimizer, &options, memory, &mut |n| {
+    let plans = model.plan_with_progress(&inputs, optimizer, &options, memory, &mut |n| {
         progress.dry_run(n)
-    }) {
-        Ok(p) => p,
-        Err(e) => {
-            progress.clear();
-            return fail(e);
-        }
-    };
+    });
     progress.clear();
+    let plans = plans?;
     let label = model.label().to_string();
     if a.csv {
-        return match csv_to_stdout(plans.csv_rows(&label)) {
-            Ok(()) if plans.fits.is_empty() => {
-                if let Some(line) = plans.nothing_fits() {
-                    eprintln!("tch-memprof: {line}");
-                }
-                ExitCode::from(1)
+        csv_to_stdout(plans.csv_rows(&label))
+            .map_err(|e| format!("writing CSV to standard output: {e}"))?;
+        if plans.fits.is_empty() {
+            if let Some(line) = plans.nothing_fits() {
+                eprintln!("tch-memprof: {line}");
             }
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(format!("writing CSV to standard output: {e}")),
-        };
+            return Ok(ExitCode::from(1));
+        }
+        return Ok(ExitCode::SUCCESS);
     }
     println!(
         "tch-memprof plan: {label}, training with {} at batch {}, {}",
@@ -127,11 +110,11 @@ pub fn run(a: &PlanArgs) -> ExitCode {
     );
     println!("{}", budget_line(memory, &a.memory));
     print!("{plans}");
-    if plans.fits.is_empty() {
+    Ok(if plans.fits.is_empty() {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
-    }
+    })
 }
 
 /// Whether `path` is a recorded run: a pickle (PyTorch's snapshot; model files are zip
@@ -149,23 +132,24 @@ fn is_recording(path: &Path) -> bool {
 
 /// The plan of a recorded run: the run replayed under its own allocator settings and
 /// under each the plan tries, and the cheapest that fits `memory`; exit 1 when none does.
-fn plan_recorded(a: &PlanArgs, path: &Path, memory: u64) -> ExitCode {
+fn plan_recorded(
+    a: &PlanArgs,
+    path: &Path,
+    memory: u64,
+) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if !a.target.inputs.is_empty() || a.batch.is_some() || a.autocast.is_some() {
-        return fail(format!(
+        return Err(format!(
             "{}: a recorded run's only lever is the allocator's settings: --input, --batch \
              and --autocast apply to a model file",
             path.display()
-        ));
+        )
+        .into());
     }
-    let recording = match Recording::read(path, 0) {
-        Ok(r) => r,
-        Err(e) => return fail(e),
-    };
+    let recording = Recording::read(path, 0)?;
     let own = recording.alloc_conf.clone().unwrap_or_default();
-    let candidates = match AllocatorConfig::parse(&own).and_then(|c| allocator_candidates(&c)) {
-        Ok(c) => c,
-        Err(e) => return fail(format!("the run's PYTORCH_CUDA_ALLOC_CONF {own:?}: {e}")),
-    };
+    let candidates = AllocatorConfig::parse(&own)
+        .and_then(|c| allocator_candidates(&c))
+        .map_err(|e| format!("the run's PYTORCH_CUDA_ALLOC_CONF {own:?}: {e}"))?;
     let rows: Vec<(String, Peaks)> = candidates
         .iter()
         .map(|(conf, c)| {
@@ -182,9 +166,7 @@ fn plan_recorded(a: &PlanArgs, path: &Path, memory: u64) -> ExitCode {
         let rows = rows
             .iter()
             .map(|(conf, p)| ReplayRow::new(conf, p.allocated, p.reserved, Some(memory)));
-        if let Err(e) = csv_to_stdout(rows) {
-            return fail(format!("writing CSV to standard output: {e}"));
-        }
+        csv_to_stdout(rows).map_err(|e| format!("writing CSV to standard output: {e}"))?;
     } else {
         println!(
             "tch-memprof plan: {}, a recorded run: its lever is the allocator's settings \
@@ -198,11 +180,11 @@ fn plan_recorded(a: &PlanArgs, path: &Path, memory: u64) -> ExitCode {
         );
         println!("{line}");
     }
-    if fits.is_some() {
+    Ok(if fits.is_some() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
-    }
+    })
 }
 
 /// A progress line on standard error, while the search runs past two seconds and only

@@ -42,40 +42,29 @@ fn parse_device(s: &str) -> Result<Device, String> {
 }
 
 pub fn run(a: &ProfileArgs) -> ExitCode {
-    let mut inputs = match parse_inputs(&a.inputs) {
-        Ok(i) => i,
-        Err(e) => return fail(e),
-    };
-    let device = match parse_device(&a.device) {
-        Ok(d) => d,
-        Err(e) => return fail(e),
-    };
+    profile(a).unwrap_or_else(fail)
+}
+
+/// The command, its bad input as the error.
+fn profile(a: &ProfileArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let mut inputs = parse_inputs(&a.inputs)?;
+    let device = parse_device(&a.device)?;
     if let Device::Cuda(i) = device {
         if !tch::Cuda::is_available() || i >= tch::Cuda::device_count() as usize {
-            return fail(format!("device {} is not available here", a.device));
+            return Err(format!("device {} is not available here", a.device).into());
         }
     }
     if tch_memprof::estimate::is_exported_program(&a.path) {
         // The program's own input shapes and dtypes where --input leaves them out.
-        let adopted = tch_memprof::estimate::Model::exported(&a.path)
-            .map_err(|e| e.to_string())
-            .and_then(|m| crate::model_args::program_inputs(&a.path, &m, &mut inputs, &a.inputs));
-        if let Err(e) = adopted {
-            return fail(e);
-        }
+        let m = tch_memprof::estimate::Model::exported(&a.path)?;
+        crate::model_args::program_inputs(&a.path, &m, &mut inputs, &a.inputs)?;
     } else if inputs.is_empty() {
-        return fail(match tch_memprof::estimate::Model::from_file(&a.path) {
-            Ok(m) => crate::model_args::missing_input(&a.path, &m),
-            Err(e) => e.to_string(),
-        });
+        let m = tch_memprof::estimate::Model::from_file(&a.path)?;
+        return Err(crate::model_args::missing_input(&a.path, &m).into());
     }
-    match tch_memprof::profile_file(&a.path, &inputs, a.train, device, &a.output_dir) {
-        Ok(step) => {
-            for f in &step.files {
-                println!("wrote {}", f.display());
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(e),
+    let step = tch_memprof::profile_file(&a.path, &inputs, a.train, device, &a.output_dir)?;
+    for f in &step.files {
+        println!("wrote {}", f.display());
     }
+    Ok(ExitCode::SUCCESS)
 }

@@ -57,14 +57,18 @@ pub struct ReplayArgs {
 }
 
 pub fn run(a: &ReplayArgs) -> ExitCode {
-    let recording = match Recording::read(&a.snapshot, a.device) {
-        Ok(r) => r,
-        Err(e) => return fail(e),
-    };
-    let budget = match a.memory.as_deref().map(gpu_memory).transpose() {
-        Ok(b) => b.map(|(size, _)| size),
-        Err(e) => return fail(e),
-    };
+    replay(a).unwrap_or_else(fail)
+}
+
+/// The command, its bad input as the error.
+fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let recording = Recording::read(&a.snapshot, a.device)?;
+    let budget = a
+        .memory
+        .as_deref()
+        .map(gpu_memory)
+        .transpose()?
+        .map(|(size, _)| size);
     let own = recording.alloc_conf.clone().unwrap_or_default();
     let mut confs = vec![own.clone()];
     let asked: Vec<String> = if a.alloc_confs.is_empty() {
@@ -73,33 +77,24 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         a.alloc_confs.clone()
     };
     confs.extend(asked.into_iter().filter(|c| *c != own));
-    let own_config = match AllocatorConfig::parse(&own) {
-        Ok(c) => c,
-        Err(e) => return fail(format!("the run's PYTORCH_CUDA_ALLOC_CONF {own:?}: {e}")),
-    };
+    let own_config = AllocatorConfig::parse(&own)
+        .map_err(|e| format!("the run's PYTORCH_CUDA_ALLOC_CONF {own:?}: {e}"))?;
     if let Some(dir) = &a.output_dir {
         let written = recording.step(&own_config).and_then(|step| {
             let title = format!("{} (recorded)", a.snapshot.display());
             step.write_files(dir, &title)
         });
-        match written {
-            // Standard output stays CSV with --csv.
-            Ok(files) => {
-                for f in files {
-                    eprintln!("wrote {}", f.display());
-                }
-            }
-            Err(e) => return fail(e),
+        // Standard output stays CSV with --csv.
+        for f in written? {
+            eprintln!("wrote {}", f.display());
         }
     }
     let mut rows = Vec::new();
     // Settings PyTorch takes that the model does not (replayed as if absent).
     let mut unmodelled: Vec<String> = Vec::new();
     for conf in &confs {
-        let config = match AllocatorConfig::parse(conf) {
-            Ok(c) => c,
-            Err(e) => return fail(format!("--alloc-conf {conf:?}: {e}")),
-        };
+        let config =
+            AllocatorConfig::parse(conf).map_err(|e| format!("--alloc-conf {conf:?}: {e}"))?;
         for key in &config.not_modelled {
             if !unmodelled.contains(key) {
                 unmodelled.push(key.clone());
@@ -118,10 +113,8 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         .chain(rows.iter().map(|(conf, run)| {
             ReplayRow::new(conf, run.replayed.allocated, run.replayed.reserved, budget)
         }));
-        if let Err(e) = csv_to_stdout(rows) {
-            return fail(format!("writing CSV to standard output: {e}"));
-        }
-        return ExitCode::SUCCESS;
+        csv_to_stdout(rows).map_err(|e| format!("writing CSV to standard output: {e}"))?;
+        return Ok(ExitCode::SUCCESS);
     }
     let allocations = recording
         .events
@@ -190,5 +183,5 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
         "recorded allocated: the blocks' sizes as asked for (the allocator counts whole \
          blocks, a little more)"
     );
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
