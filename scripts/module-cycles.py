@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Fails if the crate's top-level modules import each other in a cycle.
+"""Fails if the crate's top-level modules import each other in a cycle, or if files of
+one folder do (siblings: `estimate/plan.rs` and `estimate/replay.rs`; a folder's `mod.rs`,
+which declares and re-exports its files, is left out).
 
 A module is a file or folder directly under src/ (src/report/ and everything in it is
 `report`). An edge A -> B is any `crate::B` path (in `use` or inline) written in A's
@@ -75,6 +77,84 @@ def main() -> int:
             print("import cycle among: " + ", ".join(c), file=sys.stderr)
         return 1
     print(f"no import cycle among {len(modules)} modules")
+    return sibling_cycles()
+
+
+def file_module(path: Path) -> tuple:
+    """`estimate/plan.rs` -> ("estimate", "plan"); `estimate/model/mod.rs` -> ("estimate", "model")."""
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "mod":
+        parts = parts[:-1]
+    return tuple(parts)
+
+
+def sibling_cycles() -> int:
+    """Cycles among the files of one folder: an edge A -> B is a `super::B` or a
+    `crate::...::B` path in A, B a file beside A (not the folder's mod.rs)."""
+    files = [p for p in SRC.rglob("*.rs") if "bin" not in p.relative_to(SRC).parts]
+    by_module = {file_module(p): p for p in files}
+    edges = {}
+    for p in files:
+        if p.name in ("mod.rs", "lib.rs"):
+            continue
+        me = file_module(p)
+        code = "\n".join(line.split("//")[0] for line in p.read_text().splitlines())
+        targets = set()
+        for m in re.finditer(r"\bsuper::(?:\{([^}]*)\}|([a-z_][a-z0-9_]*))", code):
+            for n in (m.group(1).split(",") if m.group(1) else [m.group(2)]):
+                n = n.strip().split("::")[0]
+                if n:
+                    targets.add(me[:-1] + (n,))
+        paths = re.findall(r"\bcrate::((?:[a-z_][a-z0-9_]*::)*[a-z_][a-z0-9_]*)", code)
+        for g in re.findall(r"\buse crate::\{([^;]*)\}", code, re.S):
+            paths += [t.strip() for t in g.split(",") if t.strip()]
+        for path in paths:
+            segs = path.split("::")
+            for k in range(len(segs), 0, -1):
+                if tuple(segs[:k]) in by_module:
+                    targets.add(tuple(segs[:k]))
+                    break
+        edges[me] = {
+            t
+            for t in targets
+            if t != me and t[:-1] == me[:-1] and t in by_module and by_module[t].name != "mod.rs"
+        }
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in edges:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    for c in cycles:
+        names = ", ".join("src/" + str(by_module[m].relative_to(SRC)) for m in c)
+        print(f"import cycle among the files: {names}", file=sys.stderr)
+    if cycles:
+        return 1
+    print(f"no import cycle among the files of any folder ({len(edges)} files)")
     return 0
 
 
