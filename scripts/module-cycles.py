@@ -22,27 +22,16 @@ def module_of(path: Path) -> str:
     return rel.parts[0].removesuffix(".rs")
 
 
-def main() -> int:
-    modules = {module_of(p) for p in SRC.rglob("*.rs") if p.name != "lib.rs" or p.parent != SRC}
-    modules.discard("lib")
-    edges = {m: set() for m in modules}
-    pattern = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
-    group = re.compile(r"\buse crate::\{([^;]*)\}", re.S)
-    for p in SRC.rglob("*.rs"):
-        m = module_of(p)
-        if m == "lib":
-            continue
-        text = p.read_text()
-        # Comments and doc links do not import.
-        code = "\n".join(line.split("//")[0] for line in text.splitlines())
-        targets = set(pattern.findall(code))
-        for g in group.findall(code):
-            targets |= {t.strip().split("::")[0] for t in g.split(",") if t.strip()}
-        for t in targets:
-            if t in modules and t != m:
-                edges[m].add(t)
-    # Tarjan's strongly connected components.
-    index, low, stack, on, sccs = {}, {}, [], set(), []
+def code_of(path: Path) -> str:
+    """A source file without its comments (comments and doc links do not import)."""
+    return "\n".join(line.split("//")[0] for line in path.read_text().splitlines())
+
+
+def cycles_of(edges: dict) -> list:
+    """The import cycles of a graph (node -> set of nodes; edges to nodes outside it are
+    left out): its strongly connected components of more than one node (Tarjan's
+    algorithm), each sorted."""
+    index, low, stack, on, cycles = {}, {}, [], set(), []
     counter = [0]
 
     def visit(v):
@@ -51,6 +40,8 @@ def main() -> int:
         stack.append(v)
         on.add(v)
         for w in sorted(edges[v]):
+            if w not in edges:
+                continue
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -64,14 +55,35 @@ def main() -> int:
                 comp.append(w)
                 if w == v:
                     break
-            sccs.append(sorted(comp))
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
 
-    for v in sorted(modules):
+    for v in sorted(edges):
         if v not in index:
             visit(v)
+    return cycles
+
+
+def main() -> int:
+    modules = {module_of(p) for p in SRC.rglob("*.rs") if p.name != "lib.rs" or p.parent != SRC}
+    modules.discard("lib")
+    edges = {m: set() for m in modules}
+    pattern = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
+    group = re.compile(r"\buse crate::\{([^;]*)\}", re.S)
+    for p in SRC.rglob("*.rs"):
+        m = module_of(p)
+        if m == "lib":
+            continue
+        code = code_of(p)
+        targets = set(pattern.findall(code))
+        for g in group.findall(code):
+            targets |= {t.strip().split("::")[0] for t in g.split(",") if t.strip()}
+        for t in targets:
+            if t in modules and t != m:
+                edges[m].add(t)
+    cycles = cycles_of(edges)
     for m in sorted(edges):
         print(f"{m} -> {', '.join(sorted(edges[m])) or '(nothing)'}")
-    cycles = [c for c in sccs if len(c) > 1]
     if cycles:
         for c in cycles:
             print("import cycle among: " + ", ".join(c), file=sys.stderr)
@@ -98,7 +110,7 @@ def sibling_cycles() -> int:
         if p.name in ("mod.rs", "lib.rs"):
             continue
         me = file_module(p)
-        code = "\n".join(line.split("//")[0] for line in p.read_text().splitlines())
+        code = code_of(p)
         targets = set()
         for m in re.finditer(r"\bsuper::(?:\{([^}]*)\}|([a-z_][a-z0-9_]*))", code):
             for n in (m.group(1).split(",") if m.group(1) else [m.group(2)]):
@@ -119,36 +131,7 @@ def sibling_cycles() -> int:
             for t in targets
             if t != me and t[:-1] == me[:-1] and t in by_module and by_module[t].name != "mod.rs"
         }
-    index, low, stack, on, cycles = {}, {}, [], set(), []
-    counter = [0]
-
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in sorted(edges.get(v, ())):
-            if w not in edges:
-                continue
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                cycles.append(sorted(comp))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
+    cycles = cycles_of(edges)
     for c in cycles:
         names = ", ".join("src/" + str(by_module[m].relative_to(SRC)) for m in c)
         print(f"import cycle among the files: {names}", file=sys.stderr)
