@@ -225,6 +225,11 @@ pub mod __private {
     pub fn cpu_live_bytes() -> i64 {
         crate::ffi::device_stats(0).map(|s| s.live).unwrap_or(-1)
     }
+    /// Whether libtorch runs op callbacks for every op now (what its dispatcher asks
+    /// before it builds an op's record), not only for autograd nodes.
+    pub fn records_every_op() -> bool {
+        crate::ffi::state().is_ok_and(|s| s.op_records != 0)
+    }
     /// Whether the tracking CPU allocator is installed.
     pub fn cpu_tracking_installed() -> bool {
         crate::ffi::state().is_ok_and(|s| s.cpu_installed != 0)

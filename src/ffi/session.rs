@@ -46,6 +46,8 @@ pub(crate) struct State {
     pub cuda_ooms_seen: i64,
     pub hook_reentries: i64,
     pub cuda_untracked: i64,
+    pub op_records: i32,
+    pub pad: i32,
 }
 
 /// Starts the profiling session on the calling thread (the training thread);

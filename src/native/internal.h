@@ -76,6 +76,9 @@ void session_stop();
 // Whether the running session asked for leak hunting (restored when the memory
 // history stops).
 bool session_leaks_requested();
+// Whether the profiled step records ops now (leak hunting's origins, the step timeline,
+// the memory history), not only the autograd nodes that find its phases.
+bool step_records_ops();
 int begin_iteration();
 void read_state(MpState* out);
 // `slot` in 0..kMaxDevices.
@@ -179,6 +182,10 @@ void slot_add(DeviceState& d, uint32_t gen, uint32_t phase, int64_t delta);
 int64_t phase_live(const DeviceState& d, uint32_t phase);
 // Moves from `from` to `to` (bumping the generation) if the phase is still `from`.
 bool transition(uint32_t from, uint32_t to);
+// Whether this thread runs inside the autograd engine's graph task now: between two
+// nodes of a backward pass (gradients summed in input buffers, broadcast gradients
+// reduced), where no node's record is open.
+bool in_autograd_task();
 
 // Called on every allocation by the training thread: the allocation-driven phase
 // changes (backward -> optimizer when no backward node runs; optimizer -> forward when
@@ -187,7 +194,8 @@ bool transition(uint32_t from, uint32_t to);
 inline uint64_t phase_for_alloc() {
   uint64_t gp = g_genphase.load(std::memory_order_acquire);
   if (tls_training_thread) {
-    if (cur_phase(gp) == kBackward && g_active_backward.load(std::memory_order_acquire) == 0) {
+    if (cur_phase(gp) == kBackward && g_active_backward.load(std::memory_order_acquire) == 0 &&
+        !in_autograd_task()) {
       transition(kBackward, kOptimizer);
       gp = g_genphase.load(std::memory_order_acquire);
     }
@@ -527,10 +535,14 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*);
 // A profiling session uses the callback (callback.cpp).
 extern std::atomic<bool> g_step_user;
 // The one op callback's registration: target (MpTarget) needs it (on) or not, with the
-// ops' inputs and/or outputs; registered while any target needs it, with what they need.
-void op_callback_use(int target, bool on, bool inputs, bool outputs);
+// ops' inputs and/or outputs, for every op's record (functions) or only the autograd
+// nodes'; registered while any target needs it, with what they need.
+void op_callback_use(int target, bool on, bool inputs, bool outputs, bool functions);
 // Target now needs the ops' inputs too, if it still needs the callback (else nothing).
 void op_callback_want_inputs(int target);
+// Target now needs every op's record (or only the nodes'), if it still needs the
+// callback (else nothing).
+void op_callback_want_functions(int target, bool functions);
 // The variables the op recorder of `target` finds among an op's inputs.
 void clear_params(int target);
 int set_params(int target, const uint64_t* ptrs, const int32_t* ids, const int32_t* layers,

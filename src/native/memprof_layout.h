@@ -65,7 +65,7 @@
   MP_FIELD(MpDeviceStats, reported_peak_reserved_iter, 80)  \
   MP_FIELD(MpDeviceStats, reported_peak_allocated_run, 88)  \
   MP_FIELD(MpDeviceStats, reported_peak_reserved_run, 96)   \
-  MP_SIZE(MpState, 80)                                 \
+  MP_SIZE(MpState, 88)                                 \
   MP_FIELD(MpState, generation, 0)                     \
   MP_FIELD(MpState, phase, 4)                          \
   MP_FIELD(MpState, active_backward, 8)                \
@@ -78,6 +78,7 @@
   MP_FIELD(MpState, cuda_ooms_seen, 56)                \
   MP_FIELD(MpState, hook_reentries, 64)                \
   MP_FIELD(MpState, cuda_untracked, 72)                \
+  MP_FIELD(MpState, op_records, 80)                    \
   MP_SIZE(MpLogEvent, 24)                              \
   MP_FIELD(MpLogEvent, ptr, 0)                         \
   MP_FIELD(MpLogEvent, delta, 8)                       \

@@ -394,7 +394,7 @@ bool meta_begin() {
   tls_meta_backward = 0;
   g_meta_ops.store(0);
   tls_dry_ops = OpStack{};
-  op_callback_use(MP_TARGET_DRY_RUN, true, /*inputs=*/true, /*outputs=*/true);
+  op_callback_use(MP_TARGET_DRY_RUN, true, /*inputs=*/true, /*outputs=*/true, /*functions=*/true);
   tls_dry_run_thread = true;
   g_meta_on.store(true);
   return true;
@@ -407,7 +407,7 @@ void meta_end() {
   if (g_meta_on.load()) {
     g_meta_on.store(false);
     tls_dry_run_thread = false;
-    op_callback_use(MP_TARGET_DRY_RUN, false, false, false);
+    op_callback_use(MP_TARGET_DRY_RUN, false, false, false, false);
     clear_params(MP_TARGET_DRY_RUN);
   }
 }

@@ -1,6 +1,10 @@
 // The one op callback's registration (the callback itself and the op recorder are in
 // ops.cpp): registered while a profiling session or a dry run needs it, with the ops'
-// inputs while either needs them. The profiled step asks for inputs only in the
+// inputs while either needs them, and for every op (FUNCTION scope) only while one
+// records ops: the dry run, leak hunting's op origins, the step timeline, the memory
+// history. A session without them (no leak hunting) needs only the autograd nodes'
+// records, which find its phases; libtorch then keeps ordinary ops on the dispatcher's
+// fast path, which builds no record at all. The profiled step asks for inputs only in the
 // iterations that learn what its ops take from them (op_seq.cpp), and from inside a
 // record for the rest of an iteration that parted from them.
 
@@ -18,8 +22,10 @@ at::CallbackHandle g_callback = 0;
 bool g_used[2] = {false, false};
 bool g_inputs[2] = {false, false};
 bool g_outputs[2] = {false, false};
+bool g_functions[2] = {false, false};
 bool g_has_inputs = false;
 bool g_has_outputs = false;
+bool g_has_functions = false;
 }  // namespace
 
 namespace {
@@ -28,7 +34,9 @@ void register_callback_locked() {
   const bool any = g_used[0] || g_used[1];
   const bool want_inputs = g_inputs[0] || g_inputs[1];
   const bool want_outputs = g_outputs[0] || g_outputs[1];
-  if (g_callback != 0 && any && want_inputs == g_has_inputs && want_outputs == g_has_outputs) {
+  const bool want_functions = g_functions[0] || g_functions[1];
+  if (g_callback != 0 && any && want_inputs == g_has_inputs && want_outputs == g_has_outputs &&
+      want_functions == g_has_functions) {
     return;  // registered as needed
   }
   // Records begun under the old registration keep it to their end.
@@ -37,25 +45,40 @@ void register_callback_locked() {
     g_callback = 0;
   }
   if (any) {
-    g_callback = at::addGlobalCallback(
-        at::RecordFunctionCallback(&on_op_start, &on_op_end)
-            .needsInputs(want_inputs)
-            .needsOutputs(want_outputs)
-            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    auto callback = at::RecordFunctionCallback(&on_op_start, &on_op_end)
+                        .needsInputs(want_inputs)
+                        .needsOutputs(want_outputs);
+    if (want_functions) {
+      callback.scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION});
+    } else {
+      callback.scopes({at::RecordScope::BACKWARD_FUNCTION});
+    }
+    g_callback = at::addGlobalCallback(std::move(callback));
     g_has_inputs = want_inputs;
     g_has_outputs = want_outputs;
+    g_has_functions = want_functions;
   }
 }
 }  // namespace
 
-void op_callback_use(int target, bool on, bool inputs, bool outputs) {
+void op_callback_use(int target, bool on, bool inputs, bool outputs, bool functions) {
   std::lock_guard<std::mutex> lock(g_callback_mutex);
   g_used[target] = on;
   g_inputs[target] = on && inputs;
   g_outputs[target] = on && outputs;
+  g_functions[target] = on && functions;
   if (target == MP_TARGET_STEP) {
     g_step_user.store(on);
   }
+  register_callback_locked();
+}
+
+void op_callback_want_functions(int target, bool functions) {
+  std::lock_guard<std::mutex> lock(g_callback_mutex);
+  if (!g_used[target] || g_functions[target] == functions) {
+    return;
+  }
+  g_functions[target] = functions;
   register_callback_locked();
 }
 

@@ -15,9 +15,12 @@
 //
 // A record counts as "backward running" when it is an autograd node
 // (BACKWARD_FUNCTION scope) or the engine's wrapper around one
-// ("autograd::engine::evaluate_function: ...", FUNCTION scope), which also covers the
-// engine's own work between node and buffer (validate_outputs' sum_to of broadcast
-// gradients, gradient accumulation in input buffers).
+// ("autograd::engine::evaluate_function: ...", FUNCTION scope). The engine's own work
+// between node and buffer (validate_outputs' sum_to of broadcast gradients, gradient
+// accumulation in input buffers) is backward too: inside the wrapper's record where
+// FUNCTION records are on, and always inside the engine's graph task
+// (in_autograd_task), which a session without them (no leak hunting, no timeline)
+// relies on.
 //
 // A "timeline op" is the outermost record on its thread, or an autograd node's
 // evaluate_function record (so each backward node is one op). FLOPs are counted at
@@ -176,7 +179,8 @@ inline uint32_t shown_phase(bool backward_record) {
     return kBackward;
   }
   const uint32_t ph = cur_phase(g_genphase.load(std::memory_order_acquire));
-  if (ph == kBackward && g_active_backward.load(std::memory_order_acquire) == 0) {
+  if (ph == kBackward && g_active_backward.load(std::memory_order_acquire) == 0 &&
+      !in_autograd_task()) {
     return kOptimizer;
   }
   if (ph == kOptimizer && c10::GradMode::is_enabled()) {

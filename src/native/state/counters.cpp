@@ -1,5 +1,7 @@
 // Generation slots, device counters, phase transitions, and the hooks' re-entry count.
 
+#include <torch/csrc/autograd/graph_task.h>
+
 #include "../internal.h"
 
 namespace memprof {
@@ -112,6 +114,10 @@ bool transition(uint32_t from, uint32_t to) {
       return true;
     }
   }
+}
+
+bool in_autograd_task() {
+  return torch::autograd::get_current_graph_task_id() != -1;
 }
 
 }  // namespace memprof

@@ -144,6 +144,7 @@ int set_history(bool on, uint64_t max_entries) {
   if (!on) {
     g_hist_on.store(false);
     g_origin_on.store(session_leaks_requested());
+    op_callback_want_functions(MP_TARGET_STEP, step_records_ops());
     return 0;
   }
   if (!g_hist) {
@@ -159,6 +160,7 @@ int set_history(bool on, uint64_t max_entries) {
   g_hist_len.store(0);
   g_origin_on.store(true);  // snapshots list the registered live blocks
   g_hist_on.store(true);
+  op_callback_want_functions(MP_TARGET_STEP, true);  // the origins are ops
   return 0;
 }
 

@@ -88,7 +88,8 @@ int session_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
   // Leak hunting and the timeline ask for op inputs only while they learn what the ops
   // take from them (op_seq.cpp): the first iteration does.
   op_seq_start(leaks != 0 || timeline_slot >= 0, timeline_slot >= 0);
-  op_callback_use(MP_TARGET_STEP, true, timeline_slot >= 0 || leaks != 0, false);
+  op_callback_use(MP_TARGET_STEP, true, timeline_slot >= 0 || leaks != 0, false,
+                  leaks != 0 || timeline_slot >= 0 || g_hist_on.load());
   g_session.on = true;
   // Start iteration 1 in the forward phase.
   const uint32_t gen = cur_gen(g_genphase.load()) + 1;
@@ -104,7 +105,7 @@ int session_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
 void session_stop() {
   std::lock_guard<std::mutex> lock(g_session_mutex);
   if (g_session.on) {
-    op_callback_use(MP_TARGET_STEP, false, false, false);
+    op_callback_use(MP_TARGET_STEP, false, false, false, false);
     g_session.on = false;
   }
   g_steplog_on.store(false);
@@ -121,6 +122,10 @@ void session_stop() {
 
 bool session_leaks_requested() {
   return g_session.leaks_requested;
+}
+
+bool step_records_ops() {
+  return g_origin_on.load() || g_steplog_on.load() || g_hist_on.load();
 }
 
 int begin_iteration() {
@@ -143,7 +148,7 @@ int begin_iteration() {
   }
   const bool inputs = op_seq_next_iteration();
   if (steplog || g_session.leaks_requested) {
-    op_callback_use(MP_TARGET_STEP, true, inputs, false);
+    op_callback_use(MP_TARGET_STEP, true, inputs, false, true);
   }
   for (auto& d : g_dev) {
     d.peak_iter.store(d.live.load());
@@ -168,6 +173,9 @@ void read_state(MpState* out) {
   out->cuda_ooms_seen = g_cuda_ooms_seen.load();
   out->hook_reentries = g_hook_reentries.load();
   out->cuda_untracked = g_cuda_untracked.load();
+  // What the dispatcher asks before it builds an op's record.
+  out->op_records = at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION).has_value() ? 1 : 0;
+  out->pad = 0;
 }
 
 void read_device_stats(int32_t slot, MpDeviceStats* out) {
