@@ -10,54 +10,7 @@
 use crate::error::Result;
 use crate::ffi;
 
-/// CUDA caching-allocator statistics of one device (aggregate pool).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CudaStats {
-    /// Bytes in blocks handed to tensors now.
-    pub allocated_current: i64,
-    /// Peak of `allocated_current` since the allocator's last peak reset.
-    pub allocated_peak: i64,
-    /// Bytes the allocator holds from the driver (allocated plus cached).
-    pub reserved_current: i64,
-    /// Peak of `reserved_current`.
-    pub reserved_peak: i64,
-    /// Bytes in active blocks (allocated, or freed but still used by a stream).
-    pub active_current: i64,
-    /// Peak of `active_current`.
-    pub active_peak: i64,
-    /// Bytes tensors asked for (before rounding to blocks).
-    pub requested_current: i64,
-    /// Peak of `requested_current`.
-    pub requested_peak: i64,
-    /// Allocations that failed once and succeeded after freeing cached blocks.
-    pub alloc_retries: i64,
-    /// Out-of-memory errors raised by the allocator.
-    pub ooms: i64,
-    /// Free device memory as the driver reports it.
-    pub free_bytes: i64,
-    /// Total device memory.
-    pub total_bytes: i64,
-}
-
-impl From<ffi::CudaStats> for CudaStats {
-    fn from(s: ffi::CudaStats) -> Self {
-        CudaStats {
-            allocated_current: s.allocated_current,
-            allocated_peak: s.allocated_peak,
-            reserved_current: s.reserved_current,
-            reserved_peak: s.reserved_peak,
-            active_current: s.active_current,
-            active_peak: s.active_peak,
-            requested_current: s.requested_current,
-            requested_peak: s.requested_peak,
-            alloc_retries: s.alloc_retries,
-            ooms: s.ooms,
-            free_bytes: s.free_bytes,
-            total_bytes: s.total_bytes,
-        }
-    }
-}
+pub use crate::ffi::cuda::CudaStats;
 
 /// Whether CUDA is usable by the profiler, and if not, why (no driver, a CPU-only
 /// libtorch, ...). Before the first CUDA tensor it is usable (the statistics are zero).
@@ -72,7 +25,7 @@ pub fn status() -> std::result::Result<(), String> {
 /// asking the driver would create a CUDA context).
 pub fn stats(index: usize) -> Result<CudaStats> {
     check_index(index)?;
-    ffi::cuda_stats(index).map(CudaStats::from)
+    ffi::cuda_stats(index)
 }
 
 /// An index beyond the machine's CUDA devices, refused in one line (libtorch would
@@ -149,10 +102,10 @@ pub fn blas_workspaces() -> Result<Vec<BlasWorkspace>> {
     Ok(ffi::cuda_workspaces()?
         .into_iter()
         .map(|w| BlasWorkspace {
-            address: w.ptr,
-            bytes: w.bytes.max(0) as u64,
-            device: w.device.max(0) as usize,
-            kind: if w.kind == ffi::native::WORKSPACE_CUBLASLT {
+            address: w.ptr(),
+            bytes: w.bytes().max(0) as u64,
+            device: w.device(),
+            kind: if w.is_cublaslt() {
                 BlasWorkspaceKind::Cublaslt
             } else {
                 BlasWorkspaceKind::Cublas

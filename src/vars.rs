@@ -142,7 +142,7 @@ impl VarTable {
             && self.defined_count() == self.blocks.iter().filter(|b| b.is_defined()).count()
             && self.entries.iter().all(|e| {
                 let b = &self.blocks[e.pos];
-                b.base == e.block.base && b.bytes == e.block.bytes
+                b.base() == e.block.base() && b.size() == e.block.size()
             });
         let rebuilt = !facts_hold;
         if rebuilt {
@@ -244,7 +244,7 @@ impl VarTable {
         let trainable: HashSet<u64> = tb
             .iter()
             .filter(|b| b.is_defined())
-            .map(|b| b.base)
+            .map(|b| b.base())
             .collect();
         // The map's iteration order, as `values()` gave the tensors.
         let mut named: Vec<(&String, usize)> = vars
@@ -269,7 +269,7 @@ impl VarTable {
                     .map(|k| format!("{k:?}"))
                     .unwrap_or_else(|_| crate::names::MISSING.into()),
                 shape: tensor.size(),
-                trainable: trainable.contains(&block.base),
+                trainable: trainable.contains(&block.base()),
                 pos,
                 block,
             });
@@ -327,12 +327,12 @@ impl ParamSync {
             && table
                 .rows()
                 .zip(&self.ptrs)
-                .all(|((_, b, _), p)| b.base == *p)
+                .all(|((_, b, _), p)| b.base() == *p)
         {
             self.version = Some(table.version());
             return Ok(());
         }
-        let ptrs: Vec<u64> = table.rows().map(|(_, b, _)| b.base).collect();
+        let ptrs: Vec<u64> = table.rows().map(|(_, b, _)| b.base()).collect();
         let ids: Vec<i32> = (0..ptrs.len() as i32).collect();
         let layers: Vec<i32> = table
             .rows()

@@ -23,8 +23,8 @@ extern "C" {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Autocast {
-    pub enabled: i32,
-    pub dtype: i32,
+    pub(super) enabled: i32,
+    pub(super) dtype: i32,
 }
 
 /// `(device_type, index)` as the native layer numbers devices.

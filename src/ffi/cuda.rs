@@ -17,14 +17,36 @@ extern "C" {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Workspace {
-    pub ptr: u64,
-    pub bytes: i64,
-    pub device: i32,
+    pub(super) ptr: u64,
+    pub(super) bytes: i64,
+    pub(super) device: i32,
     /// `native::WORKSPACE_CUBLAS` or `native::WORKSPACE_CUBLASLT`.
-    pub kind: i32,
+    pub(super) kind: i32,
     /// 1 where the session saw the block born (its bytes are in the session's counters).
-    pub tracked: i32,
-    pub pad: i32,
+    pub(super) tracked: i32,
+    pub(super) pad: i32,
+}
+
+impl Workspace {
+    /// The workspace's block.
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    pub(crate) fn bytes(&self) -> i64 {
+        self.bytes
+    }
+    /// A cuBLASLt workspace (else cuBLAS).
+    pub(crate) fn is_cublaslt(&self) -> bool {
+        self.kind == native::WORKSPACE_CUBLASLT
+    }
+    /// Its CUDA device index.
+    pub(crate) fn device(&self) -> usize {
+        self.device.max(0) as usize
+    }
+    /// Whether the session saw its block born (its bytes are in the session's counters).
+    pub(crate) fn is_tracked(&self) -> bool {
+        self.tracked != 0
+    }
 }
 
 /// CUDA: the cuBLAS and cuBLASLt workspaces PyTorch holds now (none before the first
@@ -46,22 +68,36 @@ pub(crate) fn cuda_workspaces() -> Result<Vec<Workspace>> {
     }
 }
 
-/// `MpCudaStats`: the C mirror of the public `CudaStats` (field for field), private
-/// so that a change of the ABI is not a change of the public API.
+/// CUDA caching-allocator statistics of one device (aggregate pool). Laid out as the
+/// native layer writes them (`repr(C)`, `MpCudaStats`: the layout checks hold it to the
+/// header), so they are read as they are, without a copy of each field.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct CudaStats {
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CudaStats {
+    /// Bytes in blocks handed to tensors now.
     pub allocated_current: i64,
+    /// Peak of `allocated_current` since the allocator's last peak reset.
     pub allocated_peak: i64,
+    /// Bytes the allocator holds from the driver (allocated plus cached).
     pub reserved_current: i64,
+    /// Peak of `reserved_current`.
     pub reserved_peak: i64,
+    /// Bytes in active blocks (allocated, or freed but still used by a stream).
     pub active_current: i64,
+    /// Peak of `active_current`.
     pub active_peak: i64,
+    /// Bytes tensors asked for (before rounding to blocks).
     pub requested_current: i64,
+    /// Peak of `requested_current`.
     pub requested_peak: i64,
+    /// Allocations that failed once and succeeded after freeing cached blocks.
     pub alloc_retries: i64,
+    /// Out-of-memory errors raised by the allocator.
     pub ooms: i64,
+    /// Free device memory as the driver reports it.
     pub free_bytes: i64,
+    /// Total device memory.
     pub total_bytes: i64,
 }
 

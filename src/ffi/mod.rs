@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 
 mod amp;
 mod cpu_allocator;
-mod cuda;
+pub(crate) mod cuda;
 mod events;
 mod logs;
 mod meta;

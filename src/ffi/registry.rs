@@ -30,17 +30,21 @@ extern "C" {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Block {
-    pub defined: i32,
-    pub device: i32,
-    pub tracked: i32,
-    pub phase: u32,
-    pub generation: u32,
-    pub watched: u32,
-    pub base: u64,
-    pub bytes: i64,
+    pub(super) defined: i32,
+    pub(super) device: i32,
+    pub(super) tracked: i32,
+    pub(super) phase: u32,
+    pub(super) generation: u32,
+    pub(super) watched: u32,
+    pub(super) base: u64,
+    pub(super) bytes: i64,
 }
 
 impl Block {
+    /// The block's address (its storage's data pointer).
+    pub(crate) fn base(&self) -> u64 {
+        self.base
+    }
     pub(crate) fn is_defined(&self) -> bool {
         self.defined != 0
     }

@@ -15,7 +15,7 @@ use super::MemoryProfiler;
 
 fn info(b: &Block) -> BlockInfo {
     BlockInfo {
-        base: b.base,
+        base: b.base(),
         bytes: b.size(),
         born_in_optimizer: b.born_in_optimizer(),
     }

@@ -350,7 +350,7 @@ impl MemoryProfiler {
             .rows()
             .flat_map(|(_, b, g)| [b, g])
             .filter(|b| b.is_defined())
-            .map(|b| b.base)
+            .map(|b| b.base())
             .collect();
         let cuda = match self.device {
             Device::Cuda(i) => crate::cuda::stats(i)

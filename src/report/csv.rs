@@ -18,7 +18,7 @@ use crate::format;
 use crate::fs;
 use crate::leaks::LeakReport;
 use crate::runs::schema::{
-    EpochRow, IdleRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow, IDLE,
+    EpochRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow, IDLE,
     RESIDENT_COLUMNS,
 };
 use crate::stats::{EpochStats, IterationStats};
@@ -481,16 +481,7 @@ impl StepProfile {
     pub fn write_idle_csv(&self, path: &Path) -> Result<()> {
         write_atomically(path, |w| {
             for b in self.idle.iter().flat_map(|i| &i.blocks) {
-                w.serialize(IdleRow {
-                    bytes: b.bytes,
-                    op: b.op.clone(),
-                    layer: b.layer.clone(),
-                    phase: b.phase,
-                    last_read_op: b.last_read_op.clone(),
-                    freed_at_op: b.freed_at_op.clone(),
-                    site: b.site.clone(),
-                    peak_if_dropped: b.peak_if_dropped,
-                })?;
+                w.serialize(b)?;
             }
             Ok(())
         })

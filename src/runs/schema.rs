@@ -249,29 +249,10 @@ pub struct TimelineRow {
 }
 
 /// A row of `<run>_idle.csv`: one block live at the profiled step's peak whose last read
-/// came before it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct IdleRow {
-    /// Its size.
-    pub bytes: u64,
-    /// The op that made it.
-    pub op: String,
-    /// That op's layer.
-    pub layer: String,
-    /// The phase it was made in.
-    pub phase: Phase,
-    /// The last op that read it (`(none)`: none did).
-    pub last_read_op: String,
-    /// The op running (or the last begun) when it was freed (`(none)`: it outlived the
-    /// step).
-    pub freed_at_op: String,
-    /// The source line that allocated it, `file:line` (`(unknown)`: no frame of the
-    /// model's code).
-    pub site: String,
-    /// The step's peak had it been freed right after its last read.
-    pub peak_if_dropped: u64,
-}
+/// came before it, written and read back as the step's own [`IdleBlock`](crate::IdleBlock)
+/// (`(none)` where no op read it or it outlived the step, `(unknown)` where no frame of
+/// the model's code allocated it).
+pub type IdleRow = crate::timeline::IdleBlock;
 
 /// A row of `<run>_run.csv`: `tch_memprof`, `libtorch`, `device`, `started`,
 /// `print_period`, `label` when the run has one, and `timeline_step` when one was asked

@@ -90,9 +90,10 @@ impl Recorder {
         let mut opt_claimed = 0i64;
         let slot = self.slot;
         let mut claim = |map: &mut FxHashMap<u64, i64>, b: &ffi::Block| {
-            if b.tracked_on(slot) && map.insert(b.base, b.bytes).is_none() && b.born_in_optimizer()
+            let bytes = b.size() as i64;
+            if b.tracked_on(slot) && map.insert(b.base(), bytes).is_none() && b.born_in_optimizer()
             {
-                opt_claimed += b.bytes;
+                opt_claimed += bytes;
             }
         };
         let same_vars = self.vars.len() == vars.len();
@@ -125,9 +126,9 @@ impl Recorder {
         // CUDA: the cuBLAS workspaces PyTorch holds are WORKSPACE, those the session saw
         // born counted at the start (the others are not in its live bytes).
         for w in self.workspaces() {
-            self.start.device_owned.insert(w.ptr);
-            if w.tracked != 0 {
-                self.start.workspace.insert(w.ptr, w.bytes);
+            self.start.device_owned.insert(w.ptr());
+            if w.is_tracked() {
+                self.start.workspace.insert(w.ptr(), w.bytes());
             }
         }
         let ds = ffi::device_stats(self.slot)?;
@@ -142,7 +143,7 @@ impl Recorder {
             return Vec::new();
         }
         let mut ws = ffi::cuda_workspaces().unwrap_or_default();
-        ws.retain(|w| w.device as usize + 1 == self.slot);
+        ws.retain(|w| w.device() + 1 == self.slot);
         ws
     }
 
@@ -166,7 +167,7 @@ impl Recorder {
         // Workspaces taken during the step (the first matrix products of a thread) are
         // WORKSPACE from their birth.
         for w in self.workspaces() {
-            self.start.device_owned.insert(w.ptr);
+            self.start.device_owned.insert(w.ptr());
         }
         let mut sites = (requested && self.detail).then(SiteNames::new);
         let mut name = |aux: i32| sites.as_mut().map_or_else(String::new, |s| s.name(aux));

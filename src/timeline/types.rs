@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::names::MISSING;
 use crate::phase::Phase;
@@ -262,8 +262,9 @@ pub struct StepProfile {
 /// A block live at the step's peak that no op read after it: made during the step, not
 /// a weight gradient or optimizer state, and its last read (the last op that took it
 /// as an input, backward nodes included) returned before the allocation that reached
-/// the peak (a block never read: the op that made it returned before it).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// the peak (a block never read: the op that made it returned before it). A row of
+/// `<run>_idle.csv`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct IdleBlock {
     /// Its size.

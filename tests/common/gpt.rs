@@ -7,7 +7,7 @@
 //! `#[path = "common/gpt.rs"] mod gpt;` next to `mod common;`.
 #![allow(dead_code)]
 
-use tch::nn::{self, Module, OptimizerConfig};
+use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 use tch_memprof::estimate::models::Chain;
 use tch_memprof::estimate::trace::{dry_run_step, dry_run_trace, DryRunTrace, Lists, TraceOp};
@@ -286,22 +286,6 @@ pub fn maybe_autocast<T>(dtype: Option<Kind>, f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// The optimizer the dry run builds for `o` (`Optimizer::build`, with the same
-/// hyperparameters: momentum 0.9 for SGD with momentum, AdamW's default weight decay).
-fn optimizer(o: Optimizer, vs: &nn::VarStore) -> nn::Optimizer {
-    match o {
-        Optimizer::Sgd => nn::Sgd::default().build(vs, 1e-2),
-        Optimizer::SgdMomentum => nn::Sgd {
-            momentum: 0.9,
-            ..Default::default()
-        }
-        .build(vs, 1e-2),
-        Optimizer::Adam => nn::Adam::default().build(vs, 1e-3),
-        Optimizer::AdamW => nn::AdamW::default().build(vs, 1e-3),
-    }
-    .unwrap()
-}
-
 /// The real CPU run: `STEPS` training steps (or one inference), the last one profiled
 /// with the step timeline.
 ///
@@ -326,7 +310,7 @@ pub fn cpu_run(run: &Run) -> StepProfile {
     let tokens = || Tensor::randint(VOCAB, [run.batch, CONTEXT], (Kind::Int64, Device::Cpu));
     match run.mode {
         Mode::Train(o) => {
-            let mut opt = optimizer(o, &vs);
+            let mut opt = o.build(&vs).unwrap();
             let k = run.accumulate.max(1);
             for _ in 0..steps {
                 let mut held = None;

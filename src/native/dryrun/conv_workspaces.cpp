@@ -76,21 +76,14 @@ const char* py_bool(bool b) {
 }
 
 // stride, padding, dilation, transposed, output padding, groups.
-void put_params(
-    std::string& key,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    bool transposed,
-    at::IntArrayRef output_padding,
-    int64_t groups) {
-  put_list(key, stride);
-  put_list(key, padding);
-  put_list(key, dilation);
-  key += py_bool(transposed);
+void put_params(std::string& key, const ConvParams& p) {
+  put_list(key, p.stride);
+  put_list(key, p.padding);
+  put_list(key, p.dilation);
+  key += py_bool(p.transposed);
   key += ' ';
-  put_list(key, output_padding);
-  key += std::to_string(groups);
+  put_list(key, p.output_padding);
+  key += std::to_string(p.groups);
 }
 
 std::optional<ConvWorkspace> find(const std::string& key) {
@@ -143,12 +136,7 @@ std::optional<int64_t> measured_conv_workspace(
     const at::Tensor& input,
     const at::Tensor& weight,
     const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    bool transposed,
-    at::IntArrayRef output_padding,
-    int64_t groups) {
+    const ConvParams& params) {
   std::string key = "convolution ";
   if (!put_tensor(key, input) || !put_tensor(key, weight)) {
     return std::nullopt;
@@ -160,7 +148,7 @@ std::optional<int64_t> measured_conv_workspace(
   } else {
     key += "None ";
   }
-  put_params(key, stride, padding, dilation, transposed, output_padding, groups);
+  put_params(key, params);
   const auto found = find(key);
   return found ? std::optional<int64_t>(found->held) : std::nullopt;
 }
@@ -169,18 +157,13 @@ std::optional<ConvWorkspace> measured_conv_backward_workspace(
     const at::Tensor& grad_output,
     const at::Tensor& input,
     const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    bool transposed,
-    at::IntArrayRef output_padding,
-    int64_t groups,
+    const ConvParams& params,
     std::array<bool, 3> mask) {
   std::string key = "convolution_backward ";
   if (!put_tensor(key, grad_output) || !put_tensor(key, input) || !put_tensor(key, weight)) {
     return std::nullopt;
   }
-  put_params(key, stride, padding, dilation, transposed, output_padding, groups);
+  put_params(key, params);
   key += " [";
   key += py_bool(mask[0]);
   key += ' ';

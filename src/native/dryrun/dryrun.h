@@ -96,26 +96,25 @@ struct ConvWorkspace {
   int64_t data = -1;
   int64_t weight = -1;
 };
+// A convolution's arguments after its tensors, as aten::convolution takes them.
+struct ConvParams {
+  at::IntArrayRef stride;
+  at::IntArrayRef padding;
+  at::IntArrayRef dilation;
+  bool transposed;
+  at::IntArrayRef output_padding;
+  int64_t groups;
+};
 std::optional<int64_t> measured_conv_workspace(
     const at::Tensor& input,
     const at::Tensor& weight,
     const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    bool transposed,
-    at::IntArrayRef output_padding,
-    int64_t groups);
+    const ConvParams& params);
 std::optional<ConvWorkspace> measured_conv_backward_workspace(
     const at::Tensor& grad_output,
     const at::Tensor& input,
     const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    bool transposed,
-    at::IntArrayRef output_padding,
-    int64_t groups,
+    const ConvParams& params,
     std::array<bool, 3> mask);
 
 // kernels.cpp: the meta kernels libtorch's C++ lacks (at the first trace).

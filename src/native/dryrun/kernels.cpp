@@ -167,8 +167,8 @@ at::Tensor conv_meta(
   }
   at::Tensor output =
       at::empty(out, input.options().memory_format(input.suggest_memory_format()));
-  if (const auto measured = measured_conv_workspace(
-          input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)) {
+  const ConvParams params{stride, padding, dilation, transposed, output_padding, groups};
+  if (const auto measured = measured_conv_workspace(input, weight, bias, params)) {
     meta_transient(*measured, kTransientExact);
   } else if (!depthwise(input, groups) &&
              !free_pointwise(input, weight, stride, transposed, groups) &&
@@ -206,9 +206,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward_meta(
     const double unit = large_depthwise ? kDepthwiseChannelsLastBackward : kBackwardWorkspace;
     rule = int64_t(unit * double(tensors));
   }
-  const auto measured = measured_conv_backward_workspace(
-      grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
-      groups, mask);
+  const ConvParams params{stride, padding, dilation, transposed, output_padding, groups};
+  const auto measured =
+      measured_conv_backward_workspace(grad_output, input, weight, params, mask);
   // cuDNN's data gradient takes its workspace after the input gradient, its weight
   // gradient after the weight gradient: each request as the GPU made it where the
   // trace showed it, at the larger plausible size where the call was not measured.
