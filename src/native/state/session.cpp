@@ -88,8 +88,9 @@ int session_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
   // Leak hunting and the timeline ask for op inputs only while they learn what the ops
   // take from them (op_seq.cpp): the first iteration does.
   op_seq_start(leaks != 0 || timeline_slot >= 0, timeline_slot >= 0);
+  // The step log is turned on below: the timeline records ops from the start.
   op_callback_use(MP_TARGET_STEP, true, timeline_slot >= 0 || leaks != 0, false,
-                  leaks != 0 || timeline_slot >= 0 || g_hist_on.load());
+                  step_records_ops() || timeline_slot >= 0);
   g_session.on = true;
   // Start iteration 1 in the forward phase.
   const uint32_t gen = cur_gen(g_genphase.load()) + 1;
@@ -174,7 +175,8 @@ void read_state(MpState* out) {
   out->hook_reentries = g_hook_reentries.load();
   out->cuda_untracked = g_cuda_untracked.load();
   // What the dispatcher asks before it builds an op's record.
-  out->op_records = at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION).has_value() ? 1 : 0;
+  const bool records = at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION).has_value();
+  out->op_records = records ? 1 : 0;
   out->pad = 0;
 }
 
