@@ -323,8 +323,19 @@ fn paced(
     );
 }
 
-/// The estimate's (allocated, reserved, attention) of one case, or its stderr.
-fn estimate(file: &Path, case: &Measured) -> Result<(u64, u64, String), String> {
+/// What the estimate of one case said.
+#[derive(Clone)]
+struct Made {
+    allocated: u64,
+    reserved: u64,
+    /// The attention backends of its dry run (the CSV's column).
+    attention: String,
+    /// It warned that the file was traced on the CPU and stops on a GPU.
+    cpu_warning: bool,
+}
+
+/// The estimate of one case, or its stderr.
+fn estimate(file: &Path, case: &Measured) -> Result<Made, String> {
     let mut args = vec![
         "estimate",
         file.to_str().unwrap(),
@@ -346,11 +357,12 @@ fn estimate(file: &Path, case: &Measured) -> Result<(u64, u64, String), String> 
     }
     let text = common::text(&out.stdout);
     let col = |name: &str| common::csv_cell(&text, name);
-    Ok((
-        col("peak_allocated_bytes").parse().unwrap(),
-        col("peak_reserved_bytes").parse().unwrap(),
-        col("attention"),
-    ))
+    Ok(Made {
+        allocated: col("peak_allocated_bytes").parse().unwrap(),
+        reserved: col("peak_reserved_bytes").parse().unwrap(),
+        attention: col("attention"),
+        cpu_warning: common::text(&out.stderr).contains("was traced on the CPU"),
+    })
 }
 
 #[test]
@@ -485,6 +497,63 @@ fn the_estimate_is_held_to_the_peaks_of_held_out_models_run_on_an_h200() {
     hold_file("held-out-traced.csv", 22, KNOWN_HELD_OUT_GAPS);
 }
 
+/// The files traced on the CPU that an H200 could not run (`traced.csv`: a case whose
+/// file traced on the CPU stopped with "Expected all tensors to be on the same device"
+/// ran from a file traced on the GPU, `traced_on` = `cuda`; three inference cases ran
+/// both ways), and only those, are the ones whose estimate warns so: the estimate of
+/// every case's file traced here, on the CPU, said whether it names the CPU as a device.
+#[test]
+fn the_estimate_warns_of_exactly_the_files_traced_on_the_cpu_that_a_gpu_could_not_run() {
+    let Some(python) = python_under_2_11() else {
+        return;
+    };
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(TRACED_DATA)
+        .join("traced.csv");
+    let mut r = csv::Reader::from_path(path).unwrap();
+    let h = r.headers().unwrap().clone();
+    let col = |name: &str| h.iter().position(|c| c == name).unwrap();
+    let (m, md, on) = (col("model"), col("mode"), col("traced_on"));
+    let mut ran_from: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for row in r.records() {
+        let row = row.unwrap();
+        ran_from
+            .entry((row[m].to_string(), row[md].to_string()))
+            .or_default()
+            .push(row[on].to_string());
+    }
+    let (mut stopped, mut ran, mut wrong) = (0, 0, Vec::new());
+    for ((model, mode), traced_on) in &ran_from {
+        let failed = !traced_on.iter().any(|t| t == "cpu");
+        let made = estimates(&python)[&(model.clone(), mode.clone())]
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{model} {mode}: the estimate failed: {e}"));
+        if made.cpu_warning != failed {
+            wrong.push(format!(
+                "{model} {mode}: {} from the file traced on the CPU, and the estimate {}",
+                if failed { "did not run" } else { "ran" },
+                if made.cpu_warning {
+                    "warns"
+                } else {
+                    "does not warn"
+                }
+            ));
+        }
+        if failed {
+            stopped += 1;
+        } else {
+            ran += 1;
+        }
+    }
+    println!("{stopped} cases did not run from a file traced on the CPU, {ran} did");
+    assert_eq!(
+        (stopped, ran),
+        (21, 21),
+        "the cases of traced.csv by where they ran from"
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 /// [`hold`] on the `runs` cases of one CSV file of [`TRACED_DATA`].
 fn hold_file(file: &str, runs: usize, gaps: &[(&str, &str, f64, f64, &str)]) {
     let Some(python) = python_under_2_11() else {
@@ -499,12 +568,8 @@ fn hold_file(file: &str, runs: usize, gaps: &[(&str, &str, f64, f64, &str)]) {
 /// all (most traced runs are the eager cases' model and mode, estimated alike): two at a
 /// time (the machine's cores), each in its own process, a model's cases as soon as its
 /// files are traced.
-#[allow(clippy::type_complexity)]
-fn estimates(
-    python: &str,
-) -> &'static BTreeMap<(String, String), Result<(u64, u64, String), String>> {
-    static ESTIMATES: OnceLock<BTreeMap<(String, String), Result<(u64, u64, String), String>>> =
-        OnceLock::new();
+fn estimates(python: &str) -> &'static BTreeMap<(String, String), Result<Made, String>> {
+    static ESTIMATES: OnceLock<BTreeMap<(String, String), Result<Made, String>>> = OnceLock::new();
     ESTIMATES.get_or_init(|| {
         let mut all = measured();
         all.extend(measured_file(&format!("{TRACED_DATA}/traced.csv")));
@@ -590,7 +655,12 @@ fn hold(cases: &[Measured], python: &str, gaps: &[(&str, &str, f64, f64, &str)])
             .unwrap_or_else(|| Err("not estimated".into()))
     });
     for (c, result) in cases.iter().zip(results) {
-        let (alloc, resv, attention) = match result {
+        let Made {
+            allocated: alloc,
+            reserved: resv,
+            attention,
+            ..
+        } = match result {
             Ok(r) => r,
             Err(e) => {
                 failures.push(format!("{} {}: the estimate failed: {e}", c.model, c.mode));

@@ -29,6 +29,12 @@ extern "C" {
     #[cfg(test)]
     fn memprof_autocast_listing(which: i32, buf: *mut c_char, len: usize, needed: *mut u64) -> i32;
     fn memprof_script_load(path: *const c_char, out: *mut *mut c_void) -> i32;
+    fn memprof_script_cpu_uses(
+        module: *mut c_void,
+        buf: *mut c_char,
+        len: usize,
+        needed: *mut u64,
+    ) -> i32;
     fn memprof_script_free(module: *mut c_void) -> i32;
     fn memprof_script_train(module: *mut c_void, on: i32) -> i32;
     fn memprof_script_fresh(module: *mut c_void) -> i32;
@@ -279,6 +285,26 @@ impl ScriptModule {
         // SAFETY: `ptr` is the live module this value owns; `kind` a valid slot.
         check(unsafe { memprof_script_input_kind(self.ptr, &mut kind) })?;
         Ok(kind)
+    }
+
+    /// The ops the file's `cpu` device constants feed, each once: where it was traced
+    /// on the CPU, what a GPU run of it makes on the CPU (none for a file traced on a
+    /// GPU, or one that names no device).
+    pub(crate) fn cpu_uses(&self) -> Result<Vec<String>> {
+        let mut needed = 0u64;
+        // SAFETY: the module is live; a zero-length buffer only writes `needed`.
+        check(unsafe { memprof_script_cpu_uses(self.ptr, std::ptr::null_mut(), 0, &mut needed) })?;
+        let mut buf = vec![0u8; needed as usize + 1];
+        // SAFETY: `buf` is valid for its length; the callee writes at most len - 1 bytes
+        // and a NUL.
+        check(unsafe {
+            memprof_script_cpu_uses(self.ptr, buf.as_mut_ptr().cast(), buf.len(), &mut needed)
+        })?;
+        buf.truncate(needed as usize);
+        Ok(String::from_utf8_lossy(&buf)
+            .lines()
+            .map(str::to_string)
+            .collect())
     }
 
     /// forward(inputs...) and the first tensor it returns; `optimize`: through the

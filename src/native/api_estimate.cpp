@@ -209,6 +209,23 @@ int memprof_script_fresh(void* module) noexcept {
   });
 }
 
+int memprof_script_cpu_uses(void* module, char* buf, size_t len, uint64_t* needed) noexcept {
+  return guarded("memprof_script_cpu_uses", [&]() -> int {
+    if (!given(module, "memprof_script_cpu_uses") || !given(needed, "memprof_script_cpu_uses") ||
+        (len > 0 && !given(buf, "memprof_script_cpu_uses"))) {
+      return -1;
+    }
+    const std::string text = script_cpu_uses(module);
+    *needed = text.size();
+    if (len > 0) {
+      const size_t k = std::min(len - 1, text.size());
+      std::memcpy(buf, text.data(), k);
+      buf[k] = 0;
+    }
+    return 0;
+  });
+}
+
 int memprof_script_input_kind(void* module, int32_t* kind) noexcept {
   return guarded("memprof_script_input_kind", [&]() -> int {
     if (!given(module, "memprof_script_input_kind") || !given(kind, "memprof_script_input_kind")) {

@@ -525,8 +525,8 @@ int memprof_meta_inventory(char* buf, size_t len, uint64_t* needed) MP_NOEXCEPT;
 int memprof_program_call(const char* op, const char* overload, const char* module,
                          const MpValue* args, size_t n, MpValue* out, size_t cap,
                          size_t* n_out) MP_NOEXCEPT;
-// TorchScript modules loaded onto the meta device (a torch::jit::Module* the caller
-// frees with memprof_script_free).
+// TorchScript modules loaded onto the meta device (a handle the caller frees with
+// memprof_script_free).
 int memprof_script_load(const char* path, void** out) MP_NOEXCEPT;
 int memprof_script_free(void* module) MP_NOEXCEPT;
 int memprof_script_train(void* module, int32_t on) MP_NOEXCEPT;
@@ -538,6 +538,10 @@ int memprof_script_fresh(void* module) MP_NOEXCEPT;
 // casts and reshapes): *kind = MP_INPUT_TOKENS where it is an embedding's indices,
 // MP_INPUT_IMAGES where it is a 2-d convolution's input, else MP_INPUT_UNKNOWN.
 int memprof_script_input_kind(void* module, int32_t* kind) MP_NOEXCEPT;
+// The ops the file's `cpu` device constants feed (it was traced on the CPU, and on a GPU
+// those ops make their tensors on the CPU), one a line, each once: at most len - 1 bytes
+// and a NUL to buf, *needed the whole text's length.
+int memprof_script_cpu_uses(void* module, char* buf, size_t len, uint64_t* needed) MP_NOEXCEPT;
 // forward(inputs...) and the first tensor it returns (an at::Tensor* the caller owns).
 // optimize != 0: through the graph executor's optimizations, as tch runs a file by
 // default (from the second call: the profiled graph, its autodiff subgraphs); 0: as

@@ -10,7 +10,7 @@ use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 use super::replay_text::fits_cell;
 use crate::estimate::{
     autocast_name, breakdown, dtype_name, every_segment, is_size, lever_words, AllocatorConfig,
-    Cost, Dominant, Estimate, Fit, Mode, Optimizer, Options, Plan, Plans, CONTEXT_ALLOWANCE,
+    Cost, Dominant, Estimate, Fit, Mode, Model, Optimizer, Options, Plan, Plans, CONTEXT_ALLOWANCE,
     THIN_MARGIN,
 };
 use crate::format::bytes;
@@ -258,6 +258,25 @@ impl fmt::Display for Fit {
                     .map_or("?".to_string(), |t| bytes(t.peak_reserved))
             ),
         }
+    }
+}
+
+impl Model {
+    /// A warning in one line where the file was traced on the CPU and names it as a
+    /// device ([`Model::cpu_device_ops`]): a GPU run of it stops.
+    pub fn cpu_device_line(&self) -> Option<String> {
+        let ops = self.cpu_device_ops();
+        if ops.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "warning: {} was traced on the CPU, and its {} make tensors on the CPU: a GPU \
+             run of it stops (\"Expected all tensors to be on the same device\"). The \
+             estimate is of the file traced on the GPU: trace the model and its inputs on \
+             the GPU it will run on",
+            self.label(),
+            ops.join(", ")
+        ))
     }
 }
 

@@ -102,6 +102,10 @@ pub(crate) fn load_model(
     let m = match (path, model) {
         (Some(p), _) => {
             let m = Model::from_file(p).map_err(|e| e.to_string())?;
+            // At once, before the dry run: the file will not run on a GPU as it is.
+            if let Some(line) = m.cpu_device_line() {
+                eprintln!("{line}");
+            }
             if m.exported_inputs().is_none() && inputs.is_empty() {
                 return Err(missing_input(p, &m));
             }

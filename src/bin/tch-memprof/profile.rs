@@ -62,7 +62,16 @@ fn profile(a: &ProfileArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         let m = tch_memprof::estimate::Model::from_file(&a.path)?;
         return Err(crate::model_args::missing_input(&a.path, &m).into());
     }
-    let step = tch_memprof::profile_file(&a.path, &inputs, a.train, device, &a.output_dir)?;
+    let step = tch_memprof::profile_file(&a.path, &inputs, a.train, device, &a.output_dir)
+        .inspect_err(|_| {
+            // A TorchScript file traced on the CPU stops on a GPU: say why first.
+            if matches!(device, Device::Cuda(_)) {
+                let m = tch_memprof::estimate::Model::from_file(&a.path).ok();
+                if let Some(line) = m.and_then(|m| m.cpu_device_line()) {
+                    eprintln!("{line}");
+                }
+            }
+        })?;
     for f in &step.files {
         println!("wrote {}", f.display());
     }

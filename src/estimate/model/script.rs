@@ -65,6 +65,20 @@ impl Model {
         }
     }
 
+    /// For a TorchScript file traced on the CPU, the ops (`aten::arange`) that its
+    /// graph tells to make their tensors on the CPU: tracing writes the device it ran
+    /// on into the graph as a constant (position ids, attention masks, the noise of
+    /// stochastic depth). On a GPU those ops still make their tensors on the CPU, where
+    /// the GPU's cannot use them, and the run stops ("Expected all tensors to be on the
+    /// same device"); the estimate is of the run the file traced on the GPU makes.
+    /// Empty for a file traced on a GPU, one that names no device, and other models.
+    pub fn cpu_device_ops(&self) -> Vec<String> {
+        match &self.runner {
+            Runner::Script { module, .. } => module.cpu_uses().unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Whether this is a TorchScript file, which tch runs through the graph executor.
     pub(crate) fn is_script(&self) -> bool {
         matches!(self.runner, Runner::Script { .. })

@@ -190,12 +190,15 @@ bool scalar_to_cpu(const torch::jit::Use& use) {
 // device the graph names is the dry run's: each device constant becomes `meta`, so
 // what the graph makes on "its" device is made on meta, as it would be on the GPU; but
 // a device used only to move scalar constants read back becomes the CPU (scalar_to_cpu).
+// Each other op a `cpu` constant feeds is added to `cpu_uses`: a file traced on the CPU
+// makes those ops' tensors on the CPU when it runs on a GPU, where they meet the GPU's
+// ("Expected all tensors to be on the same device"; what the estimate says of it).
 // Returns how many constants were rewritten.
-size_t devices_to_meta(torch::jit::Block* block) {
+size_t devices_to_meta(torch::jit::Block* block, std::vector<std::string>& cpu_uses) {
   size_t n = 0;
   for (torch::jit::Node* node : block->nodes()) {
     for (torch::jit::Block* b : node->blocks()) {
-      n += devices_to_meta(b);
+      n += devices_to_meta(b, cpu_uses);
     }
     if (node->kind() != c10::prim::Constant || node->outputs().size() != 1 ||
         !node->hasAttribute(c10::attr::value) ||
@@ -213,6 +216,11 @@ size_t devices_to_meta(torch::jit::Block* block) {
     }
     if (node->kindOf(c10::attr::value) == torch::jit::AttributeKind::s &&
         node->s(c10::attr::value) != "meta") {
+      if (node->s(c10::attr::value) == "cpu") {
+        for (const torch::jit::Use& use : uses) {
+          cpu_uses.emplace_back(use.user->kind().toQualString());
+        }
+      }
       node->s_(c10::attr::value, "meta");
       ++n;
     }
@@ -220,12 +228,28 @@ size_t devices_to_meta(torch::jit::Block* block) {
   return n;
 }
 
-void graph_devices_to_meta(torch::jit::Module& m) {
+// The ops a `cpu` device constant feeds, sorted, each once.
+std::vector<std::string> graph_devices_to_meta(torch::jit::Module& m) {
+  std::vector<std::string> cpu_uses;
   for (const torch::jit::Module& sub : m.modules()) {
     for (const torch::jit::Method& method : sub.get_methods()) {
-      devices_to_meta(method.graph()->block());
+      devices_to_meta(method.graph()->block(), cpu_uses);
     }
   }
+  std::sort(cpu_uses.begin(), cpu_uses.end());
+  cpu_uses.erase(std::unique(cpu_uses.begin(), cpu_uses.end()), cpu_uses.end());
+  return cpu_uses;
+}
+
+// A loaded file: the module, and what its graph made on the CPU before the dry run's
+// devices became meta.
+struct Script {
+  torch::jit::Module module;
+  std::vector<std::string> cpu_uses;
+};
+
+torch::jit::Module* module_of(void* m) {
+  return &static_cast<Script*>(m)->module;
 }
 }  // namespace
 
@@ -236,16 +260,25 @@ void* script_load(const char* path) {
   auto m = torch::jit::load(std::string(path), c10::Device(c10::kMeta), extra,
                             /*load_debug_files=*/false);
   restore_scalar_constants(m, path);
-  graph_devices_to_meta(m);
-  return new torch::jit::Module(std::move(m));
+  std::vector<std::string> cpu_uses = graph_devices_to_meta(m);
+  return new Script{std::move(m), std::move(cpu_uses)};
 }
 
 void script_free(void* m) {
-  delete static_cast<torch::jit::Module*>(m);
+  delete static_cast<Script*>(m);
+}
+
+std::string script_cpu_uses(void* m) {
+  std::string text;
+  for (const std::string& op : static_cast<Script*>(m)->cpu_uses) {
+    text += op;
+    text += '\n';
+  }
+  return text;
 }
 
 void script_train(void* m, bool on) {
-  static_cast<torch::jit::Module*>(m)->train(on);
+  module_of(m)->train(on);
 }
 
 namespace {
@@ -264,7 +297,7 @@ size_t spatial_dims(const torch::jit::Node* conv) {
 }  // namespace
 
 int32_t script_input_kind(void* m) {
-  auto* mod = static_cast<torch::jit::Module*>(m);
+  auto* mod = module_of(m);
   const auto method = mod->find_method("forward");
   if (!method.has_value()) {
     return MP_INPUT_UNKNOWN;
@@ -299,7 +332,7 @@ int32_t script_input_kind(void* m) {
 }
 
 void script_fresh(void* m) {
-  auto* mod = static_cast<torch::jit::Module*>(m);
+  auto* mod = module_of(m);
   *mod = mod->clone(/*inplace=*/true);
 }
 
@@ -321,7 +354,7 @@ at::Tensor* script_forward(void* m, const at::Tensor* const* inputs, size_t n, b
     // written. No fusion happens on meta tensors. Or as written, op by op (this thread
     // only), as after tch::jit::set_graph_executor_optimize(false).
     torch::jit::GraphOptimizerEnabledGuard executor(optimize);
-    out = static_cast<torch::jit::Module*>(m)->forward(std::move(args));
+    out = module_of(m)->forward(std::move(args));
   } catch (const c10::Error& e) {
     // Name the module the failing op ran in (`in module blocks.0.attn: ...`).
     if (meta_trace_on() && module[0] != 0) {
@@ -359,7 +392,7 @@ at::Tensor* script_forward(void* m, const at::Tensor* const* inputs, size_t n, b
 // Parameters (which = 0) or buffers (1) of a module, recursively, in the module's order.
 std::vector<std::pair<std::string, at::Tensor>> script_tensors(void* m, int32_t which) {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  auto* mod = static_cast<torch::jit::Module*>(m);
+  auto* mod = module_of(m);
   if (which == 0) {
     for (const auto& p : mod->named_parameters(/*recurse=*/true)) {
       out.emplace_back(p.name, p.value);

@@ -9,10 +9,12 @@
 
 namespace memprof {
 
-// A torch::jit::Module* the caller frees with script_free.
+// A loaded file (its torch::jit::Module) the caller frees with script_free.
 void* script_load(const char* path);
 void script_free(void* m);
 void script_train(void* m, bool on);
+// The ops a `cpu` device constant of the file fed (it was traced on the CPU), a line each.
+std::string script_cpu_uses(void* m);
 int32_t script_input_kind(void* m);
 void script_fresh(void* m);
 at::Tensor* script_forward(void* m, const at::Tensor* const* inputs, size_t n, bool optimize);
