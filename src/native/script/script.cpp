@@ -184,15 +184,26 @@ bool scalar_to_cpu(const torch::jit::Use& use) {
       src->t(c10::attr::value).dim() == 0 && !src->t(c10::attr::value).is_meta();
 }
 
+// A use of a device constant that moves one of the file's tensor constants
+// (`torch.to(CONSTANTS.c0, torch.device("cpu"), 6)`): a constant the file makes into a
+// CPU scalar (`torch.tensor([...]).sum()` scaling a GPU tensor) runs on a GPU too, so it
+// is not counted among the ops that stop a GPU run.
+bool constant_to(const torch::jit::Use& use) {
+  const torch::jit::Node* n = use.user;
+  return n->kind() == c10::aten::to && use.offset != 0 && !n->inputs().empty() &&
+      n->input(0)->node()->kind() == c10::prim::Constant;
+}
+
 // A traced or scripted graph names the device it was made on as constants:
 // `aten::to(x, dtype, device=cpu)` in rotary embeddings, `aten::arange(..., device=cpu)`
 // for position ids, `aten::zeros(..., device=cuda:0)` for masks. In the dry run every
 // device the graph names is the dry run's: each device constant becomes `meta`, so
 // what the graph makes on "its" device is made on meta, as it would be on the GPU; but
 // a device used only to move scalar constants read back becomes the CPU (scalar_to_cpu).
-// Each other op a `cpu` constant feeds is added to `cpu_uses`: a file traced on the CPU
-// makes those ops' tensors on the CPU when it runs on a GPU, where they meet the GPU's
-// ("Expected all tensors to be on the same device"; what the estimate says of it).
+// Each other op a `cpu` constant feeds (but constant_to's) is added to `cpu_uses`: a
+// file traced on the CPU makes those ops' tensors on the CPU when it runs on a GPU,
+// where they meet the GPU's ("Expected all tensors to be on the same device"; what the
+// estimate says of it).
 // Returns how many constants were rewritten.
 size_t devices_to_meta(torch::jit::Block* block, std::vector<std::string>& cpu_uses) {
   size_t n = 0;
@@ -218,7 +229,9 @@ size_t devices_to_meta(torch::jit::Block* block, std::vector<std::string>& cpu_u
         node->s(c10::attr::value) != "meta") {
       if (node->s(c10::attr::value) == "cpu") {
         for (const torch::jit::Use& use : uses) {
-          cpu_uses.emplace_back(use.user->kind().toQualString());
+          if (!constant_to(use)) {
+            cpu_uses.emplace_back(use.user->kind().toQualString());
+          }
         }
       }
       node->s_(c10::attr::value, "meta");
