@@ -217,37 +217,36 @@ pub(crate) fn meta_autocast_end() -> Result<()> {
 /// kernel, no composite kernel and no meta kernel of libtorch's C++, and whether
 /// tch-memprof registers one (`true`).
 pub(crate) fn meta_inventory() -> Result<Vec<(String, bool)>> {
-    let mut needed = 0u64;
-    // SAFETY: a zero-length buffer only writes `needed`.
-    check(unsafe { memprof_meta_inventory(std::ptr::null_mut(), 0, &mut needed) })?;
-    let mut buf = vec![0u8; needed as usize + 1];
-    // SAFETY: `buf` is valid for its length; the callee writes at most len - 1 bytes and a NUL.
-    check(unsafe { memprof_meta_inventory(buf.as_mut_ptr().cast(), buf.len(), &mut needed) })?;
-    buf.truncate(needed as usize);
-    Ok(String::from_utf8_lossy(&buf)
+    // SAFETY: `native_text` passes a buffer valid for `len` bytes (or none, with 0).
+    let text = native_text(|buf, len, needed| unsafe { memprof_meta_inventory(buf, len, needed) })?;
+    Ok(text
         .lines()
         .filter_map(|l| l.split_once('\t'))
         .map(|(op, state)| (op.to_string(), state == "ours"))
         .collect())
 }
 
+/// A text the native layer writes into a caller's buffer (`call(buf, len, needed)`:
+/// at most `len - 1` bytes and a NUL, `*needed` the whole length): asked for its
+/// length first, then read whole.
+fn native_text(call: impl Fn(*mut c_char, usize, &mut u64) -> i32) -> Result<String> {
+    let mut needed = 0u64;
+    check(call(std::ptr::null_mut(), 0, &mut needed))?;
+    let mut buf = vec![0u8; needed as usize + 1];
+    check(call(buf.as_mut_ptr().cast(), buf.len(), &mut needed))?;
+    buf.truncate(needed as usize);
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
 /// The lines of `which` (`native::AUTOCAST_*`): the crate's autocast lists
 /// (`aten::op.overload policy`) or the ops this libtorch registers autocast kernels for.
 #[cfg(test)]
 pub(crate) fn autocast_listing(which: i32) -> Result<Vec<String>> {
-    let mut needed = 0u64;
-    // SAFETY: a zero-length buffer only writes `needed`.
-    check(unsafe { memprof_autocast_listing(which, std::ptr::null_mut(), 0, &mut needed) })?;
-    let mut buf = vec![0u8; needed as usize + 1];
-    // SAFETY: `buf` is valid for its length; the callee writes at most len - 1 bytes and a NUL.
-    check(unsafe {
-        memprof_autocast_listing(which, buf.as_mut_ptr().cast(), buf.len(), &mut needed)
+    // SAFETY: `native_text` passes a buffer valid for `len` bytes (or none, with 0).
+    let text = native_text(|buf, len, needed| unsafe {
+        memprof_autocast_listing(which, buf, len, needed)
     })?;
-    buf.truncate(needed as usize);
-    Ok(String::from_utf8_lossy(&buf)
-        .lines()
-        .map(str::to_string)
-        .collect())
+    Ok(text.lines().map(str::to_string).collect())
 }
 
 /// A TorchScript module loaded onto the meta device.
@@ -291,20 +290,12 @@ impl ScriptModule {
     /// on the CPU, what a GPU run of it makes on the CPU (none for a file traced on a
     /// GPU, or one that names no device).
     pub(crate) fn cpu_uses(&self) -> Result<Vec<String>> {
-        let mut needed = 0u64;
-        // SAFETY: the module is live; a zero-length buffer only writes `needed`.
-        check(unsafe { memprof_script_cpu_uses(self.ptr, std::ptr::null_mut(), 0, &mut needed) })?;
-        let mut buf = vec![0u8; needed as usize + 1];
-        // SAFETY: `buf` is valid for its length; the callee writes at most len - 1 bytes
-        // and a NUL.
-        check(unsafe {
-            memprof_script_cpu_uses(self.ptr, buf.as_mut_ptr().cast(), buf.len(), &mut needed)
+        // SAFETY: the module is live; `native_text` passes a buffer valid for `len`
+        // bytes (or none, with 0).
+        let text = native_text(|buf, len, needed| unsafe {
+            memprof_script_cpu_uses(self.ptr, buf, len, needed)
         })?;
-        buf.truncate(needed as usize);
-        Ok(String::from_utf8_lossy(&buf)
-            .lines()
-            .map(str::to_string)
-            .collect())
+        Ok(text.lines().map(str::to_string).collect())
     }
 
     /// forward(inputs...) and the first tensor it returns; `optimize`: through the

@@ -134,6 +134,19 @@ int memprof_meta_autocast_end(void) noexcept {
   });
 }
 
+namespace {
+// A text for the caller: its length to *needed, at most len - 1 of its bytes and a NUL
+// to buf (nothing when len is 0, the caller asking the length).
+void copy_text(const std::string& text, char* buf, size_t len, uint64_t* needed) {
+  *needed = text.size();
+  if (len > 0) {
+    const size_t k = std::min(len - 1, text.size());
+    std::memcpy(buf, text.data(), k);
+    buf[k] = 0;
+  }
+}
+}  // namespace
+
 int memprof_autocast_listing(int32_t which, char* buf, size_t len, uint64_t* needed) noexcept {
   return guarded("memprof_autocast_listing", [&]() -> int {
     if (!given(needed, "memprof_autocast_listing") || (len > 0 && !given(buf, "memprof_autocast_listing"))) {
@@ -144,12 +157,7 @@ int memprof_autocast_listing(int32_t which, char* buf, size_t len, uint64_t* nee
       return -1;
     }
     const std::string text = autocast_listing(which);
-    *needed = text.size();
-    if (len > 0) {
-      const size_t k = std::min(len - 1, text.size());
-      std::memcpy(buf, text.data(), k);
-      buf[k] = 0;
-    }
+    copy_text(text, buf, len, needed);
     return 0;
   });
 }
@@ -161,12 +169,7 @@ int memprof_meta_inventory(char* buf, size_t len, uint64_t* needed) noexcept {
       return -1;
     }
     const std::string text = meta_inventory();
-    *needed = text.size();
-    if (len > 0) {
-      const size_t k = std::min(len - 1, text.size());
-      std::memcpy(buf, text.data(), k);
-      buf[k] = 0;
-    }
+    copy_text(text, buf, len, needed);
     return 0;
   });
 }
@@ -216,12 +219,7 @@ int memprof_script_cpu_uses(void* module, char* buf, size_t len, uint64_t* neede
       return -1;
     }
     const std::string text = script_cpu_uses(module);
-    *needed = text.size();
-    if (len > 0) {
-      const size_t k = std::min(len - 1, text.size());
-      std::memcpy(buf, text.data(), k);
-      buf[k] = 0;
-    }
+    copy_text(text, buf, len, needed);
     return 0;
   });
 }
