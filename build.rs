@@ -134,7 +134,7 @@ fn libtorch_version(include: &Path) -> Version {
 
 /// Reads the `MP_SIZE(S, n)`, `MP_FIELD(S, f, o)` and `MP_CONST(C, v)` lines of the
 /// header and writes `$OUT_DIR/layout.rs`: the same numbers asserted on the Rust side
-/// (`MpX` is mirrored as `X`, `MP_C` as `C`), included by src/ffi/mod.rs.
+/// (`MpX` is mirrored by the Rust `MpX`, `MP_C` as `native::C`), included by src/ffi/mod.rs.
 fn write_layout_checks(header: &Path) {
     let text = fs::read_to_string(header)
         .unwrap_or_else(|e| panic!("tch-memprof: cannot read {}: {e}", header.display()));
@@ -149,17 +149,14 @@ fn write_layout_checks(header: &Path) {
             continue;
         };
         let args: Vec<&str> = args.split(',').map(str::trim).collect();
-        let mirror = |s: &str| s.strip_prefix("Mp").unwrap_or(s).to_string();
         match (name, args.as_slice()) {
             ("MP_SIZE", [s, n]) => writeln!(
                 out,
-                "const _: () = assert!(std::mem::size_of::<{}>() == {n}, \"size of {s}\");",
-                mirror(s)
+                "const _: () = assert!(std::mem::size_of::<{s}>() == {n}, \"size of {s}\");"
             ),
             ("MP_FIELD", [s, f, o]) => writeln!(
                 out,
-                "const _: () = assert!(std::mem::offset_of!({}, {f}) == {o}, \"offset of {s}.{f}\");",
-                mirror(s)
+                "const _: () = assert!(std::mem::offset_of!({s}, {f}) == {o}, \"offset of {s}.{f}\");"
             ),
             ("MP_CONST", [c, v]) => writeln!(
                 out,

@@ -8,6 +8,10 @@
 - A Rust module with submodules is a folder with its `mod.rs` (`estimate/model/mod.rs`),
   never a file beside a folder of the same name (`estimate/model.rs` and
   `estimate/model/`): one layout convention.
+- A native record (a `#[repr(C)]` struct, the Rust mirror of memprof.h's `MpX`) is
+  defined in src/ffi/ only, named `MpX` as in C, visible in src/ffi/ only (`pub(super)`
+  or private), and named nowhere outside src/ffi/: the rest of the crate reads the typed
+  values src/ffi/ decodes it into.
 - Every `src/...` path of this crate's modules named in the sources, the build script,
   the scripts, the tests, the README and docs/ must exist (a comment naming a file that
   moved is caught here; other projects' `src/` paths, tch's or PyTorch's, are not
@@ -52,6 +56,24 @@ def main() -> int:
                 f"src/{beside.relative_to(SRC)} sits beside the folder src/{d.relative_to(SRC)}/: "
                 f"make it src/{d.relative_to(SRC)}/mod.rs (one layout convention)"
             )
+    repr_c = re.compile(r"#\[repr\(C\)\]\s*(?:#\[[^\]]*\]\s*)*(pub(?:\([^)]*\))?\s+)?struct\s+(\w+)")
+    raw_name = re.compile(r"\bMp[A-Z]\w*")
+    for p in sorted(SRC.rglob("*.rs")):
+        rel = p.relative_to(SRC).as_posix()
+        text = p.read_text()
+        in_ffi = rel.startswith("ffi/")
+        for m in repr_c.finditer(text):
+            vis, name = (m.group(1) or "").strip(), m.group(2)
+            if not in_ffi:
+                problems.append(f"src/{rel} defines the native record {name}: only src/ffi/ may")
+            elif not name.startswith("Mp"):
+                problems.append(f"src/{rel}: the native record {name} must keep its C name (Mp...)")
+            elif vis not in ("", "pub(super)"):
+                problems.append(f"src/{rel}: the native record {name} is `{vis}`: keep it in src/ffi/ (pub(super))")
+        if not in_ffi:
+            code = re.sub(r"//.*", "", text)
+            for m in sorted(set(raw_name.findall(code))):
+                problems.append(f"src/{rel} names the native record {m}: read the typed value src/ffi/ decodes it into")
     mention = re.compile(r"(?<![\w/.-])src/([A-Za-z0-9_./-]+\.(?:rs|cpp|h|js|css))\b")
     # The crate's modules: what a path of ours begins with.
     ours = {Path(f).parts[0].split(".")[0] for f in files}

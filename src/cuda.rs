@@ -10,7 +10,7 @@
 use crate::error::Result;
 use crate::ffi;
 
-pub use crate::ffi::cuda::CudaStats;
+pub use crate::ffi::cuda::{BlasWorkspace, BlasWorkspaceKind, CudaStats};
 
 /// Whether CUDA is usable by the profiler, and if not, why (no driver, a CPU-only
 /// libtorch, ...). Before the first CUDA tensor it is usable (the statistics are zero).
@@ -67,51 +67,11 @@ pub fn clear_cublas_workspaces() -> Result<()> {
     ffi::cuda_clear_workspaces()
 }
 
-/// Which library a [`BlasWorkspace`] is kept for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum BlasWorkspaceKind {
-    /// cuBLAS (`CUBLAS_WORKSPACE_CONFIG`; 32 MiB on Hopper by PyTorch's default).
-    Cublas,
-    /// cuBLASLt (`CUBLASLT_WORKSPACE_SIZE`, in KiB).
-    Cublaslt,
-}
-
-/// A workspace PyTorch keeps for cuBLAS or cuBLASLt: one per library handle and stream
-/// (so one for the training thread and one for the autograd engine's thread of each
-/// device), taken at the first matrix product there and held until
-/// [`clear_cublas_workspaces`]. A block of the caching allocator that no tensor owns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct BlasWorkspace {
-    /// The block's address.
-    pub address: u64,
-    /// The block's bytes as the allocator counts them (the workspace size rounded up to
-    /// its 512-byte blocks).
-    pub bytes: u64,
-    /// CUDA device index.
-    pub device: usize,
-    /// cuBLAS or cuBLASLt.
-    pub kind: BlasWorkspaceKind,
-}
-
 /// The cuBLAS and cuBLASLt workspaces PyTorch holds now, on every device (none before
 /// the first matrix product). Read from PyTorch's own table of them; an error without
 /// CUDA, or where the libtorch is not one whose table this build knows (2.11 and 2.13).
 pub fn blas_workspaces() -> Result<Vec<BlasWorkspace>> {
-    Ok(ffi::cuda_workspaces()?
-        .into_iter()
-        .map(|w| BlasWorkspace {
-            address: w.ptr(),
-            bytes: w.bytes().max(0) as u64,
-            device: w.device(),
-            kind: if w.is_cublaslt() {
-                BlasWorkspaceKind::Cublaslt
-            } else {
-                BlasWorkspaceKind::Cublas
-            },
-        })
-        .collect())
+    ffi::cuda_workspaces()
 }
 
 /// Statistics of every CUDA device whose allocator holds memory, with its index.

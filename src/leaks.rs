@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::ffi::{self, LiveBlock};
+use crate::ffi::{self, RegisteredBlock};
 use crate::format;
 use crate::names::Names;
 use crate::phase::Phase;
@@ -174,17 +174,17 @@ struct Agg {
 }
 
 /// Groups live blocks by origin, leaving out the blocks in `exclude`.
-fn group(blocks: &[LiveBlock], exclude: &HashSet<u64>) -> HashMap<Key, Agg> {
+fn group(blocks: &[RegisteredBlock], exclude: &HashSet<u64>) -> HashMap<Key, Agg> {
     let mut groups: HashMap<Key, Agg> = HashMap::new();
-    for b in blocks.iter().filter(|b| !exclude.contains(&b.ptr())) {
-        let a = groups.entry((b.op(), b.phase(), b.layer())).or_insert(Agg {
+    for b in blocks.iter().filter(|b| !exclude.contains(&b.ptr)) {
+        let a = groups.entry((b.op, b.phase, b.layer)).or_insert(Agg {
             first: u32::MAX,
             ..Agg::default()
         });
         a.count += 1;
-        a.bytes += b.bytes();
-        a.first = a.first.min(b.iteration());
-        a.last = a.last.max(b.iteration());
+        a.bytes += b.bytes;
+        a.first = a.first.min(b.iteration);
+        a.last = a.last.max(b.iteration);
     }
     groups
 }
@@ -241,7 +241,7 @@ pub(crate) struct LeakHunter {
     slot: usize,
     threshold: u64,
     warmup_epochs: u64,
-    blocks: Vec<LiveBlock>,
+    blocks: Vec<RegisteredBlock>,
     prev: Option<HashMap<Key, Agg>>,
     grew_before: HashSet<Key>,
     prev_reserved: Option<(i64, i64)>,
@@ -265,7 +265,7 @@ impl LeakHunter {
     /// Bytes this hunter holds (its buffers), for the profiler's own-memory figure.
     pub(crate) fn own_bytes(&self) -> u64 {
         let per_group = std::mem::size_of::<(Key, Agg)>() as u64;
-        (self.blocks.capacity() * std::mem::size_of::<LiveBlock>()) as u64
+        (self.blocks.capacity() * std::mem::size_of::<RegisteredBlock>()) as u64
             + self
                 .prev
                 .as_ref()

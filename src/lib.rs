@@ -228,11 +228,11 @@ pub mod __private {
     /// Whether libtorch runs op callbacks for every op now (what its dispatcher asks
     /// before it builds an op's record), not only for autograd nodes.
     pub fn records_every_op() -> bool {
-        crate::ffi::state().is_ok_and(|s| s.op_records != 0)
+        crate::ffi::state().is_ok_and(|s| s.op_records)
     }
     /// Whether the tracking CPU allocator is installed.
     pub fn cpu_tracking_installed() -> bool {
-        crate::ffi::state().is_ok_and(|s| s.cpu_installed != 0)
+        crate::ffi::state().is_ok_and(|s| s.cpu_installed)
     }
     /// Live-block registry: (entries in use, entries ever used, births not registered).
     pub fn registry() -> (i64, u64, i64) {
@@ -250,7 +250,7 @@ pub mod __private {
         if crate::ffi::live_blocks(0, &mut v).is_err() {
             return (-1, 0);
         }
-        (v.iter().map(|b| b.bytes() as i64).sum(), v.len())
+        (v.iter().map(|b| b.bytes as i64).sum(), v.len())
     }
     /// Times an allocation hook was entered while one was running on the same thread
     /// (a hook that allocated through the allocator it watches); must stay 0.

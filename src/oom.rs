@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use rustc_hash::FxHashSet;
 
-use crate::ffi::{self, HistEvent, LiveBlock, OomEvent};
+use crate::ffi::{self, HistoryEvent, OomEvent, RegisteredBlock};
 use crate::names::Names;
 use crate::phase::Phase;
 
@@ -160,15 +160,15 @@ impl OomState {
 
 /// The live blocks and history a report was built from (for its snapshot).
 pub(crate) struct Forensics {
-    pub blocks: Vec<LiveBlock>,
-    pub history: Vec<HistEvent>,
+    pub blocks: Vec<RegisteredBlock>,
+    pub history: Vec<HistoryEvent>,
     pub names: Names,
 }
 
 /// Bytes of memory a report may use beyond its lists: text, maps, file buffers.
 const SLACK: usize = 4 << 20;
-/// Bytes per listed block or history event while the snapshot is built (the event,
-/// its frame and its pickled form).
+/// Bytes per listed block or history event while the snapshot is built (the native
+/// record read and its decoded value, its frame and its pickled form).
 const PER_ENTRY: usize = 512;
 
 /// Builds the report of a failed allocation, or None when the process cannot have
@@ -201,15 +201,20 @@ pub(crate) fn build(st: &mut OomState, e: OomEvent) -> Option<(OomReport, Forens
     ))
 }
 
-fn summarize(st: &OomState, e: OomEvent, blocks: &[LiveBlock], names: &mut Names) -> OomReport {
+fn summarize(
+    st: &OomState,
+    e: OomEvent,
+    blocks: &[RegisteredBlock],
+    names: &mut Names,
+) -> OomReport {
     let allocated = e.allocated.max(0) as u64;
-    let category = |b: &LiveBlock| -> OomCategory {
-        if st.weights.contains(&b.ptr()) {
+    let category = |b: &RegisteredBlock| -> OomCategory {
+        if st.weights.contains(&b.ptr) {
             OomCategory::Weights
-        } else if st.grads.contains(&b.ptr()) {
+        } else if st.grads.contains(&b.ptr) {
             OomCategory::Gradients
         } else {
-            match b.phase() {
+            match b.phase {
                 Phase::Forward => OomCategory::Forward,
                 Phase::Backward => OomCategory::Backward,
                 Phase::Optimizer => OomCategory::AfterBackward,
@@ -221,14 +226,14 @@ fn summarize(st: &OomState, e: OomEvent, blocks: &[LiveBlock], names: &mut Names
     let mut registered = 0u64;
     let mut registered_weights = 0u64;
     for b in blocks {
-        let bytes = b.bytes();
+        let bytes = b.bytes;
         registered += bytes;
         let c = category(b);
         *by_cat.entry(c).or_default() += bytes;
         if c == OomCategory::Weights {
             registered_weights += bytes; // counted in weights_by_layer already
         } else {
-            *by_layer.entry(names.get(b.layer())).or_default() += bytes;
+            *by_layer.entry(names.get(b.layer)).or_default() += bytes;
         }
     }
     // What the registry did not see: born before the profiler started (the weights,
@@ -249,17 +254,17 @@ fn summarize(st: &OomState, e: OomEvent, blocks: &[LiveBlock], names: &mut Names
     by_layer.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     by_layer.truncate(10);
 
-    let mut largest: Vec<&LiveBlock> = blocks.iter().collect();
-    largest.sort_by_key(|b| std::cmp::Reverse(b.bytes()));
+    let mut largest: Vec<&RegisteredBlock> = blocks.iter().collect();
+    largest.sort_by_key(|b| std::cmp::Reverse(b.bytes));
     let largest_blocks = largest
         .iter()
         .take(10)
         .map(|b| OomBlock {
-            op: names.get(b.op()),
-            phase: b.phase(),
-            layer: names.get(b.layer()),
-            iteration: b.iteration() as u64,
-            bytes: b.bytes(),
+            op: names.get(b.op),
+            phase: b.phase,
+            layer: names.get(b.layer),
+            iteration: b.iteration as u64,
+            bytes: b.bytes,
             category: category(b),
         })
         .collect();

@@ -67,7 +67,7 @@ pub(crate) fn scalar_type(kind: Kind) -> Option<i32> {
 /// Restores the autocast state when dropped (also when the closure panics).
 struct AutocastGuard {
     device: Device,
-    prev: ffi::Autocast,
+    prev: ffi::AutocastState,
 }
 
 impl Drop for AutocastGuard {

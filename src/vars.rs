@@ -10,7 +10,7 @@ use tch::nn::Variables;
 use tch::Tensor;
 
 use crate::error::Result;
-use crate::ffi::{self, Block};
+use crate::ffi::{self, TensorBlock};
 use crate::names::layer_of;
 
 /// Adds `tensor` (shared, not copied) to the store under its dotted module path
@@ -50,7 +50,7 @@ pub(crate) struct Entry {
     /// Its position in the store's map iteration order (where its blocks are read).
     pos: usize,
     /// The block behind it when the table was built; a change rebuilds the table.
-    block: Block,
+    block: TensorBlock,
 }
 
 /// The variables of a VarStore, kept between calls. [`refresh`](Self::refresh) reads
@@ -90,8 +90,8 @@ pub(crate) struct VarTable {
     /// other than before.
     version: u64,
     /// The last read's blocks and gradient blocks, in map order.
-    blocks: Vec<Block>,
-    grads: Vec<Block>,
+    blocks: Vec<TensorBlock>,
+    grads: Vec<TensorBlock>,
     /// Map positions a watched free would not reveal a change of: a block or gradient
     /// block whose birth was not seen, or no gradient yet (one may appear). Re-read at
     /// every refresh.
@@ -100,7 +100,7 @@ pub(crate) struct VarTable {
     /// read, or after a read that failed).
     frees: Option<ffi::WatchedFrees>,
     /// Scratch buffers of a read.
-    scratch: (Vec<Block>, Vec<Block>),
+    scratch: (Vec<TensorBlock>, Vec<TensorBlock>),
 }
 
 impl VarTable {
@@ -139,10 +139,10 @@ impl VarTable {
         );
         self.find_unwatched();
         let facts_hold = same_set
-            && self.defined_count() == self.blocks.iter().filter(|b| b.is_defined()).count()
+            && self.defined_count() == self.blocks.iter().filter(|b| b.defined).count()
             && self.entries.iter().all(|e| {
                 let b = &self.blocks[e.pos];
-                b.base() == e.block.base() && b.size() == e.block.size()
+                b.base == e.block.base && b.bytes == e.block.bytes
             });
         let rebuilt = !facts_hold;
         if rebuilt {
@@ -177,7 +177,7 @@ impl VarTable {
         self.unwatched = (0..self.blocks.len())
             .filter(|&i| {
                 let (b, g) = (&self.blocks[i], &self.grads[i]);
-                (b.is_defined() && !b.is_watched()) || !g.is_defined() || !g.is_watched()
+                (b.defined && !b.watched) || !g.defined || !g.watched
             })
             .collect();
     }
@@ -241,11 +241,7 @@ impl VarTable {
             vars.trainable_variables.iter().map(|v| &v.tensor).collect();
         let (mut tb, mut tg) = (Vec::new(), Vec::new());
         ffi::tensor_blocks(&trainable_tensors, Some(&mut tb), &mut tg, false)?;
-        let trainable: HashSet<u64> = tb
-            .iter()
-            .filter(|b| b.is_defined())
-            .map(|b| b.base())
-            .collect();
+        let trainable: HashSet<u64> = tb.iter().filter(|b| b.defined).map(|b| b.base).collect();
         // The map's iteration order, as `values()` gave the tensors.
         let mut named: Vec<(&String, usize)> = vars
             .named_variables
@@ -257,7 +253,7 @@ impl VarTable {
         self.entries.clear();
         for (name, pos) in named {
             let block = self.blocks[pos];
-            if !block.is_defined() {
+            if !block.defined {
                 continue;
             }
             let tensor = tensors[pos];
@@ -269,7 +265,7 @@ impl VarTable {
                     .map(|k| format!("{k:?}"))
                     .unwrap_or_else(|_| crate::names::MISSING.into()),
                 shape: tensor.size(),
-                trainable: trainable.contains(&block.base()),
+                trainable: trainable.contains(&block.base),
                 pos,
                 block,
             });
@@ -297,7 +293,7 @@ impl VarTable {
 
     /// The defined variables by name, with their block and gradient block as read by
     /// the last [`refresh`](Self::refresh).
-    pub(crate) fn rows(&self) -> impl Iterator<Item = (&Entry, Block, Block)> + '_ {
+    pub(crate) fn rows(&self) -> impl Iterator<Item = (&Entry, TensorBlock, TensorBlock)> + '_ {
         self.entries
             .iter()
             .map(|e| (e, self.blocks[e.pos], self.grads[e.pos]))
@@ -327,12 +323,12 @@ impl ParamSync {
             && table
                 .rows()
                 .zip(&self.ptrs)
-                .all(|((_, b, _), p)| b.base() == *p)
+                .all(|((_, b, _), p)| b.base == *p)
         {
             self.version = Some(table.version());
             return Ok(());
         }
-        let ptrs: Vec<u64> = table.rows().map(|(_, b, _)| b.base()).collect();
+        let ptrs: Vec<u64> = table.rows().map(|(_, b, _)| b.base).collect();
         let ids: Vec<i32> = (0..ptrs.len() as i32).collect();
         let layers: Vec<i32> = table
             .rows()
@@ -346,6 +342,6 @@ impl ParamSync {
 }
 
 /// The same blocks, one for one (whether they are watched aside).
-fn same_blocks(now: &[Block], before: &[Block]) -> bool {
+fn same_blocks(now: &[TensorBlock], before: &[TensorBlock]) -> bool {
     now.len() == before.len() && now.iter().zip(before).all(|(a, b)| a.same(b))
 }

@@ -12,20 +12,25 @@ extern "C" {
         device_type: i32,
         enabled: i32,
         dtype: i32,
-        prev: *mut Autocast,
+        prev: *mut MpAutocast,
     ) -> i32;
-    fn memprof_autocast_exit(device_type: i32, prev: *const Autocast) -> i32;
+    fn memprof_autocast_exit(device_type: i32, prev: *const MpAutocast) -> i32;
     fn memprof_rng_get(device_type: i32, index: i32, out: *mut *mut c_void) -> i32;
     fn memprof_rng_set(device_type: i32, index: i32, state: *const c_void) -> i32;
 }
 
-/// `MpAutocast`: autocast state of one device type, to restore on exit.
+/// `MpAutocast`: the native layout of an [`AutocastState`].
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Autocast {
+pub(super) struct MpAutocast {
     pub(super) enabled: i32,
     pub(super) dtype: i32,
 }
+
+/// The autocast state of one device type before [`autocast_enter`], to hand back to
+/// [`autocast_exit`].
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct AutocastState(MpAutocast);
 
 /// `(device_type, index)` as the native layer numbers devices.
 fn device_code(device: tch::Device) -> Result<(i32, i32)> {
@@ -40,18 +45,18 @@ fn device_code(device: tch::Device) -> Result<(i32, i32)> {
 
 /// Enters autocast for `device` in `dtype` (a c10::ScalarType code); returns the state
 /// to hand to [`autocast_exit`].
-pub(crate) fn autocast_enter(device: tch::Device, dtype: i32) -> Result<Autocast> {
+pub(crate) fn autocast_enter(device: tch::Device, dtype: i32) -> Result<AutocastState> {
     let (dt, _) = device_code(device)?;
-    let mut prev = Autocast::default();
-    // SAFETY: `prev` is a valid, writable Autocast.
+    let mut prev = MpAutocast::default();
+    // SAFETY: `prev` is a valid, writable MpAutocast.
     check(unsafe { memprof_autocast_enter(dt, 1, dtype, &mut prev) })?;
-    Ok(prev)
+    Ok(AutocastState(prev))
 }
 
-pub(crate) fn autocast_exit(device: tch::Device, prev: &Autocast) -> Result<()> {
+pub(crate) fn autocast_exit(device: tch::Device, prev: &AutocastState) -> Result<()> {
     let (dt, _) = device_code(device)?;
-    // SAFETY: `prev` is a valid Autocast.
-    check(unsafe { memprof_autocast_exit(dt, prev) })
+    // SAFETY: `prev.0` is a valid MpAutocast.
+    check(unsafe { memprof_autocast_exit(dt, &prev.0) })
 }
 
 /// The default random generator's state of `device`.

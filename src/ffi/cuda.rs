@@ -6,17 +6,17 @@ use super::{check, native};
 use crate::error::{Error, Result};
 
 extern "C" {
-    fn memprof_cuda_stats(index: i32, out: *mut CudaStats) -> i32;
+    fn memprof_cuda_stats(index: i32, out: *mut MpCudaStats) -> i32;
     fn memprof_cuda_history(on: i32, max_entries: i64) -> i32;
     fn memprof_cuda_snapshot(path: *const c_char) -> i32;
     fn memprof_cuda_control(index: i32, what: i32) -> i32;
-    fn memprof_cuda_workspaces(out: *mut Workspace, cap: i32) -> i32;
+    fn memprof_cuda_workspaces(out: *mut MpWorkspace, cap: i32) -> i32;
 }
 
-/// `MpWorkspace`: a cuBLAS or cuBLASLt workspace PyTorch holds.
+/// `MpWorkspace`: the native layout of a [`BlasWorkspace`].
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Workspace {
+pub(super) struct MpWorkspace {
     pub(super) ptr: u64,
     pub(super) bytes: i64,
     pub(super) device: i32,
@@ -27,51 +27,92 @@ pub(crate) struct Workspace {
     pub(super) pad: i32,
 }
 
-impl Workspace {
-    /// The workspace's block.
-    pub(crate) fn ptr(&self) -> u64 {
-        self.ptr
-    }
-    pub(crate) fn bytes(&self) -> i64 {
-        self.bytes
-    }
-    /// A cuBLASLt workspace (else cuBLAS).
-    pub(crate) fn is_cublaslt(&self) -> bool {
-        self.kind == native::WORKSPACE_CUBLASLT
-    }
-    /// Its CUDA device index.
-    pub(crate) fn device(&self) -> usize {
-        self.device.max(0) as usize
-    }
-    /// Whether the session saw its block born (its bytes are in the session's counters).
-    pub(crate) fn is_tracked(&self) -> bool {
-        self.tracked != 0
+/// Which library a [`BlasWorkspace`] is kept for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BlasWorkspaceKind {
+    /// cuBLAS (`CUBLAS_WORKSPACE_CONFIG`; 32 MiB on Hopper by PyTorch's default).
+    Cublas,
+    /// cuBLASLt (`CUBLASLT_WORKSPACE_SIZE`, in KiB).
+    Cublaslt,
+}
+
+/// A workspace PyTorch keeps for cuBLAS or cuBLASLt: one per library handle and stream
+/// (so one for the training thread and one for the autograd engine's thread of each
+/// device), taken at the first matrix product there and held until
+/// [`clear_cublas_workspaces`](crate::cuda::clear_cublas_workspaces). A block of the
+/// caching allocator that no tensor owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BlasWorkspace {
+    /// The block's address.
+    pub address: u64,
+    /// The block's bytes as the allocator counts them (the workspace size rounded up to
+    /// its 512-byte blocks).
+    pub bytes: u64,
+    /// CUDA device index.
+    pub device: usize,
+    /// cuBLAS or cuBLASLt.
+    pub kind: BlasWorkspaceKind,
+    /// Whether a running profiler saw its block born (its bytes are then in the
+    /// profiler's counters).
+    pub seen_born: bool,
+}
+
+impl From<&MpWorkspace> for BlasWorkspace {
+    fn from(w: &MpWorkspace) -> Self {
+        BlasWorkspace {
+            address: w.ptr,
+            bytes: w.bytes.max(0) as u64,
+            device: w.device.max(0) as usize,
+            kind: if w.kind == native::WORKSPACE_CUBLASLT {
+                BlasWorkspaceKind::Cublaslt
+            } else {
+                BlasWorkspaceKind::Cublas
+            },
+            seen_born: w.tracked != 0,
+        }
     }
 }
 
 /// CUDA: the cuBLAS and cuBLASLt workspaces PyTorch holds now (none before the first
 /// matrix product); an error without CUDA or for a libtorch whose table is not known.
-pub(crate) fn cuda_workspaces() -> Result<Vec<Workspace>> {
-    let mut out = vec![Workspace::default(); 8];
+pub(crate) fn cuda_workspaces() -> Result<Vec<BlasWorkspace>> {
+    let mut out = vec![MpWorkspace::default(); 8];
     loop {
         let cap = i32::try_from(out.len()).unwrap_or(i32::MAX);
-        // SAFETY: `out` has room for `cap` Workspace values with the C layout.
+        // SAFETY: `out` has room for `cap` MpWorkspace values with the C layout.
         let n = unsafe { memprof_cuda_workspaces(out.as_mut_ptr(), cap) };
         // A count, or -1 with the error set.
         check(n.min(0))?;
         let n = n as usize;
         if n <= out.len() {
             out.truncate(n);
-            return Ok(out);
+            return Ok(out.iter().map(BlasWorkspace::from).collect());
         }
-        out.resize(n, Workspace::default());
+        out.resize(n, MpWorkspace::default());
     }
 }
 
-/// CUDA caching-allocator statistics of one device (aggregate pool). Laid out as the
-/// native layer writes them (`repr(C)`, `MpCudaStats`: the layout checks hold it to the
-/// header), so they are read as they are, without a copy of each field.
+/// `MpCudaStats`: the native layout of [`CudaStats`].
 #[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct MpCudaStats {
+    pub(super) allocated_current: i64,
+    pub(super) allocated_peak: i64,
+    pub(super) reserved_current: i64,
+    pub(super) reserved_peak: i64,
+    pub(super) active_current: i64,
+    pub(super) active_peak: i64,
+    pub(super) requested_current: i64,
+    pub(super) requested_peak: i64,
+    pub(super) alloc_retries: i64,
+    pub(super) ooms: i64,
+    pub(super) free_bytes: i64,
+    pub(super) total_bytes: i64,
+}
+
+/// CUDA caching-allocator statistics of one device (aggregate pool).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CudaStats {
@@ -101,12 +142,31 @@ pub struct CudaStats {
     pub total_bytes: i64,
 }
 
+impl From<&MpCudaStats> for CudaStats {
+    fn from(s: &MpCudaStats) -> Self {
+        CudaStats {
+            allocated_current: s.allocated_current,
+            allocated_peak: s.allocated_peak,
+            reserved_current: s.reserved_current,
+            reserved_peak: s.reserved_peak,
+            active_current: s.active_current,
+            active_peak: s.active_peak,
+            requested_current: s.requested_current,
+            requested_peak: s.requested_peak,
+            alloc_retries: s.alloc_retries,
+            ooms: s.ooms,
+            free_bytes: s.free_bytes,
+            total_bytes: s.total_bytes,
+        }
+    }
+}
+
 /// CUDA allocator statistics of `cuda:index`; an error (never a crash) without CUDA.
 pub(crate) fn cuda_stats(index: usize) -> Result<CudaStats> {
-    let mut s = CudaStats::default();
-    // SAFETY: `s` is a valid, writable CudaStats with the C layout.
+    let mut s = MpCudaStats::default();
+    // SAFETY: `s` is a valid, writable MpCudaStats with the C layout.
     check(unsafe { memprof_cuda_stats(index as i32, &mut s) })?;
-    Ok(s)
+    Ok(CudaStats::from(&s))
 }
 
 /// CUDA: starts or stops the caching allocator's own history.

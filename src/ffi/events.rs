@@ -101,7 +101,7 @@ pub(crate) fn phase(p: impl Into<u32>) -> Phase {
 /// [`Event`](super::Event) before it leaves `ffi` (see memprof.h for the fields).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct TlEvent {
+pub(super) struct MpTlEvent {
     pub kind: u8,
     pub phase: u8,
     pub device: u8,
@@ -114,7 +114,7 @@ pub(crate) struct TlEvent {
 }
 
 /// The raw event's kind, `None` for a kind this crate does not know (never written).
-fn kind_of(raw: &TlEvent) -> Option<EventKind> {
+fn kind_of(raw: &MpTlEvent) -> Option<EventKind> {
     Some(match raw.kind {
         native::EV_ALLOC => EventKind::Alloc,
         native::EV_FREE => EventKind::Free,
@@ -133,7 +133,7 @@ fn kind_of(raw: &TlEvent) -> Option<EventKind> {
 }
 
 /// Decodes raw events into `into` (cleared first), in order.
-pub(super) fn decode(raw: &[TlEvent], into: &mut Vec<Event>) -> crate::Result<()> {
+pub(super) fn decode(raw: &[MpTlEvent], into: &mut Vec<Event>) -> crate::Result<()> {
     into.clear();
     into.try_reserve_exact(raw.len()).map_err(|e| {
         crate::Error::Native(format!(
@@ -170,16 +170,16 @@ mod tests {
 
     #[test]
     fn every_kind_the_native_layer_writes_decodes() {
-        let raw: Vec<TlEvent> = (1..=12)
-            .map(|k| TlEvent {
+        let raw: Vec<MpTlEvent> = (1..=12)
+            .map(|k| MpTlEvent {
                 kind: k,
                 phase: native::PHASE_BACKWARD as u8,
                 value: 2,
-                ..TlEvent::default()
+                ..MpTlEvent::default()
             })
-            .chain([TlEvent {
+            .chain([MpTlEvent {
                 kind: 200,
-                ..TlEvent::default()
+                ..MpTlEvent::default()
             }])
             .collect();
         let mut out = Vec::new();

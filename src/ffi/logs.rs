@@ -1,171 +1,198 @@
 //! The native logs (`logs.cpp`): the backward log, the step log, the memory history.
 
-use super::events::{decode, TlEvent};
+use super::events::{decode, MpTlEvent};
 use super::{buffer, check};
 use crate::error::Result;
 
 extern "C" {
-    fn memprof_timeline_header(out: *mut TimelineHeader) -> i32;
-    fn memprof_read_log(out: *mut LogEvent, cap: u64, total: *mut u64) -> i32;
-    fn memprof_read_timeline(out: *mut TlEvent, cap: u64, total: *mut u64) -> i32;
-    fn memprof_read_history(out: *mut HistEvent, cap: u64, total: *mut u64, ring: *mut u64) -> i32;
+    fn memprof_timeline_header(out: *mut MpTimelineHeader) -> i32;
+    fn memprof_read_log(out: *mut MpLogEvent, cap: u64, total: *mut u64) -> i32;
+    fn memprof_read_timeline(out: *mut MpTlEvent, cap: u64, total: *mut u64) -> i32;
+    fn memprof_read_history(
+        out: *mut MpHistEvent,
+        cap: u64,
+        total: *mut u64,
+        ring: *mut u64,
+    ) -> i32;
     fn memprof_history(on: i32, max_entries: u64) -> i32;
     fn memprof_set_detail(on: i32) -> i32;
-    fn memprof_site(id: u64, out: *mut Site) -> i32;
+    fn memprof_site(id: u64, out: *mut MpSite) -> i32;
 }
 
-/// `MpLogEvent`: one birth (+size) or death (-size) of a block during backward. Read
-/// where the native layer wrote it (no copy); its fields are read through its methods.
+/// `MpLogEvent`: the native layout of a [`BackwardEvent`].
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct LogEvent {
+pub(super) struct MpLogEvent {
     pub(super) ptr: u64,
     pub(super) delta: i64,
     pub(super) generation: u32,
     pub(super) device: u32,
 }
 
-impl LogEvent {
-    /// An event as the native layer logs it (for tests of what reads the log).
-    #[cfg(test)]
-    pub(crate) fn new(ptr: u64, delta: i64, generation: u32, device: u32) -> Self {
-        LogEvent {
-            ptr,
-            delta,
-            generation,
-            device,
-        }
-    }
-
+/// One birth (+bytes) or death (-bytes) of a block during backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BackwardEvent {
     /// The block's address.
-    pub(crate) fn ptr(&self) -> u64 {
-        self.ptr
-    }
-
+    pub ptr: u64,
     /// Its bytes: positive at its birth, negative at its death.
-    pub(crate) fn delta(&self) -> i64 {
-        self.delta
-    }
-
+    pub delta: i64,
     /// The backward pass it happened in (the phase generation).
-    pub(crate) fn generation(&self) -> u32 {
-        self.generation
-    }
-
+    pub generation: u32,
     /// The device slot (0: CPU, 1 + i: cuda:i).
-    pub(crate) fn device(&self) -> u32 {
-        self.device
+    pub device: u32,
+}
+
+impl From<&MpLogEvent> for BackwardEvent {
+    fn from(e: &MpLogEvent) -> Self {
+        BackwardEvent {
+            ptr: e.ptr,
+            delta: e.delta,
+            generation: e.generation,
+            device: e.device,
+        }
     }
 }
 
 /// `MpSite`: the call stack of one allocation of the detailed step, innermost first.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Site {
-    pub frames: u32,
-    pub pad: u32,
-    pub ips: [u64; super::native::SITE_DEPTH],
+pub(super) struct MpSite {
+    pub(super) frames: u32,
+    pub(super) pad: u32,
+    pub(super) ips: [u64; super::native::SITE_DEPTH],
 }
 
-impl Site {
-    /// Its return addresses.
-    pub(crate) fn addresses(&self) -> &[u64] {
-        &self.ips[..(self.frames as usize).min(self.ips.len())]
-    }
-}
-
-/// `MpTimelineHeader`.
+/// `MpTimelineHeader`: the step log's state.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct TimelineHeader {
-    pub len: u64,
-    pub capacity: u64,
-    pub start_generation: u32,
-    pub ops: i32,
-    pub start_live: i64,
-    pub on: i32,
-    pub device: i32,
+pub(super) struct MpTimelineHeader {
+    pub(super) len: u64,
+    pub(super) capacity: u64,
+    pub(super) start_generation: u32,
+    pub(super) ops: i32,
+    pub(super) start_live: i64,
+    pub(super) on: i32,
+    pub(super) device: i32,
 }
 
-/// `MpHistEvent`: one birth (+size) or death (-size) of the memory history. Read where
-/// the native layer wrote it (no copy); its fields are read through its methods.
+/// Where this iteration's step log starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StepLogStart {
+    /// The phase generation when the iteration began.
+    pub generation: u32,
+    /// Bytes live on the logged device when it began.
+    pub live: i64,
+}
+
+/// `MpHistEvent`: the native layout of a [`HistoryEvent`].
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct HistEvent {
+pub(super) struct MpHistEvent {
     pub(super) ptr: u64,
     pub(super) size: i64,
     pub(super) op: i32,
     pub(super) layer: i32,
-    /// Microseconds (monotonic clock) << 8 | device slot: read through
-    /// [`HistEvent::time_us`] and [`HistEvent::device`].
+    /// Microseconds (monotonic clock) << 8 | device slot.
     pub(super) time_dev: u64,
 }
 
-impl HistEvent {
+/// One birth or death of the memory history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HistoryEvent {
     /// The block's address.
-    pub(crate) fn ptr(&self) -> u64 {
-        self.ptr
-    }
-
+    pub ptr: u64,
     /// Whether it is a birth (else a death).
-    pub(crate) fn is_alloc(&self) -> bool {
-        self.size >= 0
-    }
-
+    pub alloc: bool,
     /// The block's bytes.
-    pub(crate) fn bytes(&self) -> u64 {
-        self.size.unsigned_abs()
-    }
-
+    pub bytes: u64,
     /// Name id of the op it happened in (`-1`: none; read with `names::Names`).
-    pub(crate) fn op(&self) -> i32 {
-        self.op
-    }
-
+    pub op: i32,
     /// Name id of the layer it happened in (`-1`: unknown).
-    pub(crate) fn layer(&self) -> i32 {
-        self.layer
-    }
-
+    pub layer: i32,
     /// When it happened: microseconds of the monotonic clock.
-    pub(crate) fn time_us(&self) -> i64 {
-        (self.time_dev >> 8) as i64
-    }
-
+    pub time_us: i64,
     /// The device slot it happened on (0: CPU, 1 + i: cuda:i).
-    pub(crate) fn device(&self) -> u8 {
-        (self.time_dev & 0xff) as u8
+    pub device: u8,
+}
+
+impl From<&MpHistEvent> for HistoryEvent {
+    fn from(e: &MpHistEvent) -> Self {
+        HistoryEvent {
+            ptr: e.ptr,
+            alloc: e.size >= 0,
+            bytes: e.size.unsigned_abs(),
+            op: e.op,
+            layer: e.layer,
+            time_us: (e.time_dev >> 8) as i64,
+            device: (e.time_dev & 0xff) as u8,
+        }
     }
 }
 
-pub(crate) fn timeline_header() -> Result<TimelineHeader> {
-    let mut h = TimelineHeader::default();
-    // SAFETY: `h` is a valid, writable TimelineHeader with the C layout.
+/// Reads `n` native records with `read(buffer, n, total)` (the callee writes at most
+/// `n` and sets `total`) and decodes the first `keep(total)` into `into`; returns
+/// `total`.
+fn read_records<R: Default + Clone, T>(
+    into: &mut Vec<T>,
+    n: usize,
+    read: impl FnOnce(*mut R, u64, &mut u64) -> i32,
+    keep: impl FnOnce(u64) -> usize,
+) -> Result<u64>
+where
+    for<'a> T: From<&'a R>,
+{
+    let mut raw: Vec<R> = Vec::new();
+    buffer(&mut raw, n)?;
+    let mut total = 0u64;
+    check(read(raw.as_mut_ptr(), n as u64, &mut total))?;
+    raw.truncate(keep(total).min(n));
+    into.clear();
+    into.try_reserve_exact(raw.len()).map_err(|e| {
+        crate::error::Error::Native(format!("cannot allocate {} events: {e}", raw.len()))
+    })?;
+    into.extend(raw.iter().map(T::from));
+    Ok(total)
+}
+
+fn timeline_header() -> Result<MpTimelineHeader> {
+    let mut h = MpTimelineHeader::default();
+    // SAFETY: `h` is a valid, writable MpTimelineHeader with the C layout.
     check(unsafe { memprof_timeline_header(&mut h) })?;
     Ok(h)
 }
 
-/// The backward events logged in this iteration; returns whether the log overflowed.
-pub(crate) fn read_log(into: &mut Vec<LogEvent>) -> Result<bool> {
-    let st = super::state()?;
-    let n = st.log_len.min(st.log_capacity) as usize;
-    buffer(into, n)?;
-    let mut total = 0u64;
-    // SAFETY: `into` holds `n` initialised LogEvents; the callee copies at most `n`.
-    check(unsafe { memprof_read_log(into.as_mut_ptr(), n as u64, &mut total) })?;
-    into.truncate((total.min(st.log_capacity) as usize).min(n));
-    Ok(total > st.log_capacity)
+/// Where this iteration's step log starts.
+pub(crate) fn step_log_start() -> Result<StepLogStart> {
+    let h = timeline_header()?;
+    Ok(StepLogStart {
+        generation: h.start_generation,
+        live: h.start_live,
+    })
 }
 
+/// The backward events logged in this iteration; returns whether the log overflowed.
+pub(crate) fn read_log(into: &mut Vec<BackwardEvent>) -> Result<bool> {
+    let st = super::raw_state()?;
+    let n = st.log_len.min(st.log_capacity) as usize;
+    let total = read_records(
+        into,
+        n,
+        // SAFETY: the buffer holds `n` initialised MpLogEvents; the callee copies at
+        // most `n` and writes `total`.
+        |buf: *mut MpLogEvent, cap, total| unsafe { memprof_read_log(buf, cap, total) },
+        |total| total.min(st.log_capacity) as usize,
+    )?;
+    Ok(total > st.log_capacity)
+}
 /// This iteration's step log, decoded; returns whether it overflowed (events were
 /// dropped).
 pub(crate) fn read_timeline(into: &mut Vec<super::Event>) -> Result<bool> {
     let h = timeline_header()?;
     let n = h.len.min(h.capacity) as usize;
-    let mut raw: Vec<TlEvent> = Vec::new();
+    let mut raw: Vec<MpTlEvent> = Vec::new();
     buffer(&mut raw, n)?;
     let mut total = 0u64;
-    // SAFETY: `raw` holds `n` initialised TlEvents; the callee copies at most `n`.
+    // SAFETY: `raw` holds `n` initialised MpTlEvents; the callee copies at most `n`.
     check(unsafe { memprof_read_timeline(raw.as_mut_ptr(), n as u64, &mut total) })?;
     raw.truncate((total.min(h.capacity) as usize).min(n));
     decode(&raw, into)?;
@@ -179,16 +206,17 @@ pub(crate) fn set_detail(on: bool) -> Result<()> {
     check(unsafe { memprof_set_detail(on as i32) })
 }
 
-/// The call stack of site `id` (an alloc event's `aux - 1`) of the detailed step.
-pub(crate) fn site(id: u64) -> Result<Site> {
-    let mut s = Site {
+/// The call stack of site `id` (an alloc event's `aux - 1`) of the detailed step: its
+/// return addresses, innermost first.
+pub(crate) fn site(id: u64) -> Result<Vec<u64>> {
+    let mut s = MpSite {
         frames: 0,
         pad: 0,
         ips: [0; super::native::SITE_DEPTH],
     };
-    // SAFETY: `s` is a valid, writable Site with the C layout.
+    // SAFETY: `s` is a valid, writable MpSite with the C layout.
     check(unsafe { memprof_site(id, &mut s) })?;
-    Ok(s)
+    Ok(s.ips[..(s.frames as usize).min(s.ips.len())].to_vec())
 }
 
 /// The memory history's length: (events appended since it started, ring size). The
@@ -202,14 +230,20 @@ pub(crate) fn history_len() -> Result<(u64, u64)> {
 
 /// The history's newest events (at most `max`), oldest first; returns whether older
 /// ones were overwritten or left out.
-pub(crate) fn read_history(into: &mut Vec<HistEvent>, max: usize) -> Result<bool> {
+pub(crate) fn read_history(into: &mut Vec<HistoryEvent>, max: usize) -> Result<bool> {
     let (total, ring) = history_len()?;
     let n = (total.min(ring) as usize).min(max);
-    buffer(into, n)?;
-    let (mut total, mut ring) = (0u64, 0u64);
-    // SAFETY: `into` holds `n` initialised events; the callee copies at most `n`.
-    check(unsafe { memprof_read_history(into.as_mut_ptr(), n as u64, &mut total, &mut ring) })?;
-    into.truncate((total.min(ring) as usize).min(n));
+    let ring = std::cell::Cell::new(0u64);
+    let total = read_records(
+        into,
+        n,
+        // SAFETY: the buffer holds `n` initialised MpHistEvents; the callee copies at
+        // most `n` and writes `total` and `ring`.
+        |buf: *mut MpHistEvent, cap, total| unsafe {
+            memprof_read_history(buf, cap, total, ring.as_ptr())
+        },
+        |total| total.min(ring.get()) as usize,
+    )?;
     Ok(total > into.len() as u64)
 }
 

@@ -12,7 +12,7 @@ extern "C" {
     fn memprof_meta_end() -> i32;
     fn memprof_meta_mark(value: i32) -> i32;
     fn memprof_meta_sites(on: i32) -> i32;
-    fn memprof_meta_read(out: *mut super::TlEvent, cap: u64, total: *mut u64) -> i32;
+    fn memprof_meta_read(out: *mut super::MpTlEvent, cap: u64, total: *mut u64) -> i32;
     fn memprof_meta_empty(
         sizes: *const i64,
         n: usize,
@@ -20,7 +20,7 @@ extern "C" {
         out: *mut *mut c_void,
     ) -> i32;
     fn memprof_meta_convert(tensor: *mut c_void) -> i32;
-    fn memprof_meta_attention(set: *const Attention, get: *mut Attention) -> i32;
+    fn memprof_meta_attention(set: *const MpAttention, get: *mut MpAttention) -> i32;
     fn memprof_meta_gpu(multiprocessors: i32, threads_per_multiprocessor: i32) -> i32;
     fn memprof_meta_conv_workspaces(table: *const c_char, len: usize) -> i32;
     fn memprof_meta_autocast_begin(list: i32, dtype: i32) -> i32;
@@ -61,7 +61,7 @@ extern "C" {
 /// `MpAttention`: how the dry run runs scaled_dot_product_attention.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Attention {
+pub(super) struct MpAttention {
     /// The GPU's compute capability, major * 10 + minor.
     pub sm: i32,
     /// `native::ATTN_*`.
@@ -74,7 +74,7 @@ pub(crate) struct Attention {
 /// `sm` = major * 10 + minor, `backend` one of `native::ATTN_*`); the run counts start
 /// again at 0.
 pub(crate) fn meta_attention_set(sm: i32, backend: i32) -> Result<()> {
-    let a = Attention {
+    let a = MpAttention {
         sm,
         backend,
         runs: [0; 4],
@@ -101,7 +101,7 @@ pub(crate) fn meta_conv_workspaces_set(table: &str) -> Result<()> {
 /// The attention calls of the dry runs since the last set, by backend: flash, efficient,
 /// cudnn, math.
 pub(crate) fn meta_attention_runs() -> Result<[u64; 4]> {
-    let mut a = Attention::default();
+    let mut a = MpAttention::default();
     // SAFETY: `set` is null; `a` is a valid out-struct.
     check(unsafe { memprof_meta_attention(std::ptr::null(), &mut a) })?;
     Ok(a.runs)
@@ -165,7 +165,7 @@ pub(crate) fn meta_read(into: &mut Vec<super::Event>) -> Result<bool> {
     // SAFETY: a zero-capacity read only writes `total`.
     check(unsafe { memprof_meta_read(std::ptr::null_mut(), 0, &mut total) })?;
     let n = total.min(native::META_CAPACITY) as usize;
-    let mut raw: Vec<super::TlEvent> = Vec::new();
+    let mut raw: Vec<super::MpTlEvent> = Vec::new();
     buffer(&mut raw, n)?;
     let mut again = 0u64;
     // SAFETY: `raw` holds `n` writable events.

@@ -1,9 +1,11 @@
 //! The one seam to the native layer (`src/native/`): every `extern "C"` declaration
 //! and every `unsafe` block of the crate lives here. The contract is
-//! `src/native/memprof.h`; the structs below mirror it field for field, and build.rs
-//! turns its layout table (`memprof_layout.h`) into compile-time checks of their sizes, field
-//! offsets and the shared constants (`layout.rs`, included below), so a drift on
-//! either side fails the build.
+//! `src/native/memprof.h`; its structs are mirrored field for field by the `Mp*` structs
+//! of the same names, and build.rs turns its layout table (`memprof_layout.h`) into
+//! compile-time checks of their sizes, field offsets and the shared constants
+//! (`layout.rs`, included below), so a drift on either side fails the build. A mirror
+//! never leaves `ffi`: each is decoded here into a typed value, which is what the rest
+//! of the crate reads.
 //!
 //! Every native function returns a status; a failure becomes [`Error::Native`] with
 //! the native layer's message. Nothing here panics.
@@ -215,6 +217,6 @@ mod tests {
     #[test]
     fn offsets_are_checked_at_compile_time() {
         // The generated checks cover every field; one spot check that they are real.
-        assert_eq!(offset_of!(TlEvent, value), 24);
+        assert_eq!(offset_of!(MpTlEvent, value), 24);
     }
 }

@@ -13,9 +13,9 @@ extern "C" {
         op: *const c_char,
         overload: *const c_char,
         module: *const c_char,
-        args: *const Value,
+        args: *const MpValue,
         n: usize,
-        out: *mut Value,
+        out: *mut MpValue,
         cap: usize,
         n_out: *mut usize,
     ) -> i32;
@@ -24,7 +24,7 @@ extern "C" {
 /// `MpValue`: an argument or a result of an op.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Value {
+pub(super) struct MpValue {
     pub kind: i32,
     pub len: i32,
     pub i: i64,
@@ -34,9 +34,9 @@ pub(crate) struct Value {
     pub str: *const c_char,
 }
 
-impl Default for Value {
-    fn default() -> Value {
-        Value {
+impl Default for MpValue {
+    fn default() -> MpValue {
+        MpValue {
             kind: native::VALUE_NONE,
             len: 0,
             i: 0,
@@ -77,10 +77,10 @@ pub(crate) enum Returned {
 /// Most values one call returns, lists' elements included.
 const RETURNED_CAPACITY: usize = 4096;
 
-fn flat(arg: &Arg<'_>, name: *const c_char, out: &mut Vec<Value>) -> Result<()> {
-    let mut v = Value {
+fn flat(arg: &Arg<'_>, name: *const c_char, out: &mut Vec<MpValue>) -> Result<()> {
+    let mut v = MpValue {
         name,
-        ..Value::default()
+        ..MpValue::default()
     };
     match arg {
         Arg::None => {}
@@ -131,10 +131,10 @@ fn flat(arg: &Arg<'_>, name: *const c_char, out: &mut Vec<Value>) -> Result<()> 
 }
 
 /// Takes the owned values of `out` back as Rust values (each tensor handle once).
-fn returned(out: &[Value]) -> Result<Vec<Returned>> {
+fn returned(out: &[MpValue]) -> Result<Vec<Returned>> {
     let mut all = Vec::new();
     let mut k = 0;
-    let one = |v: &Value| -> Result<Returned> {
+    let one = |v: &MpValue| -> Result<Returned> {
         Ok(match v.kind {
             native::VALUE_TENSOR => {
                 Returned::Tensor(owned_tensor(v.tensor, "memprof_program_call")?)
@@ -181,7 +181,7 @@ pub(crate) fn program_call(
     for ((_, arg), name) in args.iter().zip(&names) {
         flat(arg, name.as_ptr(), &mut flat_args)?;
     }
-    let mut out = vec![Value::default(); RETURNED_CAPACITY];
+    let mut out = vec![MpValue::default(); RETURNED_CAPACITY];
     let mut n_out = 0usize;
     // SAFETY: every pointer in `flat_args` (names, strings, tensor handles) borrows from
     // `names` and `args`, alive for the call; `out` holds `out.len()` values.

@@ -9,14 +9,14 @@ use crate::error::{Error, Result};
 use crate::phase::Phase;
 
 extern "C" {
-    fn memprof_registry(out: *mut Registry) -> i32;
-    fn memprof_live_blocks(slot: i32, out: *mut LiveBlock, cap: u64, n: *mut u64) -> i32;
-    fn memprof_tensor_block(tensor: *const c_void, grad: i32, out: *mut Block) -> i32;
+    fn memprof_registry(out: *mut MpRegistry) -> i32;
+    fn memprof_live_blocks(slot: i32, out: *mut MpLiveBlock, cap: u64, n: *mut u64) -> i32;
+    fn memprof_tensor_block(tensor: *const c_void, grad: i32, out: *mut MpBlock) -> i32;
     fn memprof_tensor_blocks(
         tensors: *const *const c_void,
         n: usize,
-        blocks: *mut Block,
-        grads: *mut Block,
+        blocks: *mut MpBlock,
+        grads: *mut MpBlock,
         flags: i32,
         frees: *mut u64,
     ) -> i32;
@@ -26,10 +26,10 @@ extern "C" {
     fn memprof_selftest_block_table(n: u64, errors: *mut u64) -> i32;
 }
 
-/// `MpBlock`: the allocation behind a tensor's storage.
+/// `MpBlock`: the native layout of a [`TensorBlock`].
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Block {
+pub(super) struct MpBlock {
     pub(super) defined: i32,
     pub(super) device: i32,
     pub(super) tracked: i32,
@@ -40,135 +40,166 @@ pub(crate) struct Block {
     pub(super) bytes: i64,
 }
 
-impl Block {
+/// The allocation behind a tensor's storage (or its `.grad`'s).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TensorBlock {
     /// The block's address (its storage's data pointer).
-    pub(crate) fn base(&self) -> u64 {
-        self.base
-    }
-    pub(crate) fn is_defined(&self) -> bool {
-        self.defined != 0
-    }
-    /// Whether the block's birth was seen on device `slot`.
-    pub(crate) fn tracked_on(&self, slot: usize) -> bool {
-        self.tracked != 0 && self.device == slot as i32
-    }
-    pub(crate) fn born_in_optimizer(&self) -> bool {
-        self.tracked != 0 && self.phase == native::PHASE_OPTIMIZER
-    }
-    pub(crate) fn size(&self) -> u64 {
-        self.bytes.max(0) as u64
-    }
+    pub base: u64,
+    /// Its bytes.
+    pub bytes: u64,
+    /// Whether there is a storage (a `.grad` may be undefined).
+    pub defined: bool,
+    /// Whether the session saw its birth.
+    pub tracked: bool,
+    /// The device slot it lives on.
+    pub device: usize,
+    /// The phase it was born in, and that phase's generation (where its birth was seen).
+    pub phase: u32,
+    pub generation: u32,
     /// Whether its free will count in [`watched_frees`].
-    pub(crate) fn is_watched(&self) -> bool {
-        self.watched != 0
-    }
-    /// The same block as read before (whether it is watched aside).
-    pub(crate) fn same(&self, other: &Block) -> bool {
-        (
-            self.defined,
-            self.device,
-            self.tracked,
-            self.phase,
-            self.generation,
-        ) == (
-            other.defined,
-            other.device,
-            other.tracked,
-            other.phase,
-            other.generation,
-        ) && (self.base, self.bytes) == (other.base, other.bytes)
+    pub watched: bool,
+}
+
+impl From<&MpBlock> for TensorBlock {
+    fn from(b: &MpBlock) -> Self {
+        TensorBlock {
+            base: b.base,
+            bytes: b.bytes.max(0) as u64,
+            defined: b.defined != 0,
+            tracked: b.tracked != 0,
+            device: b.device.max(0) as usize,
+            phase: b.phase,
+            generation: b.generation,
+            watched: b.watched != 0,
+        }
     }
 }
 
-/// `MpLiveBlock`: a live block of the registry (leak hunting). Read where the native
-/// layer wrote it (no copy: the out-of-memory path reads it too); its fields are read
-/// through its methods.
+impl TensorBlock {
+    /// Whether the block's birth was seen on device `slot`.
+    pub(crate) fn tracked_on(&self, slot: usize) -> bool {
+        self.tracked && self.device == slot
+    }
+    pub(crate) fn born_in_optimizer(&self) -> bool {
+        self.tracked && self.phase == native::PHASE_OPTIMIZER
+    }
+    /// The same block as read before (whether it is watched aside).
+    pub(crate) fn same(&self, other: &TensorBlock) -> bool {
+        TensorBlock {
+            watched: false,
+            ..*self
+        } == TensorBlock {
+            watched: false,
+            ..*other
+        }
+    }
+}
+
+/// `MpLiveBlock`: the native layout of a [`RegisteredBlock`].
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct LiveBlock {
+pub(super) struct MpLiveBlock {
     pub(super) ptr: u64,
     pub(super) size: i64,
-    /// Name id of the op that allocated it, -1 none.
     pub(super) op: i32,
-    /// Name id of its layer, -1 unknown.
     pub(super) layer: i32,
-    /// Iteration (step, from 1) it was born in.
     pub(super) iter: u32,
     pub(super) phase: u8,
     pub(super) device: u8,
     pub(super) pad: u16,
 }
 
-impl LiveBlock {
+/// A live block of the registry (leak hunting, out-of-memory reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RegisteredBlock {
     /// Its address.
-    pub(crate) fn ptr(&self) -> u64 {
-        self.ptr
-    }
-
+    pub ptr: u64,
     /// Its bytes.
-    pub(crate) fn bytes(&self) -> u64 {
-        self.size.max(0) as u64
-    }
-
+    pub bytes: u64,
     /// Name id of the op that allocated it (`-1`: none; read with `names::Names`).
-    pub(crate) fn op(&self) -> i32 {
-        self.op
-    }
-
+    pub op: i32,
     /// Name id of its layer (`-1`: unknown).
-    pub(crate) fn layer(&self) -> i32 {
-        self.layer
-    }
-
+    pub layer: i32,
     /// The iteration (step, from 1) it was born in.
-    pub(crate) fn iteration(&self) -> u32 {
-        self.iter
-    }
-
+    pub iteration: u32,
     /// The phase it was born in.
-    pub(crate) fn phase(&self) -> Phase {
-        super::phase(self.phase)
+    pub phase: Phase,
+}
+
+impl From<&MpLiveBlock> for RegisteredBlock {
+    fn from(b: &MpLiveBlock) -> Self {
+        RegisteredBlock {
+            ptr: b.ptr,
+            bytes: b.size.max(0) as u64,
+            op: b.op,
+            layer: b.layer,
+            iteration: b.iter,
+            phase: super::phase(b.phase),
+        }
     }
 }
 
-/// `MpRegistry`: the live-block registry's own size.
+/// `MpRegistry`: the native layout of [`RegistryUse`].
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Registry {
-    pub capacity: u64,
-    pub high_water: u64,
+pub(super) struct MpRegistry {
+    pub(super) capacity: u64,
+    pub(super) high_water: u64,
+    pub(super) live: i64,
+    pub(super) dropped: i64,
+    pub(super) entry_bytes: u64,
+    pub(super) on: i32,
+    pub(super) pad: i32,
+    pub(super) learned_ops_bytes: u64,
+    pub(super) looked_up_ops: u64,
+}
+
+/// The live-block registry's own size.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RegistryUse {
+    /// Entries in use now.
     pub live: i64,
+    /// Entries ever used.
+    pub high_water: u64,
+    /// Births it had no room for (not registered).
     pub dropped: i64,
-    pub entry_bytes: u64,
-    pub on: i32,
-    pub pad: i32,
-    /// What the ops took from their inputs, learned (leak hunting's layers, the
-    /// timeline's variables and FLOPs): bytes of the entries ever written.
-    pub learned_ops_bytes: u64,
-    /// Ops of this session that took them from the learned ones, not their inputs.
+    /// Bytes it has touched: its entries ever used, and what the ops took from their
+    /// inputs, learned (leak hunting's layers, the timeline's variables and FLOPs).
+    pub bytes: u64,
+    /// Ops of this session that took those from the learned ones, not their inputs.
     pub looked_up_ops: u64,
 }
 
-pub(crate) fn registry() -> Result<Registry> {
-    let mut r = Registry::default();
-    // SAFETY: `r` is a valid, writable Registry with the C layout.
+pub(crate) fn registry() -> Result<RegistryUse> {
+    let mut r = MpRegistry::default();
+    // SAFETY: `r` is a valid, writable MpRegistry with the C layout.
     check(unsafe { memprof_registry(&mut r) })?;
-    Ok(r)
+    Ok(RegistryUse {
+        live: r.live,
+        high_water: r.high_water,
+        dropped: r.dropped,
+        bytes: r.high_water * r.entry_bytes + r.learned_ops_bytes,
+        looked_up_ops: r.looked_up_ops,
+    })
 }
-
 /// The live blocks of device `slot` registered in this session, into `into`.
-pub(crate) fn live_blocks(slot: usize, into: &mut Vec<LiveBlock>) -> Result<()> {
+pub(crate) fn live_blocks(slot: usize, into: &mut Vec<RegisteredBlock>) -> Result<()> {
+    let mut raw: Vec<MpLiveBlock> = Vec::new();
     let mut n = 0u64;
     // SAFETY: cap 0 with a null buffer only counts.
     check(unsafe { memprof_live_blocks(slot as i32, std::ptr::null_mut(), 0, &mut n) })?;
     for _ in 0..8 {
         // Room for blocks born while reading.
         let cap = n as usize + n as usize / 4 + 64;
-        buffer(into, cap)?;
-        // SAFETY: `into` holds `cap` initialised LiveBlocks; the callee writes at most `cap`.
-        check(unsafe { memprof_live_blocks(slot as i32, into.as_mut_ptr(), cap as u64, &mut n) })?;
+        buffer(&mut raw, cap)?;
+        // SAFETY: `raw` holds `cap` initialised MpLiveBlocks; the callee writes at most `cap`.
+        check(unsafe { memprof_live_blocks(slot as i32, raw.as_mut_ptr(), cap as u64, &mut n) })?;
         if n as usize <= cap {
-            into.truncate(n as usize);
+            raw.truncate(n as usize);
+            into.clear();
+            into.try_reserve_exact(raw.len())
+                .map_err(|e| Error::Native(format!("cannot allocate {} blocks: {e}", raw.len())))?;
+            into.extend(raw.iter().map(RegisteredBlock::from));
             return Ok(());
         }
     }
@@ -178,12 +209,12 @@ pub(crate) fn live_blocks(slot: usize, into: &mut Vec<LiveBlock>) -> Result<()> 
 }
 
 /// The block behind `t`'s storage, or behind its `.grad` when `grad` is true.
-pub(crate) fn tensor_block(t: &Tensor, grad: bool) -> Result<Block> {
-    let mut b = Block::default();
+pub(crate) fn tensor_block(t: &Tensor, grad: bool) -> Result<TensorBlock> {
+    let mut b = MpBlock::default();
     // SAFETY: tch's tensor handle is a pointer to an at::Tensor that outlives this call
     // (we hold `t`); the callee only reads it.
     check(unsafe { memprof_tensor_block(t.as_ptr() as *const c_void, grad as i32, &mut b) })?;
-    Ok(b)
+    Ok(TensorBlock::from(&b))
 }
 
 /// Frees of watched blocks since the process started: of the variables' own blocks, and
@@ -197,7 +228,7 @@ pub(crate) struct WatchedFrees {
 /// The blocks behind each of `tensors` and behind their `.grad`, into `blocks` and
 /// `grads` (replacing their contents), in one native call; with `blocks` `None`, the
 /// `.grad` blocks only. With `watch`, each block whose birth was seen is watched from now
-/// on ([`Block::is_watched`]): its free counts in [`watched_frees`]. Returns
+/// on ([`TensorBlock::watched`]): its free counts in [`watched_frees`]. Returns
 /// [`watched_frees`] as it was before the blocks were read.
 /// Adopts the blocks behind `tensors` and their gradients that no report showed born
 /// (CUDA blocks from before the session): counted live from now on. The bytes adopted.
@@ -222,43 +253,51 @@ pub(crate) fn forget_cpu_blocks() -> Result<()> {
 
 pub(crate) fn tensor_blocks(
     tensors: &[&Tensor],
-    blocks: Option<&mut Vec<Block>>,
-    grads: &mut Vec<Block>,
+    blocks: Option<&mut Vec<TensorBlock>>,
+    grads: &mut Vec<TensorBlock>,
     watch: bool,
 ) -> Result<WatchedFrees> {
     let handles: Vec<*const c_void> = tensors
         .iter()
         .map(|t| t.as_ptr() as *const c_void)
         .collect();
+    let n = handles.len();
     let mut flags = if watch { native::BLOCKS_WATCH } else { 0 };
-    let blocks_ptr = match blocks {
-        Some(b) => {
-            b.clear();
-            b.resize(handles.len(), Block::default());
-            b.as_mut_ptr()
-        }
-        None => {
-            flags |= native::BLOCKS_GRADS_ONLY;
-            std::ptr::null_mut()
-        }
+    if blocks.is_none() {
+        flags |= native::BLOCKS_GRADS_ONLY;
+    }
+    let mut raw_blocks: Vec<MpBlock> = Vec::new();
+    if blocks.is_some() {
+        buffer(&mut raw_blocks, n)?;
+    }
+    let mut raw_grads: Vec<MpBlock> = Vec::new();
+    buffer(&mut raw_grads, n)?;
+    let blocks_ptr = if blocks.is_some() {
+        raw_blocks.as_mut_ptr()
+    } else {
+        std::ptr::null_mut()
     };
-    grads.clear();
-    grads.resize(handles.len(), Block::default());
     let mut frees = [0u64; 2];
     // SAFETY: every handle points to an at::Tensor that outlives this call (we hold the
-    // `&Tensor`s); `grads`, and `blocks` unless null (then the callee reads the .grad
-    // blocks only), hold `handles.len()` initialised Blocks each, and the callee writes
+    // `&Tensor`s); `raw_grads`, and `raw_blocks` unless null (then the callee reads the
+    // .grad blocks only), hold `n` initialised MpBlocks each, and the callee writes
     // exactly that many; `frees` has the two slots the callee writes.
     check(unsafe {
         memprof_tensor_blocks(
             handles.as_ptr(),
-            handles.len(),
+            n,
             blocks_ptr,
-            grads.as_mut_ptr(),
+            raw_grads.as_mut_ptr(),
             flags,
             frees.as_mut_ptr(),
         )
     })?;
+    if let Some(b) = blocks {
+        b.clear();
+        b.extend(raw_blocks.iter().map(TensorBlock::from));
+    }
+    grads.clear();
+    grads.extend(raw_grads.iter().map(TensorBlock::from));
     Ok(WatchedFrees {
         variables: frees[0],
         grads: frees[1],

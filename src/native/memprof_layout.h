@@ -1,6 +1,6 @@
 // The FFI contract's layout table, included by memprof.h after its declarations. build.rs
 // reads these lines (one per line, exactly this shape) and asserts the same numbers on the
-// Rust mirrors, whose names drop the `Mp` prefix; C++ asserts them below.
+// Rust mirrors of the same names (in src/ffi/ only); C++ asserts them below.
 
 #ifndef TCH_MEMPROF_LAYOUT_H
 #define TCH_MEMPROF_LAYOUT_H

@@ -6,7 +6,7 @@ use std::hash::BuildHasher;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::ffi::LogEvent;
+use crate::ffi::BackwardEvent;
 
 /// Intermediate gradients of one iteration: the peak, over each backward pass, of live
 /// bytes born in that pass that are not weight gradients.
@@ -16,18 +16,18 @@ use crate::ffi::LogEvent;
 /// addresses of the weight gradients live now (after backward): a birth is a weight
 /// gradient's if it is the last birth at such an address and no death follows it.
 pub fn intermediate_peak<S: BuildHasher>(
-    events: &[LogEvent],
+    events: &[BackwardEvent],
     device: u32,
     grads: &HashSet<u64, S>,
 ) -> u64 {
-    let events: Vec<&LogEvent> = events.iter().filter(|e| e.device() == device).collect();
+    let events: Vec<&BackwardEvent> = events.iter().filter(|e| e.device == device).collect();
     // Births still alive at the end, by address.
     let mut alive: FxHashMap<u64, usize> = FxHashMap::default();
     for (i, e) in events.iter().enumerate() {
-        if e.delta() > 0 {
-            alive.insert(e.ptr(), i);
+        if e.delta > 0 {
+            alive.insert(e.ptr, i);
         } else {
-            alive.remove(&e.ptr());
+            alive.remove(&e.ptr);
         }
     }
     let grad_births: FxHashSet<usize> = alive
@@ -39,14 +39,14 @@ pub fn intermediate_peak<S: BuildHasher>(
     let mut running: i64 = 0;
     let mut pass = None;
     for (i, e) in events.iter().enumerate() {
-        if pass != Some(e.generation()) {
-            pass = Some(e.generation());
+        if pass != Some(e.generation) {
+            pass = Some(e.generation);
             running = 0;
         }
         if grad_births.contains(&i) {
             continue;
         }
-        running += e.delta();
+        running += e.delta;
         peak = peak.max(running);
     }
     peak.max(0) as u64
@@ -95,8 +95,13 @@ pub fn optimizer_state(optimizer_born_live: i64, claimed: u64) -> u64 {
 mod tests {
     use super::*;
 
-    fn ev(ptr: u64, delta: i64, generation: u32) -> LogEvent {
-        LogEvent::new(ptr, delta, generation, 0)
+    fn ev(ptr: u64, delta: i64, generation: u32) -> BackwardEvent {
+        BackwardEvent {
+            ptr,
+            delta,
+            generation,
+            device: 0,
+        }
     }
 
     #[test]
@@ -134,7 +139,12 @@ mod tests {
 
     #[test]
     fn other_devices_are_ignored() {
-        let e = LogEvent::new(1, 100, 7, 1);
+        let e = BackwardEvent {
+            ptr: 1,
+            delta: 100,
+            generation: 7,
+            device: 1,
+        };
         assert_eq!(intermediate_peak(&[e], 0, &HashSet::new()), 0);
         assert_eq!(intermediate_peak(&[e], 1, &HashSet::new()), 100);
     }

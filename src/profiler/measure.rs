@@ -7,16 +7,16 @@ use tch::Device;
 
 use super::accounting::{self, BlockInfo};
 use crate::error::Result;
-use crate::ffi::{self, Block};
+use crate::ffi::{self, TensorBlock};
 use crate::stats::{IterationStats, VariableKind, VariableList, VariableStats};
 use crate::vars::{self, VarTable};
 
 use super::MemoryProfiler;
 
-fn info(b: &Block) -> BlockInfo {
+fn info(b: &TensorBlock) -> BlockInfo {
     BlockInfo {
-        base: b.base(),
-        bytes: b.size(),
+        base: b.base,
+        bytes: b.bytes,
         born_in_optimizer: b.born_in_optimizer(),
     }
 }
@@ -59,7 +59,7 @@ impl MemoryProfiler {
                 o.weight_bytes = sums.weight_bytes;
                 o.weights_by_layer.clear();
                 for (e, b, _) in table.rows() {
-                    *o.weights_by_layer.entry(e.layer.clone()).or_default() += b.size();
+                    *o.weights_by_layer.entry(e.layer.clone()).or_default() += b.bytes;
                 }
             }
             if grads_changed {
@@ -132,7 +132,7 @@ impl MemoryProfiler {
                         && list
                             .iter()
                             .zip(self.table.rows())
-                            .all(|(v, (_, _, g))| v.grad_bytes == g.is_defined().then(|| g.size())))
+                            .all(|(v, (_, _, g))| v.grad_bytes == g.defined.then_some(g.bytes)))
             });
         if !kept {
             self.sums.variables = Some(
@@ -147,8 +147,8 @@ impl MemoryProfiler {
                         },
                         dtype: e.dtype.clone(),
                         shape: e.shape.clone(),
-                        bytes: b.size(),
-                        grad_bytes: g.is_defined().then(|| g.size()),
+                        bytes: b.bytes,
+                        grad_bytes: g.defined.then_some(g.bytes),
                     })
                     .collect(),
             );
@@ -173,7 +173,7 @@ impl MemoryProfiler {
             optimizer_state_bytes: optimizer_state,
             blas_workspaces_bytes: blas_workspaces,
             other_bytes: other,
-            backward_passes: state.backward_passes.max(0) as u64,
+            backward_passes: state.backward_passes,
             variables,
             cuda,
             cuda_devices: match self.device {
@@ -233,7 +233,7 @@ impl Sums {
         self.grads_version = Some(table.version());
         let mut now = table
             .rows()
-            .filter(|(_, _, g)| g.is_defined())
+            .filter(|(_, _, g)| g.defined)
             .map(|(_, _, g)| info(&g));
         let mut n = 0;
         let same = now.by_ref().zip(&self.grads).all(|(a, b)| {
@@ -246,7 +246,7 @@ impl Sums {
         }
         self.grads = table
             .rows()
-            .filter(|(_, _, g)| g.is_defined())
+            .filter(|(_, _, g)| g.defined)
             .map(|(_, _, g)| info(&g))
             .collect();
         self.grad_set = self.grads.iter().map(|b| b.base).collect();
@@ -260,7 +260,7 @@ impl Sums {
 /// live bytes of the tracking allocator.
 fn allocated_bytes(
     device: Device,
-    ds: &ffi::DeviceStats,
+    ds: &ffi::DeviceCounters,
     cuda: Option<&crate::cuda::CudaStats>,
 ) -> u64 {
     let bytes = match device {

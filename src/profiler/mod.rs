@@ -25,7 +25,7 @@ use tch::nn::Variables;
 use tch::Device;
 
 use crate::error::{Error, Result};
-use crate::ffi::{self, LogEvent, OomEvent};
+use crate::ffi::{self, BackwardEvent, OomEvent};
 use crate::format;
 use crate::leaks::{LeakHunter, LeakReport};
 use crate::names::Names;
@@ -126,7 +126,7 @@ pub struct MemoryProfiler {
     last: Option<IterationStats>,
     epochs: Vec<EpochStats>,
     failures: u64,
-    log: Vec<LogEvent>,
+    log: Vec<BackwardEvent>,
     recorder: Option<Recorder>,
     params: ParamSync,
     /// The variables, kept between calls, and the sums over their blocks.
@@ -349,8 +349,8 @@ impl MemoryProfiler {
             .table
             .rows()
             .flat_map(|(_, b, g)| [b, g])
-            .filter(|b| b.is_defined())
-            .map(|b| b.base())
+            .filter(|b| b.defined)
+            .map(|b| b.base)
             .collect();
         let cuda = match self.device {
             Device::Cuda(i) => crate::cuda::stats(i)
@@ -519,11 +519,9 @@ impl MemoryProfiler {
     fn own_memory_bytes(&self) -> u64 {
         let reg = ffi::registry().unwrap_or_default();
         let st = ffi::state().unwrap_or_default();
-        let event = std::mem::size_of::<LogEvent>() as u64;
-        reg.high_water * reg.entry_bytes
-            + reg.learned_ops_bytes
-            + st.log_len.min(st.log_capacity) * event
-            + self.log.capacity() as u64 * event
+        reg.bytes
+            + st.log_bytes
+            + (self.log.capacity() * std::mem::size_of::<BackwardEvent>()) as u64
             + self.hunter.as_ref().map_or(0, |h| h.own_bytes())
     }
 }

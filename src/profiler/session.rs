@@ -4,7 +4,7 @@
 //! then stops the native session.
 
 use crate::error::{Error, Result};
-use crate::ffi::{self, native, OomEvent, OomHook};
+use crate::ffi::{self, OomEvent, OomHook};
 
 /// One profiling session of this process.
 pub(crate) struct Session {
@@ -18,7 +18,7 @@ impl Session {
         timeline_slot: Option<usize>,
         leaks: bool,
     ) -> Result<Session> {
-        if ffi::state()?.phase != native::PHASE_IDLE {
+        if !ffi::state()?.idle {
             return Err(Error::AlreadyActive);
         }
         ffi::start(want_cuda, timeline_slot, leaks)?;

@@ -15,7 +15,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::ffi::{HistEvent, LiveBlock};
+use crate::ffi::{HistoryEvent, RegisteredBlock};
 use crate::names::Names;
 
 #[derive(Debug, Clone, Serialize)]
@@ -81,20 +81,20 @@ fn frame(names: &mut Names, op: i32, layer: i32, line: i64) -> Frame {
 pub(crate) fn write(
     path: &Path,
     index: usize,
-    blocks: &[LiveBlock],
-    history: &[HistEvent],
+    blocks: &[RegisteredBlock],
+    history: &[HistoryEvent],
     device_slot: u8,
     names: &mut Names,
 ) -> Result<()> {
     let mut segments = Vec::with_capacity(blocks.len());
-    let mut sorted: Vec<&LiveBlock> = blocks.iter().collect();
-    sorted.sort_by_key(|b| b.ptr());
+    let mut sorted: Vec<&RegisteredBlock> = blocks.iter().collect();
+    sorted.sort_by_key(|b| b.ptr);
     for b in sorted {
-        let size = b.bytes();
-        let phase = b.phase().name();
-        let iteration = b.iteration();
+        let size = b.bytes;
+        let phase = b.phase.name();
+        let iteration = b.iteration;
         let frames = vec![
-            frame(names, b.op(), b.layer(), iteration as i64),
+            frame(names, b.op, b.layer, iteration as i64),
             Frame {
                 name: format!("{phase} phase, iteration {iteration}"),
                 filename: "tch-memprof".into(),
@@ -103,7 +103,7 @@ pub(crate) fn write(
         ];
         segments.push(Segment {
             device: index as i64,
-            address: b.ptr(),
+            address: b.ptr,
             total_size: size,
             allocated_size: size,
             active_size: size,
@@ -114,7 +114,7 @@ pub(crate) fn write(
             is_expandable: false,
             frames: frames.clone(),
             blocks: vec![Block {
-                address: b.ptr(),
+                address: b.ptr,
                 size,
                 requested_size: size,
                 state: "active_allocated",
@@ -123,14 +123,14 @@ pub(crate) fn write(
         });
     }
     let mut trace = Vec::new();
-    for e in history.iter().filter(|e| e.device() == device_slot) {
-        let time_us = e.time_us();
-        let size = e.bytes();
-        let frames = vec![frame(names, e.op(), e.layer(), 0)];
-        if e.is_alloc() {
+    for e in history.iter().filter(|e| e.device == device_slot) {
+        let time_us = e.time_us;
+        let size = e.bytes;
+        let frames = vec![frame(names, e.op, e.layer, 0)];
+        if e.alloc {
             trace.push(TraceEntry {
                 action: "alloc",
-                addr: e.ptr(),
+                addr: e.ptr,
                 size,
                 stream: 0,
                 time_us,
@@ -140,7 +140,7 @@ pub(crate) fn write(
             for action in ["free_requested", "free_completed"] {
                 trace.push(TraceEntry {
                     action,
-                    addr: e.ptr(),
+                    addr: e.ptr,
                     size,
                     stream: 0,
                     time_us,

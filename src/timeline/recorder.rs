@@ -71,12 +71,12 @@ impl Recorder {
             ffi::set_detail(detail)?;
             self.detail = detail;
         }
-        let header = ffi::timeline_header()?;
+        let header = ffi::step_log_start()?;
         // The maps and the variables' list are kept from the last iteration and refilled:
         // this runs every step, and building them anew cost allocations and rehashing.
         let start = &mut self.start;
-        start.generation = header.start_generation;
-        start.live = header.start_live;
+        start.generation = header.generation;
+        start.live = header.live;
         start.opt = 0;
         for m in [
             &mut start.param,
@@ -89,10 +89,9 @@ impl Recorder {
         start.device_owned.clear();
         let mut opt_claimed = 0i64;
         let slot = self.slot;
-        let mut claim = |map: &mut FxHashMap<u64, i64>, b: &ffi::Block| {
-            let bytes = b.size() as i64;
-            if b.tracked_on(slot) && map.insert(b.base(), bytes).is_none() && b.born_in_optimizer()
-            {
+        let mut claim = |map: &mut FxHashMap<u64, i64>, b: &ffi::TensorBlock| {
+            let bytes = b.bytes as i64;
+            if b.tracked_on(slot) && map.insert(b.base, bytes).is_none() && b.born_in_optimizer() {
                 opt_claimed += bytes;
             }
         };
@@ -106,10 +105,10 @@ impl Recorder {
             } else {
                 claim(&mut start.buffer, &block);
             }
-            if grad.is_defined() {
+            if grad.defined {
                 claim(&mut start.grad, &grad);
             }
-            let bytes = block.size();
+            let bytes = block.bytes;
             match self.vars.get_mut(k) {
                 Some(e) if same_vars => {
                     if e.layer != v.layer {
@@ -126,9 +125,9 @@ impl Recorder {
         // CUDA: the cuBLAS workspaces PyTorch holds are WORKSPACE, those the session saw
         // born counted at the start (the others are not in its live bytes).
         for w in self.workspaces() {
-            self.start.device_owned.insert(w.ptr());
-            if w.is_tracked() {
-                self.start.workspace.insert(w.ptr(), w.bytes());
+            self.start.device_owned.insert(w.address);
+            if w.seen_born {
+                self.start.workspace.insert(w.address, w.bytes as i64);
             }
         }
         let ds = ffi::device_stats(self.slot)?;
@@ -138,12 +137,12 @@ impl Recorder {
 
     /// The cuBLAS and cuBLASLt workspaces PyTorch holds on the profiled CUDA device (none
     /// on the CPU, or where they cannot be read: they stay OTHER then).
-    fn workspaces(&self) -> Vec<ffi::Workspace> {
+    fn workspaces(&self) -> Vec<ffi::BlasWorkspace> {
         if self.slot == 0 {
             return Vec::new();
         }
         let mut ws = ffi::cuda_workspaces().unwrap_or_default();
-        ws.retain(|w| w.device() + 1 == self.slot);
+        ws.retain(|w| w.device + 1 == self.slot);
         ws
     }
 
@@ -167,7 +166,7 @@ impl Recorder {
         // Workspaces taken during the step (the first matrix products of a thread) are
         // WORKSPACE from their birth.
         for w in self.workspaces() {
-            self.start.device_owned.insert(w.ptr());
+            self.start.device_owned.insert(w.address);
         }
         let mut sites = (requested && self.detail).then(SiteNames::new);
         let mut name = |aux: i32| sites.as_mut().map_or_else(String::new, |s| s.name(aux));

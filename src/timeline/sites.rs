@@ -39,7 +39,7 @@ impl SiteNames {
         let Ok(site) = ffi::site(aux as u64 - 1) else {
             return UNKNOWN_SITE.to_string();
         };
-        for &ip in site.addresses() {
+        for &ip in &site {
             if let Some(line) = self.line_at(ip) {
                 return line;
             }
@@ -56,7 +56,7 @@ impl SiteNames {
             return None;
         }
         let site = ffi::site(aux as u64 - 1).ok()?;
-        for &ip in site.addresses() {
+        for &ip in &site {
             match self.frame_at(ip) {
                 Frame::Model(line) => return Some(line),
                 Frame::Ours => return None,

@@ -426,7 +426,7 @@ impl Model {
         let trainable = vs
             .trainable_variables()
             .iter()
-            .map(|t| ffi::tensor_block(t, false).map(|b| b.base()))
+            .map(|t| ffi::tensor_block(t, false).map(|b| b.base))
             .collect::<Result<HashSet<u64>>>()?;
         let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
         named.sort_by(|a, b| a.0.cmp(&b.0));
@@ -436,14 +436,14 @@ impl Model {
         };
         for (name, t) in &named {
             let b = ffi::tensor_block(t, false)?;
-            if !b.is_defined() {
+            if !b.defined {
                 continue;
             }
             vars.entries.push(VarEntry {
                 layer: layer_of(name),
-                bytes: b.size(),
+                bytes: b.bytes,
             });
-            vars.ptrs.push(b.base());
+            vars.ptrs.push(b.base);
         }
         Ok(vars)
     }
