@@ -1,10 +1,12 @@
 //! Presentation: what is printed or written to a file. The profiler hands each result
 //! to every sink of its reports (terminal, CSV); a sink's failure is logged and counted
 //! by the profiler, never raised in the loop. Data modules (stats, timeline, leaks,
-//! oom, estimate) only compute. The public part is [`estimate_text`]: estimates and
-//! plans as a person reads them, as `tch-memprof estimate` and `plan` print them.
+//! oom, estimate) only compute. The public part is what the CLI prints: [`commands`]
+//! (each command's text, whole) and [`estimate_text`], [`replay_text`] (its parts).
 //!
 //! - `terminal`: tables on standard output, and the text of leak and OOM reports;
+//! - `commands`: what the CLI's commands print, composed whole (`estimate`, `plan`,
+//!   `replay`, `diff`): the command writes it as it is;
 //! - `estimate_text`: estimates and plans as a person reads them (the CLI's, and the
 //!   `Display` of [`Plans`](crate::estimate::Plans) and [`Fit`](crate::estimate::Fit));
 //! - `replay_text`: recorded runs replayed, and a prediction held to a recorded run;
@@ -15,6 +17,7 @@
 //! - `snapshot`: memory snapshots in the pickle format of PyTorch's memory viewer;
 //! - `oom_files`: the report and snapshot files of an out-of-memory error.
 
+pub mod commands;
 pub(crate) mod csv;
 pub mod estimate_text;
 pub(crate) mod html_page;

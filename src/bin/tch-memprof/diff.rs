@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use tch_memprof::report::commands::diff_text;
 use tch_memprof::runs::diff;
 
 use crate::report::{apply_labels, open, parse_label};
@@ -44,26 +45,13 @@ pub fn run(args: &DiffArgs) -> ExitCode {
         return code;
     }
     let d = diff::compare(&runs[0], &runs[1]);
-    println!("tch-memprof diff: {} -> {}", d.base, d.new);
-    for n in &d.notes {
-        println!("note: {n}");
+    let (text, grew) = diff_text(&d, top, max);
+    print!("{text}");
+    match grew {
+        None => ExitCode::SUCCESS,
+        Some(line) => {
+            eprintln!("{line}");
+            ExitCode::from(1)
+        }
     }
-    println!("{}", d.table(top));
-    let grew = d.regressions(max);
-    if grew.is_empty() {
-        println!("no peak grew by more than {max}%");
-        return ExitCode::SUCCESS;
-    }
-    let what: Vec<String> = grew.iter().take(5).map(|c| c.describe()).collect();
-    let more = if grew.len() > 5 {
-        format!(" and {} more", grew.len() - 5)
-    } else {
-        String::new()
-    };
-    eprintln!(
-        "tch-memprof: {} peak(s) grew by more than {max}%: {}{more}",
-        grew.len(),
-        what.join("; ")
-    );
-    ExitCode::from(1)
 }

@@ -6,12 +6,10 @@ use std::process::ExitCode;
 use clap::Args;
 use tch_memprof::estimate::recorded::Recording;
 use tch_memprof::estimate::{
-    parse_autocast, AllocatorConfig, Attention, Estimate, Input, Mode, Optimizer, Options,
-    NOT_MODELLED,
+    parse_autocast, AllocatorConfig, Attention, Input, Mode, Optimizer, Options,
 };
-use tch_memprof::report::estimate_text::{
-    anatomy, budget_line, csv_to_stdout, peak_lines_with, table,
-};
+use tch_memprof::report::commands::{Budget, EstimateOutput};
+use tch_memprof::report::estimate_text::csv_to_stdout;
 
 use crate::fail;
 use crate::model_args::{gpu_and_memory, ModelArgs};
@@ -173,10 +171,23 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             eprintln!("wrote {}", f.display());
         }
     }
+    let output = EstimateOutput {
+        label: &label,
+        options: &options,
+        mode,
+        rows: &rows,
+        budget: memory
+            .zip(a.memory.as_deref())
+            .map(|(bytes, spec)| Budget { bytes, spec }),
+        fit: fit.as_ref(),
+        all_idle: a.all_idle,
+        top: a.top,
+        compared: comparison.as_ref().map(|(p, c)| (p.as_path(), c)),
+    };
     if a.csv {
-        // Standard output stays CSV: the warning goes to standard error.
-        for e in rows.iter().filter(|e| e.jit_fallback.is_some()) {
-            eprintln!("warning: at batch {}: {}", e.batch, e.jit_fallback_line());
+        // Standard output stays CSV: the warnings go to standard error.
+        for line in output.fallback_warnings() {
+            eprintln!("{line}");
         }
         let largest = fit.as_ref().and_then(|f| f.fits.clone());
         let csv_rows = rows
@@ -186,52 +197,6 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         csv_to_stdout(csv_rows).map_err(|e| format!("writing CSV to standard output: {e}"))?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("tch-memprof estimate: {label}, {}", options.describe(mode));
-    println!("{}", table(&rows, memory));
-    // The answer first: the budget and the largest batch under the table, then where
-    // each batch peaked.
-    if let (Some(m), Some(spec)) = (memory, a.memory.as_deref()) {
-        println!("{}", budget_line(m, spec));
-    }
-    if let Some(f) = &fit {
-        println!("{f}");
-    }
-    println!(
-        "{}",
-        peak_lines_with(&rows, a.all_idle).trim_start_matches('\n')
-    );
-    if let Some(text) = rows
-        .last()
-        .filter(|_| a.top > 0)
-        .and_then(|e| anatomy(e, a.top))
-    {
-        print!("{text}");
-    }
-    for e in rows
-        .iter()
-        .filter(|e| e.unknown_frees > 0 || e.refused_requests > 0)
-    {
-        println!(
-            "warning: at batch {}: {} free(s) of blocks the trace never allocated, {} request(s) the allocator refuses",
-            e.batch, e.unknown_frees, e.refused_requests
-        );
-    }
-    for e in rows.iter().filter(|e| e.jit_fallback.is_some()) {
-        println!("warning: at batch {}: {}", e.batch, e.jit_fallback_line());
-    }
-    if let Some(line) = rows.last().and_then(Estimate::kernel_workspace_line) {
-        println!("{line}");
-    }
-    println!("Not modelled (a CUDA run may add):");
-    for n in NOT_MODELLED {
-        println!("- {}: {}", n.what, n.likely);
-    }
-    if let Some(line) = rows.last().and_then(Estimate::host_memory_line) {
-        println!("{line}");
-    }
-    if let Some((path, c)) = &comparison {
-        println!("Compared with {}:", path.display());
-        print!("{}", c.text(a.top.max(1)));
-    }
+    print!("{}", output.text());
     Ok(ExitCode::SUCCESS)
 }

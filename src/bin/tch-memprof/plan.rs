@@ -9,7 +9,8 @@ use tch_memprof::estimate::recorded::{Peaks, Recording};
 use tch_memprof::estimate::{
     allocator_candidates, parse_autocast, AllocatorConfig, Optimizer, Options,
 };
-use tch_memprof::report::estimate_text::{budget_line, csv_to_stdout};
+use tch_memprof::report::commands::{plan_recorded_text, plan_text, Budget};
+use tch_memprof::report::estimate_text::csv_to_stdout;
 use tch_memprof::report::replay_text;
 use tch_memprof::runs::schema::ReplayRow;
 
@@ -102,14 +103,11 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "tch-memprof plan: {label}, training with {} at batch {}, {}",
-        optimizer.name(),
-        plans.batch,
-        options.describe(tch_memprof::estimate::Mode::Train(optimizer))
-    );
-    println!("{}", budget_line(memory, &a.memory));
-    print!("{plans}");
+    let budget = Budget {
+        bytes: memory,
+        spec: &a.memory,
+    };
+    print!("{}", plan_text(&label, &options, budget, &plans));
     Ok(if plans.fits.is_empty() {
         ExitCode::from(1)
     } else {
@@ -161,24 +159,22 @@ fn plan_recorded(
             (name, recording.replay(c).replayed)
         })
         .collect();
-    let (fits, line) = replay_text::cheapest_fit(&rows, memory);
+    let fits = replay_text::cheapest_fit(&rows, memory).0;
     if a.csv {
         let rows = rows
             .iter()
             .map(|(conf, p)| ReplayRow::new(conf, p.allocated, p.reserved, Some(memory)));
         csv_to_stdout(rows).map_err(|e| format!("writing CSV to standard output: {e}"))?;
     } else {
-        println!(
-            "tch-memprof plan: {}, a recorded run: its lever is the allocator's settings \
-             (recorded with PYTORCH_CUDA_ALLOC_CONF={own:?})",
-            path.display()
-        );
-        println!("{}", budget_line(memory, &a.memory));
-        println!(
+        let budget = Budget {
+            bytes: memory,
+            spec: &a.memory,
+        };
+        let recorded = recording.recorded_peaks();
+        print!(
             "{}",
-            replay_text::table(recording.recorded_peaks(), &rows, Some(memory))
+            plan_recorded_text(path, &own, budget, recorded, &rows)
         );
-        println!("{line}");
     }
     Ok(if fits.is_some() {
         ExitCode::SUCCESS

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use tch_memprof::estimate::recorded::{Action, Peaks, Recording};
+use tch_memprof::estimate::recorded::Recording;
 use tch_memprof::estimate::{gpu_memory, AllocatorConfig};
+use tch_memprof::report::commands::ReplayOutput;
 use tch_memprof::report::estimate_text::csv_to_stdout;
-use tch_memprof::report::replay_text;
 use tch_memprof::runs::schema::ReplayRow;
 
 use crate::fail;
@@ -116,72 +116,17 @@ fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         csv_to_stdout(rows).map_err(|e| format!("writing CSV to standard output: {e}"))?;
         return Ok(ExitCode::SUCCESS);
     }
-    let allocations = recording
-        .events
-        .iter()
-        .filter(|e| e.action == Action::Alloc)
-        .count();
-    println!(
-        "tch-memprof replay: {}, device {}, {} events ({allocations} allocations), recorded \
-         with PYTORCH_CUDA_ALLOC_CONF={own:?}",
-        a.snapshot.display(),
-        a.device,
-        recording.events.len()
-    );
-    let first = &rows[0].1;
-    if recording.segments_before > 0 {
-        println!(
-            "the history began after {} segment(s) were made: they are seeded from the \
-             snapshot's end state (with the blocks live at its end that the history never \
-             allocated)",
-            recording.segments_before
-        );
-    }
-    if !first.complete {
-        println!(
-            "{} free(s) of blocks the history never saw allocated: the peaks are those of \
-             the recorded part",
-            first.unknown_frees
-        );
-    }
-    let replays: Vec<(String, Peaks)> = rows
-        .iter()
-        .map(|(conf, run)| (conf.clone(), run.replayed))
-        .collect();
-    println!("{}", replay_text::table(recorded, &replays, budget));
-    if !unmodelled.is_empty() {
-        println!(
-            "not modelled, replayed as if absent: {} (the rows with them may differ on the GPU)",
-            unmodelled.join(", ")
-        );
-    }
-    if let Some(b) = budget {
-        println!("{}", replay_text::cheapest_fit(&replays, b).1);
-    }
-    if let Some(line) = first.fragmentation_line() {
-        println!("{line}");
-    }
-    if let Some(view) = recording.at_reserved_peak(&own_config) {
-        println!("the segments then, by size:");
-        println!("{}", view.table());
-        let split = view.split_segments(&recording.sites, a.top);
-        if !split.is_empty() {
-            println!("the segments with the most free bytes, and the blocks that split them:");
-        }
-        for line in split {
-            println!("- {line}");
-        }
-        println!("{}", view.failing_request_line());
-    }
-    if first.replayed.reserved == recorded.reserved {
-        println!("the replay gives the recorded peak reserved to the byte");
-    } else {
-        let off = 100.0 * (first.replayed.reserved as f64 / recorded.reserved as f64 - 1.0);
-        println!("the replay's peak reserved is {off:+.2}% off the recorded one");
-    }
-    println!(
-        "recorded allocated: the blocks' sizes as asked for (the allocator counts whole \
-         blocks, a little more)"
-    );
+    let output = ReplayOutput {
+        path: &a.snapshot,
+        device: a.device,
+        recording: &recording,
+        own: &own,
+        own_config: &own_config,
+        runs: &rows,
+        unmodelled: &unmodelled,
+        budget,
+        top: a.top,
+    };
+    print!("{}", output.text());
     Ok(ExitCode::SUCCESS)
 }
