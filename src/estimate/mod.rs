@@ -105,25 +105,12 @@ impl Optimizer {
 
     /// The optimizer called `name` (`sgd`, `sgd-momentum`, `adam`, `adamw`).
     pub fn parse(name: &str) -> Result<Optimizer> {
-        let lower = name.to_ascii_lowercase();
-        Self::ALL
-            .iter()
-            .find(|(n, _)| *n == lower)
-            .map(|(_, o)| *o)
-            .ok_or_else(|| Error::InvalidInput {
-                name: "optimizer",
-                value: name.to_string(),
-                reason: format!("unknown; known: {}", Self::ALL.map(|(n, _)| n).join(", ")),
-            })
+        by_name(&Self::ALL, "optimizer", name)
     }
 
     /// Its command-line name.
     pub fn name(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(_, o)| *o == self)
-            .map(|(n, _)| *n)
-            .unwrap_or("?")
+        name_in(&Self::ALL, self)
     }
 
     /// The tch optimizer over `vs` whose step the estimate runs: SGD at learning rate
@@ -142,6 +129,33 @@ impl Optimizer {
             Optimizer::AdamW => nn::AdamW::default().build(vs, 1e-3),
         }
     }
+}
+
+/// The value called `name` (any case) in `table`, a list of choices by their
+/// command-line names; an error naming `what`, the value and the known names otherwise.
+fn by_name<T: Copy>(table: &[(&'static str, T)], what: &'static str, name: &str) -> Result<T> {
+    let lower = name.to_ascii_lowercase();
+    table
+        .iter()
+        .find(|(n, _)| *n == lower)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| Error::InvalidInput {
+            name: what,
+            value: name.to_string(),
+            reason: format!(
+                "unknown; known: {}",
+                table.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            ),
+        })
+}
+
+/// The command-line name of `value` in `table`.
+fn name_in<T: PartialEq>(table: &[(&'static str, T)], value: T) -> &'static str {
+    table
+        .iter()
+        .find(|(_, v)| *v == value)
+        .map(|(n, _)| *n)
+        .unwrap_or("?")
 }
 
 /// What is estimated.
@@ -198,25 +212,12 @@ impl Attention {
 
     /// The choice called `name` (`auto`, `flash`, `efficient`, `cudnn`, `math`).
     pub fn parse(name: &str) -> Result<Attention> {
-        let lower = name.to_ascii_lowercase();
-        Self::ALL
-            .iter()
-            .find(|(n, _)| *n == lower)
-            .map(|(_, a)| *a)
-            .ok_or_else(|| Error::InvalidInput {
-                name: "attention",
-                value: name.to_string(),
-                reason: format!("unknown; known: {}", Self::ALL.map(|(n, _)| n).join(", ")),
-            })
+        by_name(&Self::ALL, "attention", name)
     }
 
     /// Its command-line name.
     pub fn name(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(_, a)| *a == self)
-            .map(|(n, _)| *n)
-            .unwrap_or("?")
+        name_in(&Self::ALL, self)
     }
 
     pub(crate) fn native(self) -> i32 {
