@@ -1,16 +1,31 @@
 //! `<run>_report.html`: the run's HTML report (see [`crate::runs::html`]), rebuilt from the
 //! run's CSV files at each `epoch_end`, when a new peak step's files are written, and when
-//! the profiler drops.
+//! the profiler drops; and the page of several runs `tch-memprof report` writes.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::leaks::LeakReport;
 use crate::runs::Run;
 use crate::stats::EpochStats;
 use crate::timeline::{StepKind, StepProfile};
 
 use super::Report;
+
+/// Writes the HTML report of `runs` (as `tch-memprof report` does) to `path`, through a
+/// temporary file and a rename: a reader, or a process killed while it writes, never
+/// leaves a part of a page there. Returns the page's bytes.
+pub fn write_page(runs: &[Run], path: &Path) -> Result<usize> {
+    let page = crate::runs::html::render(runs);
+    match crate::fs::write_atomic(path, page.as_bytes()) {
+        Ok(()) => Ok(page.len()),
+        Err(Error::Io { source, .. }) => Err(Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+        Err(e) => Err(e),
+    }
+}
 
 pub(crate) struct HtmlReport {
     /// The run's stem (`<dir>/<run>`).

@@ -12,7 +12,8 @@
 //! - `replay_text`: recorded runs replayed, and a prediction held to a recorded run;
 //! - `csv`: the run's CSV files, and a profiled step's timeline, layers and idle CSV;
 //! - `idle_text`: the terminal section of the blocks idle at a step's peak;
-//! - `html_page`: the run's HTML report, rebuilt from its CSV files;
+//! - `html_page`: the run's HTML report, rebuilt from its CSV files, and the page of
+//!   several runs (`tch-memprof report`), written whole or not at all;
 //! - `plot`: a profiled step's plot (PNG or SVG);
 //! - `snapshot`: memory snapshots in the pickle format of PyTorch's memory viewer;
 //! - `oom_files`: the report and snapshot files of an out-of-memory error.
@@ -20,7 +21,7 @@
 pub mod commands;
 pub(crate) mod csv;
 pub mod estimate_text;
-pub(crate) mod html_page;
+pub mod html_page;
 mod idle_text;
 pub(crate) mod oom_files;
 pub(crate) mod plot;

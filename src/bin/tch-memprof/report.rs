@@ -78,17 +78,18 @@ pub fn run(args: &ReportArgs) -> ExitCode {
     if let Err(code) = apply_labels(&mut runs, &args.labels) {
         return code;
     }
-    let page = tch_memprof::runs::html::render(&runs);
-    if let Err(e) = std::fs::write(output, page.as_bytes()) {
-        eprintln!("tch-memprof: cannot write {}: {e}", output.display());
-        return ExitCode::from(2);
-    }
+    let bytes = match tch_memprof::report::html_page::write_page(&runs, output) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("tch-memprof: cannot write {e}");
+            return ExitCode::from(2);
+        }
+    };
     println!(
-        "tch-memprof: wrote {} ({} run{}, {} bytes)",
+        "tch-memprof: wrote {} ({} run{}, {bytes} bytes)",
         output.display(),
         runs.len(),
         if runs.len() == 1 { "" } else { "s" },
-        page.len()
     );
     ExitCode::SUCCESS
 }
