@@ -76,23 +76,15 @@ fn a_gpt_training_step_counts_the_flops_pytorch_counts_within_1_percent() {
     let (torch_forward, torch_backward) = (counted[0], counted[1]);
 
     let results = dir.path().join("profile");
-    let out = Command::new(env!("CARGO_BIN_EXE_tch-memprof"))
-        .args([
-            "profile",
-            model.to_str().unwrap(),
-            "--input",
-            "2x64:i64",
-            "--train",
-        ])
-        .arg("--output-dir")
-        .arg(&results)
-        .output()
-        .expect("runs tch-memprof");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::cli_ok(&[
+        "profile",
+        model.to_str().unwrap(),
+        "--input",
+        "2x64:i64",
+        "--train",
+        "--output-dir",
+        results.to_str().unwrap(),
+    ]);
     let mut layers = csv::Reader::from_path(results.join("layers.csv")).unwrap();
     let headers = layers.headers().unwrap().clone();
     let column = |name: &str| headers.iter().position(|h| h == name).unwrap();

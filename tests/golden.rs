@@ -31,18 +31,6 @@ const FILTERS: &[(&str, &str)] = &[
     ),
 ];
 
-/// `tch-memprof ARGS`: its standard output, which must succeed.
-fn run(args: &[&str]) -> String {
-    let out = common::cli(args);
-    assert!(
-        out.status.success(),
-        "tch-memprof {}: {}",
-        args.join(" "),
-        common::text(&out.stderr)
-    );
-    common::text(&out.stdout)
-}
-
 /// Holds `text` to the snapshot `name`, the run's variation filtered out (under the
 /// libtorch the snapshots were made with; see [`made_with_this_libtorch`]).
 fn golden(name: &str, args: &[&str], text: &str) {
@@ -79,7 +67,7 @@ fn made_with_this_libtorch() -> bool {
 
 /// A command's standard output held to its snapshot.
 fn golden_stdout(name: &str, args: &[&str]) {
-    golden(name, args, &run(args));
+    golden(name, args, &common::cli_ok(args));
 }
 
 #[test]
@@ -188,7 +176,7 @@ fn estimate_output_dir_files() {
         "--output-dir",
         out,
     ];
-    run(&args);
+    common::cli_ok(&args);
     // The plots are pictures of the same numbers (tests/timeline_files.rs checks them).
     for file in ["summary.txt", "timeline.csv", "layers.csv", "idle.csv"] {
         let text = std::fs::read_to_string(Path::new(out).join(file)).unwrap();
@@ -245,7 +233,7 @@ fn replay_and_plan_of_a_pytorch_snapshot() {
         let mut with_path = vec![args[0], path];
         with_path.extend(&args[1..]);
         // The path as the tests name it, not this checkout's.
-        let text = run(&with_path).replace(env!("CARGO_MANIFEST_DIR"), "<repo>");
+        let text = common::cli_ok(&with_path).replace(env!("CARGO_MANIFEST_DIR"), "<repo>");
         with_path[1] = "<snapshot>";
         golden(name, &with_path, &text);
     }

@@ -267,23 +267,15 @@ struct Layer {
 /// parameter names of the run's parameters CSV.
 fn profile(dir: &Path, input: &str) -> (BTreeMap<String, Layer>, BTreeSet<String>, String) {
     let results = dir.join("profile");
-    let out = Command::new(env!("CARGO_BIN_EXE_tch-memprof"))
-        .args([
-            "profile",
-            dir.join("model.pt").to_str().unwrap(),
-            "--input",
-            input,
-            "--train",
-            "--output-dir",
-            results.to_str().unwrap(),
-        ])
-        .output()
-        .expect("runs tch-memprof");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::cli_ok(&[
+        "profile",
+        dir.join("model.pt").to_str().unwrap(),
+        "--input",
+        input,
+        "--train",
+        "--output-dir",
+        results.to_str().unwrap(),
+    ]);
     let mut r = csv::Reader::from_path(results.join("layers.csv")).unwrap();
     let layers = r
         .records()

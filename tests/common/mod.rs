@@ -197,6 +197,19 @@ pub fn cli(args: &[&str]) -> std::process::Output {
         .expect("runs tch-memprof")
 }
 
+/// `tch-memprof ARGS`, which must succeed (else the test fails with its standard
+/// error): its standard output.
+pub fn cli_ok(args: &[&str]) -> String {
+    let out = cli(args);
+    assert!(
+        out.status.success(),
+        "tch-memprof {}: {}",
+        args.join(" "),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
 /// The cell under `name` in the first row of CSV `text` (a header line, then rows), as
 /// `estimate --csv` prints them.
 pub fn csv_cell(text: &str, name: &str) -> String {
