@@ -8,7 +8,7 @@ use clap::Args;
 use tch_memprof::report::commands::diff_text;
 use tch_memprof::runs::diff;
 
-use crate::report::{apply_labels, open, parse_label};
+use crate::run_args::{apply_labels, open, parse_label};
 
 /// Arguments of `tch-memprof diff`.
 #[derive(Args, Debug)]

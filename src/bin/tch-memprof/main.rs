@@ -29,6 +29,7 @@ mod plan;
 mod profile;
 mod replay;
 mod report;
+mod run_args;
 
 use std::process::ExitCode;
 

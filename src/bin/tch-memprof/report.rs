@@ -1,11 +1,12 @@
 //! `tch-memprof report RUN... [--label TEXT]... [-o report.html]`: one self-contained
 //! HTML page.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use tch_memprof::runs::Run;
+
+use crate::run_args::{apply_labels, open, parse_label};
 
 /// Arguments of `tch-memprof report`.
 #[derive(Args, Debug)]
@@ -22,48 +23,6 @@ pub struct ReportArgs {
     /// Where to write it.
     #[arg(short, long, default_value = "report.html")]
     output: PathBuf,
-}
-
-/// A label: one line, no control characters.
-pub fn parse_label(text: &str) -> Result<String, String> {
-    tch_memprof::runs::check_label(text)
-        .map(|()| text.to_string())
-        .map_err(|why| format!("the label {text:?} {why}"))
-}
-
-/// Sets `labels` on `runs` in order: none, or one per run.
-pub fn apply_labels(runs: &mut [Run], labels: &[String]) -> Result<(), ExitCode> {
-    if labels.is_empty() {
-        return Ok(());
-    }
-    if labels.len() != runs.len() {
-        eprintln!(
-            "tch-memprof: {} label(s) for {} run(s): give one --label per run, in the order of the runs",
-            labels.len(),
-            runs.len()
-        );
-        return Err(ExitCode::from(2));
-    }
-    for (run, label) in runs.iter_mut().zip(labels) {
-        run.label = Some(label.clone());
-    }
-    Ok(())
-}
-
-/// Reads a run, printing its warnings; bad input is exit status 2.
-pub fn open(path: &Path) -> Result<Run, ExitCode> {
-    match Run::open(path) {
-        Ok(run) => {
-            for w in &run.warnings {
-                eprintln!("tch-memprof: warning: {w}");
-            }
-            Ok(run)
-        }
-        Err(e) => {
-            eprintln!("tch-memprof: {e}");
-            Err(ExitCode::from(2))
-        }
-    }
 }
 
 pub fn run(args: &ReportArgs) -> ExitCode {
