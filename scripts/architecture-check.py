@@ -56,22 +56,30 @@ def main() -> int:
                 f"src/{beside.relative_to(SRC)} sits beside the folder src/{d.relative_to(SRC)}/: "
                 f"make it src/{d.relative_to(SRC)}/mod.rs (one layout convention)"
             )
-    repr_c = re.compile(r"#\[repr\(C\)\]\s*(?:#\[[^\]]*\]\s*)*(pub(?:\([^)]*\))?\s+)?struct\s+(\w+)")
+    # Any repr naming C (`repr(C)`, `repr(C, packed)`, `repr(align(8), C)`), then other
+    # attributes or comments, then the item.
+    repr_c = re.compile(
+        r"#\[repr\([^\]]*\bC\b[^\]]*\]\s*(?:(?:#\[[^\]]*\]|//[^\n]*)\s*)*"
+        r"(pub(?:\([^)]*\))?\s+)?(struct|union|enum)\s+(\w+)"
+    )
     raw_name = re.compile(r"\bMp[A-Z]\w*")
     for p in sorted(SRC.rglob("*.rs")):
         rel = p.relative_to(SRC).as_posix()
-        text = p.read_text()
+        # Code only: comments and string literals out (a doc example is not a record).
+        code = re.sub(r"/\*.*?\*/", "", p.read_text(), flags=re.S)
+        code = re.sub(r'"(?:\\.|[^"\\])*"', '""', re.sub(r"//[^\n]*", "", code))
         in_ffi = rel.startswith("ffi/")
-        for m in repr_c.finditer(text):
-            vis, name = (m.group(1) or "").strip(), m.group(2)
+        # In ffi/mod.rs, `pub(super)` is the whole crate: a record there stays private.
+        allowed = ("",) if rel == "ffi/mod.rs" else ("", "pub(super)", "pub(in crate::ffi)")
+        for m in repr_c.finditer(code):
+            vis, name = (m.group(1) or "").strip(), m.group(3)
             if not in_ffi:
                 problems.append(f"src/{rel} defines the native record {name}: only src/ffi/ may")
-            elif not name.startswith("Mp"):
+            elif not re.fullmatch(r"Mp[A-Z]\w*", name):
                 problems.append(f"src/{rel}: the native record {name} must keep its C name (Mp...)")
-            elif vis not in ("", "pub(super)"):
+            elif vis not in allowed:
                 problems.append(f"src/{rel}: the native record {name} is `{vis}`: keep it in src/ffi/ (pub(super))")
         if not in_ffi:
-            code = re.sub(r"//.*", "", text)
             for m in sorted(set(raw_name.findall(code))):
                 problems.append(f"src/{rel} names the native record {m}: read the typed value src/ffi/ decodes it into")
     mention = re.compile(r"(?<![\w/.-])src/([A-Za-z0-9_./-]+\.(?:rs|cpp|h|js|css))\b")

@@ -40,14 +40,22 @@ pub fn check_writable(dir: &Path) -> Result<()> {
 /// readers see the old file or the whole new one, never a part.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|source| Error::Io {
-        path: tmp.clone(),
-        source,
-    })?;
-    std::fs::rename(&tmp, path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    let written = std::fs::write(&tmp, bytes)
+        .map_err(|source| Error::Io {
+            path: tmp.clone(),
+            source,
+        })
+        .and_then(|()| {
+            std::fs::rename(&tmp, path).map_err(|source| Error::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        });
+    if written.is_err() {
+        // Nothing of a failed write is left beside the file.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// A file's name as messages call a model file (`resnet18.pt2`), its whole path when it
@@ -55,4 +63,32 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 pub(crate) fn file_label(path: &Path) -> String {
     path.file_name()
         .map_or(path.display().to_string(), |f| f.to_string_lossy().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_replaces_the_file_whole_and_a_failed_one_leaves_nothing_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let page = dir.path().join("report.html");
+        write_atomic(&page, b"first").unwrap();
+        write_atomic(&page, b"second").unwrap();
+        assert_eq!(std::fs::read(&page).unwrap(), b"second");
+        // A folder where the file should go: the rename fails.
+        let taken = dir.path().join("taken.html");
+        std::fs::create_dir(&taken).unwrap();
+        let e = write_atomic(&taken, b"x").unwrap_err();
+        assert!(
+            e.to_string().starts_with(&taken.display().to_string()),
+            "{e}"
+        );
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["report.html", "taken.html"]);
+    }
 }

@@ -8,7 +8,7 @@ extern "C" {
 }
 
 /// Re-enters the CPU allocation hook on purpose (the negative control of
-/// `State::hook_reentries`).
+/// `SessionState::hook_reentries`).
 pub(crate) fn selftest_reenter() -> Result<()> {
     // SAFETY: plain call.
     check(unsafe { memprof_selftest_reenter() })

@@ -4,8 +4,9 @@
 //! of the same names, and build.rs turns its layout table (`memprof_layout.h`) into
 //! compile-time checks of their sizes, field offsets and the shared constants
 //! (`layout.rs`, included below), so a drift on either side fails the build. A mirror
-//! never leaves `ffi`: each is decoded here into a typed value, which is what the rest
-//! of the crate reads.
+//! is never named outside `ffi`: each is decoded here into a typed value, which is what
+//! the rest of the crate reads (autocast's saved state goes out sealed, to come back
+//! unread).
 //!
 //! Every native function returns a status; a failure becomes [`Error::Native`] with
 //! the native layer's message. Nothing here panics.

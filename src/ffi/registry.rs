@@ -51,8 +51,8 @@ pub(crate) struct TensorBlock {
     pub defined: bool,
     /// Whether the session saw its birth.
     pub tracked: bool,
-    /// The device slot it lives on.
-    pub device: usize,
+    /// The device slot it lives on (`None`: a device the session has no slot for).
+    pub device: Option<usize>,
     /// The phase it was born in, and that phase's generation (where its birth was seen).
     pub phase: u32,
     pub generation: u32,
@@ -67,7 +67,7 @@ impl From<&MpBlock> for TensorBlock {
             bytes: b.bytes.max(0) as u64,
             defined: b.defined != 0,
             tracked: b.tracked != 0,
-            device: b.device.max(0) as usize,
+            device: usize::try_from(b.device).ok(),
             phase: b.phase,
             generation: b.generation,
             watched: b.watched != 0,
@@ -78,7 +78,7 @@ impl From<&MpBlock> for TensorBlock {
 impl TensorBlock {
     /// Whether the block's birth was seen on device `slot`.
     pub(crate) fn tracked_on(&self, slot: usize) -> bool {
-        self.tracked && self.device == slot
+        self.tracked && self.device == Some(slot)
     }
     pub(crate) fn born_in_optimizer(&self) -> bool {
         self.tracked && self.phase == native::PHASE_OPTIMIZER
@@ -225,11 +225,6 @@ pub(crate) struct WatchedFrees {
     pub grads: u64,
 }
 
-/// The blocks behind each of `tensors` and behind their `.grad`, into `blocks` and
-/// `grads` (replacing their contents), in one native call; with `blocks` `None`, the
-/// `.grad` blocks only. With `watch`, each block whose birth was seen is watched from now
-/// on ([`TensorBlock::watched`]): its free counts in [`watched_frees`]. Returns
-/// [`watched_frees`] as it was before the blocks were read.
 /// Adopts the blocks behind `tensors` and their gradients that no report showed born
 /// (CUDA blocks from before the session): counted live from now on. The bytes adopted.
 pub(crate) fn adopt_blocks(tensors: &[&Tensor]) -> Result<u64> {
@@ -251,6 +246,11 @@ pub(crate) fn forget_cpu_blocks() -> Result<()> {
     check(unsafe { memprof_forget_cpu_blocks() })
 }
 
+/// The blocks behind each of `tensors` and behind their `.grad`, into `blocks` and
+/// `grads` (replacing their contents), in one native call; with `blocks` `None`, the
+/// `.grad` blocks only. With `watch`, each block whose birth was seen is watched from now
+/// on ([`TensorBlock::watched`]): its free counts in [`watched_frees`]. Returns
+/// [`watched_frees`] as it was before the blocks were read.
 pub(crate) fn tensor_blocks(
     tensors: &[&Tensor],
     blocks: Option<&mut Vec<TensorBlock>>,

@@ -1,8 +1,9 @@
 //! Presentation: what is printed or written to a file. The profiler hands each result
 //! to every sink of its reports (terminal, CSV); a sink's failure is logged and counted
 //! by the profiler, never raised in the loop. Data modules (stats, timeline, leaks,
-//! oom, estimate) only compute. The public part is what the CLI prints: [`commands`]
-//! (each command's text, whole) and [`estimate_text`], [`replay_text`] (its parts).
+//! oom, estimate) only compute. The public part is what the CLI prints and writes:
+//! [`commands`] (each command's text, whole), [`estimate_text`], [`replay_text`] (its
+//! parts) and [`html_page::write_page`] (the page of `tch-memprof report`).
 //!
 //! - `terminal`: tables on standard output, and the text of leak and OOM reports;
 //! - `commands`: what the CLI's commands print, composed whole (`estimate`, `plan`,
