@@ -457,6 +457,28 @@ fn two_runs_of_one_second_are_told_apart_and_a_single_report_shows_its_values() 
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A path that is not a file (standard output) gets the page as it is, whole, and
+    // the page written to a file leaves nothing beside it.
+    let out = cli(
+        root.path(),
+        &["report", "a/memory_csv_data", "-o", "/dev/stdout"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page_there = std::fs::read(root.path().join("one.html")).unwrap();
+    assert!(
+        out.stdout.starts_with(&page_there),
+        "standard output is not the page one.html holds"
+    );
+    let tmp: Vec<_> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect();
+    assert!(tmp.is_empty(), "left beside the pages: {tmp:?}");
     // One label for two runs: refused, saying why.
     let out = cli(
         root.path(),

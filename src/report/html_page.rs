@@ -14,10 +14,20 @@ use super::Report;
 
 /// Writes the HTML report of `runs` (as `tch-memprof report` does) to `path`, through a
 /// temporary file and a rename: a reader, or a process killed while it writes, never
-/// leaves a part of a page there. Returns the page's bytes.
+/// leaves a part of a page there. A path that is there and is not a file (`/dev/stdout`,
+/// a pipe) is written to as it is. Returns the page's bytes.
 pub fn write_page(runs: &[Run], path: &Path) -> Result<usize> {
     let page = crate::runs::html::render(runs);
-    match crate::fs::write_atomic(path, page.as_bytes()) {
+    let stream = std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir());
+    let written = if stream {
+        std::fs::write(path, page.as_bytes()).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    } else {
+        crate::fs::write_atomic(path, page.as_bytes())
+    };
+    match written {
         Ok(()) => Ok(page.len()),
         Err(Error::Io { source, .. }) => Err(Error::Io {
             path: path.to_path_buf(),
