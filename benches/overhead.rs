@@ -1,7 +1,13 @@
-//! Step-time overhead of the profiler, and of the step timeline, on a ResNet-18
-//! training step (batch 8x3x64x64, Adam), as ratios measured in one run.
+//! Step-time overhead of the profiler, and of the step timeline, on a training step, as
+//! ratios measured in one run: a ResNet-18 step (batch 8x3x64x64, Adam; the default), or
+//! one of two launch-bound proxies (`--model mlp`, `--model attention`): many small ops
+//! whose arithmetic is negligible, trained with SGD, so that nothing hides the
+//! profiler's cost per op and per allocation, the way a small or medium CUDA step is
+//! bound by kernel launches. The extra time of each mode is also printed per op and
+//! per allocation of the step (counted in one profiled step of a child of its own).
 //!
 //!     scripts/with-libtorch.sh cargo bench --bench overhead
+//!     scripts/with-libtorch.sh cargo bench --bench overhead -- --model mlp
 //!     scripts/with-libtorch.sh cargo bench --bench overhead -- --device cuda
 //!
 //! The baseline must not have the tracking allocator either, and that one is installed
@@ -46,8 +52,9 @@
 //!
 //! Options (after `--`): `--rounds N` (default 30), `--steps N` timed steps per child
 //! and round (default 10), `--threads N` libtorch's threads in each child (default 1),
-//! `--device cpu|cuda` (default cpu), `--batch N` and `--image N` (default 8 and 64: the
-//! input is Nx3xIxI). A small input keeps every op and allocation of the step but little
+//! `--device cpu|cuda` (default cpu), `--model resnet18|mlp|attention`, `--batch N`
+//! (default 8, 16 for the MLP, 2 for attention) and `--image N` (ResNet-18's, default 64:
+//! the input is Nx3xIxI). A small input keeps every op and allocation of the step but little
 //! of its arithmetic, so that the profiler's share shows. A child run by hand (without
 //! `--lockstep`) runs its warm-up and `--steps` steps and prints each step's time, in
 //! microseconds, a line each; so it runs under `valgrind --tool=callgrind` in minutes:
@@ -147,14 +154,154 @@ impl Mode {
     }
 }
 
-/// Child: trains ResNet-18 and prints one step time per line, in microseconds.
+/// The step the bench times (`--model`).
+#[derive(Clone, Copy, PartialEq)]
+enum Model {
+    /// ResNet-18 with Adam: the arithmetic and Adam's sweep over 11 million weights
+    /// dominate, on the CPU.
+    Resnet18,
+    /// A narrow, deep MLP with SGD: many small ops whose arithmetic is negligible, the
+    /// way a small or medium CUDA step is bound by kernel launches.
+    Mlp,
+    /// Small transformer blocks at tiny widths with SGD: the same, with the ops of
+    /// attention (layer norms, matmuls, softmax, reshapes).
+    Attention,
+}
+
+const MODELS: [(&str, Model); 3] = [
+    ("resnet18", Model::Resnet18),
+    ("mlp", Model::Mlp),
+    ("attention", Model::Attention),
+];
+
+/// `--model resnet18|mlp|attention` (default resnet18).
+fn model() -> Model {
+    let name = arg_str("--model").unwrap_or_else(|| "resnet18".into());
+    MODELS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|&(_, m)| m)
+        .unwrap_or_else(|| {
+            eprintln!("overhead: --model {name}: expected resnet18, mlp or attention");
+            std::process::exit(2)
+        })
+}
+
+/// The MLP proxy: 48 linear layers of width 32 with ReLUs, batch 16.
+const MLP_DEPTH: i64 = 48;
+const MLP_WIDTH: i64 = 32;
+/// The attention proxy: 6 pre-norm blocks of width 16, 2 heads, 8 tokens, batch 2.
+const ATT_BLOCKS: i64 = 6;
+const ATT_WIDTH: i64 = 16;
+const ATT_HEADS: i64 = 2;
+const ATT_TOKENS: i64 = 8;
+
+impl Model {
+    fn describe(self) -> String {
+        match self {
+            Model::Resnet18 => {
+                let (batch, image) = (arg("--batch", 8), arg("--image", 64));
+                format!("ResNet-18 training step, batch {batch}x3x{image}x{image}, Adam")
+            }
+            Model::Mlp => format!(
+                "launch-bound proxy: MLP of {MLP_DEPTH} linear layers of width {MLP_WIDTH}, batch {}, SGD",
+                arg("--batch", 16)
+            ),
+            Model::Attention => format!(
+                "launch-bound proxy: {ATT_BLOCKS} transformer blocks, width {ATT_WIDTH}, {ATT_HEADS} heads, batch {}x{ATT_TOKENS}, SGD",
+                arg("--batch", 2)
+            ),
+        }
+    }
+}
+
+/// One pre-norm transformer block: attention then a 4x MLP, each with a residual.
+fn attention_block(p: nn::Path) -> impl ModuleT {
+    let d = ATT_WIDTH;
+    let ln1 = nn::layer_norm(&p / "ln1", vec![d], Default::default());
+    let qkv = nn::linear(&p / "qkv", d, 3 * d, Default::default());
+    let proj = nn::linear(&p / "proj", d, d, Default::default());
+    let ln2 = nn::layer_norm(&p / "ln2", vec![d], Default::default());
+    let fc1 = nn::linear(&p / "fc1", d, 4 * d, Default::default());
+    let fc2 = nn::linear(&p / "fc2", 4 * d, d, Default::default());
+    nn::func_t(move |x, _train| {
+        let (b, t) = (x.size()[0], x.size()[1]);
+        let hd = d / ATT_HEADS;
+        let qkv = x
+            .apply(&ln1)
+            .apply(&qkv)
+            .view([b, t, 3, ATT_HEADS, hd])
+            .permute([2, 0, 3, 1, 4]);
+        let (q, k, v) = (qkv.get(0), qkv.get(1), qkv.get(2));
+        let att =
+            (q.matmul(&k.transpose(-2, -1)) * (1.0 / (hd as f64).sqrt())).softmax(-1, Kind::Float);
+        let y = att
+            .matmul(&v)
+            .transpose(1, 2)
+            .contiguous()
+            .view([b, t, d])
+            .apply(&proj);
+        let x = x + y;
+        let h = x.apply(&ln2).apply(&fc1).gelu("none").apply(&fc2);
+        x + h
+    })
+}
+
+/// Builds `model` in `vs`; the step's input and its targets' classes.
+fn build(model: Model, vs: &nn::VarStore) -> (Box<dyn ModuleT>, Vec<i64>, i64) {
+    let root = vs.root();
+    match model {
+        Model::Resnet18 => {
+            let (batch, image) = (arg("--batch", 8) as i64, arg("--image", 64) as i64);
+            let net = tch::vision::resnet::resnet18(&root, 10);
+            (Box::new(net), vec![batch, 3, image, image], 10)
+        }
+        Model::Mlp => {
+            let mut seq = nn::seq_t();
+            for i in 0..MLP_DEPTH {
+                seq = seq
+                    .add(nn::linear(
+                        &root / format!("l{i}"),
+                        MLP_WIDTH,
+                        MLP_WIDTH,
+                        Default::default(),
+                    ))
+                    .add_fn(|x| x.relu());
+            }
+            (
+                Box::new(seq),
+                vec![arg("--batch", 16) as i64, MLP_WIDTH],
+                MLP_WIDTH,
+            )
+        }
+        Model::Attention => {
+            let mut seq = nn::seq_t();
+            for i in 0..ATT_BLOCKS {
+                seq = seq.add(attention_block(&root / format!("block{i}")));
+            }
+            let head = nn::linear(&root / "head", ATT_WIDTH, ATT_WIDTH, Default::default());
+            let seq = seq.add_fn(|x| x.mean_dim(1, false, Kind::Float)).add(head);
+            (
+                Box::new(seq),
+                vec![arg("--batch", 2) as i64, ATT_TOKENS, ATT_WIDTH],
+                ATT_WIDTH,
+            )
+        }
+    }
+}
+
+/// Child: trains the model and prints one step time per line, in microseconds.
 fn child(mode: Mode, steps: usize, dev: Device) {
     tch::set_num_threads(arg("--threads", 1) as i32);
-    let (batch, image) = (arg("--batch", 8) as i64, arg("--image", 64) as i64);
+    let model = model();
     let profiled = !matches!(mode, Mode::Baseline | Mode::Control);
     let vs = nn::VarStore::new(dev);
-    let net = tch::vision::resnet::resnet18(&vs.root(), 10);
-    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let (net, input, classes) = build(model, &vs);
+    let batch = input[0];
+    let mut opt = match model {
+        Model::Resnet18 => nn::Adam::default().build(&vs, 1e-3).unwrap(),
+        Model::Mlp | Model::Attention => nn::Sgd::default().build(&vs, 1e-3).unwrap(),
+    };
     let mut profiler = profiled.then(|| {
         tch_memprof::MemoryProfiler::builder(&vs)
             .print(false)
@@ -166,8 +313,8 @@ fn child(mode: Mode, steps: usize, dev: Device) {
     let lockstep = std::env::args().any(|a| a == "--lockstep");
     let mut step = || {
         let t0 = Instant::now();
-        let x = Tensor::randn([batch, 3, image, image], (Kind::Float, dev));
-        let y = Tensor::randint(10, [batch], (Kind::Int64, dev));
+        let x = Tensor::randn(input.as_slice(), (Kind::Float, dev));
+        let y = Tensor::randint(classes, [batch], (Kind::Int64, dev));
         let loss = net.forward_t(&x, true).cross_entropy_for_logits(&y);
         opt.zero_grad();
         loss.backward();
@@ -194,6 +341,16 @@ fn child(mode: Mode, steps: usize, dev: Device) {
             writeln!(out, "{us}").unwrap();
             out.flush().unwrap();
         }
+    } else if std::env::args().any(|a| a == "--count") {
+        // One step, counted: its allocations here, its ops from its step profile.
+        let before = tch_memprof::__private::cpu_allocations();
+        step();
+        let allocs = tch_memprof::__private::cpu_allocations() - before;
+        let ops = profiler
+            .as_ref()
+            .and_then(|p| p.peak_step_profile())
+            .map_or(0, |sp| sp.rows.len());
+        writeln!(out, "count {ops} {allocs}").unwrap();
     } else {
         for _ in 0..steps {
             let us = step();
@@ -305,9 +462,9 @@ fn main() {
         Device::Cuda(_) => "CUDA",
         _ => "CPU",
     };
-    let (batch, image) = (arg("--batch", 8), arg("--image", 64));
     println!(
-        "{on} ResNet-18 training step, batch {batch}x3x{image}x{image}, Adam, {rounds} rounds x {steps} steps per mode, interleaved step by step"
+        "{on} {}, {rounds} rounds x {steps} steps per mode, interleaved step by step",
+        model().describe()
     );
     println!("  {:<48} {:>10} {:>10}", "mode", "median ms", "fastest ms");
     for ((mode, m), f) in MODES.iter().zip(&medians).zip(&fastest) {
@@ -326,6 +483,60 @@ fn main() {
             median(&mut paired[m].clone())
         );
     }
+    // What the step is made of, from one profiled step of a child of its own: the
+    // extra time of each mode per op and per allocation (of the paired ratio, times the
+    // baseline's median step).
+    let (ops, allocs) = count_step(&exe, dev);
+    println!(
+        "  a step: {ops} ops (the step timeline's: outermost ops and autograd nodes), {allocs} allocations"
+    );
+    println!(
+        "  {:<48} {:>10} {:>10} {:>10}",
+        "extra a step", "us", "ns an op", "ns an alloc"
+    );
+    for (m, mode) in MODES.iter().enumerate().skip(1) {
+        let extra_us = (median(&mut paired[m].clone()) - 1.0) * medians[0] * 1000.0;
+        let per = |n: u64| {
+            if n == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.0}", extra_us * 1000.0 / n as f64)
+            }
+        };
+        println!(
+            "  {:<48} {:>10.1} {:>10} {:>10}",
+            mode.describe(),
+            extra_us,
+            per(ops),
+            per(allocs)
+        );
+    }
+}
+
+/// Ops and CPU allocations of one step of the model: a timeline child of its own, run
+/// to one step after its warm-up (`--count`), prints them.
+fn count_step(exe: &Path, dev: Device) -> (u64, u64) {
+    let mut cmd = Command::new(exe);
+    cmd.args(["--count", "--steps", "1"]);
+    cmd.args(["--threads", &arg("--threads", 1).to_string()]);
+    for name in ["--batch", "--image", "--model"] {
+        if let Some(v) = arg_str(name) {
+            cmd.args([name, &v]);
+        }
+    }
+    if let Device::Cuda(_) = dev {
+        cmd.args(["--device", "cuda"]);
+    }
+    cmd.env(MODE, Mode::Timeline.name());
+    let out = cmd.output().expect("run the counting child");
+    assert!(out.status.success(), "the counting child failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("count "))
+        .expect("the counting child's count line");
+    let mut it = line.split(' ').map(|v| v.parse::<u64>().expect("a count"));
+    (it.next().unwrap(), it.next().unwrap())
 }
 
 /// One child of `mode`, in lockstep: it runs a step for each line on its stdin.
@@ -333,8 +544,11 @@ fn spawn(exe: &Path, mode: Mode, dev: Device) -> Child {
     let mut cmd = Command::new(exe);
     cmd.arg("--lockstep");
     cmd.args(["--threads", &arg("--threads", 1).to_string()]);
-    cmd.args(["--batch", &arg("--batch", 8).to_string()]);
-    cmd.args(["--image", &arg("--image", 64).to_string()]);
+    for name in ["--batch", "--image", "--model"] {
+        if let Some(v) = arg_str(name) {
+            cmd.args([name, &v]);
+        }
+    }
     if let Device::Cuda(_) = dev {
         cmd.args(["--device", "cuda"]);
     }

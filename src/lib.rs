@@ -225,6 +225,10 @@ pub mod __private {
     pub fn cpu_live_bytes() -> i64 {
         crate::ffi::device_stats(0).map(|s| s.live).unwrap_or(-1)
     }
+    /// Allocations the CPU allocator has counted (every tracked block in the process).
+    pub fn cpu_allocations() -> i64 {
+        crate::ffi::device_stats(0).map(|s| s.allocs).unwrap_or(-1)
+    }
     /// Whether libtorch runs op callbacks for every op now (what its dispatcher asks
     /// before it builds an op's record), not only for autograd nodes.
     pub fn records_every_op() -> bool {

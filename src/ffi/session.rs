@@ -37,6 +37,8 @@ pub(crate) struct DeviceCounters {
     pub live: i64,
     /// Peak of `live` in this iteration.
     pub peak_iter: i64,
+    /// Allocations counted since the library loaded.
+    pub allocs: i64,
     /// Live now of blocks born in the optimizer phase.
     pub optimizer_born_live: i64,
     /// Feature maps: blocks born in forward still live.
@@ -141,6 +143,7 @@ pub(crate) fn device_stats(slot: usize) -> Result<DeviceCounters> {
     Ok(DeviceCounters {
         live: s.live,
         peak_iter: s.peak_iter,
+        allocs: s.allocs,
         optimizer_born_live: s.optimizer_born_live,
         feature_maps: s.feature_maps,
         reported_allocated: s.reported_allocated,
