@@ -16,6 +16,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 scripts/with-libtorch.sh cargo build --release --examples
 scripts/with-libtorch.sh cargo build --release --bin tch-memprof
+# Where cargo put them: CARGO_TARGET_DIR when set (relative to this folder, as cargo reads
+# it here), else target/.
+target_dir="${CARGO_TARGET_DIR:-target}"
 # test_bin KIND NAME: the executable of a test (KIND test) or a bench (KIND bench).
 test_bin() {
   scripts/with-libtorch.sh cargo "$1" --no-run --"$1" "$2" --message-format=json $([ "$1" = test ] && echo --release) \
@@ -26,9 +29,9 @@ cp "$(test_bin test cuda)" gpu_bundle/bin/cuda_test
 cp "$(test_bin test cuda_accounting)" gpu_bundle/bin/cuda_accounting_test
 cp "$(test_bin bench overhead)" gpu_bundle/bin/overhead
 for e in quickstart resnet_profile leak_hunt optimizations deployment_peak; do
-  cp "target/release/examples/$e" gpu_bundle/bin/
+  cp "$target_dir/release/examples/$e" gpu_bundle/bin/
 done
-cp target/release/tch-memprof gpu_bundle/bin/
+cp "$target_dir/release/tch-memprof" gpu_bundle/bin/
 xz -T0 -6 gpu_bundle/bin/*
 cp scripts/gpu/run.sh scripts/gpu/viewer_check.py scripts/gpu/builtin_mirrors.py \
   scripts/gpu/builtin_join.py scripts/gpu/plan_levers.py scripts/gpu/truth.py \
