@@ -187,12 +187,34 @@ bool transition(uint32_t from, uint32_t to);
 // reduced), where no node's record is open.
 bool in_autograd_task();
 
-// Called on every allocation by the training thread: the allocation-driven phase
-// changes (backward -> optimizer when no backward node runs; optimizer -> forward when
-// a grad-mode op allocates, i.e. the next micro-batch's forward pass, whose first
+// Forward (or optimizer) -> backward at the first allocation or free inside the autograd
+// engine's graph task, on any thread (CUDA's backward runs on the engine's device
+// thread). No op record is needed for it, so a session that needs none registers no op
+// callback at all: libtorch then builds no record, not even an autograd node's, and
+// the engine's thread-local state, set again for every node it runs, has no callback
+// to rebuild its lists for. Nothing is allocated or freed between the first node's
+// start and this event: the feature maps measured at the transition are the same.
+inline void backward_if_in_task(uint64_t gp) {
+  const uint32_t ph = cur_phase(gp);
+  if ((ph == kForward || ph == kOptimizer) && in_autograd_task()) {
+    transition(ph, kBackward);
+  }
+}
+
+// Called on every free of a tracked block, before it is counted.
+inline void phase_for_free() {
+  backward_if_in_task(g_genphase.load(std::memory_order_acquire));
+}
+
+// Called on every allocation: backward begins inside the engine's graph task (any
+// thread); and by the training thread, the allocation-driven phase changes (backward ->
+// optimizer when no backward node runs and no graph task; optimizer -> forward when a
+// grad-mode op allocates, i.e. the next micro-batch's forward pass, whose first
 // allocation may be the one that ends backward: both checks run).
 inline uint64_t phase_for_alloc() {
   uint64_t gp = g_genphase.load(std::memory_order_acquire);
+  backward_if_in_task(gp);
+  gp = g_genphase.load(std::memory_order_acquire);
   if (tls_training_thread) {
     if (cur_phase(gp) == kBackward && g_active_backward.load(std::memory_order_acquire) == 0 &&
         !in_autograd_task()) {
@@ -543,6 +565,8 @@ void op_callback_want_inputs(int target);
 // Target now needs every op's record (or only the nodes'), if it still needs the
 // callback (else nothing).
 void op_callback_want_functions(int target, bool functions);
+// Target now needs every op's record with its inputs, if it still needs the callback.
+void op_callback_want_records(int target);
 // The variables the op recorder of `target` finds among an op's inputs.
 void clear_params(int target);
 int set_params(int target, const uint64_t* ptrs, const int32_t* ids, const int32_t* layers,
@@ -559,7 +583,9 @@ struct OpInputs {
 // looked up only after the same sizes allocated (the timeline's FLOPs depend on shapes).
 void op_seq_start(bool on, bool sizes);
 // At an iteration's start, on the training thread: whether it learns (needs inputs).
-bool op_seq_next_iteration();
+// `by_blocks`: nothing but leak hunting needs ops this iteration (no step timeline, no
+// memory history), so a looking-up iteration may take origins by block.
+bool op_seq_next_iteration(bool by_blocks);
 // A learning iteration's next op that took something from its inputs.
 void op_seq_learn(int32_t name, const OpInputs& took);
 // On the training thread, while op_seq_looking_up(): what the next op learned took, if
@@ -576,6 +602,22 @@ bool op_seq_looking_up();
 // The rest of this iteration asks for op inputs (registered anew, while the session
 // is on); `parted`: because it parted from the learned ops (the next iteration learns).
 void op_seq_ask_inputs(bool parted);
+// Leak hunting alone (no step timeline, no memory history) needs of each op only the
+// origin of the blocks it makes. So in its looking-up iterations the op callback is
+// registered for the autograd nodes only (ops keep the dispatcher's fast path, and no
+// record of any op is built), and each block's origin is the one learned for the block
+// made at its place in the iteration's allocations, of the same size and device, on the
+// training thread or on the others (CUDA's backward). The first block that differs
+// parts: the rest of the iteration has every op's record, with inputs, and the next
+// iteration learns again.
+// Whether this iteration's origins are the learned ones (no op records): read by the
+// op callback.
+bool op_seq_origins_learned();
+// The origin of the block of `size` bytes on `dev` born now on this thread: learned
+// (looking up) or from the op running (learning, and kept at its place).
+void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer);
+// Origins from records from now on in this iteration (the memory history started).
+void op_seq_stop_blocks();
 // The learned sequence's memory in use (the most entries ever written).
 uint64_t op_seq_bytes();
 // Ops of this session that took what they needed from the learned ones.

@@ -1,10 +1,11 @@
 // The one op callback's registration (the callback itself and the op recorder are in
-// ops.cpp): registered while a profiling session or a dry run needs it, with the ops'
+// ops.cpp): registered while a dry run or a profiling session needs it, with the ops'
 // inputs while either needs them, and for every op (FUNCTION scope) only while one
-// records ops: the dry run, leak hunting's op origins, the step timeline, the memory
-// history. A session without them (no leak hunting) needs only the autograd nodes'
-// records, which find its phases; libtorch then keeps ordinary ops on the dispatcher's
-// fast path, which builds no record at all. The profiled step asks for inputs only in the
+// records ops: the dry run, leak hunting's op origins in the iterations that learn
+// them, the step timeline, the memory history. A session without them (no leak
+// hunting, or leak hunting between the iterations that learn) registers none: its
+// phases come from the allocation hooks, and libtorch keeps every op on the
+// dispatcher's fast path, which builds no record at all. The profiled step asks for inputs only in the
 // iterations that learn what its ops take from them (op_seq.cpp), and from inside a
 // record for the rest of an iteration that parted from them.
 
@@ -29,9 +30,16 @@ bool g_has_functions = false;
 }  // namespace
 
 namespace {
-// Registers the callback as the targets need it now (under g_callback_mutex).
+// Registers the callback as the targets need it now (under g_callback_mutex). The
+// profiled step needs it only for inputs or every op's records: its phases need no
+// record (backward begins at the first allocation or free in the engine's graph task:
+// internal.h, backward_if_in_task), and a callback for the autograd nodes alone would
+// cost every node a rebuild of libtorch's thread-local callback lists (the engine sets
+// its thread-local state again for each node). The dry run always needs it.
 void register_callback_locked() {
-  const bool any = g_used[0] || g_used[1];
+  const bool step = g_used[MP_TARGET_STEP] &&
+      (g_inputs[MP_TARGET_STEP] || g_functions[MP_TARGET_STEP]);
+  const bool any = step || g_used[MP_TARGET_DRY_RUN];
   const bool want_inputs = g_inputs[0] || g_inputs[1];
   const bool want_outputs = g_outputs[0] || g_outputs[1];
   const bool want_functions = g_functions[0] || g_functions[1];
@@ -79,6 +87,16 @@ void op_callback_want_functions(int target, bool functions) {
     return;
   }
   g_functions[target] = functions;
+  register_callback_locked();
+}
+
+void op_callback_want_records(int target) {
+  std::lock_guard<std::mutex> lock(g_callback_mutex);
+  if (!g_used[target] || (g_inputs[target] && g_functions[target])) {
+    return;
+  }
+  g_inputs[target] = true;
+  g_functions[target] = true;
   register_callback_locked();
 }
 

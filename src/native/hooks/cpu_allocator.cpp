@@ -55,6 +55,7 @@ void tracked_delete(void* data) {
     // Unknown to the accounting, as CUDA's reporter ignores frees it never saw born.
     reg_remove(h->reg);
   } else if (h->magic == kMagic) {
+    phase_for_free();
     on_free(0, uint64_t(data), int64_t(h->size), h->gen, h->phase);
     count_watched_free(h->watched);
     reg_remove(h->reg);

@@ -85,6 +85,7 @@ struct Reporter final : public c10::MemoryReportingInfoBase {
       uint64_t tag = 0;
       uint32_t reg = kNoReg;
       if (table_remove(g_cuda_blocks, key, &tag, &reg)) {
+        phase_for_free();
         on_free(dev, key, slot_bytes(tag), slot_gen(tag), slot_phase(tag));
         reg_remove(reg);
         hist_append(dev, key, -slot_bytes(tag));

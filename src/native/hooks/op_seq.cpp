@@ -74,6 +74,35 @@ struct OpSeq {
 };
 constexpr uint32_t kMissedLimit = 3;
 OpSeq g_seq;
+
+// Leak hunting alone: the origin of each block, learned at its place in the iteration's
+// allocations (see internal.h, op_seq_block_origin). Two sequences: the training
+// thread's, and the other threads' together (CUDA's backward runs on the autograd
+// engine's device thread; two threads allocating at once make its order differ, which
+// parts, and the next iteration learns).
+struct LearnedBlock {
+  uint64_t key;  // size << 8 | device slot
+  int32_t op;
+  int32_t layer;
+};
+static_assert(sizeof(LearnedBlock) == 16, "the docs give a learned block's size");
+constexpr uint32_t kBlockCapacity = uint32_t(1) << 20;  // blocks an iteration and sequence
+
+enum BlockMode : int { kByRecords = 0, kLearnBlocks = 1, kLookUpBlocks = 2 };
+
+struct BlockSeq {
+  LearnedBlock* seq[2] = {nullptr, nullptr};  // reserved at the first session that uses it
+  uint32_t len[2] = {0, 0};                   // learned, by sequence
+  std::atomic<uint32_t> pos[2] = {{0}, {0}};  // blocks of this iteration so far
+  std::atomic<int> mode{kByRecords};          // this iteration's (BlockMode)
+  bool ready = false;  // the last iteration learned (or looked up without parting)
+  std::atomic<uint32_t> high_water{0};        // entries ever written, both sequences
+};
+BlockSeq g_blocks;
+
+inline uint64_t block_key(int dev, int64_t size) {
+  return (uint64_t(size) << 8) | uint64_t(dev & 0xff);
+}
 }  // namespace
 
 void op_seq_start(bool on, bool sizes) {
@@ -81,6 +110,18 @@ void op_seq_start(bool on, bool sizes) {
   if (on && !s.seq) {
     s.seq = reserve<Learned>(kCapacity);
   }
+  BlockSeq& b = g_blocks;
+  // Leak hunting alone learns its blocks' origins from the first iteration.
+  const bool blocks = on && !sizes && !g_hist_on.load();
+  if (blocks && !b.seq[0]) {
+    b.seq[0] = reserve<LearnedBlock>(kBlockCapacity);
+    b.seq[1] = reserve<LearnedBlock>(kBlockCapacity);
+  }
+  b.ready = false;
+  b.len[0] = b.len[1] = 0;
+  b.pos[0].store(0);
+  b.pos[1].store(0);
+  b.mode.store(blocks && b.seq[0] && b.seq[1] ? kLearnBlocks : kByRecords);
   s.on = on && s.seq;
   s.sizes = sizes;
   s.learning = true;
@@ -94,10 +135,42 @@ void op_seq_start(bool on, bool sizes) {
   tls_alloc_sig = 0;
 }
 
-bool op_seq_next_iteration() {
+namespace {
+// The iteration that ends leaves what it learned of its blocks (or whether its look-ups
+// held).
+void end_block_iteration() {
+  BlockSeq& b = g_blocks;
+  const int was = b.mode.load();
+  if (was == kLearnBlocks) {
+    for (int w = 0; w < 2; ++w) {
+      const uint32_t n = b.pos[w].load();
+      b.len[w] = n < kBlockCapacity ? n : kBlockCapacity;
+    }
+    b.ready = true;
+  } else if (was == kByRecords) {
+    b.ready = false;  // parted, or ops recorded for another reason: learn anew
+  }
+}
+
+// The next iteration learns its blocks, looks them up or takes origins from records.
+void next_block_mode(bool by_blocks, bool learning) {
+  BlockSeq& b = g_blocks;
+  b.pos[0].store(0);
+  b.pos[1].store(0);
+  int mode = kByRecords;
+  if (by_blocks && g_seq.on && !g_seq.sizes && b.seq[0] && b.seq[1]) {
+    mode = learning || !b.ready ? kLearnBlocks : kLookUpBlocks;
+  }
+  b.mode.store(mode);
+}
+}  // namespace
+
+bool op_seq_next_iteration(bool by_blocks) {
   OpSeq& s = g_seq;
   tls_alloc_sig = 0;
+  end_block_iteration();
   if (!s.on) {
+    next_block_mode(false, true);
     return true;
   }
   ++s.iterations;
@@ -110,13 +183,73 @@ bool op_seq_next_iteration() {
   }
   // Iterations 1 and 2 learn, then every kRelearnEvery-th and any after a miss.
   s.learning = s.iterations < 2 || s.mismatch.load() || s.iterations % kRelearnEvery == 0;
+  if (!s.learning && by_blocks && !g_blocks.ready) {
+    // Nothing learned of the blocks yet (the memory history ran): this one learns.
+    s.learning = true;
+  }
   s.mismatch.store(false);
   s.forced.store(false);
   s.pos = 0;
   if (s.learning) {
     s.len = 0;
   }
+  next_block_mode(by_blocks, s.learning);
   return s.learning;
+}
+
+bool op_seq_origins_learned() {
+  return g_blocks.mode.load(std::memory_order_relaxed) == kLookUpBlocks;
+}
+
+void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer) {
+  BlockSeq& b = g_blocks;
+  const int mode = b.mode.load(std::memory_order_relaxed);
+  if (mode == kByRecords) {
+    current_origin(op, layer);
+    return;
+  }
+  const int w = tls_training_thread ? 0 : 1;
+  const uint32_t i = b.pos[w].fetch_add(1, std::memory_order_relaxed);
+  const uint64_t key = block_key(dev, size);
+  if (mode == kLearnBlocks) {
+    current_origin(op, layer);
+    if (i < kBlockCapacity) {
+      b.seq[w][i] = LearnedBlock{key, *op, *layer};
+      // Pages touched: the most entries either sequence ever wrote.
+      if (i + 1 > b.high_water.load(std::memory_order_relaxed)) {
+        b.high_water.store(i + 1, std::memory_order_relaxed);
+      }
+    }
+    return;
+  }
+  if (i < b.len[w] && b.seq[w][i].key == key) {
+    *op = b.seq[w][i].op;
+    *layer = b.seq[w][i].layer;
+    std::atomic<uint64_t>& n = g_seq.looked_up;
+    n.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  // Parted: another block here than the learned one. It has no origin; the rest of the
+  // iteration has every op's record with inputs (registered anew), and the next one
+  // learns.
+  int expect = kLookUpBlocks;
+  if (b.mode.compare_exchange_strong(expect, kByRecords)) {
+    g_seq.mismatch.store(true, std::memory_order_relaxed);
+    g_seq.forced.store(true);
+    op_callback_want_records(MP_TARGET_STEP);
+  }
+  *op = -1;
+  *layer = -1;
+}
+
+void op_seq_stop_blocks() {
+  int expect = kLookUpBlocks;
+  if (g_blocks.mode.compare_exchange_strong(expect, kByRecords)) {
+    g_seq.forced.store(true);
+    op_callback_want_records(MP_TARGET_STEP);
+  } else {
+    g_blocks.mode.store(kByRecords);
+  }
 }
 
 namespace {
@@ -212,7 +345,8 @@ uint64_t op_seq_looked_up() {
 }
 
 uint64_t op_seq_bytes() {
-  return uint64_t(g_seq.high_water.load(std::memory_order_relaxed)) * sizeof(Learned);
+  return uint64_t(g_seq.high_water.load(std::memory_order_relaxed)) * sizeof(Learned) +
+      2 * uint64_t(g_blocks.high_water.load(std::memory_order_relaxed)) * sizeof(LearnedBlock);
 }
 
 }  // namespace memprof

@@ -556,7 +556,9 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       }
     }
     const bool steplog = g_steplog_on.load(std::memory_order_relaxed);
-    if (steplog || g_origin_on.load(std::memory_order_relaxed)) {
+    // Origins learned by block (op_seq.cpp) need no record of the nodes either.
+    if (steplog ||
+        (g_origin_on.load(std::memory_order_relaxed) && !op_seq_origins_learned())) {
       en.step |= bit;
       try {
         op_start<StepSink>(fn, backward_record, steplog);

@@ -160,6 +160,7 @@ int set_history(bool on, uint64_t max_entries) {
   g_hist_len.store(0);
   g_origin_on.store(true);  // snapshots list the registered live blocks
   g_hist_on.store(true);
+  op_seq_stop_blocks();  // the history's events take their op from records
   op_callback_want_functions(MP_TARGET_STEP, true);  // the origins are ops
   return 0;
 }

@@ -75,7 +75,7 @@ uint32_t reg_add(uint64_t ptr, int64_t size, uint32_t phase, int dev) {
   }
   int32_t op = -1;
   int32_t layer = -1;
-  current_origin(&op, &layer);
+  op_seq_block_origin(dev, size, &op, &layer);
   RegEntry& e = g_reg[idx];
   e.size.store(size, std::memory_order_relaxed);
   e.origin.store(

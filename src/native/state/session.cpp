@@ -111,6 +111,10 @@ void session_stop() {
   }
   g_steplog_on.store(false);
   g_detail_on.store(false);
+  // The memory history is the session's: a profiler dropped with it on leaves no
+  // history being written by the process's allocations, nor a next session that
+  // records every op for it.
+  g_hist_on.store(false);
   g_origin_on.store(false);
   clear_params(MP_TARGET_STEP);
   g_genphase.store(genphase(cur_gen(g_genphase.load()) + 1, kIdle));
@@ -147,9 +151,13 @@ int begin_iteration() {
   if (steplog) {
     begin_steplog(gen);
   }
-  const bool inputs = op_seq_next_iteration();
+  const bool history = g_hist_on.load();
+  const bool inputs = op_seq_next_iteration(!steplog && !history);
   if (steplog || g_session.leaks_requested) {
-    op_callback_use(MP_TARGET_STEP, true, inputs, false, true);
+    // Every op's record while something takes it from them: the step timeline, the
+    // memory history, leak hunting in an iteration that learns (or not by blocks).
+    const bool functions = steplog || history || !op_seq_origins_learned();
+    op_callback_use(MP_TARGET_STEP, true, inputs, false, functions);
   }
   for (auto& d : g_dev) {
     d.peak_iter.store(d.live.load());
