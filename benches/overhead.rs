@@ -52,9 +52,11 @@
 //!
 //! Options (after `--`): `--rounds N` (default 30), `--steps N` timed steps per child
 //! and round (default 10), `--threads N` libtorch's threads in each child (default 1),
-//! `--device cpu|cuda` (default cpu), `--model resnet18|mlp|attention`, `--batch N`
-//! (default 8, 16 for the MLP, 2 for attention) and `--image N` (ResNet-18's, default 64:
-//! the input is Nx3xIxI). A small input keeps every op and allocation of the step but little
+//! `--device cpu|cuda` (default cpu), `--model resnet18|mlp|attention|resnet50|gpt2`
+//! (the last two: GPU-bound steps on CUDA, ResNet-50 with SGD and GPT-2 small with
+//! AdamW), `--batch N` (default 8, 16 for the MLP, 2 for attention, 64 for ResNet-50, 8
+//! for GPT-2), `--image N` (the ResNets', default 64 and 224: the input is Nx3xIxI) and
+//! `--tokens N` (GPT-2's, default 1024). A small input keeps every op and allocation of the step but little
 //! of its arithmetic, so that the profiler's share shows. A child run by hand (without
 //! `--lockstep`) runs its warm-up and `--steps` steps and prints each step's time, in
 //! microseconds, a line each; so it runs under `valgrind --tool=callgrind` in minutes:
@@ -166,15 +168,21 @@ enum Model {
     /// Small transformer blocks at tiny widths with SGD: the same, with the ops of
     /// attention (layer norms, matmuls, softmax, reshapes).
     Attention,
+    /// ResNet-50 with SGD (batch 64x3x224x224 by default): a GPU-bound step on CUDA.
+    Resnet50,
+    /// GPT-2 small with AdamW (batch 8x1024 tokens by default): a GPU-bound step on CUDA.
+    Gpt2,
 }
 
-const MODELS: [(&str, Model); 3] = [
+const MODELS: [(&str, Model); 5] = [
     ("resnet18", Model::Resnet18),
     ("mlp", Model::Mlp),
     ("attention", Model::Attention),
+    ("resnet50", Model::Resnet50),
+    ("gpt2", Model::Gpt2),
 ];
 
-/// `--model resnet18|mlp|attention` (default resnet18).
+/// `--model resnet18|mlp|attention|resnet50|gpt2` (default resnet18).
 fn model() -> Model {
     let name = arg_str("--model").unwrap_or_else(|| "resnet18".into());
     MODELS
@@ -182,7 +190,9 @@ fn model() -> Model {
         .find(|(n, _)| *n == name)
         .map(|&(_, m)| m)
         .unwrap_or_else(|| {
-            eprintln!("overhead: --model {name}: expected resnet18, mlp or attention");
+            eprintln!(
+                "overhead: --model {name}: expected resnet18, mlp, attention, resnet50 or gpt2"
+            );
             std::process::exit(2)
         })
 }
@@ -210,6 +220,15 @@ impl Model {
             Model::Attention => format!(
                 "launch-bound proxy: {ATT_BLOCKS} transformer blocks, width {ATT_WIDTH}, {ATT_HEADS} heads, batch {}x{ATT_TOKENS}, SGD",
                 arg("--batch", 2)
+            ),
+            Model::Resnet50 => {
+                let (batch, image) = (arg("--batch", 64), arg("--image", 224));
+                format!("ResNet-50 training step, batch {batch}x3x{image}x{image}, SGD")
+            }
+            Model::Gpt2 => format!(
+                "GPT-2 small training step, batch {}x{} tokens, AdamW",
+                arg("--batch", 8),
+                arg("--tokens", 1024)
             ),
         }
     }
@@ -247,14 +266,55 @@ fn attention_block(p: nn::Path) -> impl ModuleT {
     })
 }
 
-/// Builds `model` in `vs`; the step's input and its targets' classes.
-fn build(model: Model, vs: &nn::VarStore) -> (Box<dyn ModuleT>, Vec<i64>, i64) {
+/// The step's input and its targets: a batch of random images (or vectors) and class
+/// ids, or of token ids and next-token ids.
+enum Batch {
+    Dense { shape: Vec<i64>, classes: i64 },
+    Tokens { batch: i64, tokens: i64, vocab: i64 },
+}
+
+impl Batch {
+    fn make(&self, dev: Device) -> (Tensor, Tensor) {
+        match *self {
+            Batch::Dense { ref shape, classes } => (
+                Tensor::randn(shape.as_slice(), (Kind::Float, dev)),
+                Tensor::randint(classes, [shape[0]], (Kind::Int64, dev)),
+            ),
+            Batch::Tokens {
+                batch,
+                tokens,
+                vocab,
+            } => (
+                Tensor::randint(vocab, [batch, tokens], (Kind::Int64, dev)),
+                Tensor::randint(vocab, [batch * tokens], (Kind::Int64, dev)),
+            ),
+        }
+    }
+}
+
+/// Builds `model` in `vs`, with its batch.
+fn build(model: Model, vs: &nn::VarStore) -> (Box<dyn ModuleT>, Batch) {
     let root = vs.root();
+    let dense = |shape: Vec<i64>, classes| Batch::Dense { shape, classes };
     match model {
         Model::Resnet18 => {
             let (batch, image) = (arg("--batch", 8) as i64, arg("--image", 64) as i64);
             let net = tch::vision::resnet::resnet18(&root, 10);
-            (Box::new(net), vec![batch, 3, image, image], 10)
+            (Box::new(net), dense(vec![batch, 3, image, image], 10))
+        }
+        Model::Resnet50 => {
+            let (batch, image) = (arg("--batch", 64) as i64, arg("--image", 224) as i64);
+            let net = tch::vision::resnet::resnet50(&root, 1000);
+            (Box::new(net), dense(vec![batch, 3, image, image], 1000))
+        }
+        Model::Gpt2 => {
+            let net = tch_memprof::estimate::models::gpt2(&root);
+            let batch = Batch::Tokens {
+                batch: arg("--batch", 8) as i64,
+                tokens: arg("--tokens", 1024) as i64,
+                vocab: 50257,
+            };
+            (Box::new(net), batch)
         }
         Model::Mlp => {
             let mut seq = nn::seq_t();
@@ -268,11 +328,8 @@ fn build(model: Model, vs: &nn::VarStore) -> (Box<dyn ModuleT>, Vec<i64>, i64) {
                     ))
                     .add_fn(|x| x.relu());
             }
-            (
-                Box::new(seq),
-                vec![arg("--batch", 16) as i64, MLP_WIDTH],
-                MLP_WIDTH,
-            )
+            let batch = arg("--batch", 16) as i64;
+            (Box::new(seq), dense(vec![batch, MLP_WIDTH], MLP_WIDTH))
         }
         Model::Attention => {
             let mut seq = nn::seq_t();
@@ -281,10 +338,10 @@ fn build(model: Model, vs: &nn::VarStore) -> (Box<dyn ModuleT>, Vec<i64>, i64) {
             }
             let head = nn::linear(&root / "head", ATT_WIDTH, ATT_WIDTH, Default::default());
             let seq = seq.add_fn(|x| x.mean_dim(1, false, Kind::Float)).add(head);
+            let batch = arg("--batch", 2) as i64;
             (
                 Box::new(seq),
-                vec![arg("--batch", 2) as i64, ATT_TOKENS, ATT_WIDTH],
-                ATT_WIDTH,
+                dense(vec![batch, ATT_TOKENS, ATT_WIDTH], ATT_WIDTH),
             )
         }
     }
@@ -296,11 +353,13 @@ fn child(mode: Mode, steps: usize, dev: Device) {
     let model = model();
     let profiled = !matches!(mode, Mode::Baseline | Mode::Control);
     let vs = nn::VarStore::new(dev);
-    let (net, input, classes) = build(model, &vs);
-    let batch = input[0];
+    let (net, batch) = build(model, &vs);
     let mut opt = match model {
         Model::Resnet18 => nn::Adam::default().build(&vs, 1e-3).unwrap(),
-        Model::Mlp | Model::Attention => nn::Sgd::default().build(&vs, 1e-3).unwrap(),
+        Model::Gpt2 => nn::AdamW::default().build(&vs, 1e-4).unwrap(),
+        Model::Mlp | Model::Attention | Model::Resnet50 => {
+            nn::Sgd::default().build(&vs, 1e-3).unwrap()
+        }
     };
     let mut profiler = profiled.then(|| {
         tch_memprof::MemoryProfiler::builder(&vs)
@@ -313,8 +372,7 @@ fn child(mode: Mode, steps: usize, dev: Device) {
     let lockstep = std::env::args().any(|a| a == "--lockstep");
     let mut step = || {
         let t0 = Instant::now();
-        let x = Tensor::randn(input.as_slice(), (Kind::Float, dev));
-        let y = Tensor::randint(classes, [batch], (Kind::Int64, dev));
+        let (x, y) = batch.make(dev);
         let loss = net.forward_t(&x, true).cross_entropy_for_logits(&y);
         opt.zero_grad();
         loss.backward();
@@ -519,7 +577,7 @@ fn count_step(exe: &Path, dev: Device) -> (u64, u64) {
     let mut cmd = Command::new(exe);
     cmd.args(["--count", "--steps", "1"]);
     cmd.args(["--threads", &arg("--threads", 1).to_string()]);
-    for name in ["--batch", "--image", "--model"] {
+    for name in ["--batch", "--image", "--tokens", "--model"] {
         if let Some(v) = arg_str(name) {
             cmd.args([name, &v]);
         }
@@ -544,7 +602,7 @@ fn spawn(exe: &Path, mode: Mode, dev: Device) -> Child {
     let mut cmd = Command::new(exe);
     cmd.arg("--lockstep");
     cmd.args(["--threads", &arg("--threads", 1).to_string()]);
-    for name in ["--batch", "--image", "--model"] {
+    for name in ["--batch", "--image", "--tokens", "--model"] {
         if let Some(v) = arg_str(name) {
             cmd.args([name, &v]);
         }

@@ -1,6 +1,8 @@
 //! How the profiler's own calls grow with the work they see: `record_stats` and
 //! `epoch_end` against 100, 1,000, 10,000 and 100,000 variables, and `epoch_end` (the
-//! leak hunt) against 10,000 and 1,000,000 live blocks in the leak registry.
+//! leak hunt) against 10,000 and 1,000,000 live blocks in the leak registry; and the
+//! CUDA accounting's cost a report (the caching allocator's reports of fake blocks
+//! driven through the reporter on the CPU, on the training thread and on another).
 //!
 //!     scripts/with-libtorch.sh cargo bench --bench scaling
 //!
@@ -200,5 +202,47 @@ fn main() {
         assert_eq!(p.failures(), 0);
         drop(held);
         println!("| {blocks} | {:.1} us | {:.1} us |", us(epoch), us(record));
+    }
+    cuda_accounting();
+}
+
+/// The CUDA accounting path's cost a report, without a GPU: the caching allocator's
+/// reports of 10,000 fake cuda:0 blocks born, then dead, handed to the reporter as
+/// libtorch hands them (the CUDA block table, the device counters, the generation
+/// slots, and with leak hunting the live-block registry and the blocks' origins), with
+/// no session, a session without leak hunting and a default one, on the training
+/// thread and on a thread of its own (CUDA's backward reports from the autograd
+/// engine's device thread). The median of 20 runs, per report.
+fn cuda_accounting() {
+    const BLOCKS: u64 = 10_000;
+    println!();
+    println!("| CUDA reports (driven on the CPU) | training thread | another thread |");
+    println!("|---|---:|---:|");
+    let vs = store(100);
+    for (name, session) in [
+        ("no session", None),
+        ("profiler without leak hunting", Some(false)),
+        ("default profiler (leak hunting on)", Some(true)),
+    ] {
+        let p = session.map(|leaks| {
+            MemoryProfiler::builder(&vs)
+                .print(false)
+                .csv(false)
+                .leak_check(leaks)
+                .build()
+                .expect("profiler")
+        });
+        let per_report = |other: bool| {
+            let runs: Vec<Duration> = (0..20)
+                .map(|_| {
+                    tch_memprof::__private::cuda_report_cost(BLOCKS, other)
+                        .expect("the CUDA reports")
+                })
+                .collect();
+            median(runs).as_secs_f64() * 1e9 / (2 * BLOCKS) as f64
+        };
+        let (here, there) = (per_report(false), per_report(true));
+        println!("| {name} | {here:.0} ns | {there:.0} ns |");
+        drop(p);
     }
 }

@@ -10,6 +10,7 @@
 #
 #   scripts/with-libtorch.sh scripts/overhead-instructions.sh                  # 1x3x16x16
 #   scripts/with-libtorch.sh scripts/overhead-instructions.sh --batch 8 --image 64
+#   scripts/with-libtorch.sh scripts/overhead-instructions.sh --model mlp      # launch-bound
 #
 # The default input is small: the step keeps every op, allocation and Adam update of the
 # timed bench's (8x3x64x64), so the profiler's instructions are the same, while the
@@ -59,7 +60,7 @@ for mode in "${modes[@]}"; do
 done
 
 total() { sed -n 's/^summary: *\([0-9]*\).*/\1/p' "$out/$1"; }
-echo "instructions a training step (ResNet-18, Adam, ${shape[*]}), callgrind,"
+echo "instructions a training step (the overhead bench's ${shape[*]}), callgrind,"
 echo "from $few and $many steps after 5 warm-up steps:"
 base=$(( ($(total "baseline.$many") - $(total "baseline.$few")) / (many - few) ))
 for mode in "${modes[@]}"; do

@@ -244,7 +244,8 @@ pub mod __private {
         (r.live, r.high_water, r.dropped)
     }
     /// Ops of this session that took their layer, variable or FLOPs from the ones learned
-    /// in an earlier iteration, not from their inputs.
+    /// in an earlier iteration, not from their inputs; with leak hunting alone, the
+    /// blocks that took their origin from the learned ones.
     pub fn looked_up_ops() -> u64 {
         crate::ffi::registry().map_or(0, |r| r.looked_up_ops)
     }
@@ -270,6 +271,13 @@ pub mod __private {
     /// [`hook_reentries`].
     pub fn reenter_hook_on_purpose() -> Result<(), String> {
         crate::ffi::selftest_reenter().map_err(|e| e.to_string())
+    }
+    /// The CUDA accounting path (the caching allocator's reporter, the CUDA block table,
+    /// the live-block registry and history when a session has them on) driven without a
+    /// GPU: `n` fake cuda:0 blocks reported born, then dead; the time of the `2 n`
+    /// reports, on this thread or on a thread of its own (as CUDA's backward reports).
+    pub fn cuda_report_cost(n: u64, other_thread: bool) -> Result<std::time::Duration, String> {
+        crate::ffi::cuda_report_cost(n, other_thread).map_err(|e| e.to_string())
     }
     /// Inserts, finds and removes `n` fake CUDA blocks per writer in a small native block
     /// table with two concurrent writers; the mismatches (0 when the table is right).

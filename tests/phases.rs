@@ -1,7 +1,8 @@
-//! The phases without leak hunting: the profiler then records only the autograd nodes
-//! (ordinary ops stay on libtorch's fast path), so the engine's own work between two
-//! nodes (a gradient summed in an input buffer, a broadcast gradient reduced to its
-//! variable's shape) runs with no record open. It is still backward: every number
+//! The phases without leak hunting: the profiler then registers no op callback (every op
+//! stays on libtorch's fast path; backward begins at the first allocation or free in the
+//! engine's graph task), so the engine's own work between two nodes (a gradient summed
+//! in an input buffer, a broadcast gradient reduced to its variable's shape) runs with
+//! no record open. It is still backward: every number
 //! equals the default profiler's (which records every op), byte for byte, in an
 //! iteration with one backward pass and in one with two (gradient accumulation).
 
@@ -113,10 +114,7 @@ fn ops_are_recorded_only_while_something_needs_them() {
             .leak_check(false)
             .build()
             .unwrap();
-        assert!(
-            !records_every_op(),
-            "without leak hunting: the autograd nodes only"
-        );
+        assert!(!records_every_op(), "without leak hunting: no op record");
     }
     {
         let _default = MemoryProfiler::builder(&vs).print(false).build().unwrap();
@@ -134,5 +132,5 @@ fn ops_are_recorded_only_while_something_needs_them() {
         "the memory history takes each block's op"
     );
     core.stop_memory_history().unwrap();
-    assert!(!records_every_op(), "history stopped: the nodes only again");
+    assert!(!records_every_op(), "history stopped: no op record again");
 }

@@ -73,6 +73,28 @@ step() {
   names+=("$name")
 }
 mkdir -p out
+# First: the profiler's cost on the GPU (benches/overhead.rs), the modes taking turns
+# step by step, 20 rounds of 20 steps each (enough to see 1%: the control child's ratio
+# says what the run cannot tell from none): the launch-bound MLP proxy (a small step:
+# the CPU only launches, so the profiler's per-op and per-allocation cost shows in
+# full), then two GPU-bound steps, ResNet-50 at 64x3x224x224 with SGD and GPT-2 small at
+# 8x1024 with AdamW, where every mode should be within 1%.
+step "overhead on cuda, launch-bound MLP step" 150 ./overhead --device cuda --model mlp --rounds 20 --steps 20
+# Where the small step's time goes, as the kernel counts it (perf, where this machine
+# has it): the plain loop and the default profiler, 400 steps each after the warm-up.
+perf_small_step() {
+  command -v perf >/dev/null || { echo "perf: not on this machine (nothing measured)"; return 1; }
+  local mode
+  for mode in baseline profiled; do
+    echo "--- $mode"
+    env $([ $mode = baseline ] && echo TCH_MEMPROF_DISABLE=1) TCH_MEMPROF_BENCH_MODE=$mode \
+      perf stat -e task-clock,context-switches,cpu-migrations,page-faults,instructions,cycles \
+      ./overhead --device cuda --model mlp --steps 400 >/dev/null || return 1
+  done
+}
+step "perf stat of the launch-bound step on cuda" 60 perf_small_step
+step "overhead on cuda, ResNet-50 64x3x224x224 SGD" 240 ./overhead --device cuda --model resnet50 --rounds 20 --steps 20
+step "overhead on cuda, GPT-2 small 8x1024 AdamW" 300 ./overhead --device cuda --model gpt2 --rounds 20 --steps 20
 step "allocated == allocator counter, calls, snapshots, OOM" 60 ./cuda_test --nocapture --test-threads 1
 step "CUDA-style accounting of blocks made before the session (CPU)" 60 ./cuda_accounting_test --nocapture
 weights_shown() {
@@ -82,8 +104,7 @@ weights_shown() {
   ! grep -qh "Max Weights Memory (GB): 0.000" out/memory_summary_bs16.txt memory_summary_bs16.txt 2>/dev/null
 }
 step "step timeline on cuda shows the weights" 120 weights_shown
-# The profiler's cost on a GPU, where a small step is CPU-bound: ratios to the plain loop
-# measured in the same run (benches/overhead.rs).
+# The earlier versions' measurement (ResNet-18 at 8x3x64x64, Adam), for comparison.
 step "overhead of each profiler mode on cuda (ResNet-18 step)" 180 ./overhead --device cuda --rounds 6 --steps 40
 step "deployment table on cuda (a clean allocator per model)" 120 ./deployment_peak --device cuda --explain --output out/deployment_peak.csv
 

@@ -24,6 +24,7 @@ extern "C" {
     fn memprof_adopt_blocks(tensors: *const *const c_void, n: usize, bytes: *mut i64) -> i32;
     fn memprof_forget_cpu_blocks() -> i32;
     fn memprof_selftest_block_table(n: u64, errors: *mut u64) -> i32;
+    fn memprof_cuda_report_cost(n: u64, other_thread: i32, ns: *mut u64) -> i32;
 }
 
 /// `MpBlock`: the native layout of a [`TensorBlock`].
@@ -321,6 +322,16 @@ pub(crate) fn watched_frees() -> Result<WatchedFrees> {
 /// long as it lives. Only compared, never turned back into a pointer.
 pub(crate) fn tensor_handle(t: &Tensor) -> usize {
     t.as_ptr() as usize
+}
+
+/// The CUDA accounting path without a GPU: `n` fake cuda:0 blocks reported born, then
+/// dead, to a reporter as the caching allocator reports them, on this thread or on a
+/// thread of its own; the time of the `2 n` reports.
+pub(crate) fn cuda_report_cost(n: u64, other_thread: bool) -> Result<std::time::Duration> {
+    let mut ns = 0;
+    // SAFETY: `ns` is a valid out-pointer.
+    check(unsafe { memprof_cuda_report_cost(n, other_thread as i32, &mut ns) })?;
+    Ok(std::time::Duration::from_nanos(ns))
 }
 
 /// Self-check of the native CUDA block table without a GPU: inserts, finds and removes

@@ -223,6 +223,15 @@ int memprof_forget_cpu_blocks(void) noexcept {
   });
 }
 
+int memprof_cuda_report_cost(uint64_t n, int32_t other_thread, uint64_t* ns) noexcept {
+  return guarded("memprof_cuda_report_cost", [&]() -> int {
+    if (!given(ns, "memprof_cuda_report_cost")) {
+      return -1;
+    }
+    return cuda_report_cost(n, other_thread, ns);
+  });
+}
+
 int memprof_selftest_block_table(uint64_t n, uint64_t* errors) noexcept {
   return guarded("memprof_selftest_block_table", [&]() -> int {
     if (!given(errors, "memprof_selftest_block_table")) {

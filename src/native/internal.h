@@ -77,7 +77,7 @@ void session_stop();
 // history stops).
 bool session_leaks_requested();
 // Whether the profiled step records ops now (leak hunting's origins, the step timeline,
-// the memory history), not only the autograd nodes that find its phases.
+// the memory history); its phases need no record (backward_if_in_task).
 bool step_records_ops();
 int begin_iteration();
 void read_state(MpState* out);
@@ -472,6 +472,10 @@ void fill_block(const at::Tensor& t, bool grad, MpBlock* out, bool watch = false
 void fill_blocks(const void* const* tensors, size_t n, MpBlock* blocks, MpBlock* grads,
                  int32_t flags);
 int selftest_block_table(uint64_t n, uint64_t* errors);
+// The CUDA accounting's cost without a GPU (cuda.cpp): n births then n deaths of fake
+// cuda:0 blocks reported to a reporter as the caching allocator reports them, on this
+// thread or on a thread of its own (CUDA's backward); *ns: the time of the 2n reports.
+int cuda_report_cost(uint64_t n, int32_t other_thread, uint64_t* ns);
 // Adopts the blocks behind n tensors and their .grad that the counters never saw born
 // (CUDA blocks from before the session's reporter; CPU blocks in the test mode): tagged
 // as born before the session in the forward phase, counted live from now on, their frees
@@ -603,9 +607,9 @@ bool op_seq_looking_up();
 // is on); `parted`: because it parted from the learned ops (the next iteration learns).
 void op_seq_ask_inputs(bool parted);
 // Leak hunting alone (no step timeline, no memory history) needs of each op only the
-// origin of the blocks it makes. So in its looking-up iterations the op callback is
-// registered for the autograd nodes only (ops keep the dispatcher's fast path, and no
-// record of any op is built), and each block's origin is the one learned for the block
+// origin of the blocks it makes. So in its looking-up iterations no op callback is
+// registered (ops keep the dispatcher's fast path, and no record of any op or node is
+// built), and each block's origin is the one learned for the block
 // made at its place in the iteration's allocations, of the same size and device, on the
 // training thread or on the others (CUDA's backward). The first block that differs
 // parts: the rest of the iteration has every op's record, with inputs, and the next
@@ -620,7 +624,8 @@ void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer);
 void op_seq_stop_blocks();
 // The learned sequence's memory in use (the most entries ever written).
 uint64_t op_seq_bytes();
-// Ops of this session that took what they needed from the learned ones.
+// Ops (and, leak hunting alone, blocks) of this session that took what they needed
+// from the learned ones.
 uint64_t op_seq_looked_up();
 // The dry run's op stack on this thread (the meta trace's current op).
 extern thread_local OpStack tls_dry_ops;

@@ -560,6 +560,9 @@ int memprof_script_tensor(void* module, int32_t which, uint64_t index, uint64_t*
 // deliberate re-entry of the CPU allocation hook (the negative control of
 // MpState.hook_reentries).
 int memprof_selftest_block_table(uint64_t n, uint64_t* errors) MP_NOEXCEPT;
+// The CUDA accounting path driven without a GPU: n fake cuda:0 blocks reported born and
+// then dead, on this thread (other_thread 0) or another; *ns: the time of the reports.
+int memprof_cuda_report_cost(uint64_t n, int32_t other_thread, uint64_t* ns) MP_NOEXCEPT;
 int memprof_selftest_reenter(void) MP_NOEXCEPT;
 
 #ifdef __cplusplus

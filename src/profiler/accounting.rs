@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::hash::BuildHasher;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use crate::ffi::BackwardEvent;
 
@@ -21,20 +21,18 @@ pub fn intermediate_peak<S: BuildHasher>(
     grads: &HashSet<u64, S>,
 ) -> u64 {
     let events: Vec<&BackwardEvent> = events.iter().filter(|e| e.device == device).collect();
-    // Births still alive at the end, by address.
-    let mut alive: FxHashMap<u64, usize> = FxHashMap::default();
-    for (i, e) in events.iter().enumerate() {
-        if e.delta > 0 {
-            alive.insert(e.ptr, i);
-        } else {
-            alive.remove(&e.ptr);
+    // A weight gradient's birth: the last event at a gradient's address, if it is a
+    // birth (still alive at the end). Found from the end, with one look-up in `grads`
+    // an event and a set of the gradients' addresses already decided: no map of every
+    // block born in backward (rebuilt each iteration, it cost more than the rest of
+    // record_stats on a step of many small ops).
+    let mut decided: FxHashSet<u64> = FxHashSet::default();
+    let mut grad_births = vec![false; events.len()];
+    for (i, e) in events.iter().enumerate().rev() {
+        if grads.contains(&e.ptr) && decided.insert(e.ptr) {
+            grad_births[i] = e.delta > 0;
         }
     }
-    let grad_births: FxHashSet<usize> = alive
-        .iter()
-        .filter(|(ptr, _)| grads.contains(ptr))
-        .map(|(_, &i)| i)
-        .collect();
     let mut peak: i64 = 0;
     let mut running: i64 = 0;
     let mut pass = None;
@@ -43,7 +41,7 @@ pub fn intermediate_peak<S: BuildHasher>(
             pass = Some(e.generation);
             running = 0;
         }
-        if grad_births.contains(&i) {
+        if grad_births[i] {
             continue;
         }
         running += e.delta;

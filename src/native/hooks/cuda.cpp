@@ -18,12 +18,14 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -230,6 +232,52 @@ void load_cuda() {
   }
   g_cuda_loaded.store(true);
   set_message("loaded " + path);
+}
+
+int cuda_report_cost(uint64_t n, int32_t other_thread, uint64_t* ns) {
+  if (n == 0 || n > (uint64_t(1) << 18)) {
+    set_error("cuda_report_cost: n must be between 1 and 262144");
+    return -1;
+  }
+  if (!g_cuda_blocks.slots) {
+    g_cuda_blocks.slots = reserve<BlockSlot>(uint64_t(1) << 20);
+    g_cuda_blocks.mask = (uint64_t(1) << 20) - 1;
+    if (!g_cuda_blocks.slots) {
+      set_error("the CUDA block table could not be reserved (mmap failed)");
+      return -1;
+    }
+  }
+  // n blocks of a step's sizes (512 B to 2 MiB, rounded to 512 as the caching allocator
+  // does) born, then freed in the same order, at addresses no real block has.
+  auto run = [n](uint64_t* out) {
+    Reporter r;
+    const c10::Device dev(c10::DeviceType::CUDA, 0);
+    constexpr uint64_t kBase = uint64_t(0x7e00) << 32;
+    size_t total = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (uint64_t i = 0; i < n; ++i) {
+      const int64_t size = int64_t(512 * (1 + (i * 2654435761u) % 4096));
+      total += size_t(size);
+      r.reportMemoryUsage(reinterpret_cast<void*>(kBase + i * (uint64_t(4) << 20)), size, total,
+                          total, dev);
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+      const int64_t size = int64_t(512 * (1 + (i * 2654435761u) % 4096));
+      total -= size_t(size);
+      r.reportMemoryUsage(reinterpret_cast<void*>(kBase + i * (uint64_t(4) << 20)), -size, total,
+                          total, dev);
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    *out = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+  };
+  if (other_thread) {
+    // As CUDA's backward reports, from a thread that is not the training thread.
+    std::thread t(run, ns);
+    t.join();
+  } else {
+    run(ns);
+  }
+  return 0;
 }
 
 void push_cuda_reporter() {

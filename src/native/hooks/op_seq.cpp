@@ -71,6 +71,8 @@ struct OpSeq {
   std::atomic<uint32_t> high_water{0};
   // Ops of this session that took what they needed from the learned ones.
   std::atomic<uint64_t> looked_up{0};
+  // Blocks of other threads that took their learned origin (many writers).
+  std::atomic<uint64_t> looked_up_other{0};
 };
 constexpr uint32_t kMissedLimit = 3;
 OpSeq g_seq;
@@ -132,6 +134,7 @@ void op_seq_start(bool on, bool sizes) {
   s.iterations = 0;
   s.missed = 0;
   s.looked_up.store(0);
+  s.looked_up_other.store(0);
   tls_alloc_sig = 0;
 }
 
@@ -209,7 +212,13 @@ void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer) {
     return;
   }
   const int w = tls_training_thread ? 0 : 1;
-  const uint32_t i = b.pos[w].fetch_add(1, std::memory_order_relaxed);
+  // The training thread's position has one writer: no read-modify-write (a locked
+  // instruction an allocation).
+  const uint32_t i = w == 0 ? b.pos[0].load(std::memory_order_relaxed)
+                            : b.pos[1].fetch_add(1, std::memory_order_relaxed);
+  if (w == 0) {
+    b.pos[0].store(i + 1, std::memory_order_relaxed);
+  }
   const uint64_t key = block_key(dev, size);
   if (mode == kLearnBlocks) {
     current_origin(op, layer);
@@ -225,8 +234,12 @@ void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer) {
   if (i < b.len[w] && b.seq[w][i].key == key) {
     *op = b.seq[w][i].op;
     *layer = b.seq[w][i].layer;
-    std::atomic<uint64_t>& n = g_seq.looked_up;
-    n.fetch_add(1, std::memory_order_relaxed);
+    if (w == 0) {
+      std::atomic<uint64_t>& n = g_seq.looked_up;  // one writer, the training thread
+      n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    } else {
+      g_seq.looked_up_other.fetch_add(1, std::memory_order_relaxed);
+    }
     return;
   }
   // Parted: another block here than the learned one. It has no origin; the rest of the
@@ -341,7 +354,8 @@ void op_seq_ask_inputs(bool parted) {
 }
 
 uint64_t op_seq_looked_up() {
-  return g_seq.looked_up.load(std::memory_order_relaxed);
+  return g_seq.looked_up.load(std::memory_order_relaxed) +
+      g_seq.looked_up_other.load(std::memory_order_relaxed);
 }
 
 uint64_t op_seq_bytes() {
