@@ -194,9 +194,12 @@ bool in_autograd_task();
 // the engine's thread-local state, set again for every node it runs, has no callback
 // to rebuild its lists for. Nothing is allocated or freed between the first node's
 // start and this event: the feature maps measured at the transition are the same.
+// Whether this thread runs an estimator's dry run (dryrun/trace.cpp): its backward is
+// the dry run's, not the profiled step's.
+bool dry_run_thread();
 inline void backward_if_in_task(uint64_t gp) {
   const uint32_t ph = cur_phase(gp);
-  if ((ph == kForward || ph == kOptimizer) && in_autograd_task()) {
+  if ((ph == kForward || ph == kOptimizer) && in_autograd_task() && !dry_run_thread()) {
     transition(ph, kBackward);
   }
 }
