@@ -498,3 +498,34 @@ fn leak_hunting_records_ops_only_in_the_iterations_that_learn() {
     assert!(tch_memprof::__private::looked_up_ops() > 0);
     assert_eq!(profiler.failures(), 0);
 }
+
+/// An iteration that makes fewer blocks than the learned one (a last op skipped) looks
+/// every block it made up and never parts: the next iteration learns again all the same.
+#[test]
+fn an_iteration_that_makes_fewer_blocks_than_the_learned_one_makes_the_next_learn() {
+    use tch_memprof::__private::records_every_op;
+    let _serial = common::serial();
+    tch::manual_seed(0);
+    let Mlp { vs, net, mut opt } = mlp_with_adam(1e-4);
+    let mut profiler = MemoryProfiler::builder(&vs).print(false).build().unwrap();
+    let mut step = |tail: bool| {
+        train_step(&net, &mut opt);
+        if tail {
+            // A block the learned iterations made last.
+            let _ = Tensor::ones([3], (Kind::Float, Device::Cpu));
+        }
+    };
+    for k in 1..=4u64 {
+        step(true);
+        profiler.record_stats();
+        assert_eq!(records_every_op(), k < 2, "after record_stats {k}");
+    }
+    step(false);
+    assert!(
+        !records_every_op(),
+        "fewer blocks: no parting within the iteration"
+    );
+    profiler.record_stats();
+    assert!(records_every_op(), "the iteration after it learns");
+    assert_eq!(profiler.failures(), 0);
+}

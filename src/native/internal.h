@@ -76,8 +76,10 @@ void session_stop();
 // Whether the running session asked for leak hunting (restored when the memory
 // history stops).
 bool session_leaks_requested();
-// Whether the profiled step records ops now (leak hunting's origins, the step timeline,
-// the memory history); its phases need no record (backward_if_in_task).
+// Whether the profiled step needs ops recorded (leak hunting's origins, the step
+// timeline, the memory history): leak hunting alone records them only in the
+// iterations that learn its blocks' origins; its phases need no record
+// (backward_if_in_task).
 bool step_records_ops();
 int begin_iteration();
 void read_state(MpState* out);
@@ -187,6 +189,10 @@ bool transition(uint32_t from, uint32_t to);
 // reduced), where no node's record is open.
 bool in_autograd_task();
 
+// Whether this thread runs an estimator's dry run (dryrun/trace.cpp): its backward is
+// the dry run's, not the profiled step's.
+bool dry_run_thread();
+
 // Forward (or optimizer) -> backward at the first allocation or free inside the autograd
 // engine's graph task, on any thread (CUDA's backward runs on the engine's device
 // thread). No op record is needed for it, so a session that needs none registers no op
@@ -194,9 +200,6 @@ bool in_autograd_task();
 // the engine's thread-local state, set again for every node it runs, has no callback
 // to rebuild its lists for. Nothing is allocated or freed between the first node's
 // start and this event: the feature maps measured at the transition are the same.
-// Whether this thread runs an estimator's dry run (dryrun/trace.cpp): its backward is
-// the dry run's, not the profiled step's.
-bool dry_run_thread();
 inline void backward_if_in_task(uint64_t gp) {
   const uint32_t ph = cur_phase(gp);
   if ((ph == kForward || ph == kOptimizer) && in_autograd_task() && !dry_run_thread()) {

@@ -19,8 +19,10 @@
 //
 // Where they part (another op, or the same ops on blocks of other sizes: a batch of
 // another shape, whose FLOPs differ):
-// - leak hunting alone: the rest of the iteration has no layer (`(none)`, not the layer
-//   that ran last: that may be wrong there);
+// - leak hunting with the memory history: the rest of the iteration has no layer
+//   (`(none)`, not the layer that ran last: that may be wrong there); leak hunting
+//   alone learns its blocks' origins instead (below, BlockSeq), and registers no op
+//   callback between its learning iterations;
 // - with the step timeline: that op's FLOPs are logged as not counted, and the rest of
 //   the iteration asks for inputs again (the callback is registered anew, with them),
 //   so every later op is counted from its own inputs. A timeline op whose end parts
@@ -29,12 +31,14 @@
 // Either way the next iteration learns again. A loop that does not repeat itself (three
 // looking-up iterations in a row that parted) gets inputs for every op from then on.
 //
-// State of the training thread only (the thread that started the session): read and
-// written by its op callbacks, its allocations and begin_iteration, which it runs; only
-// the count of entries ever written, the looked-up count and the parting flags are read
-// or written by other threads. Ops on other threads (CUDA's backward runs on the
-// autograd engine's device thread) do not look up: with the timeline, the first of them
-// without inputs makes the rest of the iteration ask for them (not a parting).
+// The learned ops are state of the training thread only (the thread that started the
+// session): read and written by its op callbacks, its allocations and begin_iteration,
+// which it runs; only the count of entries ever written, the looked-up count and the
+// parting flags are read or written by other threads. Ops on other threads (CUDA's
+// backward runs on the autograd engine's device thread) do not look up: with the
+// timeline, the first of them without inputs makes the rest of the iteration ask for
+// them (not a parting). The learned blocks have a second sequence for the other
+// threads' blocks, looked up by them.
 
 #include "../internal.h"
 
@@ -94,11 +98,12 @@ enum BlockMode : int { kByRecords = 0, kLearnBlocks = 1, kLookUpBlocks = 2 };
 
 struct BlockSeq {
   LearnedBlock* seq[2] = {nullptr, nullptr};  // reserved at the first session that uses it
-  uint32_t len[2] = {0, 0};                   // learned, by sequence
+  // Learned, by sequence: written at iteration boundaries, read by any thread.
+  std::atomic<uint32_t> len[2] = {{0}, {0}};
   std::atomic<uint32_t> pos[2] = {{0}, {0}};  // blocks of this iteration so far
   std::atomic<int> mode{kByRecords};          // this iteration's (BlockMode)
   bool ready = false;  // the last iteration learned (or looked up without parting)
-  std::atomic<uint32_t> high_water{0};        // entries ever written, both sequences
+  std::atomic<int64_t> high_water[2] = {{0}, {0}};  // entries ever written, by sequence
 };
 BlockSeq g_blocks;
 
@@ -120,7 +125,8 @@ void op_seq_start(bool on, bool sizes) {
     b.seq[1] = reserve<LearnedBlock>(kBlockCapacity);
   }
   b.ready = false;
-  b.len[0] = b.len[1] = 0;
+  b.len[0].store(0);
+  b.len[1].store(0);
   b.pos[0].store(0);
   b.pos[1].store(0);
   b.mode.store(blocks && b.seq[0] && b.seq[1] ? kLearnBlocks : kByRecords);
@@ -147,9 +153,14 @@ void end_block_iteration() {
   if (was == kLearnBlocks) {
     for (int w = 0; w < 2; ++w) {
       const uint32_t n = b.pos[w].load();
-      b.len[w] = n < kBlockCapacity ? n : kBlockCapacity;
+      b.len[w].store(n < kBlockCapacity ? n : kBlockCapacity);
     }
     b.ready = true;
+  } else if (was == kLookUpBlocks && b.pos[0].load() != b.len[0].load()) {
+    // The training thread made fewer blocks than the learned iteration (more would
+    // have parted): a layer or a branch skipped. Its loop differs: the next one learns.
+    g_seq.mismatch.store(true);
+    b.ready = false;
   } else if (was == kByRecords) {
     b.ready = false;  // parted, or ops recorded for another reason: learn anew
   }
@@ -181,6 +192,7 @@ bool op_seq_next_iteration(bool by_blocks) {
     s.missed = s.mismatch.load() ? s.missed + 1 : 0;
     if (s.missed >= kMissedLimit) {
       s.on = false;  // not a repeating loop: inputs for every op from now on
+      next_block_mode(false, true);
       return true;
     }
   }
@@ -224,14 +236,12 @@ void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer) {
     current_origin(op, layer);
     if (i < kBlockCapacity) {
       b.seq[w][i] = LearnedBlock{key, *op, *layer};
-      // Pages touched: the most entries either sequence ever wrote.
-      if (i + 1 > b.high_water.load(std::memory_order_relaxed)) {
-        b.high_water.store(i + 1, std::memory_order_relaxed);
-      }
+      // Pages touched: the most entries each sequence ever wrote.
+      atomic_max(b.high_water[w], int64_t(i) + 1);
     }
     return;
   }
-  if (i < b.len[w] && b.seq[w][i].key == key) {
+  if (i < b.len[w].load(std::memory_order_relaxed) && b.seq[w][i].key == key) {
     *op = b.seq[w][i].op;
     *layer = b.seq[w][i].layer;
     if (w == 0) {
@@ -244,10 +254,14 @@ void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer) {
   }
   // Parted: another block here than the learned one. It has no origin; the rest of the
   // iteration has every op's record with inputs (registered anew), and the next one
-  // learns.
+  // learns. Only the training thread's parting counts as the loop differing (toward
+  // the three in a row after which every op is recorded for good): the other threads'
+  // order may vary from one iteration to the next (two devices' backward, a loader).
   int expect = kLookUpBlocks;
   if (b.mode.compare_exchange_strong(expect, kByRecords)) {
-    g_seq.mismatch.store(true, std::memory_order_relaxed);
+    if (w == 0) {
+      g_seq.mismatch.store(true, std::memory_order_relaxed);
+    }
     g_seq.forced.store(true);
     op_callback_want_records(MP_TARGET_STEP);
   }
@@ -360,7 +374,9 @@ uint64_t op_seq_looked_up() {
 
 uint64_t op_seq_bytes() {
   return uint64_t(g_seq.high_water.load(std::memory_order_relaxed)) * sizeof(Learned) +
-      2 * uint64_t(g_blocks.high_water.load(std::memory_order_relaxed)) * sizeof(LearnedBlock);
+      uint64_t(g_blocks.high_water[0].load(std::memory_order_relaxed) +
+               g_blocks.high_water[1].load(std::memory_order_relaxed)) *
+      sizeof(LearnedBlock);
 }
 
 }  // namespace memprof

@@ -1,6 +1,7 @@
 // The one op callback and the one op recorder. The callback (registered once, while a
-// profiling session or a dry run needs it: op_callback_use) finds the phases of the
-// profiled loop (a backward node starting moves forward -> backward) and hands each
+// dry run or a profiling session's records need it: op_callback_use) moves the
+// profiled loop into backward when a backward node starts (where no callback is
+// registered, the allocation hooks do: internal.h, backward_if_in_task) and hands each
 // record to the op recorder of its thread's target (the dry run's thread records into
 // the meta trace, every other thread into the profiled step):
 // - the profiled step (StepSink): the step log's op events, FLOPs and reads, and the
@@ -19,8 +20,8 @@
 // between node and buffer (validate_outputs' sum_to of broadcast gradients, gradient
 // accumulation in input buffers) is backward too: inside the wrapper's record where
 // FUNCTION records are on, and always inside the engine's graph task
-// (in_autograd_task), which a session without them (no leak hunting, no timeline)
-// relies on.
+// (in_autograd_task), which a session without records (no leak hunting, or leak
+// hunting between its learning iterations; no timeline) relies on.
 //
 // A "timeline op" is the outermost record on its thread, or an autograd node's
 // evaluate_function record (so each backward node is one op). FLOPs are counted at
