@@ -576,15 +576,7 @@ fn main() {
 fn count_step(exe: &Path, dev: Device) -> (u64, u64) {
     let mut cmd = Command::new(exe);
     cmd.args(["--count", "--steps", "1"]);
-    cmd.args(["--threads", &arg("--threads", 1).to_string()]);
-    for name in ["--batch", "--image", "--tokens", "--model"] {
-        if let Some(v) = arg_str(name) {
-            cmd.args([name, &v]);
-        }
-    }
-    if let Device::Cuda(_) = dev {
-        cmd.args(["--device", "cuda"]);
-    }
+    child_args(&mut cmd, dev);
     cmd.env(MODE, Mode::Timeline.name());
     let out = cmd.output().expect("run the counting child");
     assert!(out.status.success(), "the counting child failed");
@@ -597,10 +589,8 @@ fn count_step(exe: &Path, dev: Device) -> (u64, u64) {
     (it.next().unwrap(), it.next().unwrap())
 }
 
-/// One child of `mode`, in lockstep: it runs a step for each line on its stdin.
-fn spawn(exe: &Path, mode: Mode, dev: Device) -> Child {
-    let mut cmd = Command::new(exe);
-    cmd.arg("--lockstep");
+/// The bench's own arguments a child runs with: threads, model, its sizes, the device.
+fn child_args(cmd: &mut Command, dev: Device) {
     cmd.args(["--threads", &arg("--threads", 1).to_string()]);
     for name in ["--batch", "--image", "--tokens", "--model"] {
         if let Some(v) = arg_str(name) {
@@ -610,6 +600,13 @@ fn spawn(exe: &Path, mode: Mode, dev: Device) -> Child {
     if let Device::Cuda(_) = dev {
         cmd.args(["--device", "cuda"]);
     }
+}
+
+/// One child of `mode`, in lockstep: it runs a step for each line on its stdin.
+fn spawn(exe: &Path, mode: Mode, dev: Device) -> Child {
+    let mut cmd = Command::new(exe);
+    cmd.arg("--lockstep");
+    child_args(&mut cmd, dev);
     cmd.env(MODE, mode.name());
     for (k, v) in MALLOC_PINNED {
         if std::env::var_os(k).is_none() {

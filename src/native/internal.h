@@ -612,16 +612,9 @@ bool op_seq_looking_up();
 // The rest of this iteration asks for op inputs (registered anew, while the session
 // is on); `parted`: because it parted from the learned ops (the next iteration learns).
 void op_seq_ask_inputs(bool parted);
-// Leak hunting alone (no step timeline, no memory history) needs of each op only the
-// origin of the blocks it makes. So in its looking-up iterations no op callback is
-// registered (ops keep the dispatcher's fast path, and no record of any op or node is
-// built), and each block's origin is the one learned for the block
-// made at its place in the iteration's allocations, of the same size and device, on the
-// training thread or on the others (CUDA's backward). The first block that differs
-// parts: the rest of the iteration has every op's record, with inputs, and the next
-// iteration learns again.
-// Whether this iteration's origins are the learned ones (no op records): read by the
-// op callback.
+// Leak hunting alone learns each block's origin at its place in the iteration's
+// allocations and, between learning iterations, registers no op callback (op_seq.cpp).
+// Whether this iteration's origins are the learned ones: read by the op callback.
 bool op_seq_origins_learned();
 // The origin of the block of `size` bytes on `dev` born now on this thread: learned
 // (looking up) or from the op running (learning, and kept at its place).
