@@ -200,11 +200,14 @@ bool dry_run_thread();
 // the engine's thread-local state, set again for every node it runs, has no callback
 // to rebuild its lists for. Nothing is allocated or freed between the first node's
 // start and this event: the feature maps measured at the transition are the same.
-inline void backward_if_in_task(uint64_t gp) {
+// True when it moved the phase (or another thread did meanwhile): `gp` is stale then.
+inline bool backward_if_in_task(uint64_t gp) {
   const uint32_t ph = cur_phase(gp);
   if ((ph == kForward || ph == kOptimizer) && in_autograd_task() && !dry_run_thread()) {
     transition(ph, kBackward);
+    return true;
   }
+  return false;
 }
 
 // Called on every free of a tracked block, before it is counted.
@@ -219,8 +222,9 @@ inline void phase_for_free() {
 // allocation may be the one that ends backward: both checks run).
 inline uint64_t phase_for_alloc() {
   uint64_t gp = g_genphase.load(std::memory_order_acquire);
-  backward_if_in_task(gp);
-  gp = g_genphase.load(std::memory_order_acquire);
+  if (backward_if_in_task(gp)) {
+    gp = g_genphase.load(std::memory_order_acquire);
+  }
   if (tls_training_thread) {
     if (cur_phase(gp) == kBackward && g_active_backward.load(std::memory_order_acquire) == 0 &&
         !in_autograd_task()) {
