@@ -4,7 +4,7 @@
 # timeline and `.html(true)`, renders the report headless from file://, fails on any script
 # error, checks the rendered DOM for the run's exact peak bytes and for an attack-shaped
 # parameter name shown as text, and keeps a screenshot in target/report-check/report.png.
-# Where chromium cannot be installed, says so and skips.
+# Where chromium cannot be installed, says so and fails under CI (else says NOT RUN).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v chromium >/dev/null; then
@@ -16,7 +16,12 @@ if ! command -v chromium >/dev/null; then
   fi
 fi
 if ! command -v chromium >/dev/null; then
-  echo "check-report: SKIPPED: chromium is not installed and could not be (apt-get install chromium, as root)" >&2
+  # Under CI every check must run: no browser is a failure there, not a skip.
+  if [ -n "${CI:-}" ]; then
+    echo "check-report: FAILED under CI: chromium is not installed and could not be (apt-get install chromium, as root)" >&2
+    exit 1
+  fi
+  echo "check-report: NOT RUN: chromium is not installed and could not be (apt-get install chromium, as root)" >&2
   exit 0
 fi
 TCH_MEMPROF_CHROMIUM="$(command -v chromium)" exec scripts/with-libtorch.sh \

@@ -408,14 +408,67 @@ fn without_rng_replay_dropout_gradients_differ() {
 }
 
 /// Kept segments (`segment_kept`) between checkpointed ones: every second block keeps
-/// its activations, the others are recomputed. Gradients equal the plain run's, and the
-/// step keeps more than checkpointing every block and less than no checkpointing (the
-/// dry run's byte-exact comparison of the same loop is `tests/plan_levers.rs`).
+/// its activations, the others are recomputed. Gradients equal the plain run's (the
+/// memory they keep: the next test).
 #[test]
 fn kept_segments_between_checkpointed_ones_give_the_plain_gradients() {
     // The first segment checkpointed, then kept.
     kept_segments(0);
     kept_segments(1);
+}
+
+/// The feature maps a step keeps, by hand: each block keeps its ReLU output (B x 4D
+/// f32) for backward unless its segment is checkpointed and not the last (the last
+/// segment's forward runs with backward right after it, as
+/// `feature_maps_drop_by_what_the_checkpointed_segments_keep` measures). So every
+/// second block checkpointed from the first drops blocks 0 and 2's; from the second,
+/// block 1's only (block 3 is the last); every block checkpointed drops three; none, none.
+#[test]
+fn kept_segments_keep_the_activations_of_their_blocks() {
+    let _s = common::serial();
+    tch::manual_seed(4);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let bl = blocks(&vs);
+    let model = |checkpointed: &dyn Fn(usize) -> bool| {
+        bl.iter()
+            .enumerate()
+            .fold(Checkpointed::new(&vs), |c, (i, b)| {
+                let f = move |x: &Tensor, _train: bool| b.forward(x);
+                if checkpointed(i) {
+                    c.segment(f)
+                } else {
+                    c.segment_kept(f)
+                }
+            })
+            .preserve_rng(false)
+    };
+    let models = [
+        model(&|_| false),
+        model(&|i| i % 2 == 0),
+        model(&|i| i % 2 == 1),
+        model(&|_| true),
+    ];
+    let mut profiler = MemoryProfiler::builder(&vs)
+        .print(false)
+        .leak_check(false)
+        .build()
+        .unwrap();
+    let mut feature_maps = |m: &Checkpointed| {
+        let x = Tensor::randn([B, D], (Kind::Float, Device::Cpu));
+        let y = Tensor::randint(D, [B], (Kind::Int64, Device::Cpu));
+        zero_grads(&vs);
+        let _loss = m
+            .forward_backward(&x, |out| out.cross_entropy_for_logits(&y))
+            .unwrap();
+        drop((x, y));
+        profiler.record_stats();
+        profiler.last_stats().unwrap().feature_maps_bytes
+    };
+    let _warm = feature_maps(&models[0]);
+    let kept: Vec<u64> = models.iter().map(&mut feature_maps).collect();
+    let relu = 4 * (B * 4 * D) as u64;
+    let dropped: Vec<u64> = kept.iter().map(|k| kept[0] - k).collect();
+    assert_eq!(dropped, [0, 2 * relu, relu, 3 * relu], "kept {kept:?}");
 }
 
 fn kept_segments(checkpointed_parity: usize) {

@@ -615,7 +615,6 @@ fn a_measured_backward_is_looked_up() {
     // weight (64x64x3x3).
     let tensor = 32 * 64 * 224 * 224 * 4;
     let rule = (1.5 * (2 * tensor + 64 * 64 * 9 * 4) as f64) as u64;
-    assert_eq!(rule, 1_233_346_560);
     assert!(
         e.largest_kernel_workspace >= rule,
         "largest {} below the rule's {rule}",

@@ -10,7 +10,7 @@
 //!
 //! The snapshots were made with PyTorch 2.11's libtorch; under another (the compat
 //! suite) a dry run may take other kernels' sizes, so they are held under 2.11 only, and
-//! the test says NOT RUN otherwise.
+//! skipped by name otherwise (`tests/data/version-keyed.txt`).
 //!
 //! After a deliberate change: `INSTA_UPDATE=always scripts/with-libtorch.sh cargo test
 //! --test golden`, then read the diff of `tests/snapshots/` before committing it
@@ -47,22 +47,12 @@ fn golden(name: &str, args: &[&str], text: &str) {
     settings.bind(|| insta::assert_snapshot!(name, text));
 }
 
-/// Whether this libtorch is the one the snapshots were made with (2.11); says NOT RUN
-/// once otherwise. Not a failure under CI: the compat suite runs another libtorch on
-/// purpose, and the commands still run (and must succeed) there.
+/// Whether this libtorch is the one the snapshots were made with (2.11); otherwise the
+/// comparisons are skipped by name (`tests/data/version-keyed.txt`), said once. The
+/// commands still run (and must succeed) there.
 fn made_with_this_libtorch() -> bool {
-    static SAID: std::sync::Once = std::sync::Once::new();
-    let version = std::env::var("TCH_MEMPROF_TORCH_VERSION").unwrap_or_default();
-    let same = version.starts_with("2.11.");
-    if !same {
-        SAID.call_once(|| {
-            eprintln!(
-                "NOT RUN: the golden files were made with libtorch 2.11; this one is \
-                 {version:?} (the test runs under scripts/with-libtorch.sh with tch 0.24)"
-            )
-        });
-    }
-    same
+    static SAME: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SAME.get_or_init(|| common::on_the_measured_libtorch("golden::comparisons"))
 }
 
 /// A command's standard output held to its snapshot.

@@ -8,16 +8,20 @@
 //! training; under bf16 autocast; the foreach and fused AdamW steps are estimated as the
 //! plain one, whose peaks they match within 0.01% on the GPU).
 //!
-//! The target: allocated within 2% and reserved within 3% in every case. The table of
-//! every case with its errors is printed (`cargo test --test gpu_truth -- --nocapture`).
-//! A case outside the target fails the test unless [`KNOWN_GAPS`] lists it with the
-//! error it has now; a listed case fails when its error grows by more than half a point,
-//! or when it meets the target (take it off the list). The list is the estimate's known
-//! error on real models, one line a cause; the docs quote it.
+//! Two kinds of runs, held two ways. The H200's runs of the traced files (what a tch user
+//! loading the file runs) are the target the product is held to: every case within what
+//! the docs claim ([`TRACED_CLAIMS`]), and within 2% allocated and 3% reserved unless
+//! [`KNOWN_TRACED_GAPS`] or [`KNOWN_HELD_OUT_GAPS`] lists it. The eager PyTorch runs are a
+//! documented comparison, not the target: a case outside 2% / 3% fails unless
+//! [`KNOWN_GAPS`] lists it with the error it has now, and a listed case fails when its
+//! error moves by more than half a point either way (update the list and the docs) or
+//! meets the target (take it off the list). Each test prints every case with its errors
+//! (`cargo test --test gpu_truth -- --nocapture`) and the table by family and mode that
+//! docs/estimate.md shows, which [`common::doc_table`] holds to it.
 //!
 //! The measurements were made with PyTorch 2.11; under another libtorch (the compat
-//! suite) the kernels CUDA picks may differ, so the test runs under 2.11 only and says so
-//! otherwise. The models are traced a model at a time while the previous one's cases are
+//! suite) the kernels CUDA picks may differ, so the estimates are held under 2.11 only
+//! and skipped by name otherwise (`tests/data/version-keyed.txt`). The models are traced a model at a time while the previous one's cases are
 //! estimated, and each model's files removed after (all of them, mostly weights, take
 //! 11.6 GB; the test prints that and the most on disk at once); `TCH_MEMPROF_CORPUS_CACHE=DIR` keeps them in DIR instead, reused while the
 //! script and the packages are the same.
@@ -189,40 +193,6 @@ fn measured() -> Vec<Measured> {
     measured_in(DATA)
 }
 
-/// What docs/gpu-validation.md says of the H100's run of the same cases: the same peaks
-/// in every case but the transformers' training (which that run measured with the output
-/// let go before backward). Reserved identical in all 30, allocated in 29; VGG16's
-/// training 125 KiB apart (128,000 B of 4.4 GiB). The choice of convolution algorithms
-/// and the caching allocator did the same on both Hopper GPUs.
-#[test]
-fn an_h100_measured_the_h200s_peaks_but_in_the_transformers_training() {
-    let h100 = measured_in("tests/data/gpu-truth/h100-2026-11-26");
-    let h200 = measured();
-    assert_eq!(h100.len(), h200.len());
-    let (mut compared, mut identical) = (0, 0);
-    for a in &h100 {
-        let b = h200
-            .iter()
-            .find(|b| (&b.model, &b.mode) == (&a.model, &a.mode))
-            .unwrap_or_else(|| panic!("{} {}: not among the H200's cases", a.model, a.mode));
-        let case = format!("{} {}", a.model, a.mode);
-        let transformer_training =
-            a.mode.starts_with("train") && a.model.starts_with("hf_") && a.model != "hf_vit_base";
-        if transformer_training {
-            assert!(a.allocated < b.allocated, "{case}");
-            continue;
-        }
-        compared += 1;
-        assert_eq!(a.reserved, b.reserved, "{case}");
-        if a.allocated == b.allocated {
-            identical += 1;
-        } else {
-            assert_eq!(b.allocated - a.allocated, 128_000, "{case}");
-        }
-    }
-    assert_eq!((compared, identical), (30, 29));
-}
-
 /// A traced file's line of `cases.jsonl` (or of `--paced`'s output): its (model,
 /// infer|train) and path.
 fn case_file(line: &str) -> ((String, String), PathBuf) {
@@ -367,19 +337,21 @@ fn estimate(file: &Path, case: &Measured) -> Result<Made, String> {
 
 #[test]
 fn the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models() {
-    let Some(python) = python_under_2_11() else {
+    let Some(python) = python_under_2_11(
+        "the_estimate_is_held_to_the_peaks_an_h200_measured_on_real_world_models",
+    ) else {
         return;
     };
     let cases = measured();
     assert_eq!(cases.len(), 42, "the measured cases");
-    hold(&cases, &python, KNOWN_GAPS);
+    hold(&cases, &python, KNOWN_GAPS, None, "gpu-truth-eager");
 }
 
 /// The built-in transformers (GPT-2, BERT-base, ViT-B/16, Llama 3.2 1B), estimated with
 /// `tch-memprof estimate --model NAME --gpu h200`, against their PyTorch mirrors the H200
 /// measured (`builtin-mirrors.csv`, whose README section says how): every case within the
 /// target, inference and training, f32 and bf16 autocast, and within what the docs say
-/// of them: 0.2% allocated, 2.1% reserved. No Python needed.
+/// of them: 0.2% allocated, 2.4% reserved. No Python needed.
 #[test]
 fn the_builtin_models_estimates_are_held_to_their_mirrors_on_an_h200() {
     let rows = builtin_rows("builtin-mirrors.csv", 16);
@@ -404,7 +376,8 @@ fn the_builtin_models_estimates_are_held_to_their_mirrors_on_an_h200() {
 /// with activation checkpointing of every segment and of every second one, estimated
 /// with `PYTORCH_CUDA_ALLOC_CONF` and `--checkpoint`, against the H200's runs of its
 /// PyTorch mirror (`builtin-plan-levers.csv`): every case within the target, and within
-/// what the docs say: 0.2% allocated and reserved.
+/// what the docs say: reserved to the byte in five of the six, within 0.15% in the sixth;
+/// allocated within 0.02%.
 #[test]
 fn the_plans_levers_are_held_to_an_h200s_runs_of_them() {
     let rows = builtin_rows("builtin-plan-levers.csv", 6);
@@ -417,7 +390,9 @@ fn the_plans_levers_are_held_to_an_h200s_runs_of_them() {
         }
         builtin_estimate(&args, &row[2])
     });
-    hold_builtin(&rows, &made, 4, (0.2, 0.2));
+    // docs/gpu-validation.md: reserved exact in five of the six settings (the sixth,
+    // expandable segments, -0.15%), allocated within 0.02%.
+    assert_eq!(hold_builtin(&rows, &made, 4, (0.02, 0.15)), 5);
 }
 
 /// The `rows` rows of a CSV file of [`DATA`] (its header aside).
@@ -447,13 +422,15 @@ fn builtin_estimate(args: &[&str], conf: &str) -> (u64, u64) {
 
 /// Prints each row's errors (its first `key` cells name it; the measured peaks are its
 /// last two) and fails on any outside the target or outside `documented` (allocated,
-/// reserved, in %: the bounds the docs quote).
+/// reserved, in %: the bounds the docs quote). Returns how many rows have the measured
+/// peak reserved to the byte.
 fn hold_builtin(
     rows: &[csv::StringRecord],
     made: &[(u64, u64)],
     key: usize,
     documented: (f64, f64),
-) {
+) -> usize {
+    let mut exact_reserved = 0;
     let mut outside = Vec::new();
     println!("{:<48}  alloc err %  resv err %", "case");
     for (row, (allocated, reserved)) in rows.iter().zip(made) {
@@ -463,6 +440,7 @@ fn hold_builtin(
         };
         let n = row.len();
         let (a, r) = (err(*allocated, &row[n - 2]), err(*reserved, &row[n - 1]));
+        exact_reserved += (reserved.to_string() == row[n - 1]) as usize;
         let case: Vec<&str> = row.iter().take(key).collect();
         let case = case.join(" ");
         println!("{case:<48} {a:>+11.2} {r:>+11.2}");
@@ -476,6 +454,11 @@ fn hold_builtin(
         outside.is_empty(),
         "outside the target or the documented bounds {documented:?}: {outside:?}"
     );
+    println!(
+        "{exact_reserved} of {} with the peak reserved to the byte",
+        rows.len()
+    );
+    exact_reserved
 }
 
 /// The same cases run on the H200 from their traced files (`traced.csv` of
@@ -486,7 +469,13 @@ fn hold_builtin(
 /// whose backward workspaces are not known request by request.
 #[test]
 fn the_estimate_is_held_to_the_peaks_of_the_traced_files_run_on_an_h200() {
-    hold_file("traced.csv", 45, KNOWN_TRACED_GAPS);
+    hold_file(
+        "the_estimate_is_held_to_the_peaks_of_the_traced_files_run_on_an_h200",
+        "traced.csv",
+        45,
+        KNOWN_TRACED_GAPS,
+        "gpu-truth-traced",
+    );
 }
 
 /// Eleven models the estimate was not built on, run on the H200 from their traced files
@@ -494,7 +483,13 @@ fn the_estimate_is_held_to_the_peaks_of_the_traced_files_run_on_an_h200() {
 /// traced here: the estimate's error on code it was not given, as tch users run it.
 #[test]
 fn the_estimate_is_held_to_the_peaks_of_held_out_models_run_on_an_h200() {
-    hold_file("held-out-traced.csv", 22, KNOWN_HELD_OUT_GAPS);
+    hold_file(
+        "the_estimate_is_held_to_the_peaks_of_held_out_models_run_on_an_h200",
+        "held-out-traced.csv",
+        22,
+        KNOWN_HELD_OUT_GAPS,
+        "gpu-truth-held-out",
+    );
 }
 
 /// The files traced on the CPU that an H200 could not run (`traced.csv`: a case whose
@@ -504,7 +499,9 @@ fn the_estimate_is_held_to_the_peaks_of_held_out_models_run_on_an_h200() {
 /// every case's file traced here, on the CPU, said whether it names the CPU as a device.
 #[test]
 fn the_estimate_warns_of_exactly_the_files_traced_on_the_cpu_that_a_gpu_could_not_run() {
-    let Some(python) = python_under_2_11() else {
+    let Some(python) = python_under_2_11(
+        "the_estimate_warns_of_exactly_the_files_traced_on_the_cpu_that_a_gpu_could_not_run",
+    ) else {
         return;
     };
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -555,13 +552,19 @@ fn the_estimate_warns_of_exactly_the_files_traced_on_the_cpu_that_a_gpu_could_no
 }
 
 /// [`hold`] on the `runs` cases of one CSV file of [`TRACED_DATA`].
-fn hold_file(file: &str, runs: usize, gaps: &[(&str, &str, f64, f64, &str)]) {
-    let Some(python) = python_under_2_11() else {
+fn hold_file(
+    test: &str,
+    file: &str,
+    runs: usize,
+    gaps: &[(&str, &str, f64, f64, &str)],
+    table: &str,
+) {
+    let Some(python) = python_under_2_11(test) else {
         return;
     };
     let cases = measured_file(&format!("{TRACED_DATA}/{file}"));
     assert_eq!(cases.len(), runs, "the runs of {file}");
-    hold(&cases, &python, gaps);
+    hold(&cases, &python, gaps, Some(&TRACED_CLAIMS), table);
 }
 
 /// The estimate of every case of the three tests, by (model, mode), made once for them
@@ -623,26 +626,128 @@ fn bytes_under(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// The wheel's Python, where its libtorch is the one the cases were measured with.
-fn python_under_2_11() -> Option<String> {
-    let version = std::env::var("TCH_MEMPROF_TORCH_VERSION").unwrap_or_default();
-    if !version.starts_with("2.11.") {
-        // Not a failure under CI: the compat suite runs another libtorch on purpose.
-        eprintln!(
-            "NOT RUN: the GPU truth cases were measured with PyTorch 2.11; this libtorch is \
-             {version:?} (the test runs under scripts/with-libtorch.sh with tch 0.24)"
-        );
+/// The wheel's Python, where its libtorch is the one the cases were measured with; under
+/// another, `test` is skipped by name (`tests/data/version-keyed.txt`).
+fn python_under_2_11(test: &str) -> Option<String> {
+    if !common::on_the_measured_libtorch(&format!("gpu_truth::{test}")) {
         return None;
     }
     common::corpus_python("the GPU truth cases")
 }
 
+/// What the docs claim of the traced files' runs (the target the product is held to, as
+/// tch runs a file), every case: inference allocated to the byte; training allocated
+/// within 0.6% in f32 and 0.2% under bf16 autocast; reserved never more than 2.2% under
+/// the measured peak, nor more than 10.5% over it.
+const TRACED_CLAIMS: Claims = Claims {
+    inference_allocated_exact: true,
+    train_allocated: 0.6,
+    train_bf16_allocated: 0.2,
+    reserved_under: 2.2,
+    reserved_over: 10.5,
+};
+
+/// The bounds a set of cases is held to, in % of the measured peak.
+struct Claims {
+    inference_allocated_exact: bool,
+    train_allocated: f64,
+    train_bf16_allocated: f64,
+    reserved_under: f64,
+    reserved_over: f64,
+}
+
+/// The family a model is grouped in for the docs' tables.
+fn family(model: &str) -> &'static str {
+    const GQA: &[&str] = &["hf_smollm2_135m", "hf_qwen2_tiny", "hf_mistral_tiny"];
+    const VISION: &[&str] = &[
+        "hf_vit_base",
+        "timm_vit_small_patch16_224",
+        "timm_deit_small_patch16_224",
+        "timm_mixer_b16_224",
+        "tv_swin_t",
+    ];
+    if GQA.contains(&model) {
+        "decoders with grouped-query attention"
+    } else if VISION.contains(&model) {
+        "vision transformers and MLP-Mixer"
+    } else if model.starts_with("hf_") {
+        "transformers without grouped-query attention"
+    } else {
+        "convolution nets"
+    }
+}
+
+/// The mode a case is grouped in for the docs' tables (the foreach and fused AdamW
+/// steps with the plain one).
+fn mode_group(mode: &str) -> &'static str {
+    match mode {
+        "infer" => "inference",
+        "train-bf16" => "training, bf16 autocast",
+        _ => "training, f32",
+    }
+}
+
+/// The docs' table of errors by family and mode: each group's cases and the range of
+/// their allocated and reserved errors (`(family, mode, allocated %, reserved %)`).
+fn family_table(errors: &[(&str, &str, f64, f64)]) -> String {
+    let mut groups: BTreeMap<(&str, &str), Vec<(f64, f64)>> = BTreeMap::new();
+    for (model, mode, a, r) in errors {
+        groups
+            .entry((family(model), mode_group(mode)))
+            .or_default()
+            .push((*a, *r));
+    }
+    let range = |xs: Vec<f64>| {
+        let (lo, hi) = xs
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+        let pct = |x: f64| {
+            let x = if x.abs() < 0.05 { 0.0 } else { x };
+            if x == 0.0 {
+                "0.0%".to_string()
+            } else {
+                format!("{x:+.1}%")
+            }
+        };
+        if pct(lo) == pct(hi) {
+            pct(lo)
+        } else {
+            format!("{} to {}", pct(lo), pct(hi))
+        }
+    };
+    let rows: Vec<Vec<String>> = groups
+        .into_iter()
+        .map(|((family, mode), cases)| {
+            vec![
+                family.to_string(),
+                mode.to_string(),
+                cases.len().to_string(),
+                range(cases.iter().map(|c| c.0).collect()),
+                range(cases.iter().map(|c| c.1).collect()),
+            ]
+        })
+        .collect();
+    common::markdown_table(
+        &["family", "mode", "cases", "allocated", "reserved"],
+        &[false, false, true, true, true],
+        &rows,
+    )
+}
+
 /// Estimates every case, prints the table, and fails on a case outside the target that
-/// `gaps` does not list, a listed one that got worse or meets the target, and a listed
-/// one not measured.
-fn hold(cases: &[Measured], python: &str, gaps: &[(&str, &str, f64, f64, &str)]) {
+/// `gaps` does not list, a listed one whose error moved by more than half a point either
+/// way (a documented comparison, bounded in both directions: the docs quote it) or that
+/// meets the target, a listed one not measured, and any case outside `claims`. Holds the
+/// docs' table `table` (by family and mode) to what it measured.
+fn hold(
+    cases: &[Measured],
+    python: &str,
+    gaps: &[(&str, &str, f64, f64, &str)],
+    claims: Option<&Claims>,
+    table: &str,
+) {
     let mut failures = Vec::new();
-    let mut seen_gaps = Vec::new();
+    let mut errors = Vec::new();
     println!(
         "{:<28} {:<14} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8}  attention",
         "model", "mode", "alloc meas", "alloc pred", "err %", "resv meas", "resv pred", "err %"
@@ -673,6 +778,33 @@ fn hold(cases: &[Measured], python: &str, gaps: &[(&str, &str, f64, f64, &str)])
             "{:<28} {:<14} {:>12} {:>12} {:>+8.2} {:>12} {:>12} {:>+8.2}  {attention}",
             c.model, c.mode, c.allocated, alloc, ea, c.reserved, resv, er
         );
+        errors.push((c.model.as_str(), c.mode.as_str(), ea, er));
+        if let Some(claims) = claims {
+            let (bound, what) = match mode_group(&c.mode) {
+                "inference" if claims.inference_allocated_exact => (0.0, "to the byte"),
+                "training, bf16 autocast" => (claims.train_bf16_allocated, "the bf16 bound"),
+                _ => (claims.train_allocated, "the f32 bound"),
+            };
+            let allocated_ok = if bound == 0.0 {
+                alloc == c.allocated
+            } else {
+                ea.abs() <= bound
+            };
+            if !allocated_ok {
+                failures.push(format!(
+                    "{} {}: allocated {ea:+.3}% ({alloc} B, measured {} B), outside what the \
+                     docs claim ({what})",
+                    c.model, c.mode, c.allocated
+                ));
+            }
+            if er < -claims.reserved_under || er > claims.reserved_over {
+                failures.push(format!(
+                    "{} {}: reserved {er:+.2}%, outside what the docs claim ({:.1}% under to \
+                     {:.1}% over)",
+                    c.model, c.mode, claims.reserved_under, claims.reserved_over
+                ));
+            }
+        }
         let ok_alloc = ea.abs() <= 100.0 * ALLOCATED_TARGET;
         let ok = ok_alloc && er.abs() <= 100.0 * RESERVED_TARGET;
         within_alloc += ok_alloc as usize;
@@ -696,13 +828,11 @@ fn hold(cases: &[Measured], python: &str, gaps: &[(&str, &str, f64, f64, &str)])
                 100.0 * RESERVED_TARGET
             )),
             (false, Some((_, _, ga, gr, why))) => {
-                seen_gaps.push((c.model.clone(), c.mode.clone()));
-                if (ea - ga).abs() > 0.5 && ea.abs() > ga.abs()
-                    || (er - gr).abs() > 0.5 && er.abs() > gr.abs()
-                {
+                if (ea - ga).abs() > 0.5 || (er - gr).abs() > 0.5 {
                     failures.push(format!(
-                        "{} {}: allocated {ea:+.2}%, reserved {er:+.2}%, worse than the known \
-                         gap ({ga:+.2}%, {gr:+.2}%: {why})",
+                        "{} {}: allocated {ea:+.2}%, reserved {er:+.2}%, moved from the known \
+                         gap ({ga:+.2}%, {gr:+.2}%: {why}) by more than half a point: update \
+                         the list and the docs",
                         c.model, c.mode
                     ));
                 }
@@ -724,7 +854,10 @@ fn hold(cases: &[Measured], python: &str, gaps: &[(&str, &str, f64, f64, &str)])
             ));
         }
     }
+    let markdown = family_table(&errors);
+    println!("{markdown}");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    common::doc_table("docs/estimate.md", table, &markdown);
 }
 
 /// `estimate --compare`: the prediction held to the H200's recorded run of the same
@@ -738,7 +871,9 @@ fn hold(cases: &[Measured], python: &str, gaps: &[(&str, &str, f64, f64, &str)])
 /// request the prediction makes and the record does not have.
 #[test]
 fn the_prediction_makes_the_requests_the_h200_made_in_the_same_order() {
-    let Some(python) = python_under_2_11() else {
+    let Some(python) =
+        python_under_2_11("the_prediction_makes_the_requests_the_h200_made_in_the_same_order")
+    else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

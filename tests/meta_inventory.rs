@@ -102,10 +102,6 @@ fn the_inventory_of_ops_libtorch_cannot_run_on_meta() {
     for chunk in pytorch_not_ours.chunks(6) {
         println!("  {}", chunk.join(" "));
     }
-    // What PyTorch answers is about these ops only: it knows every one of them.
-    assert!(pytorch
-        .iter()
-        .all(|op| inventory.iter().any(|(n, _)| n == op)));
     // The ops real models need, PyTorch runs on meta as well (its Python fills the same
     // gap): the inventory's gap is real, not an op that cannot run without data.
     for op in MUST_BE_OURS {

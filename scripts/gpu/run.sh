@@ -95,7 +95,7 @@ perf_small_step() {
 step "perf stat of the launch-bound step on cuda" 60 perf_small_step
 step "overhead on cuda, ResNet-50 64x3x224x224 SGD" 240 ./overhead --device cuda --model resnet50 --rounds 20 --steps 20
 step "overhead on cuda, GPT-2 small 8x1024 AdamW" 300 ./overhead --device cuda --model gpt2 --rounds 20 --steps 20
-step "allocated == allocator counter, calls, snapshots, OOM" 60 ./cuda_test --nocapture --test-threads 1
+step "allocated == allocator counter, calls, snapshots, OOM" 60 ./cuda_test --include-ignored --nocapture --test-threads 1
 step "CUDA-style accounting of blocks made before the session (CPU)" 60 ./cuda_accounting_test --nocapture
 weights_shown() {
   ./resnet_profile --device cuda --batch_size 16 --output out/resnet.png || return 1

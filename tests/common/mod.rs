@@ -177,11 +177,50 @@ pub fn cannot_run(what: &str) {
     }
 }
 
-/// A GPU check on a machine without one: says `NOT RUN: {what}` the same way, and passes
-/// even under `CI` (CI machines have no GPU; GPU checks are reported as not run).
-pub fn gpu_not_run(what: &str) {
+/// The libtorch whose figures the version-keyed checks hold (`tests/data/version-keyed.txt`).
+pub const MEASURED_LIBTORCH: &str = "2.11.";
+
+/// Skips `test` (`file::function`, as `tests/data/version-keyed.txt` lists it), saying so
+/// with `why` on stderr; panics when the list does not name it: a skip no one listed is a
+/// check gone quiet.
+pub fn skip_listed(test: &str, why: &str) {
     use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "NOT RUN: {what}");
+    let list = include_str!("../data/version-keyed.txt");
+    let listed = list
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .any(|l| l.split_whitespace().next() == Some(test));
+    assert!(
+        listed,
+        "{test} would skip ({why}), but tests/data/version-keyed.txt does not list it"
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED (listed in tests/data/version-keyed.txt): {test}: {why}"
+    );
+}
+
+/// Whether this is the libtorch the figures of `test` come from (2.11); otherwise skips
+/// it by name ([`skip_listed`]) and says which libtorch this is.
+pub fn on_the_measured_libtorch(test: &str) -> bool {
+    let here = tch_memprof::LIBTORCH_VERSION;
+    if here.starts_with(MEASURED_LIBTORCH) {
+        return true;
+    }
+    skip_listed(
+        test,
+        &format!("its figures come from libtorch 2.11; this one is {here}"),
+    );
+    false
+}
+
+/// A GPU check (ignored unless asked for): fails, saying `what` could not be checked,
+/// on a machine without a CUDA device.
+pub fn need_cuda(what: &str) {
+    assert!(
+        tch::Cuda::is_available(),
+        "no CUDA device: {what} cannot be checked here"
+    );
 }
 
 /// Runs the `tch-memprof` command with `args` (without `PYTORCH_CUDA_ALLOC_CONF`), on
@@ -243,4 +282,63 @@ pub fn in_pairs<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Ve
             .collect();
         parts.into_iter().flat_map(|h| h.join().unwrap()).collect()
     })
+}
+
+/// Holds the Markdown table `name` of `doc` (a path from the crate's root), the lines
+/// between `<!-- table NAME ... -->` and `<!-- end NAME -->`, to `table`, the one the
+/// test measured and printed: fails when they differ, showing both. With
+/// `TCH_MEMPROF_BLESS=1` it writes the measured table into the doc instead (then read
+/// the diff before committing it). So a table in the docs is the table its test
+/// printed, not a copy that drifts.
+pub fn doc_table(doc: &str, name: &str, table: &str) {
+    static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    if !on_the_measured_libtorch("common::doc_table") {
+        return;
+    }
+    let _one_at_a_time = WRITING.lock().unwrap_or_else(|e| e.into_inner());
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(doc);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{doc}: {e}"));
+    let start = format!("<!-- table {name} ");
+    let end = format!("<!-- end {name} -->");
+    let begin = text
+        .find(&start)
+        .unwrap_or_else(|| panic!("{doc} has no `{start}... -->` marker"));
+    let body = begin
+        + text[begin..]
+            .find("-->\n")
+            .unwrap_or_else(|| panic!("{doc}: the marker of {name} is not closed"))
+        + 4;
+    let stop = body
+        + text[body..]
+            .find(&end)
+            .unwrap_or_else(|| panic!("{doc} has no `{end}` after the table {name}"));
+    let table = format!("{}\n", table.trim_end());
+    if text[body..stop] == table {
+        return;
+    }
+    if std::env::var_os("TCH_MEMPROF_BLESS").is_some() {
+        let new = format!("{}{table}{}", &text[..body], &text[stop..]);
+        std::fs::write(&path, new).unwrap();
+        eprintln!("BLESSED: the table {name} of {doc}");
+        return;
+    }
+    panic!(
+        "the table {name} of {doc} is not the one this test measured \
+         (TCH_MEMPROF_BLESS=1 writes it there):\n--- in {doc}:\n{}--- measured:\n{table}",
+        &text[body..stop]
+    );
+}
+
+/// A Markdown table: the header's cells, the alignment row (`---` or `---:` each), and
+/// the rows.
+pub fn markdown_table(header: &[&str], right: &[bool], rows: &[Vec<String>]) -> String {
+    let mut out = format!("| {} |\n|", header.join(" | "));
+    for r in right {
+        out.push_str(if *r { "---:|" } else { "---|" });
+    }
+    out.push('\n');
+    for row in rows {
+        out.push_str(&format!("| {} |\n", row.join(" | ")));
+    }
+    out
 }
