@@ -300,3 +300,78 @@ fn profiled_run_csv_files() {
         );
     }
 }
+
+/// The README's report is what the quickstart prints at step 60 (its default run, on the
+/// CPU, in a folder of its own: it writes CSV there), but the resident memory, which
+/// varies from run to run, and the peak allocated, which holds the CPU's convolution
+/// temporaries (they vary with the CPU's kernels): that one is held within 5%.
+#[test]
+fn the_readme_shows_what_the_quickstart_prints() {
+    if !made_with_this_libtorch() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let example = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/quickstart");
+    if !example.exists() {
+        common::cannot_run(&format!(
+            "the README's quickstart report: {} is not built (a whole `cargo test` builds it)",
+            example.display()
+        ));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(&example)
+        .args(["--device", "cpu"])
+        .current_dir(dir.path())
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let printed = common::text(&out.stdout);
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let block = readme
+        .split_once("<!-- output quickstart")
+        .and_then(|(_, rest)| rest.split_once("```text\n"))
+        .and_then(|(_, rest)| rest.split_once("```\n<!-- end quickstart -->"))
+        .map(|(block, _)| block)
+        .expect("README.md: the quickstart block between its markers");
+    let first = block.lines().next().unwrap();
+    let start = printed
+        .find(first)
+        .unwrap_or_else(|| panic!("the quickstart did not print {first:?}:\n{printed}"));
+    let lines = block.lines().count();
+    let shown: Vec<&str> = printed[start..].lines().take(lines).collect();
+    // (the row, the cell's index among the row's cells) of the peak allocated.
+    let peak = |text: &str| -> f64 {
+        let row = text.lines().find(|l| l.contains("│ allocated ")).unwrap();
+        let cell = row.split(['┆', '│']).nth(3).unwrap().trim();
+        cell.trim_end_matches(" MiB").parse().unwrap()
+    };
+    let (readme_peak, printed_peak) = (peak(block), peak(&shown.join("\n")));
+    assert!(
+        (printed_peak / readme_peak - 1.0).abs() <= 0.05,
+        "peak allocated {printed_peak} MiB, the README shows {readme_peak} MiB"
+    );
+    let steady = |l: &str| -> String {
+        if l.contains("resident (process RSS)") {
+            "[resident]".into()
+        } else if l.contains("│ allocated ") {
+            l.rsplit_once('┆').unwrap().0.to_string()
+        } else {
+            l.to_string()
+        }
+    };
+    let want: Vec<String> = block.lines().map(steady).collect();
+    let got: Vec<String> = shown.iter().map(|l| steady(l)).collect();
+    assert_eq!(
+        got.join("\n"),
+        want.join("\n"),
+        "README.md's quickstart report against what the quickstart printed"
+    );
+}
