@@ -1,5 +1,5 @@
 //! FLOPs of single ops against closed-form formulas (a multiply-add counts 2; the
-//! per-element costs are the documented table in README "FLOPs").
+//! per-element costs are the documented table in docs/step-anatomy.md).
 
 mod common;
 

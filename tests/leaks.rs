@@ -388,7 +388,7 @@ fn a_budget_failure_names_what_went_over_and_the_largest_consumers() {
         (l1, l1)
     );
     let text = format!("{err:?}");
-    // Shown in the README (cargo test --test leaks -- --nocapture budget).
+    // Shown in docs/leaks.md, "Budgets in tests" (cargo test --test leaks -- --nocapture budget).
     eprintln!("{text}");
     for needle in [
         "feature maps: ",

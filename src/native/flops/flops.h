@@ -1,6 +1,6 @@
 // FLOP counting from an op's boxed inputs, for the step timeline.
 //
-// Conventions (documented in README "FLOPs"):
+// Conventions (documented in docs/step-anatomy.md):
 // - A multiply-add counts 2 FLOPs. Bias additions fused into addmm/baddbmm/convolution
 //   are not counted (the published ResNet costs do not count them either).
 // - Convolutions: 2 * batch * output positions * weight elements (transposed: input
