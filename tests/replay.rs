@@ -37,7 +37,7 @@ fn measured_allocated(case: &str) -> u64 {
 }
 
 /// Every history replays under the default settings (which the runs used): the recorded
-/// peak reserved to the byte in 40 of the 42, within 1% in the other two (ConvNeXt-T
+/// peak reserved to the byte in 40 of the 42, within 0.70% in the other two (ConvNeXt-T
 /// training -0.45%, ResNet-50 bf16 training +0.70%); the peak allocated within 0.2% of
 /// the allocator's own peak (`measured.csv`; the history holds the sizes asked for, the
 /// allocator counts whole blocks).
@@ -71,7 +71,8 @@ fn an_h200s_histories_replay_to_the_recorded_reserved_peak() {
             100.0 * off
         );
         exact += (rec.reserved == rep.reserved) as usize;
-        assert!(off.abs() < 0.01, "{name}: reserved {off:+.4}");
+        // To the byte, or within the 0.70% the docs claim (ResNet-50 bf16's +0.695%).
+        assert!(off.abs() <= 0.0070, "{name}: reserved {off:+.4}");
         let case = name.trim_end_matches(".csv.gz");
         let measured = measured_allocated(case);
         let over = rep.allocated as f64 / measured as f64 - 1.0;
@@ -94,7 +95,8 @@ fn an_h200s_histories_replay_to_the_recorded_reserved_peak() {
 #[test]
 fn snapshots_of_runs_the_replay_was_not_built_on_replay_to_the_allocators_peaks() {
     const NEW: &str = "tests/data/gpu-truth/h200-2026-11-27";
-    // (snapshot folder, the CSV of the same runs, runs replayed to the byte at least)
+    // (snapshot folder, the CSV of the same runs, runs replayed to the byte: the docs'
+    // counts, held exactly)
     let sets = [
         ("held-out", "held-out.csv", 22),
         ("held-out-traced", "held-out-traced.csv", 20),
@@ -140,7 +142,7 @@ fn snapshots_of_runs_the_replay_was_not_built_on_replay_to_the_allocators_peaks(
             worst = (worst.0.max(off_r.abs()), worst.1.max(off_a.abs()));
         }
         println!("{folder}: {exact} of {runs} to the byte");
-        assert!(exact >= at_least, "{folder}: {exact} of {runs} to the byte");
+        assert_eq!(exact, at_least, "{folder}: runs of {runs} to the byte");
     }
     assert!(worst.0 < 0.011, "reserved off by {:.4}", worst.0);
     assert!(worst.1 < 0.006, "allocated off by {:.4}", worst.1);
