@@ -125,7 +125,7 @@ pub(crate) struct OomState {
     pub device: String,
     pub step: u64,
     pub weights: FxHashSet<u64>,
-    pub grads: FxHashSet<u64>,
+    pub grads: crate::profiler::GradIndex,
     pub weights_by_layer: HashMap<String, u64>,
     pub weight_bytes: u64,
     /// Events of the memory history included in the snapshot (0: none).
@@ -146,7 +146,7 @@ impl OomState {
             device,
             step: 1,
             weights: FxHashSet::default(),
-            grads: FxHashSet::default(),
+            grads: Default::default(),
             weights_by_layer: HashMap::new(),
             weight_bytes: 0,
             history_entries: 0,
@@ -211,7 +211,7 @@ fn summarize(
     let category = |b: &RegisteredBlock| -> OomCategory {
         if st.weights.contains(&b.ptr) {
             OomCategory::Weights
-        } else if st.grads.contains(&b.ptr) {
+        } else if st.grads.contains_key(&b.ptr) {
             OomCategory::Gradients
         } else {
             match b.phase {

@@ -19,7 +19,6 @@ pub(super) struct MpDeviceStats {
     pub(super) peak_iter: i64,
     pub(super) peak_run: i64,
     pub(super) allocs: i64,
-    pub(super) frees: i64,
     pub(super) optimizer_born_live: i64,
     pub(super) feature_maps: i64,
     pub(super) reported_allocated: i64,

@@ -134,7 +134,6 @@ struct DeviceState {
   std::atomic<int64_t> peak_iter{0};  // peak of `live` since the iteration began
   std::atomic<int64_t> peak_run{0};   // peak of `live` since the profiler started
   std::atomic<int64_t> allocs{0};
-  std::atomic<int64_t> frees{0};
   std::atomic<uint64_t> slots[kRing];
   std::atomic<int64_t> old_by_phase[kPhases];
   // Feature maps: the largest forward-generation live bytes seen at a backward start
@@ -532,7 +531,6 @@ inline void on_alloc(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t
 inline void on_free(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t phase) {
   DeviceState& d = g_dev[dev];
   d.live.fetch_sub(size, std::memory_order_relaxed);
-  d.frees.fetch_add(1, std::memory_order_relaxed);
   slot_add(d, gen, phase, -size);
   if (phase == kBackward) {
     const uint64_t gp = g_genphase.load(std::memory_order_relaxed);

@@ -157,8 +157,7 @@ typedef struct MpDeviceStats {
   int64_t live;       // live bytes of blocks whose birth was seen
   int64_t peak_iter;  // peak of live since the iteration began
   int64_t peak_run;   // peak of live since the session began
-  int64_t allocs;
-  int64_t frees;
+  int64_t allocs;  // births seen (the overhead bench's count; frees are not counted)
   int64_t optimizer_born_live;  // live bytes born in optimizer phases
   int64_t feature_maps;         // forward bytes live at backward start; -1: no backward
   // CUDA: the caching allocator's own totals, as passed with its reports (-1: none yet).

@@ -51,20 +51,19 @@
   MP_FIELD(MpWorkspace, device, 16)                    \
   MP_FIELD(MpWorkspace, kind, 20)                      \
   MP_FIELD(MpWorkspace, tracked, 24)                   \
-  MP_SIZE(MpDeviceStats, 104)                          \
+  MP_SIZE(MpDeviceStats, 96)                           \
   MP_FIELD(MpDeviceStats, live, 0)                     \
   MP_FIELD(MpDeviceStats, peak_iter, 8)                \
   MP_FIELD(MpDeviceStats, peak_run, 16)                \
   MP_FIELD(MpDeviceStats, allocs, 24)                  \
-  MP_FIELD(MpDeviceStats, frees, 32)                   \
-  MP_FIELD(MpDeviceStats, optimizer_born_live, 40)     \
-  MP_FIELD(MpDeviceStats, feature_maps, 48)            \
-  MP_FIELD(MpDeviceStats, reported_allocated, 56)      \
-  MP_FIELD(MpDeviceStats, reported_reserved, 64)       \
-  MP_FIELD(MpDeviceStats, reported_peak_allocated_iter, 72) \
-  MP_FIELD(MpDeviceStats, reported_peak_reserved_iter, 80)  \
-  MP_FIELD(MpDeviceStats, reported_peak_allocated_run, 88)  \
-  MP_FIELD(MpDeviceStats, reported_peak_reserved_run, 96)   \
+  MP_FIELD(MpDeviceStats, optimizer_born_live, 32)     \
+  MP_FIELD(MpDeviceStats, feature_maps, 40)            \
+  MP_FIELD(MpDeviceStats, reported_allocated, 48)      \
+  MP_FIELD(MpDeviceStats, reported_reserved, 56)       \
+  MP_FIELD(MpDeviceStats, reported_peak_allocated_iter, 64) \
+  MP_FIELD(MpDeviceStats, reported_peak_reserved_iter, 72)  \
+  MP_FIELD(MpDeviceStats, reported_peak_allocated_run, 80)  \
+  MP_FIELD(MpDeviceStats, reported_peak_reserved_run, 88)   \
   MP_SIZE(MpState, 88)                                 \
   MP_FIELD(MpState, generation, 0)                     \
   MP_FIELD(MpState, phase, 4)                          \

@@ -1,10 +1,7 @@
 //! Turning what the native layer measured into the numbers of a report. Pure functions
 //! over plain data, so every rule here is unit-tested without libtorch.
 
-use std::collections::HashSet;
-use std::hash::BuildHasher;
-
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::ffi::BackwardEvent;
 
@@ -15,39 +12,64 @@ use crate::ffi::BackwardEvent;
 /// a pass is a run of events with the same generation. `grads` holds the block
 /// addresses of the weight gradients live now (after backward): a birth is a weight
 /// gradient's if it is the last birth at such an address and no death follows it.
-pub fn intermediate_peak<S: BuildHasher>(
+/// `grads` maps each address to its own index below `grads.len()` (one look-up an
+/// event); `scratch` is reused from one call to the next, so a steady iteration
+/// allocates nothing here (a hash set of the gradients decided, rebuilt at every call,
+/// cost a fifth of the profiler's instructions on a step of many small ops).
+pub fn intermediate_peak(
     events: &[BackwardEvent],
     device: u32,
-    grads: &HashSet<u64, S>,
+    grads: &GradIndex,
+    scratch: &mut PeakScratch,
 ) -> u64 {
-    let events: Vec<&BackwardEvent> = events.iter().filter(|e| e.device == device).collect();
     // A weight gradient's birth: the last event at a gradient's address, if it is a
-    // birth (still alive at the end). Found from the end, with one look-up in `grads`
-    // an event and a set of the gradients' addresses already decided: no map of every
-    // block born in backward (rebuilt each iteration, it cost more than the rest of
-    // record_stats on a step of many small ops).
-    let mut decided: FxHashSet<u64> = FxHashSet::default();
-    let mut grad_births = vec![false; events.len()];
+    // birth (still alive at the end). Found from the end: each gradient is decided by
+    // the first of its events met there.
+    let PeakScratch { decided, births } = scratch;
+    decided.clear();
+    decided.resize(grads.len(), false);
+    births.clear();
+    births.resize(events.len(), false);
     for (i, e) in events.iter().enumerate().rev() {
-        if grads.contains(&e.ptr) && decided.insert(e.ptr) {
-            grad_births[i] = e.delta > 0;
+        if e.device != device {
+            continue;
+        }
+        if let Some(&k) = grads.get(&e.ptr) {
+            let k = k as usize;
+            if !decided[k] {
+                decided[k] = true;
+                births[i] = e.delta > 0;
+            }
         }
     }
     let mut peak: i64 = 0;
     let mut running: i64 = 0;
     let mut pass = None;
-    for (i, e) in events.iter().enumerate() {
+    for (e, grad_birth) in events.iter().zip(births.iter()) {
+        if e.device != device {
+            continue;
+        }
         if pass != Some(e.generation) {
             pass = Some(e.generation);
             running = 0;
         }
-        if grad_births[i] {
+        if *grad_birth {
             continue;
         }
         running += e.delta;
         peak = peak.max(running);
     }
     peak.max(0) as u64
+}
+
+/// The weight gradients' block addresses, each with an index of its own (0, 1, ...).
+pub type GradIndex = FxHashMap<u64, u32>;
+
+/// What [`intermediate_peak`] reuses between calls.
+#[derive(Debug, Default)]
+pub struct PeakScratch {
+    decided: Vec<bool>,
+    births: Vec<bool>,
 }
 
 /// What a report needs to know about one allocation behind a variable or a gradient.
@@ -93,6 +115,15 @@ pub fn optimizer_state(optimizer_born_live: i64, claimed: u64) -> u64 {
 mod tests {
     use super::*;
 
+    fn peak(events: &[BackwardEvent], device: u32, grads: &[u64]) -> u64 {
+        let index: GradIndex = grads
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (*g, i as u32))
+            .collect();
+        intermediate_peak(events, device, &index, &mut PeakScratch::default())
+    }
+
     fn ev(ptr: u64, delta: i64, generation: u32) -> BackwardEvent {
         BackwardEvent {
             ptr,
@@ -112,27 +143,27 @@ mod tests {
             ev(1, -100, 7),
             ev(3, -50, 7),
         ];
-        let grads = HashSet::from([2]);
-        assert_eq!(intermediate_peak(&events, 0, &grads), 150);
+        let grads = [2];
+        assert_eq!(peak(&events, 0, &grads), 150);
         // Without knowing g is a gradient it would count.
-        assert_eq!(intermediate_peak(&events, 0, &HashSet::new()), 1150);
+        assert_eq!(peak(&events, 0, &[]), 1150);
     }
 
     #[test]
     fn a_reused_address_is_a_gradient_only_for_its_last_birth() {
         // Address 5 first holds a temporary (freed), then the gradient.
         let events = [ev(5, 300, 7), ev(5, -300, 7), ev(5, 200, 7), ev(6, 10, 7)];
-        let grads = HashSet::from([5]);
-        assert_eq!(intermediate_peak(&events, 0, &grads), 300);
+        let grads = [5];
+        assert_eq!(peak(&events, 0, &grads), 300);
     }
 
     #[test]
     fn each_backward_pass_starts_from_zero() {
         // Pass 1 leaves 40 bytes alive past its end (freed later, unlogged).
         let events = [ev(1, 40, 7), ev(2, 30, 9), ev(2, -30, 9)];
-        assert_eq!(intermediate_peak(&events, 0, &HashSet::new()), 40);
+        assert_eq!(peak(&events, 0, &[]), 40);
         let events = [ev(1, 10, 7), ev(2, 30, 9), ev(3, 5, 9)];
-        assert_eq!(intermediate_peak(&events, 0, &HashSet::new()), 35);
+        assert_eq!(peak(&events, 0, &[]), 35);
     }
 
     #[test]
@@ -143,8 +174,8 @@ mod tests {
             generation: 7,
             device: 1,
         };
-        assert_eq!(intermediate_peak(&[e], 0, &HashSet::new()), 0);
-        assert_eq!(intermediate_peak(&[e], 1, &HashSet::new()), 100);
+        assert_eq!(peak(&[e], 0, &[]), 0);
+        assert_eq!(peak(&[e], 1, &[]), 100);
     }
 
     #[test]

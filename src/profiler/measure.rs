@@ -1,8 +1,6 @@
 //! Measuring one iteration: the variables, classified by the blocks they point to,
 //! against the allocator's counters.
 
-use rustc_hash::FxHashSet;
-
 use tch::Device;
 
 use super::accounting::{self, BlockInfo};
@@ -63,7 +61,7 @@ impl MemoryProfiler {
                 }
             }
             if grads_changed {
-                o.grads = sums.grad_set.clone();
+                o.grads.clone_from(&sums.grad_set);
             }
         });
 
@@ -73,8 +71,13 @@ impl MemoryProfiler {
         }
         let optimizer_state =
             accounting::optimizer_state(ds.optimizer_born_live, self.sums.optimizer_claimed);
-        let intermediate =
-            accounting::intermediate_peak(&self.log, self.slot as u32, &self.sums.grad_set);
+        let sums = &mut self.sums;
+        let intermediate = accounting::intermediate_peak(
+            &self.log,
+            self.slot as u32,
+            &sums.grad_set,
+            &mut sums.peak_scratch,
+        );
         let (weights, buffers, gradients) = (
             self.sums.weight_bytes,
             self.sums.buffer_bytes,
@@ -195,8 +198,11 @@ pub(super) struct Sums {
     buffer_bytes: u64,
     /// Every defined gradient's block (by name), their addresses and distinct bytes.
     grads: Vec<BlockInfo>,
-    grad_set: FxHashSet<u64>,
+    /// Their distinct addresses, each with an index of its own.
+    grad_set: accounting::GradIndex,
     grad_bytes: u64,
+    /// What the intermediate gradients' peak reuses from one iteration to the next.
+    peak_scratch: accounting::PeakScratch,
     /// The table version the gradient sums are of.
     grads_version: Option<u64>,
     /// Bytes of the weight and gradient blocks born in an optimizer phase.
@@ -244,13 +250,26 @@ impl Sums {
         if same {
             return false;
         }
-        self.grads = table
-            .rows()
-            .filter(|(_, _, g)| g.defined)
-            .map(|(_, _, g)| info(&g))
-            .collect();
-        self.grad_set = self.grads.iter().map(|b| b.base).collect();
-        self.grad_bytes = accounting::distinct_bytes(&self.grads);
+        // Usually every gradient is new at each iteration (libtorch's optimizers set
+        // them to none in zero_grad): the vector and the map keep their room.
+        self.grads.clear();
+        self.grads.extend(
+            table
+                .rows()
+                .filter(|(_, _, g)| g.defined)
+                .map(|(_, _, g)| info(&g)),
+        );
+        // The distinct blocks' bytes (gradients that share storage count once) and
+        // their index, in one pass.
+        self.grad_set.clear();
+        self.grad_bytes = 0;
+        for b in &self.grads {
+            let next = self.grad_set.len() as u32;
+            if let std::collections::hash_map::Entry::Vacant(v) = self.grad_set.entry(b.base) {
+                v.insert(next);
+                self.grad_bytes += b.bytes;
+            }
+        }
         true
     }
 }

@@ -9,6 +9,7 @@
 //! state belongs to its [`Session`].
 
 mod accounting;
+pub(crate) use accounting::GradIndex;
 mod budget;
 mod builder;
 mod measure;

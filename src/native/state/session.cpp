@@ -194,7 +194,6 @@ void read_device_stats(int32_t slot, MpDeviceStats* out) {
   out->peak_iter = d.peak_iter.load();
   out->peak_run = d.peak_run.load();
   out->allocs = d.allocs.load();
-  out->frees = d.frees.load();
   out->optimizer_born_live = phase_live(d, kOptimizer);
   out->feature_maps = d.feature_maps.load();
   out->reported_allocated = d.reported_allocated.load();
