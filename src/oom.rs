@@ -125,7 +125,7 @@ pub(crate) struct OomState {
     pub device: String,
     pub step: u64,
     pub weights: FxHashSet<u64>,
-    pub grads: crate::profiler::GradIndex,
+    pub grads: rustc_hash::FxHashMap<u64, u32>,
     pub weights_by_layer: HashMap<String, u64>,
     pub weight_bytes: u64,
     /// Events of the memory history included in the snapshot (0: none).

@@ -9,7 +9,6 @@
 //! state belongs to its [`Session`].
 
 mod accounting;
-pub(crate) use accounting::GradIndex;
 mod budget;
 mod builder;
 mod measure;
