@@ -29,6 +29,26 @@ fn chain<'a>(vs: &nn::VarStore, blocks: &'a [nn::Sequential]) -> Checkpointed<'a
     })
 }
 
+/// The blocks as segments, block i checkpointed where `checkpointed(i)`, else kept
+/// (`segment_kept`).
+fn mixed_chain<'a>(
+    vs: &nn::VarStore,
+    blocks: &'a [nn::Sequential],
+    checkpointed: impl Fn(usize) -> bool,
+) -> Checkpointed<'a> {
+    blocks
+        .iter()
+        .enumerate()
+        .fold(Checkpointed::new(vs), |c, (i, b)| {
+            let f = move |x: &Tensor, _train: bool| b.forward(x);
+            if checkpointed(i) {
+                c.segment(f)
+            } else {
+                c.segment_kept(f)
+            }
+        })
+}
+
 /// Every variable's gradient, by name.
 fn grads(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
     let mut v: Vec<(String, Tensor)> = vs
@@ -429,24 +449,11 @@ fn kept_segments_keep_the_activations_of_their_blocks() {
     tch::manual_seed(4);
     let vs = nn::VarStore::new(Device::Cpu);
     let bl = blocks(&vs);
-    let model = |checkpointed: &dyn Fn(usize) -> bool| {
-        bl.iter()
-            .enumerate()
-            .fold(Checkpointed::new(&vs), |c, (i, b)| {
-                let f = move |x: &Tensor, _train: bool| b.forward(x);
-                if checkpointed(i) {
-                    c.segment(f)
-                } else {
-                    c.segment_kept(f)
-                }
-            })
-            .preserve_rng(false)
-    };
     let models = [
-        model(&|_| false),
-        model(&|i| i % 2 == 0),
-        model(&|i| i % 2 == 1),
-        model(&|_| true),
+        mixed_chain(&vs, &bl, |_| false).preserve_rng(false),
+        mixed_chain(&vs, &bl, |i| i % 2 == 0).preserve_rng(false),
+        mixed_chain(&vs, &bl, |i| i % 2 == 1).preserve_rng(false),
+        mixed_chain(&vs, &bl, |_| true).preserve_rng(false),
     ];
     let mut profiler = MemoryProfiler::builder(&vs)
         .print(false)
@@ -476,17 +483,7 @@ fn kept_segments(checkpointed_parity: usize) {
     tch::manual_seed(3);
     let vs = nn::VarStore::new(Device::Cpu);
     let bl = blocks(&vs);
-    let mixed = bl
-        .iter()
-        .enumerate()
-        .fold(Checkpointed::new(&vs), |c, (i, b)| {
-            let f = move |x: &Tensor, _train: bool| b.forward(x);
-            if i % 2 == checkpointed_parity {
-                c.segment(f)
-            } else {
-                c.segment_kept(f)
-            }
-        });
+    let mixed = mixed_chain(&vs, &bl, |i| i % 2 == checkpointed_parity);
     let x = Tensor::randn([B, D], (Kind::Float, Device::Cpu)).set_requires_grad(true);
     let y = Tensor::randint(D, [B], (Kind::Int64, Device::Cpu));
 
