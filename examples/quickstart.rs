@@ -5,7 +5,9 @@
 //!
 //! Options: `--epochs N` (default 3), `--iterations N` per epoch (default 20),
 //! `--batch-size N` (default 32), `--device cpu|cuda` (default: cuda if available),
-//! `--label TEXT` (what `tch-memprof report` and `diff` call the run; default: its folder).
+//! `--label TEXT` (what `tch-memprof report` and `diff` call the run; default: its folder),
+//! `--html` (also the run's offline HTML report, with step 2 examined op by op and the
+//! blocks idle at its peak; `scripts/readme-pictures.sh` draws the README's picture of it).
 
 #[path = "common/args.rs"]
 mod args;
@@ -67,6 +69,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(label) = args::arg("--label") {
         builder = builder.label(label);
     }
+    if args::flag("--html") {
+        builder = builder.html(true).timeline_step(2).idle_at_peak(true);
+    }
     let mut profiler = builder.build()?;
 
     for _epoch in 0..epochs {
@@ -108,6 +113,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if !w.is_empty() {
             println!("    {w}");
         }
+    }
+    if let Some(page) = profiler.html_path() {
+        println!("\nHTML report:\n  {}", page.display());
     }
     if profiler.failures() > 0 {
         println!(

@@ -21,6 +21,10 @@ let hatches = 0;
 let out = app;
 function into(parent, f) { const prev = out; out = parent; try { f(); } finally { out = prev; } }
 function el(tag, text, cls) { const e = document.createElement(tag); if (text !== undefined) e.textContent = text; if (cls) e.className = cls; return e; }
+// A text cell whose long names wrap after "::" and "/" (an op's or a path's parts) rather
+// than push the table past the page: a <wbr> there, text nodes around it (the same text
+// read or copied).
+function breakable(td, text) { text.split(/(?<=::|\/)/).forEach((part, i) => { if (i) td.appendChild(document.createElement("wbr")); td.appendChild(document.createTextNode(part)); }); return td; }
 function svgEl(tag, attrs) { const e = document.createElementNS(NS, tag); for (const k in attrs) e.setAttribute(k, attrs[k]); return e; }
 function svgText(attrs, text) { const t = svgEl("text", attrs); t.textContent = text; return t; }
 function tip(node, text) { const t = svgEl("title", {}); t.textContent = text; node.appendChild(t); return node; }
@@ -42,7 +46,7 @@ function table(headers, rows, opts) {
   });
   t.appendChild(head);
   const body = [];
-  function fill(rs) { body.forEach(r => r.remove()); body.length = 0; rs.forEach(r => { const tr = el("tr"); r.cells.forEach((c, i) => tr.appendChild(el("td", String(c), i === 0 || (opts.left || []).includes(i) ? "l" : ""))); t.appendChild(tr); body.push(tr); }); }
+  function fill(rs) { body.forEach(r => r.remove()); body.length = 0; rs.forEach(r => { const tr = el("tr"); r.cells.forEach((c, i) => tr.appendChild(i === 0 || (opts.left || []).includes(i) ? breakable(el("td", undefined, "l"), String(c)) : el("td", String(c)))); t.appendChild(tr); body.push(tr); }); }
   function cmp(a, b) {
     if (typeof a === "string" || typeof b === "string") return String(a ?? "").localeCompare(String(b ?? ""), "en", {numeric: true});
     return (a ?? -1) - (b ?? -1);
