@@ -5,6 +5,7 @@ by PyTorch's own torch.export.export and torch.export.save:
 
 DIR/resnet18.pt2 and DIR/resnet18-core.pt2: torchvision's ResNet-18 (10 classes) at
     2x3x64x64, as the training IR and after run_decompositions() (core ATen);
+DIR/resnet18-dynamic.pt2: the same model exported with a dynamic batch, Dim("batch");
 DIR/resnet18.pt: the same model (the same weights) traced with torch.jit.trace;
 DIR/bert.pt2 and DIR/bert-core.pt2: a small transformers BERT at 2x32 tokens, both forms;
 DIR/dynamic.pt2: a small CNN exported with a dynamic batch, Dim("batch", min=2, max=16);
@@ -126,6 +127,9 @@ def main(argv):
     ep = torch.export.export(resnet, (x,))
     save(ep, os.path.join(out, "resnet18.pt2"))
     save(ep, os.path.join(out, "resnet18-core.pt2"), core=True)
+    # As the estimate's docs say to export it: the batch dynamic, no bound given.
+    ep = torch.export.export(resnet, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    save(ep, os.path.join(out, "resnet18-dynamic.pt2"))
     with torch.no_grad():
         torch.jit.trace(resnet, (x,)).save(os.path.join(out, "resnet18.pt"))
 

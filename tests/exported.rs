@@ -5,7 +5,8 @@
 //! (control flow, custom ops, autocast turned on inside the model) and damaged archives
 //! are refused in one line with exit status 2; `profile` runs a real training step of a
 //! program on the CPU, as of the same model's TorchScript file; infinite floats, weights
-//! that view one storage, and the largest batch searched within a program's range.
+//! that view one storage, and the largest batch searched within a program's range (a
+//! static program's one batch never called the largest that fits).
 
 mod common;
 
@@ -327,4 +328,68 @@ fn infinite_floats_storage_views_and_the_largest_batch_a_program_takes() {
     let largest: Vec<&str> = csv.lines().filter(|l| l.contains(",true,")).collect();
     assert_eq!(largest.len(), 1, "{csv}");
     assert!(largest[0].starts_with("dynamic.pt2,16,"), "{csv}");
+}
+
+/// `--memory` on one ResNet-18 three ways: as `torch.export.export` writes it by default
+/// (static sizes, batch 2), exported with a dynamic batch, and traced. The static
+/// program's one batch is never called the largest that fits (the line says it was not
+/// searched and how to export for a search; no CSV row is marked, standard error says
+/// why in one line); the dynamic program's answer is the traced file's, whose batch is
+/// free (the two forms estimate alike: `both_forms_torch_export_writes_estimate_alike`).
+#[test]
+fn a_static_program_never_answers_the_largest_batch() {
+    let Some(dir) = cases() else { return };
+    let run = |file: &str, extra: &[&str]| {
+        let path = dir.join(file);
+        let mut args = vec!["estimate", path.to_str().unwrap()];
+        args.extend(["--train", "--optimizer", "adamw", "--memory", "2GiB"]);
+        args.extend(extra);
+        let out = common::cli(&args);
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            common::text(&out.stderr)
+        );
+        out
+    };
+    let text = common::text(&run("resnet18.pt2", &[]).stdout);
+    assert!(
+        text.contains(
+            "largest batch not searched: the program was exported with static sizes and \
+             takes batch 2 only; it fits in 2.00 GiB"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("dynamic_shapes=({0: torch.export.Dim(\"batch\")},)"));
+    assert!(!text.contains("largest batch that fits"), "{text}");
+
+    let csv = run("resnet18.pt2", &["--csv"]);
+    let rows = common::text(&csv.stdout);
+    assert!(!rows.lines().any(|l| l.contains(",true,")), "{rows}");
+    let stderr = common::text(&csv.stderr);
+    let warned: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("warning: largest batch not searched"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{stderr}");
+
+    let largest = |file: &str| -> i64 {
+        let out = run(file, &["--input", "2x3x64x64", "--csv"]);
+        let rows = common::text(&out.stdout);
+        let header: Vec<&str> = rows.lines().next().unwrap().split(',').collect();
+        let col = header.iter().position(|h| *h == "batch").unwrap();
+        let marked: Vec<&str> = rows.lines().filter(|l| l.contains(",true,")).collect();
+        assert_eq!(marked.len(), 1, "{file}: {rows}");
+        marked[0].split(',').nth(col).unwrap().parse().unwrap()
+    };
+    let dynamic = largest("resnet18-dynamic.pt2");
+    let traced = largest("resnet18.pt");
+    assert!(
+        dynamic > 16,
+        "the dynamic program's largest batch: {dynamic}"
+    );
+    assert!(
+        (dynamic - traced).abs() <= traced / 100,
+        "the dynamic program's largest batch {dynamic}, the traced file's {traced}"
+    );
 }

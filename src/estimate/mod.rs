@@ -421,9 +421,30 @@ pub struct Fit {
     pub too_big: Option<Estimate>,
     /// Estimates run during the search.
     pub tries: u32,
+    /// The batches the model takes, where it bounds them: an exported program's batch
+    /// dimension (its range constraint; a static program's own batch, first = last).
+    /// The search stays inside it, so [`batch`](Self::batch) at its last is the
+    /// program's limit, not the memory's ([`Fit::program_limited`]).
+    pub batches: Option<(i64, i64)>,
 }
 
 impl Fit {
+    /// Whether the answer is the program's bound rather than the memory's: the program
+    /// takes one batch only (exported with static sizes), or the search reached the last
+    /// batch of its range still fitting. A larger batch may fit: the program must be
+    /// exported with a (larger) dynamic batch to find it.
+    pub fn program_limited(&self) -> bool {
+        match self.batches {
+            Some((first, last)) => first == last || (self.fits.is_some() && self.batch >= last),
+            None => false,
+        }
+    }
+
+    /// Whether the program takes a single batch (exported without `dynamic_shapes`).
+    pub fn fixed_batch(&self) -> bool {
+        matches!(self.batches, Some((first, last)) if first == last)
+    }
+
     /// Memory left at the largest batch that fits (memory - its peak reserved).
     pub fn margin(&self) -> Option<u64> {
         self.fits

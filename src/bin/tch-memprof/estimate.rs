@@ -76,7 +76,8 @@ pub struct EstimateArgs {
     no_jit_optimize: bool,
     /// Print CSV to standard output: model, batch, mode, weights_bytes,
     /// peak_allocated_bytes, peak_reserved_bytes, largest_batch (true on the row of the
-    /// largest batch that fits --memory), attention (the backends that ran), autocast
+    /// largest batch that fits --memory; no row of a program exported with static sizes,
+    /// whose one batch is not searched), attention (the backends that ran), autocast
     /// (bf16, f16 or off), idle_bytes (live at the peak, never read again),
     /// peak_if_dropped_bytes (the peak allocated had those been freed after their last
     /// read).
@@ -189,7 +190,15 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         for line in output.fallback_warnings() {
             eprintln!("{line}");
         }
-        let largest = fit.as_ref().and_then(|f| f.fits.clone());
+        // A static program's own batch is not the largest that fits: no row says it is.
+        // Where the program bounds the answer, standard error says so.
+        if let Some(f) = fit.as_ref().filter(|f| f.program_limited()) {
+            eprintln!("warning: {f}");
+        }
+        let largest = fit
+            .as_ref()
+            .filter(|f| !f.fixed_batch())
+            .and_then(|f| f.fits.clone());
         let csv_rows = rows
             .iter()
             .map(|e| e.csv_row(&label, false))

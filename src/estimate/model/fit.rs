@@ -39,7 +39,8 @@ impl Model {
         };
         let mut fits: Option<Estimate> = None;
         let mut too_big: Option<Estimate> = None;
-        let (first, last) = self.batch_range().unwrap_or((1, MAX_BATCH));
+        let range = self.batch_range();
+        let (first, last) = range.unwrap_or((1, MAX_BATCH));
         let last = last.min(MAX_BATCH);
         let mut b = first;
         loop {
@@ -78,6 +79,8 @@ impl Model {
             fits,
             too_big,
             tries,
+            // A range from 1 reaching past the search's own bound bounds nothing.
+            batches: range.filter(|&(lo, hi)| lo > 1 || hi < MAX_BATCH),
         })
     }
 }
