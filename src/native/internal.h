@@ -30,6 +30,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -129,13 +130,32 @@ inline int64_t slot_bytes(uint64_t v) {
   return b;
 }
 
-struct DeviceState {
-  std::atomic<int64_t> live{0};       // live bytes of blocks this layer saw born
-  std::atomic<int64_t> peak_iter{0};  // peak of `live` since the iteration began
-  std::atomic<int64_t> peak_run{0};   // peak of `live` since the profiler started
+// A device's counters come in two lanes. Lane kOwnLane is written by one thread only,
+// the first thread that starts a session (for the life of the process: a training loop's
+// thread), with plain loads and stores; lane kSharedLane by every other thread (CUDA's
+// backward on the engine's device thread, intra-op workers, other sessions' threads)
+// with atomic read-modify-writes. The training thread's allocations and frees so cost no
+// locked instruction. A device's figures are the lanes' sums: live bytes, allocations,
+// each generation's and phase's bytes. Each lane keeps the peaks of the device's total
+// its writer saw (its own lane's bytes after the event plus the other's), the device's
+// peak their larger: exact where the two lanes' writers do not allocate at the same
+// moment (a training step's phases do not overlap; when they do, a peak of the two
+// events together can be missed by the smaller of them, as at any instant the order of
+// two concurrent allocations is not defined).
+constexpr int kOwnLane = 0;
+constexpr int kSharedLane = 1;
+
+struct Lane {
+  std::atomic<int64_t> live{0};       // live bytes of blocks this lane counted born, less its frees
   std::atomic<int64_t> allocs{0};
+  std::atomic<int64_t> peak_iter{0};  // the device's peak since the iteration began, as seen here
+  std::atomic<int64_t> peak_run{0};   // the device's peak since the profiler started, as seen here
   std::atomic<uint64_t> slots[kRing];
   std::atomic<int64_t> old_by_phase[kPhases];
+};
+
+struct DeviceState {
+  Lane lane[2];
   // Feature maps: the largest forward-generation live bytes seen at a backward start
   // in this iteration; -1 when no backward started.
   std::atomic<int64_t> feature_maps{-1};
@@ -146,6 +166,36 @@ struct DeviceState {
   std::atomic<int64_t> reported_peak_reserved_iter{-1};
   std::atomic<int64_t> reported_peak_allocated_run{-1};
   std::atomic<int64_t> reported_peak_reserved_run{-1};
+
+  // Live bytes of blocks this layer saw born.
+  int64_t live() const {
+    return lane[0].live.load(std::memory_order_relaxed) +
+        lane[1].live.load(std::memory_order_relaxed);
+  }
+  // Peak of live() since the iteration began.
+  int64_t peak_iter() const {
+    return std::max(lane[0].peak_iter.load(std::memory_order_relaxed),
+                    lane[1].peak_iter.load(std::memory_order_relaxed));
+  }
+  // Peak of live() since the profiler started.
+  int64_t peak_run() const {
+    return std::max(lane[0].peak_run.load(std::memory_order_relaxed),
+                    lane[1].peak_run.load(std::memory_order_relaxed));
+  }
+  int64_t allocs() const {
+    return lane[0].allocs.load(std::memory_order_relaxed) +
+        lane[1].allocs.load(std::memory_order_relaxed);
+  }
+  // Starts the iteration's (and with `run`, the run's) peak from live bytes now.
+  void restart_peaks(bool run) {
+    const int64_t now = live();
+    for (auto& l : lane) {
+      l.peak_iter.store(now, std::memory_order_relaxed);
+      if (run) {
+        l.peak_run.store(now, std::memory_order_relaxed);
+      }
+    }
+  }
 };
 
 extern DeviceState g_dev[kMaxDevices];
@@ -175,11 +225,71 @@ inline void atomic_max(std::atomic<int64_t>& a, int64_t v) {
   }
 }
 
+// Whether this thread writes the own lane (see Lane): the first thread that started a
+// session.
+extern thread_local bool tls_own_lane;
+// Makes this thread the own lane's writer if no thread is yet (at a session's start).
+void claim_own_lane();
+
+// A lane's read-modify-writes: plain on the own lane (one writer), atomic on the shared.
+template <bool Own>
+inline int64_t lane_add(std::atomic<int64_t>& a, int64_t v) {
+  if (Own) {
+    const int64_t now = a.load(std::memory_order_relaxed) + v;
+    a.store(now, std::memory_order_relaxed);
+    return now;
+  }
+  return a.fetch_add(v, std::memory_order_relaxed) + v;
+}
+template <bool Own>
+inline void lane_max(std::atomic<int64_t>& a, int64_t v) {
+  if (Own) {
+    if (v > a.load(std::memory_order_relaxed)) {
+      a.store(v, std::memory_order_relaxed);
+    }
+  } else {
+    atomic_max(a, v);
+  }
+}
+
 void init_slots();
 // Forgets a device's live bytes: 0 live, no generation holding any (a session that
 // starts from what it can know again).
 void reset_live(DeviceState& d);
-void slot_add(DeviceState& d, uint32_t gen, uint32_t phase, int64_t delta);
+template <bool Own>
+void slot_add(Lane& l, uint32_t gen, uint32_t phase, int64_t delta);
+// Counts a birth of `size` bytes in this thread's lane (`alloc`: also as an allocation):
+// live bytes, the peaks, the generation's bytes.
+template <bool Own>
+inline void count_birth(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase, bool alloc) {
+  Lane& l = d.lane[Own ? kOwnLane : kSharedLane];
+  const Lane& other = d.lane[Own ? kSharedLane : kOwnLane];
+  const int64_t live = lane_add<Own>(l.live, size) + other.live.load(std::memory_order_relaxed);
+  if (alloc) {
+    lane_add<Own>(l.allocs, 1);
+  }
+  lane_max<Own>(l.peak_iter, live);
+  lane_max<Own>(l.peak_run, live);
+  slot_add<Own>(l, gen, phase, size);
+}
+inline void count_birth(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase, bool alloc) {
+  if (tls_own_lane) {
+    count_birth<true>(d, size, gen, phase, alloc);
+  } else {
+    count_birth<false>(d, size, gen, phase, alloc);
+  }
+}
+inline void count_death(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase) {
+  if (tls_own_lane) {
+    Lane& l = d.lane[kOwnLane];
+    lane_add<true>(l.live, -size);
+    slot_add<true>(l, gen, phase, -size);
+  } else {
+    Lane& l = d.lane[kSharedLane];
+    lane_add<false>(l.live, -size);
+    slot_add<false>(l, gen, phase, -size);
+  }
+}
 int64_t phase_live(const DeviceState& d, uint32_t phase);
 // Moves from `from` to `to` (bumping the generation) if the phase is still `from`.
 bool transition(uint32_t from, uint32_t to);
@@ -421,7 +531,7 @@ struct RegEntry {
 constexpr uint32_t kRegCapacity = 1u << 21;
 extern RegEntry* g_reg;
 extern std::atomic<uint32_t> g_reg_hw;
-extern std::atomic<int64_t> g_reg_live;
+extern std::atomic<int64_t> g_reg_live[2];
 extern std::atomic<int64_t> g_reg_dropped;
 extern std::atomic<bool> g_origin_on;
 extern std::atomic<uint32_t> g_iter;
@@ -516,12 +626,7 @@ extern thread_local uint64_t tls_alloc_sig;
 
 inline void on_alloc(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t phase) {
   tls_alloc_sig = (tls_alloc_sig ^ uint64_t(size) ^ (uint64_t(dev) << 56)) * 0x100000001b3ull;
-  DeviceState& d = g_dev[dev];
-  const int64_t live = d.live.fetch_add(size, std::memory_order_relaxed) + size;
-  d.allocs.fetch_add(1, std::memory_order_relaxed);
-  atomic_max(d.peak_iter, live);
-  atomic_max(d.peak_run, live);
-  slot_add(d, gen, phase, size);
+  count_birth(g_dev[dev], size, gen, phase, true);
   if (phase == kBackward) {
     log_event(ptr, size, gen, uint32_t(dev));
   }
@@ -529,9 +634,7 @@ inline void on_alloc(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t
 }
 
 inline void on_free(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t phase) {
-  DeviceState& d = g_dev[dev];
-  d.live.fetch_sub(size, std::memory_order_relaxed);
-  slot_add(d, gen, phase, -size);
+  count_death(g_dev[dev], size, gen, phase);
   if (phase == kBackward) {
     const uint64_t gp = g_genphase.load(std::memory_order_relaxed);
     if (cur_gen(gp) == gen) {

@@ -48,6 +48,12 @@ void tracked_delete(void* data) {
   if (!data) {
     return;
   }
+  // The header's line and the one before it, where malloc keeps the chunk's size that
+  // free() reads, are cold for most blocks freed (activations in backward, last
+  // iteration's gradients): both loads start now and overlap, rather than free()'s
+  // waiting behind the header's. The header is nearly always 64 bytes (c10's alignment),
+  // and a prefetch of a wrong line costs nothing.
+  __builtin_prefetch(static_cast<char*>(data) - 64 - 16);
   HookScope hook;
   BlockHeader* h = header_of(data);
   void* base = static_cast<char*>(data) - h->head_bytes;
@@ -82,7 +88,7 @@ struct TrackingCpuAllocator final : public c10::Allocator {
       base = c10::alloc_cpu(n + head);  // throws c10::Error on failure, like c10's
     } catch (...) {
       // The hook scope has closed: the report writer is not the hook.
-      fire_oom(0, int64_t(n), g_dev[0].live.load(std::memory_order_relaxed), 0);
+      fire_oom(0, int64_t(n), g_dev[0].live(), 0);
       throw;
     }
     HookScope hook;

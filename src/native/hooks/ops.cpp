@@ -217,7 +217,7 @@ struct StepSink {
   }
   static int64_t live() {
     const int slot = g_steplog_device.load(std::memory_order_relaxed);
-    return g_dev[slot].live.load(std::memory_order_relaxed);
+    return g_dev[slot].live();
   }
   static void append(const MpTlEvent& e) {
     steplog_append(e);

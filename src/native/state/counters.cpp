@@ -16,14 +16,27 @@ std::atomic<int64_t> g_backward_passes{0};
 std::atomic<int64_t> g_untagged_frees{0};
 thread_local bool tls_training_thread = false;
 
+thread_local bool tls_own_lane = false;
+namespace {
+std::atomic<bool> g_own_lane_claimed{false};
+}  // namespace
+
+void claim_own_lane() {
+  if (!tls_own_lane && !g_own_lane_claimed.exchange(true)) {
+    tls_own_lane = true;
+  }
+}
+
 void init_slots() {
   for (auto& d : g_dev) {
-    for (int i = 0; i < kRing; ++i) {
-      // Generations start at kRing: every slot holds an older generation.
-      d.slots[i].store(pack(uint32_t(i), kIdle, 0), std::memory_order_relaxed);
-    }
-    for (auto& o : d.old_by_phase) {
-      o.store(0, std::memory_order_relaxed);
+    for (auto& l : d.lane) {
+      for (int i = 0; i < kRing; ++i) {
+        // Generations start at kRing: every slot holds an older generation.
+        l.slots[i].store(pack(uint32_t(i), kIdle, 0), std::memory_order_relaxed);
+      }
+      for (auto& o : l.old_by_phase) {
+        o.store(0, std::memory_order_relaxed);
+      }
     }
   }
 }
@@ -31,12 +44,14 @@ void init_slots() {
 void reset_live(DeviceState& d) {
   // Every slot holds a generation older than any the session will tag.
   const uint32_t older = cur_gen(g_genphase.load()) - uint32_t(kRing);
-  d.live.store(0);
-  for (auto& slot : d.slots) {
-    slot.store(pack(older, kIdle, 0), std::memory_order_relaxed);
-  }
-  for (auto& old : d.old_by_phase) {
-    old.store(0, std::memory_order_relaxed);
+  for (auto& l : d.lane) {
+    l.live.store(0);
+    for (auto& slot : l.slots) {
+      slot.store(pack(older, kIdle, 0), std::memory_order_relaxed);
+    }
+    for (auto& old : l.old_by_phase) {
+      old.store(0, std::memory_order_relaxed);
+    }
   }
 }
 
@@ -47,45 +62,66 @@ inline bool gen_older(uint32_t a, uint32_t b) {
   return diff != 0 && diff < (1u << (kGenBits - 1));
 }
 
-// Live bytes still held by blocks born in `gen` (0 if it left the ring).
+// Live bytes still held by blocks born in `gen` (0 if it left the ring), both lanes.
 int64_t gen_live(const DeviceState& d, uint32_t gen) {
-  const uint64_t v = d.slots[gen % kRing].load(std::memory_order_relaxed);
-  return slot_gen(v) == (gen & uint32_t(kGenMask)) ? slot_bytes(v) : 0;
+  int64_t total = 0;
+  for (const auto& l : d.lane) {
+    const uint64_t v = l.slots[gen % kRing].load(std::memory_order_relaxed);
+    total += slot_gen(v) == (gen & uint32_t(kGenMask)) ? slot_bytes(v) : 0;
+  }
+  return total;
+}
+
+// A slot's compare-and-swap: a plain store on the own lane (its one writer).
+template <bool Own>
+inline bool slot_swap(std::atomic<uint64_t>& s, uint64_t& cur, uint64_t next) {
+  if (Own) {
+    s.store(next, std::memory_order_relaxed);
+    return true;
+  }
+  return s.compare_exchange_weak(cur, next, std::memory_order_relaxed);
 }
 }  // namespace
 
-void slot_add(DeviceState& d, uint32_t gen, uint32_t phase, int64_t delta) {
-  auto& s = d.slots[gen % kRing];
+template <bool Own>
+void slot_add(Lane& l, uint32_t gen, uint32_t phase, int64_t delta) {
+  auto& s = l.slots[gen % kRing];
   const uint32_t g20 = gen & uint32_t(kGenMask);
   uint64_t cur = s.load(std::memory_order_relaxed);
   for (;;) {
     const uint32_t sg = slot_gen(cur);
     if (sg == g20) {
-      if (s.compare_exchange_weak(
-              cur, pack(gen, phase, slot_bytes(cur) + delta), std::memory_order_relaxed)) {
+      if (slot_swap<Own>(s, cur, pack(gen, phase, slot_bytes(cur) + delta))) {
         return;
       }
       continue;
     }
-    if (delta < 0 || !gen_older(sg, g20)) {
+    if (!gen_older(sg, g20)) {
       // The block's generation has left the ring (or the slot already moved past it).
-      d.old_by_phase[phase].fetch_add(delta, std::memory_order_relaxed);
+      lane_add<Own>(l.old_by_phase[phase], delta);
       return;
     }
-    // The slot holds an older generation: fold it and take the slot.
-    if (s.compare_exchange_weak(cur, pack(gen, phase, delta), std::memory_order_relaxed)) {
-      d.old_by_phase[slot_phase(cur)].fetch_add(slot_bytes(cur), std::memory_order_relaxed);
+    // The slot holds an older generation: fold it and take the slot. A free takes it
+    // too: its block was born in the other lane (bytes below zero here, the lanes' sum
+    // the generation's).
+    if (slot_swap<Own>(s, cur, pack(gen, phase, delta))) {
+      lane_add<Own>(l.old_by_phase[slot_phase(cur)], slot_bytes(cur));
       return;
     }
   }
 }
+template void slot_add<true>(Lane&, uint32_t, uint32_t, int64_t);
+template void slot_add<false>(Lane&, uint32_t, uint32_t, int64_t);
 
 int64_t phase_live(const DeviceState& d, uint32_t phase) {
-  int64_t total = d.old_by_phase[phase].load(std::memory_order_relaxed);
-  for (int i = 0; i < kRing; ++i) {
-    const uint64_t v = d.slots[i].load(std::memory_order_relaxed);
-    if (slot_phase(v) == phase) {
-      total += slot_bytes(v);
+  int64_t total = 0;
+  for (const auto& l : d.lane) {
+    total += l.old_by_phase[phase].load(std::memory_order_relaxed);
+    for (int i = 0; i < kRing; ++i) {
+      const uint64_t v = l.slots[i].load(std::memory_order_relaxed);
+      if (slot_phase(v) == phase) {
+        total += slot_bytes(v);
+      }
     }
   }
   return total;

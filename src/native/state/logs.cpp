@@ -41,7 +41,7 @@ void begin_steplog(uint32_t gen) {
   g_op_counter.store(0);
   g_last_op.store(-1);
   g_steplog_start_gen.store(gen);
-  g_steplog_start_live.store(g_dev[g_steplog_device.load()].live.load());
+  g_steplog_start_live.store(g_dev[g_steplog_device.load()].live());
   g_steplog_len.store(0);
 }
 

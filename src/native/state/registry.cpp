@@ -21,10 +21,14 @@ namespace memprof {
 
 RegEntry* g_reg = nullptr;
 namespace {
+// Freed entries, to hand out again: those the own lane's thread freed (see Lane) in a
+// list of its own, pushed and popped by that thread alone with plain stores, (index + 1)
+// of its head, 0 = empty; those every other thread freed in a shared stack.
 std::atomic<uint64_t> g_reg_free{0};  // ABA tag << 32 | (index + 1); 0 = empty
+uint32_t g_reg_own_free = 0;
 }  // namespace
 std::atomic<uint32_t> g_reg_hw{0};      // entries ever handed out
-std::atomic<int64_t> g_reg_live{0};
+std::atomic<int64_t> g_reg_live[2] = {};  // by lane: entries of live blocks
 std::atomic<int64_t> g_reg_dropped{0};  // births not registered: registry full
 std::atomic<bool> g_origin_on{false};
 std::atomic<uint32_t> g_iter{0};        // iteration (step) that births belong to
@@ -32,6 +36,11 @@ std::atomic<uint32_t> g_session_id{0};  // bumped at each memprof_start
 
 namespace {
 uint32_t reg_pop() {
+  if (tls_own_lane && g_reg_own_free != 0) {
+    const uint32_t idx = g_reg_own_free - 1;
+    g_reg_own_free = uint32_t(g_reg[idx].next.load(std::memory_order_relaxed));
+    return idx;
+  }
   uint64_t h = g_reg_free.load(std::memory_order_acquire);
   while (uint32_t(h) != 0) {
     const uint32_t idx = uint32_t(h) - 1;
@@ -52,6 +61,11 @@ uint32_t reg_pop() {
 }
 
 void reg_push(uint32_t idx) {
+  if (tls_own_lane) {
+    g_reg[idx].next.store(g_reg_own_free, std::memory_order_relaxed);
+    g_reg_own_free = idx + 1;
+    return;
+  }
   uint64_t h = g_reg_free.load(std::memory_order_relaxed);
   for (;;) {
     g_reg[idx].next.store(uint32_t(h), std::memory_order_relaxed);
@@ -86,7 +100,11 @@ uint32_t reg_add(uint64_t ptr, int64_t size, uint32_t phase, int dev) {
           (uint64_t(g_session_id.load(std::memory_order_relaxed) & 0xffff) << 48),
       std::memory_order_relaxed);
   e.ptr.store(ptr, std::memory_order_release);
-  g_reg_live.fetch_add(1, std::memory_order_relaxed);
+  if (tls_own_lane) {
+    lane_add<true>(g_reg_live[kOwnLane], 1);
+  } else {
+    lane_add<false>(g_reg_live[kSharedLane], 1);
+  }
   return idx;
 }
 
@@ -95,7 +113,11 @@ void reg_remove(uint32_t idx) {
     return;
   }
   g_reg[idx].ptr.store(0, std::memory_order_release);
-  g_reg_live.fetch_sub(1, std::memory_order_relaxed);
+  if (tls_own_lane) {
+    lane_add<true>(g_reg_live[kOwnLane], -1);
+  } else {
+    lane_add<false>(g_reg_live[kSharedLane], -1);
+  }
   reg_push(idx);
 }
 
@@ -291,7 +313,7 @@ void registry_stats(MpRegistry* out) {
   const uint32_t hw = g_reg_hw.load();
   out->capacity = g_reg ? kRegCapacity : 0;
   out->high_water = hw < kRegCapacity ? hw : kRegCapacity;
-  out->live = g_reg_live.load();
+  out->live = g_reg_live[0].load() + g_reg_live[1].load();
   out->dropped = g_reg_dropped.load();
   out->entry_bytes = sizeof(RegEntry);
   out->on = g_origin_on.load() ? 1 : 0;
@@ -512,11 +534,7 @@ int64_t adopt_one(const at::Tensor& t, uint32_t gen, uint32_t phase) {
     }
     reg_remove(stale);
   }
-  DeviceState& d = g_dev[dev];
-  const int64_t live = d.live.fetch_add(size) + size;
-  atomic_max(d.peak_iter, live);
-  atomic_max(d.peak_run, live);
-  slot_add(d, gen, phase, size);
+  count_birth(g_dev[dev], size, gen, phase, false);
   steplog_add_start_live(dev, size);
   return size;
 }

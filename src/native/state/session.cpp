@@ -67,8 +67,7 @@ int session_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
   g_backward_passes.store(0);
   g_log_len.store(0);
   for (auto& d : g_dev) {
-    d.peak_iter.store(d.live.load());
-    d.peak_run.store(d.live.load());
+    d.restart_peaks(true);
     d.feature_maps.store(-1);
     d.reported_peak_allocated_iter.store(d.reported_allocated.load());
     d.reported_peak_reserved_iter.store(d.reported_reserved.load());
@@ -76,6 +75,7 @@ int session_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
     d.reported_peak_reserved_run.store(d.reported_reserved.load());
   }
   tls_training_thread = true;
+  claim_own_lane();
   tls_ops.last_layer1 = 0;
   g_session_id.fetch_add(1);
   g_iter.store(1);
@@ -160,7 +160,7 @@ int begin_iteration() {
     op_callback_use(MP_TARGET_STEP, true, inputs, false, functions);
   }
   for (auto& d : g_dev) {
-    d.peak_iter.store(d.live.load());
+    d.restart_peaks(false);
     d.feature_maps.store(-1);
     d.reported_peak_allocated_iter.store(d.reported_allocated.load());
     d.reported_peak_reserved_iter.store(d.reported_reserved.load());
@@ -190,10 +190,10 @@ void read_state(MpState* out) {
 
 void read_device_stats(int32_t slot, MpDeviceStats* out) {
   const DeviceState& d = g_dev[slot];
-  out->live = d.live.load();
-  out->peak_iter = d.peak_iter.load();
-  out->peak_run = d.peak_run.load();
-  out->allocs = d.allocs.load();
+  out->live = d.live();
+  out->peak_iter = d.peak_iter();
+  out->peak_run = d.peak_run();
+  out->allocs = d.allocs();
   out->optimizer_born_live = phase_live(d, kOptimizer);
   out->feature_maps = d.feature_maps.load();
   out->reported_allocated = d.reported_allocated.load();
