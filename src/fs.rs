@@ -5,6 +5,26 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
+/// Why a file could not be read or written, in plain words: "no such file",
+/// "permission denied", "a folder, not a file"; else the system's own words.
+pub(crate) fn io_reason(e: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::NotFound => "no such file".into(),
+        ErrorKind::PermissionDenied => "permission denied".into(),
+        ErrorKind::IsADirectory => "a folder, not a file".into(),
+        _ => {
+            // "Broken pipe (os error 32)" -> "broken pipe".
+            let s = e.to_string();
+            let s = s.split(" (os error").next().unwrap_or(&s).to_string();
+            let mut c = s.chars();
+            c.next().map_or(String::new(), |f| {
+                f.to_lowercase().collect::<String>() + c.as_str()
+            })
+        }
+    }
+}
+
 /// `create_dir_all`, naming the folder on error.
 pub fn create_dir_all(path: &Path) -> Result<()> {
     std::fs::create_dir_all(path).map_err(|source| Error::Io {

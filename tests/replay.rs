@@ -267,6 +267,14 @@ fn bad_input_is_one_line_and_no_pickle_runs_code() {
     let whole =
         std::fs::read(Path::new(DATA).join("leak-graph.allocator-snapshot.pickle")).unwrap();
     std::fs::write(&truncated, &whole[..whole.len() / 2]).unwrap();
+    // The snapshot gzipped, as this repository keeps its own, then cut.
+    let gz = dir.path().join("whole.pickle.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut enc, &whole).unwrap();
+    let zipped = enc.finish().unwrap();
+    std::fs::write(&gz, &zipped).unwrap();
+    let cut_gz = dir.path().join("cut.pickle.gz");
+    std::fs::write(&cut_gz, &zipped[..zipped.len() / 2]).unwrap();
     // A file of several GB (sparse: nothing written), refused before it is read.
     let huge = dir.path().join("huge.pickle");
     std::fs::File::create(&huge)
@@ -287,10 +295,17 @@ fn bad_input_is_one_line_and_no_pickle_runs_code() {
             vec!["replay", no_history.to_str().unwrap()],
             "no `device_traces`",
         ),
-        (vec!["replay", missing.to_str().unwrap()], "No such file"),
+        (
+            vec!["replay", missing.to_str().unwrap()],
+            "missing.pickle: no such file",
+        ),
         (
             vec!["replay", truncated.to_str().unwrap()],
-            "not a pickle PyTorch wrote",
+            "not a pickle PyTorch wrote: the file ends inside an opcode",
+        ),
+        (
+            vec!["replay", cut_gz.to_str().unwrap()],
+            "gzipped, but not read whole",
         ),
         (
             vec!["replay", huge.to_str().unwrap()],
@@ -317,6 +332,14 @@ fn bad_input_is_one_line_and_no_pickle_runs_code() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
     assert!(!marker.exists(), "the pickle ran code");
+    // Gzipped, the snapshot replays as it does plain.
+    let plain = cli(&["replay", good.to_str().unwrap()]);
+    let zipped = cli(&["replay", gz.to_str().unwrap()]);
+    assert!(zipped.status.success(), "{}", text(&zipped.stderr));
+    assert_eq!(
+        text(&plain.stdout).replace(good.to_str().unwrap(), "FILE"),
+        text(&zipped.stdout).replace(gz.to_str().unwrap(), "FILE")
+    );
 }
 
 /// A snapshot as PyTorch writes it with Python frames
@@ -559,5 +582,95 @@ fn plan_of_a_recorded_run_picks_the_first_allocator_setting_that_fits() {
         text(&out.stdout).contains("no allocator setting tried makes it fit 32.00 MiB"),
         "{}",
         text(&out.stdout)
+    );
+}
+
+/// A snapshot recorded with stacks, as PyTorch pickles it: Python's pickler writes an
+/// object referred to twice once and refers back to it, and PyTorch's snapshot shares
+/// each allocation's frames list between the history entry and the block (each frame's
+/// strings shared too). Made here by Python's own pickler from a real H200 snapshot
+/// (frames added to every allocation, each list the same object in its entry and its
+/// block): it replays to the same peaks as the file without them, and the allocations
+/// get their sites (the first frame outside PyTorch).
+#[test]
+fn a_snapshot_with_stacks_shared_as_pytorch_pickles_them_replays() {
+    let Some(python) = common::torch_python() else {
+        common::cannot_run(
+            "the snapshot with shared stacks: no Python beside LIBTORCH (run through \
+             scripts/with-libtorch.sh)",
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let original = Path::new("tests/data/gpu-truth/h200-2026-11-27/snapshots/held-out-traced")
+        .join("tv_mobilenet_v2.train.pickle.gz");
+    let plain = dir.path().join("plain.pickle");
+    let shared = dir.path().join("shared.pickle");
+    let copied = dir.path().join("copied.pickle");
+    let script = r#"
+import gzip, pickle, sys
+d = pickle.loads(gzip.open(sys.argv[1]).read())
+open(sys.argv[2], "wb").write(pickle.dumps(d))
+blocks = {b["address"]: b for s in d["segments"] for b in s["blocks"]}
+model = "/home/user/train.py"
+for i, e in enumerate(d["device_traces"][0]):
+    if e["action"] != "alloc":
+        continue
+    frames = [
+        {"filename": "/usr/lib/python3/site-packages/torch/nn/modules/module.py", "line": 1750, "name": "_call_impl"},
+        {"filename": model, "line": 40 + i % 7, "name": "forward"},
+        {"filename": model, "line": 90, "name": "main"},
+    ]
+    e["frames"] = frames
+    if e["addr"] in blocks:
+        blocks[e["addr"]]["frames"] = frames
+open(sys.argv[3], "wb").write(pickle.dumps(d))
+# The same data with nothing shared: every block's frames a copy.
+for b in blocks.values():
+    b["frames"] = [dict(f) for f in b["frames"]]
+open(sys.argv[4], "wb").write(pickle.dumps(d))
+"#;
+    let out = std::process::Command::new(&python)
+        .args(["-c", script])
+        .args([&original, &plain, &shared, &copied])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // The file does share: the blocks' frames are references back, not copies.
+    let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+    assert!(
+        size(&shared) + 10_000 < size(&copied),
+        "shared {} bytes, copied {}",
+        size(&shared),
+        size(&copied)
+    );
+    let a = Recording::read(&plain, 0).unwrap();
+    let b = Recording::read(&shared, 0).unwrap();
+    let c = Recording::read(&copied, 0).unwrap();
+    assert_eq!(b.events, c.events);
+    assert_eq!(b.sites, c.sites);
+    let config = AllocatorConfig::default();
+    let (ra, rb) = (a.replay(&config), b.replay(&config));
+    assert_eq!(ra.recorded, rb.recorded);
+    assert_eq!(ra.replayed, rb.replayed);
+    assert_eq!(a.events.len(), b.events.len());
+    let sited = b
+        .events
+        .iter()
+        .filter(|e| e.action == tch_memprof::estimate::recorded::Action::Alloc)
+        .filter(|e| {
+            b.sites
+                .get(e.site as usize)
+                .is_some_and(|s| s.starts_with("forward (/home/user/train.py:4"))
+        })
+        .count();
+    let allocs = b
+        .events
+        .iter()
+        .filter(|e| e.action == tch_memprof::estimate::recorded::Action::Alloc)
+        .count();
+    assert!(
+        sited > allocs / 2,
+        "{sited} of {allocs} allocations sited at train.py's forward"
     );
 }

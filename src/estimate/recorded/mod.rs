@@ -19,10 +19,11 @@ use std::collections::HashMap;
 use std::path::Path;
 
 mod peak;
+mod pickle;
 mod step;
 pub use peak::PeakView;
 
-use serde_pickle::{DeOptions, HashableValue, Value};
+use pickle::{Pickle, Value};
 
 use super::{replay, AllocatorConfig, Options, PoolState};
 use crate::error::{Error, Result};
@@ -178,17 +179,23 @@ impl Recording {
     /// history of `device` (`device_traces[device]`) and the run's allocator settings.
     /// The pickle is read as data: no class is looked up, no code runs.
     pub fn from_snapshot(bytes: &[u8], device: usize) -> std::result::Result<Recording, String> {
-        let value = serde_pickle::value_from_slice(bytes, DeOptions::new())
+        let p = Pickle::parse(bytes)
             .map_err(|e| bad("the snapshot", format!("not a pickle PyTorch wrote: {e}")))?;
-        let top = dict(&value).ok_or_else(|| bad("the snapshot", "not a dictionary"))?;
-        let traces = get(top, "device_traces").and_then(list).ok_or_else(|| {
+        let top = p.root();
+        if !p.is_dict(top) {
+            return Err(bad("the snapshot", "not a dictionary"));
+        }
+        let list = |v: Value| p.list_of(v);
+        let text = |v: Value| p.text(v);
+        let number = |v: Value| p.number(v);
+        let traces = p.get(top, "device_traces").and_then(list).ok_or_else(|| {
             bad(
                 "the snapshot",
                 "no `device_traces`: record the history first \
                  (torch.cuda.memory._record_memory_history())",
             )
         })?;
-        let trace = traces.get(device).and_then(list).ok_or_else(|| {
+        let trace = traces.get(device).copied().and_then(list).ok_or_else(|| {
             bad(
                 "the snapshot",
                 format!("no history for device {device} ({} recorded)", traces.len()),
@@ -197,14 +204,17 @@ impl Recording {
         let mut events = Vec::with_capacity(trace.len());
         let mut seen_segments = Vec::new();
         let mut sites = Sites::default();
-        for e in trace {
-            let Some(e) = dict(e) else { continue };
-            let action = get(e, "action")
+        for &e in trace {
+            if !p.is_dict(e) {
+                continue;
+            }
+            let action = p
+                .get(e, "action")
                 .and_then(text)
                 .map_or(Action::Other, Action::parse);
             let (Some(addr), Some(size)) = (
-                get(e, "addr").and_then(number),
-                get(e, "size").and_then(number),
+                p.get(e, "addr").and_then(number),
+                p.get(e, "size").and_then(number),
             ) else {
                 continue;
             };
@@ -212,9 +222,10 @@ impl Recording {
                 seen_segments.push(addr);
             }
             let site = match action {
-                Action::Alloc => get(e, "frames")
+                Action::Alloc => p
+                    .get(e, "frames")
                     .and_then(list)
-                    .and_then(|f| site_of(f))
+                    .and_then(|f| site_of(&p, f))
                     .map_or(NO_SITE, |f| sites.id(&f)),
                 _ => NO_SITE,
             };
@@ -236,17 +247,17 @@ impl Recording {
             .collect();
         let mut seed = Vec::new();
         let mut segments_before = 0;
-        for segment in get(top, "segments").and_then(list).into_iter().flatten() {
-            let Some(segment) = dict(segment) else {
+        for &segment in p.get(top, "segments").and_then(list).into_iter().flatten() {
+            if !p.is_dict(segment) {
                 continue;
-            };
+            }
             let (Some(addr), Some(total)) = (
-                get(segment, "address").and_then(number),
-                get(segment, "total_size").and_then(number),
+                p.get(segment, "address").and_then(number),
+                p.get(segment, "total_size").and_then(number),
             ) else {
                 continue;
             };
-            if get(segment, "device").and_then(number) != Some(device as u64)
+            if p.get(segment, "device").and_then(number) != Some(device as u64)
                 || seen_segments.contains(&addr)
             {
                 continue;
@@ -258,18 +269,21 @@ impl Recording {
                 size: total,
                 site: NO_SITE,
             });
-            let mut live: Vec<(u64, u64, u32)> = get(segment, "blocks")
+            let mut live: Vec<(u64, u64, u32)> = p
+                .get(segment, "blocks")
                 .and_then(list)
                 .into_iter()
                 .flatten()
-                .filter_map(dict)
-                .filter(|b| get(b, "state").and_then(text) == Some("active_allocated"))
+                .copied()
+                .filter(|&b| p.is_dict(b))
+                .filter(|&b| p.get(b, "state").and_then(text) == Some("active_allocated"))
                 .filter_map(|b| {
-                    let a = get(b, "address").and_then(number)?;
-                    let size = get(b, "requested_size").or_else(|| get(b, "size"));
-                    let site = get(b, "frames")
+                    let a = p.get(b, "address").and_then(number)?;
+                    let size = p.get(b, "requested_size").or_else(|| p.get(b, "size"));
+                    let site = p
+                        .get(b, "frames")
                         .and_then(list)
-                        .and_then(|f| site_of(f))
+                        .and_then(|f| site_of(&p, f))
                         .map_or(NO_SITE, |f| sites.id(&f));
                     Some((a, size.and_then(number)?, site))
                 })
@@ -278,7 +292,7 @@ impl Recording {
             live.sort_unstable();
             if live.is_empty() {
                 // An empty segment: made by a block of its size, freed.
-                let small = get(segment, "segment_type").and_then(text) == Some("small");
+                let small = p.get(segment, "segment_type").and_then(text) == Some("small");
                 let size = if small { 1 } else { total };
                 for action in [Action::Alloc, Action::FreeCompleted] {
                     seed.push(RecordedEvent {
@@ -298,9 +312,9 @@ impl Recording {
         }
         seed.extend(events);
         let events = seed;
-        let alloc_conf = get(top, "allocator_settings")
-            .and_then(dict)
-            .and_then(|s| get(s, "PYTORCH_CUDA_ALLOC_CONF"))
+        let alloc_conf = p
+            .get(top, "allocator_settings")
+            .and_then(|s| p.get(s, "PYTORCH_CUDA_ALLOC_CONF"))
             .and_then(text)
             .map(str::to_string);
         Ok(Recording {
@@ -320,19 +334,36 @@ impl Recording {
             reason,
         };
         let size = std::fs::metadata(path)
-            .map_err(|e| failed(e.to_string()))?
+            .map_err(|e| failed(crate::fs::io_reason(&e)))?
             .len();
         if size > MAX_FILE_BYTES {
-            return Err(failed(format!(
-                "{} is more than the {} this reader takes (it parses the file whole, in \
-                 memory several times its size): record fewer events \
-                 (_record_memory_history(max_entries=...)) or without stacks",
-                bytes(size),
-                bytes(MAX_FILE_BYTES)
-            )));
+            return Err(failed(too_large(size)));
         }
-        let bytes = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
-        if path.to_string_lossy().ends_with(".csv") {
+        let mut bytes = std::fs::read(path).map_err(|e| failed(crate::fs::io_reason(&e)))?;
+        if bytes.starts_with(&[0x1f, 0x8b]) {
+            // Gzipped (`.pickle.gz`): read through, up to the same bound.
+            let mut out = Vec::new();
+            let mut gz =
+                std::io::Read::take(flate2::read::GzDecoder::new(&bytes[..]), MAX_FILE_BYTES + 1);
+            std::io::Read::read_to_end(&mut gz, &mut out).map_err(|e| {
+                failed(format!(
+                    "gzipped, but not read whole ({}): a damaged or cut file",
+                    e.kind()
+                ))
+            })?;
+            if out.len() as u64 > MAX_FILE_BYTES {
+                return Err(failed(format!(
+                    "gzipped, and {}",
+                    too_large(out.len() as u64)
+                )));
+            }
+            bytes = out;
+        }
+        if path
+            .to_string_lossy()
+            .trim_end_matches(".gz")
+            .ends_with(".csv")
+        {
             Recording::from_csv(&String::from_utf8_lossy(&bytes)).map_err(failed)
         } else {
             Recording::from_snapshot(&bytes, device).map_err(failed)
@@ -427,15 +458,15 @@ impl Sites {
 
 /// The site of a stack of frames (`{filename, line, name}`, innermost first): the first
 /// frame outside PyTorch's own code (its Python package and its C++), or the first.
-fn site_of(frames: &[Value]) -> Option<String> {
+fn site_of(p: &Pickle, frames: &[Value]) -> Option<String> {
     let frames: Vec<(&str, u64, &str)> = frames
         .iter()
-        .filter_map(dict)
-        .map(|f| {
+        .filter(|&&f| p.is_dict(f))
+        .map(|&f| {
             (
-                get(f, "filename").and_then(text).unwrap_or(""),
-                get(f, "line").and_then(number).unwrap_or(0),
-                get(f, "name").and_then(text).unwrap_or(""),
+                p.get(f, "filename").and_then(|v| p.text(v)).unwrap_or(""),
+                p.get(f, "line").and_then(|v| p.number(v)).unwrap_or(0),
+                p.get(f, "name").and_then(|v| p.text(v)).unwrap_or(""),
             )
         })
         .collect();
@@ -463,38 +494,13 @@ fn bad(what: &str, reason: impl std::fmt::Display) -> String {
     format!("{what}: {reason}")
 }
 
-fn dict(v: &Value) -> Option<&std::collections::BTreeMap<HashableValue, Value>> {
-    match v {
-        Value::Dict(d) => Some(d),
-        _ => None,
-    }
-}
-
-fn get<'a>(
-    d: &'a std::collections::BTreeMap<HashableValue, Value>,
-    key: &str,
-) -> Option<&'a Value> {
-    d.get(&HashableValue::String(key.to_string()))
-}
-
-fn list(v: &Value) -> Option<&Vec<Value>> {
-    match v {
-        Value::List(l) | Value::Tuple(l) => Some(l),
-        _ => None,
-    }
-}
-
-fn text(v: &Value) -> Option<&str> {
-    match v {
-        Value::String(s) => Some(s),
-        _ => None,
-    }
-}
-
-fn number(v: &Value) -> Option<u64> {
-    match v {
-        Value::I64(n) => u64::try_from(*n).ok(),
-        Value::Int(n) => n.to_string().parse().ok(),
-        _ => None,
-    }
+/// A file over the reader's bound, why and what to do.
+fn too_large(size: u64) -> String {
+    format!(
+        "{} is more than the {} this reader takes (it parses the file whole, in memory \
+         several times its size): record fewer events \
+         (_record_memory_history(max_entries=...)) or without stacks",
+        bytes(size),
+        bytes(MAX_FILE_BYTES)
+    )
 }
