@@ -147,6 +147,37 @@ fn bad_input_is_one_line_and_exit_2() {
     let out = cli(&["estimate", "--model", "resnet18", "--input", "1x1x224x224"]);
     let err = text(&out.stderr);
     assert!(err.contains("forward pass failed"), "{err}");
+
+    // The argument parser's errors, one line each in the crate's words: no model named,
+    // a size split from its unit by the shell, an unknown option, a bad number.
+    for (args, says) in [
+        (
+            &["estimate"][..],
+            "estimate: which model? A file (a TorchScript .pt or an exported .pt2) or --model NAME (built in: alexnet,",
+        ),
+        (
+            &["plan", "--memory", "24GB"][..],
+            "plan: which model?",
+        ),
+        (
+            &["estimate", "--model", "gpt2", "--memory", "24", "GB"][..],
+            "--memory 24 GB: the size and its unit in one word, --memory 24GB",
+        ),
+        (
+            &["estimate", "--model", "gpt2", "--frobnicate"][..],
+            "unexpected argument '--frobnicate' found (tch-memprof estimate --help lists the options)",
+        ),
+        (
+            &["replay"][..],
+            "the following required arguments were not provided: <SNAPSHOT>",
+        ),
+    ] {
+        let out = cli(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }
 
 /// What a new user trips on first: a size without a unit, a token model's shape without

@@ -134,6 +134,34 @@ fn a_dynamic_batch_takes_the_sizes_its_range_allows() {
     );
 }
 
+/// An input of the type the model does not read, said in the crate's words (which input,
+/// what the model reads it as, the `--input` that gives it), where libtorch's were
+/// "Expected tensor for argument #1 'indices' to have one of the following scalar
+/// types" and "mean(): could not infer output dtype".
+#[test]
+fn an_input_of_the_wrong_type_says_which_and_what_to_give() {
+    let Some(dir) = cases() else { return };
+    refuses(
+        &dir.join("bert.pt2"),
+        &["--input", "2x32:f32"],
+        &[
+            "in module embeddings.word_embeddings",
+            "input 1 (2x32, f32) is read as token ids",
+            "--input 2x32:i64",
+        ],
+    );
+    for file in ["resnet18.pt", "resnet18.pt2"] {
+        refuses(
+            &dir.join(file),
+            &["--input", "2x3x64x64:i64"],
+            &[
+                "input 1 (2x3x64x64, i64) is integer, where the model computes in floating point",
+                "--input 2x3x64x64 (f32",
+            ],
+        );
+    }
+}
+
 #[test]
 fn what_the_reader_does_not_run_refuses_in_one_line() {
     let Some(dir) = cases() else { return };

@@ -313,10 +313,11 @@ impl Model {
             return None;
         }
         Some(format!(
-            "warning: {} was traced on the CPU, and its {} make tensors on the CPU: a GPU \
-             run of it stops (\"Expected all tensors to be on the same device\"). The \
-             estimate is of the file traced on the GPU: trace the model and its inputs on \
-             the GPU it will run on",
+            "note: {} was traced on the CPU: its {} make tensors on the CPU, so a GPU run of \
+             this file stops (\"Expected all tensors to be on the same device\"). The \
+             estimate is not changed by it: it is of the file as traced on a GPU (those ops \
+             on the GPU). No GPU is needed to estimate it; the file a GPU job runs must be \
+             traced on a GPU",
             self.label(),
             ops.join(", ")
         ))

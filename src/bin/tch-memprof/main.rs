@@ -59,13 +59,13 @@ enum Command {
     /// (a dry run on libtorch's meta device replayed through a model of PyTorch's CUDA
     /// caching allocator), and the largest batch that fits.
     ///
-    /// Measured on an NVIDIA H200: models written in tch within 0.2% allocated and 2.1%
-    /// reserved;
-    /// real-world models traced from transformers, torchvision and timm and run from
-    /// their files as tch runs them, within 2% allocated in 44 of 45 cases and in all
-    /// 22 held-out ones: inference to the byte, training within 0.5% in f32 and 0.2%
-    /// under bf16 autocast (cuDNN's convolution workspaces charged on the safe side: up
-    /// to +12%). By family and mode: docs/estimate.md, "Measured on a GPU".
+    /// Measured on an NVIDIA H200: models written in tch within 0.2% allocated and 2.4%
+    /// reserved; real-world models traced from transformers, torchvision and timm and
+    /// run from their files as tch runs them, within 2% allocated in all 45 cases and 22
+    /// held-out ones: inference within 8 KiB, training within 0.6% in f32 and 0.2% under
+    /// bf16 autocast (reserved never more than 2.2% under; cuDNN's convolution workspaces
+    /// charged on the safe side, up to +10.5%). By family and mode: docs/estimate.md,
+    /// "Measured on a GPU".
     Estimate(estimate::EstimateArgs),
     /// The cheapest configurations of a training step (mixed precision, gradient
     /// accumulation, optimizer, allocator settings) whose predicted peak fits a memory
@@ -81,7 +81,15 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(msg) = spaced_size(&args) {
+        return fail(msg);
+    }
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => return argument_error(&e, &args),
+    };
+    match cli.command {
         Command::Report(args) => report::run(&args),
         Command::Diff(args) => diff::run(&args),
         Command::Estimate(args) => estimate::run(&args),
@@ -89,6 +97,73 @@ fn main() -> ExitCode {
         Command::Profile(args) => profile::run(&args),
         Command::Replay(args) => replay::run(&args),
     }
+}
+
+/// `--memory 24 GB`: the shell split the size from its unit, which the parser would take
+/// for a model file.
+fn spaced_size(args: &[String]) -> Option<String> {
+    const UNITS: &[&str] = &[
+        "B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB", "kB", "gb", "mb", "gib", "mib",
+    ];
+    args.windows(3).find_map(|w| {
+        (w[0] == "--memory" && w[1].parse::<f64>().is_ok() && UNITS.contains(&w[2].as_str())).then(
+            || {
+                format!(
+                    "--memory {} {}: the size and its unit in one word, --memory {}{}",
+                    w[1], w[2], w[1], w[2]
+                )
+            },
+        )
+    })
+}
+
+/// The argument parser's error in one line (its first, with the subcommand's --help
+/// named); help and the version print as they are.
+fn argument_error(e: &clap::Error, args: &[String]) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
+        _ => {}
+    }
+    let sub = args
+        .get(1)
+        .filter(|a| !a.starts_with('-'))
+        .map_or(String::new(), |a| format!(" {a}"));
+    let text = e.to_string();
+    let mut lines = text.lines();
+    let mut first = lines
+        .next()
+        .unwrap_or("")
+        .trim_start_matches("error: ")
+        .to_string();
+    // "the following required arguments were not provided:" lists them below, indented.
+    if first.ends_with(':') {
+        let listed: Vec<&str> = lines
+            .take_while(|l| l.starts_with("  "))
+            .map(str::trim)
+            .collect();
+        first = format!("{} {}", first, listed.join(", "));
+    }
+    let model_needed =
+        matches!(e.kind(), ErrorKind::MissingRequiredArgument) && first.contains("<PATH>");
+    if model_needed {
+        return fail(format!(
+            "{}: which model? A file (a TorchScript .pt or an exported .pt2) or --model NAME \
+             (built in: {})",
+            sub.trim(),
+            tch_memprof::estimate::models::BUILTIN.join(", ")
+        ));
+    }
+    fail(format!(
+        "{first} (tch-memprof{sub} --help lists the options)"
+    ))
 }
 
 /// Bad input: one line on standard error, exit status 2.
