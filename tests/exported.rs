@@ -421,3 +421,53 @@ fn a_static_program_never_answers_the_largest_batch() {
         "the dynamic program's largest batch {dynamic}, the traced file's {traced}"
     );
 }
+
+/// `plan` of a static program answers first: the configurations its batch cannot take
+/// (every micro-batch split) are counted in one line under the answer, by reason, and
+/// listed one by one only with `--verbose`.
+#[test]
+fn plan_counts_what_it_left_out_in_one_line() {
+    let Some(dir) = cases() else { return };
+    let path = dir.join("static.pt2");
+    let run = |verbose: bool| {
+        let mut args = vec!["plan", path.to_str().unwrap(), "--memory", "1GB"];
+        if verbose {
+            args.push("--verbose");
+        }
+        let out = common::cli(&args);
+        assert!(out.status.success(), "{}", common::text(&out.stderr));
+        common::text(&out.stdout)
+    };
+    let text = run(false);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[2].starts_with("As it is: peak reserved"), "{text}");
+    let left: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("Left out of the search: "))
+        .collect();
+    assert_eq!(left.len(), 1, "{text}");
+    let n: usize = left[0]
+        .trim_start_matches("Left out of the search: ")
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(n > 0);
+    assert!(
+        left[0].contains(&format!(
+            "{n} because the program was exported with static sizes"
+        )),
+        "{}",
+        left[0]
+    );
+    assert!(!text.contains("skipped ("), "{text}");
+    let verbose = run(true);
+    assert_eq!(
+        verbose
+            .lines()
+            .filter(|l| l.starts_with("skipped ("))
+            .count(),
+        n
+    );
+}

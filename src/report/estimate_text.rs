@@ -386,9 +386,56 @@ impl fmt::Display for Plans {
     /// The plans that fit as a table (cheapest first) and the code of the first; or,
     /// when none fits, the smallest peak reached and what dominates it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for why in &self.skipped {
-            writeln!(f, "skipped ({why})")?;
+        self.answer(f)?;
+        if let Some(line) = self.skipped_line() {
+            writeln!(f, "{line}")?;
         }
+        Ok(())
+    }
+}
+
+impl Plans {
+    /// The configurations left out of the search, in one line: how many, and each reason
+    /// with its count (`tch-memprof plan --verbose` lists them one by one).
+    pub fn skipped_line(&self) -> Option<String> {
+        if self.skipped.is_empty() {
+            return None;
+        }
+        // "4 x micro-batch 1: invalid input "1x3x32x32": the program ..." -> the reason,
+        // less the configuration and the sizes it asked for.
+        let mut reasons: Vec<(String, usize)> = Vec::new();
+        for s in &self.skipped {
+            let why = s.split_once(": ").map_or(s.as_str(), |(_, w)| w);
+            let why = match why.strip_prefix("invalid input \"") {
+                Some(rest) => rest.split_once("\": ").map_or(why, |(_, w)| w),
+                None => why,
+            };
+            match reasons.iter_mut().find(|(r, _)| r == why) {
+                Some((_, n)) => *n += 1,
+                None => reasons.push((why.to_string(), 1)),
+            }
+        }
+        let said: Vec<String> = reasons
+            .iter()
+            .map(|(why, n)| format!("{n} because {why}"))
+            .collect();
+        Some(format!(
+            "Left out of the search: {} configuration(s) whose dry run failed, {} \
+             (tch-memprof plan --verbose lists them).",
+            self.skipped.len(),
+            said.join("; ")
+        ))
+    }
+
+    /// Each configuration left out of the search and why, a line each.
+    pub fn skipped_lines(&self) -> Vec<String> {
+        self.skipped
+            .iter()
+            .map(|s| format!("skipped ({s})"))
+            .collect()
+    }
+
+    fn answer(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The answer first: the step as it is against the budget.
         writeln!(
             f,

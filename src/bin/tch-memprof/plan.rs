@@ -53,6 +53,10 @@ pub struct PlanArgs {
     /// Print CSV to standard output, a row per plan that fits.
     #[arg(long)]
     csv: bool,
+    /// Also list each configuration left out of the search (its dry run failed) and why;
+    /// by default one line counts them by reason.
+    #[arg(long)]
+    verbose: bool,
 }
 
 pub fn run(a: &PlanArgs) -> ExitCode {
@@ -108,6 +112,11 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         spec: &a.memory,
     };
     print!("{}", plan_text(&label, &options, budget, &plans));
+    if a.verbose {
+        for line in plans.skipped_lines() {
+            println!("{line}");
+        }
+    }
     Ok(if plans.fits.is_empty() {
         ExitCode::from(1)
     } else {
