@@ -375,3 +375,64 @@ fn the_readme_shows_what_the_quickstart_prints() {
         "README.md's quickstart report against what the quickstart printed"
     );
 }
+
+/// The estimate's, the plan's and the replay's tables at 60 columns: each cell wraps
+/// between words, so every word of the table (its headers' `allocated`, `reserved`, a
+/// setting such as `expandable_segments:True` that a user copies) is whole on one line.
+#[test]
+fn tables_at_60_columns_split_no_word() {
+    let snapshot = "tests/data/gpu-truth/h200-2026-11-26/leak-graph.allocator-snapshot.pickle";
+    let runs: [(&[&str], &[&str]); 3] = [
+        (
+            &[
+                "estimate", "--model", "resnet18", "--train", "--memory", "24GB",
+            ],
+            &["weights", "baseline", "allocated", "reserved"],
+        ),
+        (
+            &[
+                "plan", "--model", "resnet18", "--memory", "1GB", "--batch", "64",
+            ],
+            &["reserved"],
+        ),
+        (
+            &[
+                "replay",
+                snapshot,
+                "--alloc-conf",
+                "expandable_segments:True",
+            ],
+            &["allocated", "reserved", "expandable_segments:True"],
+        ),
+    ];
+    for (args, words) in runs {
+        let out = common::cli_at_width(args, 60);
+        let text = common::text(&out.stdout);
+        // The table's rows: the lines with its borders.
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with('│') || l.starts_with('┌'))
+            .collect();
+        assert!(!rows.is_empty(), "{args:?}: no table in {text}");
+        let cells: Vec<&str> = rows
+            .iter()
+            .flat_map(|l| l.split(['│', '┆']))
+            .flat_map(str::split_whitespace)
+            .collect();
+        for w in words {
+            assert!(cells.contains(w), "{args:?}: {w:?} is not whole in\n{text}");
+        }
+        // Wrapped: the table is narrower than it is unwrapped.
+        let unwrapped = common::text(&common::cli(args).stdout);
+        let widest = |t: &str| {
+            t.lines()
+                .filter(|l| l.starts_with('┌'))
+                .map(|l| l.chars().count())
+                .max()
+        };
+        assert!(
+            widest(&text) < widest(&unwrapped),
+            "{args:?}: not wrapped:\n{text}"
+        );
+    }
+}

@@ -55,6 +55,7 @@ pub fn table(rows: &[Estimate], budget: Option<u64>) -> String {
             col.set_cell_alignment(CellAlignment::Right);
         }
     }
+    super::keep_words(&mut t);
     t.to_string()
 }
 
@@ -473,6 +474,7 @@ impl Plans {
                 col.set_cell_alignment(CellAlignment::Right);
             }
         }
+        super::keep_words(&mut t);
         writeln!(f, "{t}")?;
         writeln!(
             f,

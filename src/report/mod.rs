@@ -127,6 +127,48 @@ pub(crate) fn table() -> Table {
     t
 }
 
+/// Keeps every word of a table whole on a narrow terminal: each column at least as wide
+/// as its longest word (header and cells), so cells wrap between words (`peak` over
+/// `allocated`, never `alloca` over `ted`, nor a setting a user copies split), and a
+/// table wider than the terminal runs past its edge rather than break a word. Where
+/// standard output is not a terminal, `COLUMNS` (when set) is the width to wrap to.
+pub(crate) fn keep_words(t: &mut Table) {
+    use comfy_table::{ColumnConstraint, Width};
+    use std::io::IsTerminal;
+    let mut widest: Vec<usize> = Vec::new();
+    let rows = t.header().into_iter().chain(t.row_iter());
+    for row in rows {
+        for (i, cell) in row.cell_iter().enumerate() {
+            let w = cell
+                .content()
+                .split_whitespace()
+                .map(|word| word.chars().count())
+                .max()
+                .unwrap_or(0);
+            if widest.len() <= i {
+                widest.resize(i + 1, 0);
+            }
+            widest[i] = widest[i].max(w);
+        }
+    }
+    for (i, w) in widest.into_iter().enumerate() {
+        if let Some(col) = t.column_mut(i) {
+            // The width counts the cell's padding, one space each side.
+            let w = u16::try_from(w + 2).unwrap_or(u16::MAX);
+            col.set_constraint(ColumnConstraint::LowerBoundary(Width::Fixed(w)));
+        }
+    }
+    if !std::io::stdout().is_terminal() {
+        if let Some(cols) = std::env::var("COLUMNS")
+            .ok()
+            .and_then(|c| c.trim().parse::<u16>().ok())
+            .filter(|&c| c >= 20)
+        {
+            t.set_width(cols);
+        }
+    }
+}
+
 /// A right-aligned cell (numbers).
 pub(crate) fn right(text: String) -> Cell {
     Cell::new(text).set_alignment(CellAlignment::Right)

@@ -107,6 +107,7 @@ pub fn table(recorded: Peaks, replays: &[(String, Peaks)], budget: Option<u64>) 
             col.set_cell_alignment(CellAlignment::Right);
         }
     }
+    super::keep_words(&mut t);
     t.to_string()
 }
 
@@ -191,6 +192,7 @@ impl PeakView {
                 col.set_cell_alignment(CellAlignment::Right);
             }
         }
+        super::keep_words(&mut table);
         table.to_string()
     }
 

@@ -231,6 +231,20 @@ pub fn cli(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_tch-memprof"))
         .args(args)
         .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        // Tables wrap to COLUMNS when piped: the golden outputs are unwrapped.
+        .env_remove("COLUMNS")
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .expect("runs tch-memprof")
+}
+
+/// `tch-memprof ARGS` with standard output piped and `COLUMNS` set: its tables wrapped to
+/// that width.
+pub fn cli_at_width(args: &[&str], columns: u16) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_tch-memprof"))
+        .args(args)
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env("COLUMNS", columns.to_string())
         .env("OMP_NUM_THREADS", "1")
         .output()
         .expect("runs tch-memprof")
