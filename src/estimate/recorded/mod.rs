@@ -179,8 +179,10 @@ impl Recording {
     /// history of `device` (`device_traces[device]`) and the run's allocator settings.
     /// The pickle is read as data: no class is looked up, no code runs.
     pub fn from_snapshot(bytes: &[u8], device: usize) -> std::result::Result<Recording, String> {
-        let p = Pickle::parse(bytes)
-            .map_err(|e| bad("the snapshot", format!("not a pickle PyTorch wrote: {e}")))?;
+        Self::from_pickle(&parse_snapshot(bytes)?, device)
+    }
+
+    fn from_pickle(p: &Pickle, device: usize) -> std::result::Result<Recording, String> {
         let top = p.root();
         if !p.is_dict(top) {
             return Err(bad("the snapshot", "not a dictionary"));
@@ -366,7 +368,11 @@ impl Recording {
         {
             Recording::from_csv(&String::from_utf8_lossy(&bytes)).map_err(failed)
         } else {
-            Recording::from_snapshot(&bytes, device).map_err(failed)
+            // The file's bytes go before the history is built: the parsed objects hold
+            // what is needed.
+            let p = parse_snapshot(&bytes).map_err(failed)?;
+            drop(bytes);
+            Recording::from_pickle(&p, device).map_err(failed)
         }
     }
 
@@ -492,6 +498,11 @@ fn site_of(p: &Pickle, frames: &[Value]) -> Option<String> {
 
 fn bad(what: &str, reason: impl std::fmt::Display) -> String {
     format!("{what}: {reason}")
+}
+
+fn parse_snapshot(bytes: &[u8]) -> std::result::Result<Pickle, String> {
+    Pickle::parse(bytes)
+        .map_err(|e| bad("the snapshot", format!("not a pickle PyTorch wrote: {e}")))
 }
 
 /// A file over the reader's bound, why and what to do.
