@@ -227,7 +227,7 @@ impl Recording {
                 Action::Alloc => p
                     .get(e, "frames")
                     .and_then(list)
-                    .and_then(|f| site_of(&p, f))
+                    .and_then(|f| site_of(p, f))
                     .map_or(NO_SITE, |f| sites.id(&f)),
                 _ => NO_SITE,
             };
@@ -285,7 +285,7 @@ impl Recording {
                     let site = p
                         .get(b, "frames")
                         .and_then(list)
-                        .and_then(|f| site_of(&p, f))
+                        .and_then(|f| site_of(p, f))
                         .map_or(NO_SITE, |f| sites.id(&f));
                     Some((a, size.and_then(number)?, site))
                 })
