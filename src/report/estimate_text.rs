@@ -314,7 +314,7 @@ impl Model {
             return None;
         }
         Some(format!(
-            "note: {} was traced on the CPU: its {} make tensors on the CPU, so a GPU run of \
+            "warning: {} was traced on the CPU: its {} make tensors on the CPU, so a GPU run of \
              this file stops (\"Expected all tensors to be on the same device\"). The \
              estimate is not changed by it: it is of the file as traced on a GPU (those ops \
              on the GPU). No GPU is needed to estimate it; the file a GPU job runs must be \
