@@ -22,6 +22,7 @@
 pub mod commands;
 pub(crate) mod csv;
 pub mod estimate_text;
+mod fit_text;
 pub mod html_page;
 mod idle_text;
 pub(crate) mod oom_files;
