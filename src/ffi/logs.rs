@@ -16,6 +16,7 @@ extern "C" {
     ) -> i32;
     fn memprof_history(on: i32, max_entries: u64) -> i32;
     fn memprof_set_detail(on: i32) -> i32;
+    fn memprof_relearn() -> i32;
     fn memprof_site(id: u64, out: *mut MpSite) -> i32;
 }
 
@@ -73,15 +74,46 @@ pub(super) struct MpTimelineHeader {
     pub(super) start_live: i64,
     pub(super) on: i32,
     pub(super) device: i32,
+    pub(super) records: i32,
+    pub(super) learning: i32,
 }
 
 /// Where this iteration's step log starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct StepLogStart {
     /// The phase generation when the iteration began.
     pub generation: u32,
     /// Bytes live on the logged device when it began.
     pub live: i64,
+}
+
+/// What an iteration's step log holds of its ops (`MpRecords`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Records {
+    /// No op's events, only blocks and phases: an iteration between the learning ones,
+    /// whose ops are the learned iteration's (`timeline::template`).
+    None,
+    /// The ops' events after the iteration parted from the learned ones.
+    After,
+    /// Every op's events.
+    All,
+}
+
+/// What this iteration's step log holds of its ops, and whether the iteration learns.
+pub(crate) fn step_log_records() -> Result<(Records, bool)> {
+    let h = timeline_header()?;
+    let records = match h.records {
+        0 => Records::None,
+        1 => Records::After,
+        _ => Records::All,
+    };
+    Ok((records, h.learning != 0))
+}
+
+/// The next iteration learns its ops again.
+pub(crate) fn relearn() -> Result<()> {
+    // SAFETY: plain call.
+    check(unsafe { memprof_relearn() })
 }
 
 /// `MpHistEvent`: the native layout of a [`HistoryEvent`].

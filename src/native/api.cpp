@@ -268,6 +268,13 @@ int memprof_set_detail(int32_t on) noexcept {
   return guarded("memprof_set_detail", [&]() -> int { return set_detail(on != 0); });
 }
 
+int memprof_relearn() noexcept {
+  return guarded("memprof_relearn", [&]() -> int {
+    op_seq_relearn();
+    return 0;
+  });
+}
+
 int memprof_site(uint64_t id, MpSite* out) noexcept {
   return guarded("memprof_site", [&]() -> int {
     if (!given(out, "memprof_site")) {

@@ -607,6 +607,8 @@ void forget_cuda_blocks();
 // ---------------------------------------------------------------------------------
 // Counting births and deaths (every device).
 
+void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer);
+
 inline void steplog_block_event(
     uint8_t kind, int dev, uint64_t ptr, int64_t delta, uint32_t gen, uint32_t phase) {
   if (g_steplog_on.load(std::memory_order_relaxed)) {
@@ -614,6 +616,14 @@ inline void steplog_block_event(
     if (kind == MP_EV_ALLOC && g_detail_on.load(std::memory_order_relaxed) &&
         dev == g_steplog_device.load(std::memory_order_relaxed)) {
       site = take_site();
+    }
+    if (kind == MP_EV_ALLOC && !g_origin_on.load(std::memory_order_relaxed)) {
+      // The timeline without leak hunting: the block takes its place in the learned
+      // sequence (learned, or checked: a block of another size parts), as the
+      // registry's do with it.
+      int32_t op = -1;
+      int32_t layer = -1;
+      op_seq_block_origin(dev, delta, &op, &layer);
     }
     steplog_append(MpTlEvent{
         kind, uint8_t(phase), uint8_t(dev), 0, gen, current_op(), site, ptr, delta});
@@ -726,6 +736,19 @@ bool op_seq_origins_learned();
 void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer);
 // Origins from records from now on in this iteration (the memory history started).
 void op_seq_stop_blocks();
+// What this iteration's step log holds of its ops (MpRecords): every op's events, none
+// (the step timeline between its learning iterations: the Rust side takes them from the
+// last learning iteration's log, timeline/template.rs), or those after it parted.
+int op_seq_records();
+// Set by begin_iteration: MP_RECORDS_ALL where it registered every op's record, else NONE.
+void op_seq_set_records(int records);
+// Whether this iteration learns.
+bool op_seq_learning();
+// Every op's record from now on in this iteration, which has had none yet (the step
+// detail, set right after the iteration began).
+void op_seq_record_all();
+// The next iteration learns (the Rust side found this one's log unlike the learned one).
+void op_seq_relearn();
 // The learned sequence's memory in use (the most entries ever written).
 uint64_t op_seq_bytes();
 // Ops (and, leak hunting alone, blocks) of this session that took what they needed

@@ -279,6 +279,13 @@ typedef struct MpSite {
   uint64_t ips[MP_SITE_DEPTH];
 } MpSite;
 
+// What an iteration's step log holds of its ops (MpTimelineHeader.records).
+enum MpRecords {
+  MP_RECORDS_NONE = 0,   // no op's events: only blocks and phases (a looking-up iteration)
+  MP_RECORDS_AFTER = 1,  // the ops' events after it parted from the learned ones only
+  MP_RECORDS_ALL = 2,    // every op's events
+};
+
 typedef struct MpTimelineHeader {
   uint64_t len;  // events logged this iteration (more than capacity: overflow)
   uint64_t capacity;
@@ -287,6 +294,8 @@ typedef struct MpTimelineHeader {
   int64_t start_live;         // live bytes of the timeline device at the iteration start
   int32_t on;
   int32_t device;
+  int32_t records;            // MpRecords
+  int32_t learning;           // this iteration learns its ops (and records them all)
 } MpTimelineHeader;
 
 // A live block of the registry (leak hunting, snapshots, OOM reports).
@@ -395,6 +404,9 @@ int memprof_read_timeline(MpTlEvent* out, uint64_t cap, uint64_t* total) MP_NOEX
 // are logged (MP_EV_READ) and every allocation of the timeline device keeps its call stack
 // (a site). Off again at the next call with on = 0. Costly: for one profiled step.
 int memprof_set_detail(int32_t on) MP_NOEXCEPT;
+// The next iteration learns its ops again (this one's step log was found unlike the
+// learned one's).
+int memprof_relearn(void) MP_NOEXCEPT;
 // The call stack of site `id` (an alloc event's aux - 1) of the detailed step.
 int memprof_site(uint64_t id, MpSite* out) MP_NOEXCEPT;
 // The history's newest min(len, ring, cap) events, oldest first; *total: appended since

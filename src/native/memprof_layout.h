@@ -115,7 +115,7 @@
   MP_FIELD(MpTlEvent, aux, 12)                         \
   MP_FIELD(MpTlEvent, ptr, 16)                         \
   MP_FIELD(MpTlEvent, value, 24)                       \
-  MP_SIZE(MpTimelineHeader, 40)                        \
+  MP_SIZE(MpTimelineHeader, 48)                        \
   MP_FIELD(MpTimelineHeader, len, 0)                   \
   MP_FIELD(MpTimelineHeader, capacity, 8)              \
   MP_FIELD(MpTimelineHeader, start_generation, 16)     \
@@ -123,6 +123,8 @@
   MP_FIELD(MpTimelineHeader, start_live, 24)           \
   MP_FIELD(MpTimelineHeader, on, 32)                   \
   MP_FIELD(MpTimelineHeader, device, 36)               \
+  MP_FIELD(MpTimelineHeader, records, 40)              \
+  MP_FIELD(MpTimelineHeader, learning, 44)             \
   MP_SIZE(MpLiveBlock, 32)                             \
   MP_FIELD(MpLiveBlock, ptr, 0)                        \
   MP_FIELD(MpLiveBlock, size, 8)                       \

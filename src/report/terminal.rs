@@ -69,6 +69,14 @@ pub(crate) fn render_step(p: &StepProfile, why: &str, top: usize) -> String {
     if !p.complete {
         out.push_str("  warning: the step log overflowed or lost events; numbers are incomplete\n");
     }
+    if !p.ops_recorded {
+        out.push_str(
+            "  warning: some of this step's ops are not known: it was unlike the steps \
+             the profiler learned them from (another batch shape, a branch taken); the \
+             peak and the categories are exact, the rows by op, layers and FLOPs are of \
+             the ops it recorded\n",
+        );
+    }
     out.push_str(&format!(
         "  peak {} during {}\n",
         format::bytes(p.peak.bytes),

@@ -14,6 +14,7 @@ mod recorder;
 mod replay;
 mod scope;
 pub(crate) mod sites;
+mod template;
 mod types;
 
 pub use crate::phase::Phase;

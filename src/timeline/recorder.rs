@@ -6,12 +6,13 @@
 use rustc_hash::FxHashMap;
 
 use crate::error::Result;
-use crate::ffi::{self, Event};
+use crate::ffi::{self, Event, Records, StepLogStart};
 use crate::names::Names;
 use crate::vars::VarTable;
 
 use super::replay::replay;
 use super::sites::SiteNames;
+use super::template::{self, Template};
 use super::types::{StepProfile, StepStart, VarEntry};
 
 /// Why a profile is reported.
@@ -34,6 +35,9 @@ pub(crate) struct Recorder {
     /// Whether the iteration running now has its detail on.
     detail: bool,
     events: Vec<Event>,
+    /// The last learning iteration's log, for the iterations that record no op.
+    template: Template,
+    merged: Vec<Event>,
     start: StepStart,
     vars: Vec<VarEntry>,
     names: Names,
@@ -51,6 +55,8 @@ impl Recorder {
             idle: idle && requested_step.is_some(),
             detail: false,
             events: Vec::new(),
+            template: Template::default(),
+            merged: Vec::new(),
             start: StepStart::default(),
             vars: Vec::new(),
             names: Names::default(),
@@ -158,11 +164,46 @@ impl Recorder {
     ) -> Result<Option<&StepProfile>> {
         let requested = self.requested_step == Some(step);
         let peak_now = ffi::device_stats(self.slot)?.peak_iter;
-        let is_peak = peak_now > self.best_peak;
-        if !requested && !is_peak {
+        let (records, learning) = ffi::step_log_records()?;
+        // A peak profile without ops gives way to the same peak with them.
+        let is_peak = peak_now > self.best_peak
+            || (peak_now == self.best_peak
+                && records != Records::After
+                && self.peak.as_ref().is_some_and(|p| !p.ops_recorded));
+        let learned = learning && records == Records::All;
+        if !requested && !is_peak && !learned {
             return Ok(None);
         }
         let overflow = ffi::read_timeline(&mut self.events)?;
+        let log_start = StepLogStart {
+            generation: self.start.generation,
+            live: self.start.live,
+        };
+        if learned {
+            self.template.keep(&self.events, log_start, overflow);
+        }
+        if !requested && !is_peak {
+            return Ok(None);
+        }
+        let mut ops_recorded = true;
+        match records {
+            Records::All => {}
+            Records::None => {
+                if self
+                    .template
+                    .merge(&self.events, &log_start, &mut self.merged)
+                {
+                    std::mem::swap(&mut self.events, &mut self.merged);
+                } else {
+                    template::without_ops(&mut self.events);
+                    ops_recorded = false;
+                    ffi::relearn()?;
+                }
+            }
+            // The ops that began after it parted, recorded from their start (with their
+            // inputs); those before are not known.
+            Records::After => ops_recorded = false,
+        }
         // Workspaces taken during the step (the first matrix products of a thread) are
         // WORKSPACE from their birth.
         for w in self.workspaces() {
@@ -179,6 +220,7 @@ impl Recorder {
             &mut self.names,
             (requested && self.detail).then_some(&mut name as &mut dyn FnMut(i32) -> String),
         );
+        p.ops_recorded = ops_recorded;
         p.step = step;
         p.epoch = epoch;
         p.iteration = iteration;

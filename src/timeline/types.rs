@@ -254,6 +254,15 @@ pub struct StepProfile {
     /// False when the step log overflowed and events were dropped: the numbers are then
     /// incomplete.
     pub complete: bool,
+    /// False when some of the iteration's ops are not known: it ran between the
+    /// iterations the profiler learns its ops from, and its blocks were not those of the
+    /// learned one (a batch of another shape, a branch taken, a block freed elsewhere).
+    /// Where that showed at one of its allocations, the ops that began after it are
+    /// recorded (the rows, layers and FLOPs are theirs); where it showed only once the
+    /// iteration was over, none is (the rows, layers, FLOPs and the peak's op are
+    /// empty). Either way the peak's bytes, its split and each category's maximum are
+    /// exact, and the next iteration learns again.
+    pub ops_recorded: bool,
     /// The blocks idle at the peak, with the step detail on
     /// ([`idle_at_peak`](crate::MemoryProfilerBuilder::idle_at_peak)); `None` otherwise.
     pub idle: Option<IdleAtPeak>,

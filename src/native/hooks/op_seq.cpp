@@ -77,6 +77,8 @@ struct OpSeq {
   std::atomic<uint64_t> looked_up{0};
   // Blocks of other threads that took their learned origin (many writers).
   std::atomic<uint64_t> looked_up_other{0};
+  // What this iteration's step log holds of its ops (MpRecords).
+  std::atomic<int> records{MP_RECORDS_ALL};
 };
 constexpr uint32_t kMissedLimit = 3;
 OpSeq g_seq;
@@ -118,8 +120,8 @@ void op_seq_start(bool on, bool sizes) {
     s.seq = reserve<Learned>(kCapacity);
   }
   BlockSeq& b = g_blocks;
-  // Leak hunting alone learns its blocks' origins from the first iteration.
-  const bool blocks = on && !sizes && !g_hist_on.load();
+  // Leak hunting and the step timeline learn their blocks from the first iteration.
+  const bool blocks = on && !g_hist_on.load();
   if (blocks && !b.seq[0]) {
     b.seq[0] = reserve<LearnedBlock>(kBlockCapacity);
     b.seq[1] = reserve<LearnedBlock>(kBlockCapacity);
@@ -141,6 +143,7 @@ void op_seq_start(bool on, bool sizes) {
   s.missed = 0;
   s.looked_up.store(0);
   s.looked_up_other.store(0);
+  s.records.store(MP_RECORDS_ALL);
   tls_alloc_sig = 0;
 }
 
@@ -172,7 +175,7 @@ void next_block_mode(bool by_blocks, bool learning) {
   b.pos[0].store(0);
   b.pos[1].store(0);
   int mode = kByRecords;
-  if (by_blocks && g_seq.on && !g_seq.sizes && b.seq[0] && b.seq[1]) {
+  if (by_blocks && g_seq.on && b.seq[0] && b.seq[1]) {
     mode = learning || !b.ready ? kLearnBlocks : kLookUpBlocks;
   }
   b.mode.store(mode);
@@ -210,6 +213,41 @@ bool op_seq_next_iteration(bool by_blocks) {
   }
   next_block_mode(by_blocks, s.learning);
   return s.learning;
+}
+
+namespace {
+// Every op's record for the rest of this iteration; its step log has the ops' events
+// from here on only, if it had none.
+void records_from_now() {
+  int none = MP_RECORDS_NONE;
+  g_seq.records.compare_exchange_strong(none, MP_RECORDS_AFTER);
+  op_callback_want_records(MP_TARGET_STEP);
+}
+}  // namespace
+
+void op_seq_set_records(int records) {
+  g_seq.records.store(records);
+}
+
+int op_seq_records() {
+  return g_seq.records.load();
+}
+
+bool op_seq_learning() {
+  return g_seq.on && g_seq.learning;
+}
+
+void op_seq_record_all() {
+  OpSeq& s = g_seq;
+  s.forced.store(true);
+  int expect = kLookUpBlocks;
+  g_blocks.mode.compare_exchange_strong(expect, kByRecords);
+  s.records.store(MP_RECORDS_ALL);
+  op_callback_want_records(MP_TARGET_STEP);
+}
+
+void op_seq_relearn() {
+  g_seq.mismatch.store(true);
 }
 
 bool op_seq_origins_learned() {
@@ -263,7 +301,7 @@ void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer) {
       g_seq.mismatch.store(true, std::memory_order_relaxed);
     }
     g_seq.forced.store(true);
-    op_callback_want_records(MP_TARGET_STEP);
+    records_from_now();
   }
   *op = -1;
   *layer = -1;
@@ -273,7 +311,7 @@ void op_seq_stop_blocks() {
   int expect = kLookUpBlocks;
   if (g_blocks.mode.compare_exchange_strong(expect, kByRecords)) {
     g_seq.forced.store(true);
-    op_callback_want_records(MP_TARGET_STEP);
+    records_from_now();
   } else {
     g_blocks.mode.store(kByRecords);
   }

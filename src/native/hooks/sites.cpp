@@ -75,7 +75,7 @@ int set_detail(bool on) {
   tls_ops.n_read = 0;
   g_detail_on.store(on);
   if (on) {
-    op_seq_ask_inputs(false);  // the reads are every op's inputs
+    op_seq_record_all();  // the reads are every op's inputs
   }
   return 0;
 }

@@ -100,6 +100,8 @@ void timeline_header(MpTimelineHeader* out) {
   out->start_live = g_steplog_start_live.load();
   out->on = g_steplog_on.load() ? 1 : 0;
   out->device = g_steplog_device.load();
+  out->records = op_seq_records();
+  out->learning = op_seq_learning() ? 1 : 0;
 }
 
 void read_log(MpLogEvent* out, uint64_t cap, uint64_t* total) {

@@ -152,11 +152,14 @@ int begin_iteration() {
     begin_steplog(gen);
   }
   const bool history = g_hist_on.load();
-  const bool inputs = op_seq_next_iteration(!steplog && !history);
+  const bool inputs = op_seq_next_iteration(!history);
   if (steplog || g_session.leaks_requested) {
-    // Every op's record while something takes it from them: the step timeline, the
-    // memory history, leak hunting in an iteration that learns (or not by blocks).
-    const bool functions = steplog || history || !op_seq_origins_learned();
+    // Every op's record while something takes it from them: the memory history, the
+    // step timeline and leak hunting in an iteration that learns (or not by blocks).
+    // Between those, the timeline's op events are the learned iteration's (its log,
+    // kept by the Rust side) and leak hunting's origins the learned blocks'.
+    const bool functions = history || !op_seq_origins_learned();
+    op_seq_set_records(functions ? MP_RECORDS_ALL : MP_RECORDS_NONE);
     op_callback_use(MP_TARGET_STEP, true, inputs, false, functions);
   }
   for (auto& d : g_dev) {

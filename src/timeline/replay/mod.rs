@@ -133,6 +133,7 @@ pub(crate) fn replay(
         optimizer_flops,
         uncounted_ops,
         complete: consistent,
+        ops_recorded: true,
         idle,
         ..StepProfile::default()
     }
