@@ -114,8 +114,10 @@ impl MemoryProfilerBuilder {
     /// ACT, TEMP, OPT, OTHER) after every op, per-layer memory and FLOPs. The profile of
     /// the step with the run's highest peak is kept ([`MemoryProfiler::peak_step_profile`]),
     /// printed and written (CSV and plots, with `csv` on) at each `epoch_end` where it
-    /// changed. Off by default: it asks libtorch for every op's inputs and logs every
-    /// allocation of the iteration (see docs/in-a-training-run.md for its measured cost).
+    /// changed. Off by default: it logs every allocation of the iteration, and records
+    /// every op (with its inputs) in the iterations that learn them, the others taking
+    /// their op events from the last one that learned (docs/step-anatomy.md; its
+    /// measured cost in docs/in-a-training-run.md).
     pub fn timeline(mut self, on: bool) -> Self {
         self.timeline = on;
         self
