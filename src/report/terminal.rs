@@ -538,6 +538,7 @@ pub(crate) mod tests {
                 calls: 3,
             }],
             complete: true,
+            ops_recorded: true,
             ..StepProfile::default()
         };
         let text = render_step(&p, "test", 10);
@@ -550,6 +551,15 @@ pub(crate) mod tests {
         assert!(
             !text.contains("warning"),
             "complete profiles carry no warning"
+        );
+        let unknown = StepProfile {
+            ops_recorded: false,
+            ..p.clone()
+        };
+        let text = render_step(&unknown, "test", 10);
+        assert!(
+            text.contains("warning: some of this step's ops are not known"),
+            "{text}"
         );
     }
 
