@@ -471,3 +471,65 @@ fn plan_counts_what_it_left_out_in_one_line() {
         n
     );
 }
+
+/// `plan` of a file PyTorch wrote gives plan 1 as PyTorch code too, beside tch's: the
+/// loop over the module the file was made from, in the estimate's order, which Python
+/// compiles (the wheel's Python; the shell line of an allocator setting aside). A tch
+/// model's plan gives tch's only.
+#[test]
+fn plan_of_a_program_gives_its_pytorch_code() {
+    let Some(dir) = cases() else { return };
+    let python = common::corpus_python("plan's PyTorch code").unwrap();
+    let path = dir.join("resnet18-dynamic.pt2");
+    let input = ["--input", "16x3x64x64"];
+    let mut args = vec!["estimate", path.to_str().unwrap(), "--train", "--csv"];
+    args.extend(input);
+    let out = common::cli(&args);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let reserved: u64 = common::csv_cell(&common::text(&out.stdout), "peak_reserved_bytes")
+        .parse()
+        .unwrap();
+    // A budget the step as it is does not fit: plan 1 pulls a lever.
+    let budget = format!("{}B", reserved * 7 / 10);
+    let mut args = vec!["plan", path.to_str().unwrap(), "--memory", &budget];
+    args.extend(input);
+    let out = common::cli(&args);
+    let text = common::text(&out.stdout);
+    assert!(out.status.success(), "{text}{}", common::text(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with("Plan 1 in PyTorch"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let end = lines
+        .iter()
+        .position(|l| *l == "Plan 1 in a tch loop:")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(start < end, "{text}");
+    let code: Vec<&str> = lines[start + 1..end]
+        .iter()
+        .map(|l| l.strip_prefix("    ").unwrap_or_else(|| panic!("{l:?}")))
+        .filter(|l| !l.starts_with("export PYTORCH_CUDA_ALLOC_CONF="))
+        .collect();
+    assert!(code.iter().any(|l| l.contains("loss.backward()")), "{text}");
+    assert!(code.iter().any(|l| l.contains("opt.step()")), "{text}");
+    let program = code.join("\n");
+    let out = Command::new(&python)
+        .args([
+            "-c",
+            "import sys; compile(sys.argv[1], 'plan 1', 'exec')",
+            &program,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{program}\n{}",
+        common::text(&out.stderr)
+    );
+    // tch code: no PyTorch.
+    let out = common::cli(&["plan", "--model", "resnet18", "--memory", "200MB"]);
+    let text = common::text(&out.stdout);
+    assert!(text.contains("Plan 1 in a tch loop:"), "{text}");
+    assert!(!text.contains("Plan 1 in PyTorch"), "{text}");
+}

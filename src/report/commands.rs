@@ -10,7 +10,7 @@ use super::estimate_text::{anatomy, budget_line, peak_lines_with, table};
 use super::replay_text;
 use crate::estimate::recorded::{Action, Peaks, RecordedRun, Recording};
 use crate::estimate::{
-    AllocatorConfig, Comparison, Estimate, Fit, Mode, Options, Plans, NOT_MODELLED,
+    AllocatorConfig, Comparison, Estimate, Fit, Mode, Options, Plans, EAGER_ABOVE, NOT_MODELLED,
 };
 use crate::runs::diff::Diff;
 
@@ -44,6 +44,11 @@ pub struct EstimateOutput<'a> {
     pub top: usize,
     /// The last batch held to a recorded run (the recording's path).
     pub compared: Option<(&'a Path, &'a Comparison)>,
+    /// The model is a file PyTorch wrote ([`Model::from_pytorch`]): the text says once
+    /// how much more eager PyTorch took than such a file's estimate.
+    ///
+    /// [`Model::from_pytorch`]: crate::estimate::Model::from_pytorch
+    pub pytorch_file: bool,
 }
 
 impl EstimateOutput<'_> {
@@ -66,6 +71,9 @@ impl EstimateOutput<'_> {
         }
         if let Some(f) = self.fit {
             let _ = writeln!(out, "{f}");
+            if let Some(line) = f.thin_margin_line() {
+                let _ = writeln!(out, "{line}");
+            }
         }
         let _ = writeln!(
             out,
@@ -99,6 +107,9 @@ impl EstimateOutput<'_> {
         for n in NOT_MODELLED {
             let _ = writeln!(out, "- {}: {}", n.what, n.likely);
         }
+        if self.pytorch_file {
+            let _ = writeln!(out, "- {}", eager_line());
+        }
         if let Some(line) = rows.last().and_then(Estimate::host_memory_line) {
             let _ = writeln!(out, "{line}");
         }
@@ -118,6 +129,21 @@ impl EstimateOutput<'_> {
             .map(|e| format!("warning: at batch {}: {}", e.batch, e.jit_fallback_line()))
             .collect()
     }
+}
+
+/// What the estimate of a file PyTorch wrote is of, and how much more eager PyTorch took
+/// ([`EAGER_ABOVE`]), in one line.
+pub fn eager_line() -> String {
+    let (inference, training) = EAGER_ABOVE;
+    format!(
+        "eager PyTorch running the original module: this is the file as tch (or PyTorch \
+         running the exported program) runs it; on an H200, eager PyTorch took up to {:.0}% \
+         more allocated in inference and {:.0}% in training than its files' estimates \
+         (Python's locals, held until a module's forward returns, and transformers' \
+         grouped-query attention on another kernel; docs/estimate.md)",
+        100.0 * inference,
+        100.0 * training
+    )
 }
 
 /// The terminal text of `tch-memprof plan` of a model: the settings, the budget, the plans.

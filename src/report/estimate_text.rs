@@ -59,6 +59,22 @@ pub fn table(rows: &[Estimate], budget: Option<u64>) -> String {
     t.to_string()
 }
 
+/// A warning in one line where `what` leaves less of the budget `memory` than the
+/// estimate's measured error ([`THIN_MARGIN`]); `None` where it leaves more.
+pub fn thin_margin_line(what: &str, margin: u64, memory: u64) -> Option<String> {
+    let share = margin as f64 / memory as f64;
+    (share < THIN_MARGIN).then(|| {
+        format!(
+            "warning: {what} leaves {} ({:.2}% of the budget), less than the estimate's \
+             error as measured on a GPU (its peak reserved up to {:.1}% under the run's, \
+             docs/estimate.md): it may not fit.",
+            bytes(margin),
+            100.0 * share,
+            100.0 * THIN_MARGIN
+        )
+    })
+}
+
 /// The budget the table's `fits` column is against, and what it keeps for the CUDA
 /// context: a GPU name keeps [`CONTEXT_ALLOWANCE`] out of its memory, a plain size none.
 pub fn budget_line(budget: u64, spec: &str) -> String {
@@ -410,15 +426,8 @@ impl Plans {
             self.dry_runs
         )?;
         let first = &self.fits[0];
-        let margin = first.margin(self.memory);
-        if (margin as f64) < THIN_MARGIN * self.memory as f64 {
-            writeln!(
-                f,
-                "warning: plan 1 leaves {} ({:.2}% of the budget), less than the estimate's \
-                 error on some real models (docs/estimate.md): a plan below it leaves more room.",
-                bytes(margin),
-                100.0 * margin as f64 / self.memory as f64
-            )?;
+        if let Some(line) = thin_margin_line("plan 1", first.margin(self.memory), self.memory) {
+            writeln!(f, "{line} A plan below it leaves more room.")?;
         }
         let others: Vec<String> = first
             .allocator_alternatives
@@ -444,6 +453,15 @@ impl Plans {
         if code.is_empty() {
             writeln!(f, "Plan 1 is the step as it is: nothing to change.")
         } else {
+            if self.pytorch_file {
+                writeln!(
+                    f,
+                    "Plan 1 in PyTorch (a loop over the module the file was made from):"
+                )?;
+                for line in first.pytorch_code(self.optimizer) {
+                    writeln!(f, "    {line}")?;
+                }
+            }
             writeln!(f, "Plan 1 in a tch loop:")?;
             for line in code {
                 writeln!(f, "    {line}")?;
@@ -538,6 +556,97 @@ impl Plan {
                     });
                 }
             }
+        }
+        out
+    }
+}
+
+impl Plan {
+    /// How to apply it in a PyTorch training loop (a file PyTorch wrote runs from its
+    /// module there), a line each, indented as Python reads them; empty where the plan is
+    /// the step as it is. `model`, `opt`, `loss_fn`, `x` and `micro_batches` are the
+    /// user's.
+    pub fn pytorch_code(&self, asked: Optimizer) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.config.allocator_conf.is_empty() {
+            out.push(format!(
+                "export PYTORCH_CUDA_ALLOC_CONF={}  # before Python starts, or os.environ before torch's first CUDA call",
+                self.config.allocator_conf
+            ));
+        }
+        if self.config.optimizer != asked {
+            out.push(format!(
+                "opt = {}",
+                match self.config.optimizer {
+                    Optimizer::Sgd => "torch.optim.SGD(model.parameters(), lr=lr)",
+                    Optimizer::SgdMomentum =>
+                        "torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)",
+                    Optimizer::Adam => "torch.optim.Adam(model.parameters(), lr=lr)",
+                    Optimizer::AdamW => "torch.optim.AdamW(model.parameters(), lr=lr)",
+                }
+            ));
+        }
+        let k = self.config.accumulate;
+        let amp = self.cost.lower_precision.map(|d| match d {
+            tch::Kind::BFloat16 => "torch.bfloat16",
+            _ => "torch.float16",
+        });
+        let changed =
+            amp.is_some() || self.cost.zero_grad_moved || self.config.checkpoint.is_some() || k > 1;
+        if !changed {
+            return out;
+        }
+        let forward = match self.config.checkpoint {
+            Some(every) => format!(
+                "loss_fn(forward_checkpointed(x))  # {} block under torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False)",
+                every_segment(every).replace("segment", "block")
+            ),
+            None => "loss_fn(model(x))".to_string(),
+        };
+        let scale = if k > 1 {
+            format!(" / {k}")
+        } else {
+            String::new()
+        };
+        // The loop the estimate ran, in the order of tch's: gradients set to none before
+        // the forward pass, or between it and the backward pass (the previous step's
+        // gradients then stay live through the forward pass).
+        let (indent, zero_grad) = if k > 1 {
+            out.push(format!(
+                "for i, x in enumerate(micro_batches):  # {k} micro-batches of {} a step",
+                self.micro_batch
+            ));
+            (
+                "    ",
+                vec![
+                    format!("    if i % {k} == 0:"),
+                    "        opt.zero_grad(set_to_none=True)".to_string(),
+                ],
+            )
+        } else {
+            ("", vec!["opt.zero_grad(set_to_none=True)".to_string()])
+        };
+        if self.config.zero_grad_first {
+            out.extend(zero_grad.iter().cloned());
+        }
+        match amp {
+            Some(dtype) => {
+                out.push(format!(
+                    "{indent}with torch.autocast(\"cuda\", dtype={dtype}):"
+                ));
+                out.push(format!("{indent}    loss = {forward}{scale}"));
+            }
+            None => out.push(format!("{indent}loss = {forward}{scale}")),
+        }
+        if !self.config.zero_grad_first {
+            out.extend(zero_grad);
+        }
+        out.push(format!("{indent}loss.backward()"));
+        if k > 1 {
+            out.push(format!("    if i % {k} == {}:", k - 1));
+            out.push("        opt.step()".to_string());
+        } else {
+            out.push("opt.step()".to_string());
         }
         out
     }

@@ -184,6 +184,7 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         all_idle: a.all_idle,
         top: a.top,
         compared: comparison.as_ref().map(|(p, c)| (p.as_path(), c)),
+        pytorch_file: model.from_pytorch(),
     };
     if a.csv {
         // Standard output stays CSV: the warnings go to standard error.
@@ -194,6 +195,9 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         // Where the program bounds the answer, standard error says so.
         if let Some(f) = fit.as_ref().filter(|f| f.program_limited()) {
             eprintln!("warning: {f}");
+        }
+        if let Some(line) = fit.as_ref().and_then(|f| f.thin_margin_line()) {
+            eprintln!("{line}");
         }
         let largest = fit
             .as_ref()

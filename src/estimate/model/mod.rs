@@ -244,6 +244,13 @@ impl Model {
         &self.label
     }
 
+    /// The model is a file PyTorch wrote (a TorchScript file or an exported program), not
+    /// tch code: its estimate is of the file as it runs, which eager PyTorch running the
+    /// original module may exceed ([`EAGER_ABOVE`](crate::estimate::EAGER_ABOVE)).
+    pub fn from_pytorch(&self) -> bool {
+        matches!(self.runner, Runner::Script { .. } | Runner::Program { .. })
+    }
+
     /// A dry run of this model failed: `what` and libtorch's reason, in one line.
     fn failed(&self, what: &str, reason: impl std::fmt::Display) -> Error {
         Error::DryRun {
