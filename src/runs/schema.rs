@@ -346,8 +346,8 @@ pub struct PlanRow {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ReplayRow {
-    /// The allocator settings as `PYTORCH_CUDA_ALLOC_CONF` reads them (empty: the run's
-    /// own), or `recorded` for the run as it was recorded.
+    /// The allocator settings as `PYTORCH_CUDA_ALLOC_CONF` reads them (`default`:
+    /// PyTorch's defaults, no setting), or `recorded` for the run as it was recorded.
     pub alloc_conf: String,
     /// Peak allocated bytes.
     pub peak_allocated_bytes: u64,
@@ -362,7 +362,11 @@ impl ReplayRow {
     /// The row of one setting's peaks, against `budget` if there is one.
     pub fn new(alloc_conf: &str, allocated: u64, reserved: u64, budget: Option<u64>) -> Self {
         ReplayRow {
-            alloc_conf: alloc_conf.to_string(),
+            alloc_conf: if alloc_conf.is_empty() {
+                "default".to_string()
+            } else {
+                alloc_conf.to_string()
+            },
             peak_allocated_bytes: allocated,
             peak_reserved_bytes: reserved,
             fits: budget.map(|b| reserved <= b),

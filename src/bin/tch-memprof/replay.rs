@@ -12,6 +12,7 @@ use tch_memprof::estimate::recorded::Recording;
 use tch_memprof::estimate::{gpu_memory, AllocatorConfig};
 use tch_memprof::report::commands::ReplayOutput;
 use tch_memprof::report::estimate_text::csv_to_stdout;
+use tch_memprof::report::replay_text::cheapest_fit;
 use tch_memprof::runs::schema::ReplayRow;
 
 use crate::fail;
@@ -103,6 +104,18 @@ fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         rows.push((conf.clone(), recording.replay(&config)));
     }
     let recorded = rows[0].1.recorded;
+    // With --memory, no setting that fits is an answer a script must see: exit status 1,
+    // as `plan` where nothing fits.
+    let nothing_fits = budget.and_then(|b| {
+        let peaks: Vec<(String, _)> = rows.iter().map(|(c, r)| (c.clone(), r.replayed)).collect();
+        let (fits, line) = cheapest_fit(&peaks, b);
+        fits.is_none().then_some(line)
+    });
+    let status = if nothing_fits.is_some() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    };
     if a.csv {
         let rows = std::iter::once(ReplayRow::new(
             "recorded",
@@ -114,7 +127,10 @@ fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             ReplayRow::new(conf, run.replayed.allocated, run.replayed.reserved, budget)
         }));
         csv_to_stdout(rows).map_err(|e| format!("writing CSV to standard output: {e}"))?;
-        return Ok(ExitCode::SUCCESS);
+        if let Some(line) = nothing_fits {
+            eprintln!("tch-memprof: {line}");
+        }
+        return Ok(status);
     }
     let output = ReplayOutput {
         path: &a.snapshot,
@@ -128,5 +144,5 @@ fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         top: a.top,
     };
     print!("{}", output.text());
-    Ok(ExitCode::SUCCESS)
+    Ok(status)
 }
