@@ -98,10 +98,12 @@ fn draw<DB: DrawingBackend>(
         return Ok(());
     }
     let n = p.rows.len();
+    // The in-op peaks: each row's highest live bytes since the previous row (inside the
+    // op), which the bytes taken as ops return can miss; the step's peak is their highest.
     let max = p
         .rows
         .iter()
-        .map(|r| r.bytes.total())
+        .map(|r| r.bytes.total().max(r.peak_bytes))
         .max()
         .unwrap_or(0)
         .max(p.peak.bytes)
@@ -109,12 +111,17 @@ fn draw<DB: DrawingBackend>(
     let (scale, unit_name) = unit(max);
     let y_max = max as f64 / scale * 1.12;
 
-    let mut chart = ChartBuilder::on(root);
-    chart.margin(20).x_label_area_size(50).y_label_area_size(90);
-    if let Some(t) = title {
-        chart.caption(t, (FONT, 28).into_font());
-    }
-    let mut chart = chart
+    // The title over both; the chart on the left, the legend beside it (never over the
+    // curve), with what each category holds.
+    let body = match title {
+        Some(t) => root.titled(t, (FONT, 28).into_font()).map_err(err)?,
+        None => root.clone(),
+    };
+    let (plot_area, legend_area) = body.split_horizontally(WIDTH - LEGEND_WIDTH);
+    let mut chart = ChartBuilder::on(&plot_area)
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(90)
         .build_cartesian_2d(0f64..(n.max(2) - 1) as f64, 0f64..y_max)
         .map_err(err)?;
     chart
@@ -138,23 +145,26 @@ fn draw<DB: DrawingBackend>(
         }
         cumulative.push(acc.clone());
     }
+    let mut legend: Vec<Entry> = Vec::new();
     for (k, c) in Category::ALL.iter().enumerate().rev() {
         let col = color(*c);
         let top = &cumulative[k];
-        let label = format!(
-            "{} (max {})",
-            c.label(),
-            format::bytes(p.category_max.get(*c))
-        );
         chart
             .draw_series(AreaSeries::new(
                 top.iter().enumerate().map(|(i, v)| (i as f64, *v)),
                 0.0,
                 col.mix(0.85).filled(),
             ))
-            .map_err(err)?
-            .label(label)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], col.filled()));
+            .map_err(err)?;
+        legend.push(Entry {
+            mark: Mark::Box(col.mix(0.85)),
+            name: format!(
+                "{} (max {})",
+                c.label(),
+                format::bytes(p.category_max.get(*c))
+            ),
+            meaning: c.meaning().to_string(),
+        });
     }
 
     // The idle band: the bytes idle at the peak that no op reads again, at the top of the
@@ -174,21 +184,34 @@ fn draw<DB: DrawingBackend>(
             .map(|(i, v)| (i as f64, *v))
             .chain(low.enumerate().rev().map(|(i, v)| (i as f64, v)))
             .collect();
-        let ink = RGBColor(0, 0, 0);
+        let ink = RGBColor(0, 0, 0).mix(0.7);
         chart
-            .draw_series(std::iter::once(Polygon::new(
-                outline,
-                ink.mix(0.7).filled(),
-            )))
-            .map_err(err)?
-            .label(format!(
-                "idle at the peak, read by no op again (up to {})",
-                format::bytes(most_idle)
-            ))
-            .legend(move |(x, y)| {
-                Rectangle::new([(x, y - 6), (x + 16, y + 6)], ink.mix(0.7).filled())
-            });
+            .draw_series(std::iter::once(Polygon::new(outline, ink.filled())))
+            .map_err(err)?;
+        legend.push(Entry {
+            mark: Mark::Box(ink),
+            name: format!("idle at the peak (up to {})", format::bytes(most_idle)),
+            meaning: "live at the peak, read by no op again".to_string(),
+        });
     }
+
+    // The in-op peaks, a line over the stack where they rise above it: the peak's dot
+    // sits on it.
+    let in_op = RGBColor(0, 0, 0);
+    chart
+        .draw_series(LineSeries::new(
+            p.rows
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (i as f64, r.peak_bytes.max(r.bytes.total()) as f64 / scale)),
+            in_op.stroke_width(1),
+        ))
+        .map_err(err)?;
+    legend.push(Entry {
+        mark: Mark::Line(in_op),
+        name: "the most live inside each op".to_string(),
+        meaning: "the stack is taken as each op returns".to_string(),
+    });
 
     // Phase boundaries.
     let (bwd, opt) = p.phase_boundaries();
@@ -232,35 +255,167 @@ fn draw<DB: DrawingBackend>(
         format::bytes(p.peak.bytes),
         p.peak.location()
     );
-    // Keep the label inside the plot: left of the marker when it is in the right half.
-    let anchor_x = if peak_x > (n as f64) * 0.55 {
-        (peak_x - (n as f64) * 0.02 * (label.len() as f64 / 3.0)).max(0.0)
+    // Keep the label inside the plot: its width measured in the font it is drawn with,
+    // right-aligned to the marker where it would pass the right edge.
+    let font: TextStyle = (FONT, 18).into_font().into();
+    let (label_w, _) = plot_area.estimate_text_size(&label, &font).map_err(err)?;
+    let (px, _) = chart.backend_coord(&(peak_x, peak_y));
+    let (right, _) = chart.backend_coord(&((n.max(2) - 1) as f64, 0.0));
+    let (left, _) = chart.backend_coord(&(0.0, 0.0));
+    let x0 = if px + 10 + label_w as i32 > right {
+        (px - 10 - label_w as i32).max(left)
     } else {
-        peak_x + (n as f64) * 0.01
+        px + 10
     };
-    chart
-        .draw_series(std::iter::once(Text::new(
-            label,
-            (anchor_x, peak_y + y_max * 0.03),
-            (FONT, 18).into_font(),
-        )))
+    let (_, py) = chart.backend_coord(&(peak_x, peak_y + y_max * 0.05));
+    plot_area
+        .draw(&Text::new(label, (x0, py - 9), font))
         .map_err(err)?;
 
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .margin(15)
-        .label_font((FONT, 16).into_font())
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    draw_legend(&legend_area, &legend).map_err(err)?;
+    Ok(())
+}
+
+/// The legend panel's width, beside the chart.
+const LEGEND_WIDTH: u32 = 400;
+
+/// A legend line: its mark, its name and what it means.
+struct Entry {
+    mark: Mark,
+    name: String,
+    meaning: String,
+}
+
+enum Mark {
+    Box(RGBAColor),
+    Line(RGBColor),
+}
+
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    entries: &[Entry],
+) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let (x, mut y) = (10, 40);
+    let name_font = (FONT, 17).into_font();
+    let meaning_font = (FONT, 14).into_font().color(&RGBColor(90, 90, 90));
+    for e in entries {
+        match e.mark {
+            Mark::Box(c) => area.draw(&Rectangle::new([(x, y), (x + 18, y + 14)], c.filled()))?,
+            Mark::Line(c) => area.draw(&PathElement::new(
+                vec![(x, y + 7), (x + 18, y + 7)],
+                c.stroke_width(2),
+            ))?,
+        }
+        area.draw(&Text::new(
+            e.name.as_str(),
+            (x + 28, y - 1),
+            name_font.clone(),
+        ))?;
+        area.draw(&Text::new(
+            e.meaning.as_str(),
+            (x + 28, y + 19),
+            meaning_font.clone(),
+        ))?;
+        y += 50;
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::phase::Phase;
+    use crate::timeline::{CategoryBytes, Peak, StepRow};
+
+    /// A step whose peak is inside its last op (a temporary freed before the op
+    /// returned): 3 MiB of weights, an op that takes 9 MiB inside and returns with 4 MiB.
+    fn in_op_peak() -> StepProfile {
+        const MIB: i64 = 1 << 20;
+        let row = |i: u32, act: i64, peak: u64| {
+            let mut v = [0i64; crate::timeline::CATEGORIES];
+            v[Category::Param.index()] = 3 * MIB;
+            v[Category::Act.index()] = act;
+            StepRow {
+                op_index: i,
+                op: format!("aten::op{i}"),
+                phase: Phase::Forward,
+                layer: "layer".into(),
+                bytes: CategoryBytes::from_signed(&v),
+                allocated_bytes: (3 * MIB + act) as u64,
+                peak_bytes: peak,
+                idle_bytes: 0,
+            }
+        };
+        StepProfile {
+            rows: vec![
+                row(0, MIB, 4 << 20),
+                row(1, MIB, 4 << 20),
+                row(2, MIB, 12 << 20),
+            ],
+            peak: Peak {
+                bytes: 12 << 20,
+                op_index: Some(2),
+                op: "aten::op2_with_a_long_name_that_would_pass_the_edge".into(),
+                phase: Some(Phase::Forward),
+                layer: "layer".into(),
+                ..Peak::default()
+            },
+            complete: true,
+            ops_recorded: true,
+            ..StepProfile::default()
+        }
+    }
+
+    /// The plot as SVG: the legend beside the chart with what each category holds, the
+    /// in-op peaks drawn so the peak's dot is on a curve, the peak's label inside the
+    /// chart though the peak is at its right edge.
+    #[test]
+    fn the_plot_draws_the_in_op_peak_and_keeps_its_words_inside() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("step.svg");
+        in_op_peak().plot(&path, Some("test")).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        for c in Category::ALL {
+            assert!(svg.contains(c.meaning()), "{} not in the legend", c.label());
+        }
+        assert!(svg.contains("the most live inside each op"));
+        // Every text starts left of the legend panel, or inside it.
+        let chart_right = (WIDTH - LEGEND_WIDTH) as f64;
+        let label = svg
+            .split("<text")
+            .find(|t| t.contains("peak 12.00 MiB during"))
+            .expect("the peak's label");
+        let x: f64 = label
+            .split("x=\"")
+            .nth(1)
+            .and_then(|v| v.split('"').next())
+            .and_then(|v| v.parse().ok())
+            .expect("its x");
+        // Right-aligned to the marker at the right edge: it starts well inside the chart
+        // (its 18-pixel font makes it ~600 pixels wide).
+        assert!(x < chart_right - 400.0, "the label starts at x={x}");
+        // A polyline reaches the peak's height: the in-op line (the stack tops out at
+        // 4 MiB, a third of the way up).
+        let dot = svg.split("<circle").nth(1).expect("the peak's dot");
+        let cy: f64 = dot
+            .split("cy=\"")
+            .nth(1)
+            .and_then(|v| v.split('"').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        let on_line = svg.split("<polyline").skip(1).any(|l| {
+            l.split("points=\"").nth(1).is_some_and(|pts| {
+                pts.split('"').next().unwrap().split(' ').any(|pt| {
+                    pt.split(',')
+                        .nth(1)
+                        .and_then(|y| y.parse::<f64>().ok())
+                        .is_some_and(|y| (y - cy).abs() <= 1.0)
+                })
+            })
+        });
+        assert!(on_line, "no line through the peak's dot at y={cy}");
+    }
 
     #[test]
     fn axis_unit_follows_the_largest_value() {

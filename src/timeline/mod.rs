@@ -26,3 +26,5 @@ pub use types::{
     StepFiles, StepProfile, StepRow, UncountedOp, UNKNOWN_SITE,
 };
 pub(crate) use types::{StepStart, VarEntry};
+#[cfg(test)]
+pub(crate) use types::CATEGORIES;

@@ -73,6 +73,21 @@ impl Category {
         }
     }
 
+    /// What the category holds, in a few words (the plot's legend; docs/glossary.md says
+    /// it whole).
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Category::Param => "weights: trainable variables",
+            Category::Buffer => "non-trainable variables (batch-norm statistics)",
+            Category::Grad => "weight gradients",
+            Category::Act => "activations kept for backward, the input batch",
+            Category::Temp => "made and freed within one phase",
+            Category::Opt => "optimizer state",
+            Category::Other => "the rest: kept across iterations, taken by other libraries",
+            Category::Workspace => "cuBLAS workspaces PyTorch keeps",
+        }
+    }
+
     pub(crate) fn index(self) -> usize {
         self as usize
     }
