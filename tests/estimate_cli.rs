@@ -392,6 +392,49 @@ fn a_torchscript_file_is_estimated_and_profiled() {
         assert!(len > 0, "{f} missing or empty");
     }
 
+    // One copy of each file: the step's six, and the run's own three (what made it, its
+    // summary and its parameters), no two alike; the run's reader takes the step from the
+    // six, as the step asked for and the run's peak step.
+    let mut names: Vec<String> = std::fs::read_dir(&results)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let (step, run): (Vec<&String>, Vec<&String>) = names.iter().partition(|n| !n.contains('_'));
+    assert_eq!(
+        step,
+        [
+            "idle.csv",
+            "layers.csv",
+            "step.png",
+            "step.svg",
+            "summary.txt",
+            "timeline.csv"
+        ],
+        "{names:?}"
+    );
+    let suffixes: Vec<&str> = run.iter().map(|n| n.split_once('_').unwrap().1).collect();
+    assert_eq!(
+        suffixes,
+        ["parameters.csv", "run.csv", "summary.csv"],
+        "{names:?}"
+    );
+    let contents: Vec<Vec<u8>> = names
+        .iter()
+        .map(|n| std::fs::read(results.join(n)).unwrap())
+        .collect();
+    for (i, a) in contents.iter().enumerate() {
+        for (j, b) in contents.iter().enumerate().skip(i + 1) {
+            assert_ne!(a, b, "{} and {} are the same file", names[i], names[j]);
+        }
+    }
+    let read = tch_memprof::runs::Run::open(&results).unwrap();
+    let timeline = std::fs::read_to_string(results.join("timeline.csv")).unwrap();
+    assert_eq!(read.examined_step, Some(1));
+    assert_eq!(read.examined.len(), timeline.lines().count() - 1);
+    assert_eq!(read.timeline.len(), read.examined.len());
+    assert!(!read.layers.is_empty() && !read.idle.is_empty());
+
     // The step's timeline, one row per op: the parameters' bytes at every op, the
     // activations each forward op adds by hand, and every gradient at the end.
     let mut r = csv::Reader::from_path(results.join("timeline.csv")).unwrap();

@@ -36,6 +36,9 @@ pub struct MemoryProfilerBuilder {
     csv: bool,
     csv_dir: PathBuf,
     wide_csv: bool,
+    /// The step's files are written by the caller, beside the run's, under their plain
+    /// names (`tch-memprof profile`): the CSV sink writes none of its own.
+    plain_step_files: bool,
     html: bool,
     top_variables: usize,
     timeline: bool,
@@ -100,6 +103,16 @@ impl MemoryProfilerBuilder {
     /// layout of the original Python tool (default false).
     pub fn wide_csv(mut self, on: bool) -> Self {
         self.wide_csv = on;
+        self
+    }
+
+    /// The step's files are the caller's, under their plain names beside the run's
+    /// (`timeline.csv`, `layers.csv`, `idle.csv`, `step.png`: what `tch-memprof profile`
+    /// writes): the CSV sink writes no `<run>_timeline.*`, `<run>_step<n>_*` or
+    /// `<run>_idle.csv`, and `<run>_run.csv` says where the step is, for the readers of
+    /// runs.
+    pub(crate) fn plain_step_files(mut self, on: bool) -> Self {
+        self.plain_step_files = on;
         self
     }
 
@@ -295,7 +308,8 @@ impl MemoryProfilerBuilder {
         let mut html_path = None;
         if let Some(stem) = &csv {
             let cpu = !matches!(self.device, Device::Cuda(_));
-            let sink = CsvReport::new(&self.csv_dir, stem, self.wide_csv, cpu);
+            let sink = CsvReport::new(&self.csv_dir, stem, self.wide_csv, cpu)
+                .with_step_files(!self.plain_step_files);
             csv_paths = sink.paths();
             // What made the run, for comparing runs later (tch-memprof diff): written
             // once, now.
@@ -308,6 +322,7 @@ impl MemoryProfilerBuilder {
                     label: self.label.as_deref(),
                     print_period: self.print_period,
                     timeline_step: self.timeline_step,
+                    plain_step_files: self.plain_step_files,
                 },
             )?;
             csv_paths.push(meta);
@@ -384,6 +399,7 @@ impl MemoryProfiler {
             csv: false,
             csv_dir: PathBuf::from("memory_csv_data"),
             wide_csv: false,
+            plain_step_files: false,
             html: false,
             top_variables: DEFAULT_TOP_VARIABLES,
             timeline: false,

@@ -132,6 +132,8 @@ fn profile_step(
         .idle_at_peak(true)
         .csv(true)
         .csv_dir(output_dir)
+        // The step's files are the six this function writes below, once.
+        .plain_step_files(true)
         .build()?;
     let xs: Vec<Tensor> = inputs
         .iter()

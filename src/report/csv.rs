@@ -19,7 +19,7 @@ use crate::fs;
 use crate::leaks::LeakReport;
 use crate::runs::schema::{
     EpochRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow, IDLE,
-    RESIDENT_COLUMNS,
+    RESIDENT_COLUMNS, STEP_FILES,
 };
 use crate::stats::{EpochStats, IterationStats};
 use crate::timeline::{Category, StepFiles, StepKind, StepProfile};
@@ -145,6 +145,9 @@ pub(crate) struct CsvReport {
     wide: Option<CsvFile>,
     /// Wide layout columns, fixed at its first row.
     wide_columns: Vec<String>,
+    /// The sink writes the profiled steps' files (`false`: the caller writes them under
+    /// their plain names, [`STEP_FILES`]).
+    step_files: bool,
 }
 
 /// The run's file-name stem: `YYYYmmdd-HHMMSS`, `-rank<R>` when RANK is set, and
@@ -194,7 +197,14 @@ impl CsvReport {
             leaks: file("leaks"),
             wide: wide.then(|| file("wide")),
             wide_columns: Vec::new(),
+            step_files: true,
         }
+    }
+
+    /// Whether the sink writes the profiled steps' files.
+    pub(crate) fn with_step_files(mut self, on: bool) -> Self {
+        self.step_files = on;
+        self
     }
 
     /// Paths of the files this run writes (some may not exist yet; the leaks file
@@ -221,6 +231,8 @@ pub(crate) struct RunMeta<'a> {
     pub print_period: usize,
     /// The step asked for with `timeline_step`.
     pub timeline_step: Option<u64>,
+    /// The step's files are the caller's, under their plain names ([`STEP_FILES`]).
+    pub plain_step_files: bool,
 }
 
 /// Writes `<run>_run.csv` (what made the run: versions, device, start, the user's label,
@@ -238,6 +250,9 @@ pub(crate) fn write_meta(path: &Path, m: &RunMeta<'_>) -> Result<()> {
     }
     if let Some(step) = m.timeline_step {
         rows.push(MetaRow::new("timeline_step", step.to_string()));
+    }
+    if m.plain_step_files {
+        rows.push(MetaRow::new(STEP_FILES.0, STEP_FILES.1));
     }
     write_atomically(path, |w| rows.iter().try_for_each(|r| w.serialize(r)))
 }
@@ -390,6 +405,9 @@ impl Report for CsvReport {
     }
 
     fn step_profile(&mut self, p: &StepProfile, kind: StepKind) -> Result<()> {
+        if !self.step_files {
+            return Ok(());
+        }
         let files = match kind {
             StepKind::Requested(step) => {
                 StepFiles::beside(&self.dir, &format!("{}_step{step}", self.stem))

@@ -95,9 +95,22 @@ impl Run {
                 None
             }
         });
+        // A run of `tch-memprof profile` keeps its one step under the folder's plain names
+        // (timeline.csv, layers.csv, idle.csv): that step is the one asked for and the
+        // run's peak step alike.
+        let (step, steps) = schema::STEP_FILES;
+        let plain = meta.get(step).is_some_and(|v| v == steps);
+        let beside = |name: &str| stem.parent().unwrap_or(Path::new("")).join(name);
+        let step_file = |suffix: &str, plain_name: &str| {
+            if plain {
+                beside(plain_name)
+            } else {
+                with_suffix(&stem, suffix)
+            }
+        };
         let examined = match examined_step {
             Some(n) => read_rows(
-                &with_suffix(&stem, &format!("_step{n}{TIMELINE}")),
+                &step_file(&format!("_step{n}{TIMELINE}"), "timeline.csv"),
                 false,
                 &mut warnings,
             )?,
@@ -107,13 +120,13 @@ impl Run {
             examined_step,
             examined,
             label: meta.get("label").cloned(),
-            meta,
             epochs: read_rows(&with_suffix(&stem, EPOCHS), false, &mut warnings)?,
             parameters: read_rows(&with_suffix(&stem, PARAMETERS), false, &mut warnings)?,
-            layers: read_rows(&with_suffix(&stem, LAYERS), false, &mut warnings)?,
-            timeline: read_rows(&with_suffix(&stem, TIMELINE), false, &mut warnings)?,
+            layers: read_rows(&step_file(LAYERS, "layers.csv"), false, &mut warnings)?,
+            timeline: read_rows(&step_file(TIMELINE, "timeline.csv"), false, &mut warnings)?,
             leaks: read_rows(&with_suffix(&stem, LEAKS), false, &mut warnings)?,
-            idle: read_rows(&with_suffix(&stem, IDLE), false, &mut warnings)?,
+            idle: read_rows(&step_file(IDLE, "idle.csv"), false, &mut warnings)?,
+            meta,
             ooms: read_ooms(&stem)?,
             summary,
             stem,

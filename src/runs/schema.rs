@@ -16,6 +16,11 @@ pub const EPOCHS: &str = "_epochs.csv";
 pub const PARAMETERS: &str = "_parameters.csv";
 /// `<run>_layers.csv`: the profiled step's layers (with the step timeline on).
 pub const LAYERS: &str = "_layers.csv";
+/// `<run>_run.csv`'s key saying where the profiled step's files are, and its one value:
+/// `plain`, the folder's `timeline.csv`, `layers.csv` and `idle.csv` (`tch-memprof
+/// profile`), that one step being the run's only and so its peak step.
+pub(crate) const STEP_FILES: (&str, &str) = ("step_files", "plain");
+
 /// `<run>_timeline.csv`: the profiled step op by op (with the step timeline on).
 pub const TIMELINE: &str = "_timeline.csv";
 /// `<run>_idle.csv`: the blocks idle at the profiled step's peak (with `idle_at_peak`).

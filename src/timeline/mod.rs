@@ -21,10 +21,10 @@ pub use crate::phase::Phase;
 pub(crate) use recorder::{Recorder, StepKind};
 pub(crate) use replay::replay as replay_step;
 pub use scope::{scope, Scope};
+#[cfg(test)]
+pub(crate) use types::CATEGORIES;
 pub use types::{
     Category, CategoryBytes, IdleAtPeak, IdleBlock, IdleGroup, IdleSite, LayerProfile, Peak,
     StepFiles, StepProfile, StepRow, UncountedOp, UNKNOWN_SITE,
 };
 pub(crate) use types::{StepStart, VarEntry};
-#[cfg(test)]
-pub(crate) use types::CATEGORIES;
