@@ -327,10 +327,12 @@ impl Recording {
         })
     }
 
-    /// A file: a snapshot pickle (the history of `device`), or the compact CSV (`.csv`).
-    /// A file over [`MAX_FILE_BYTES`] is refused before it is read: it is parsed whole,
-    /// in memory several times its size.
+    /// A file: a snapshot pickle (the history of `device`), gzipped or not, or the compact
+    /// CSV (`.csv`). A file over [`MAX_FILE_BYTES`] (or gzipped to more) is refused: its
+    /// objects take a few times its size in memory. A pickle is read as it comes, so its
+    /// bytes are never held whole beside them.
     pub fn read(path: &Path, device: usize) -> Result<Recording> {
+        use std::io::{BufRead, Read};
         let failed = |reason: String| Error::Recording {
             path: path.to_path_buf(),
             reason,
@@ -341,39 +343,58 @@ impl Recording {
         if size > MAX_FILE_BYTES {
             return Err(failed(too_large(size)));
         }
-        let mut bytes = std::fs::read(path).map_err(|e| failed(crate::fs::io_reason(&e)))?;
-        if bytes.starts_with(&[0x1f, 0x8b]) {
-            // Gzipped (`.pickle.gz`): read through, up to the same bound.
-            let mut out = Vec::new();
-            let mut gz =
-                std::io::Read::take(flate2::read::GzDecoder::new(&bytes[..]), MAX_FILE_BYTES + 1);
-            std::io::Read::read_to_end(&mut gz, &mut out).map_err(|e| {
-                failed(format!(
-                    "gzipped, but not read whole ({}): a damaged or cut file",
-                    e.kind()
-                ))
-            })?;
-            if out.len() as u64 > MAX_FILE_BYTES {
-                return Err(failed(format!(
-                    "gzipped, and {}",
-                    too_large(out.len() as u64)
-                )));
-            }
-            bytes = out;
-        }
+        let file = std::fs::File::open(path).map_err(|e| failed(crate::fs::io_reason(&e)))?;
+        let mut file = std::io::BufReader::with_capacity(1 << 20, file);
+        let gzipped = file
+            .fill_buf()
+            .map_err(|e| failed(crate::fs::io_reason(&e)))?
+            .starts_with(&[0x1f, 0x8b]);
+        // Gzipped (`.pickle.gz`): read through, up to the same bound.
+        let mut src: Box<dyn BufRead> = if gzipped {
+            Box::new(std::io::BufReader::with_capacity(
+                1 << 20,
+                flate2::bufread::GzDecoder::new(file).take(MAX_FILE_BYTES + 1),
+            ))
+        } else {
+            Box::new(file)
+        };
         if path
             .to_string_lossy()
             .trim_end_matches(".gz")
             .ends_with(".csv")
         {
-            Recording::from_csv(&String::from_utf8_lossy(&bytes)).map_err(failed)
-        } else {
-            // The file's bytes go before the history is built: the parsed objects hold
-            // what is needed.
-            let p = parse_snapshot(&bytes).map_err(failed)?;
-            drop(bytes);
-            Recording::from_pickle(&p, device).map_err(failed)
+            let mut text = Vec::new();
+            src.read_to_end(&mut text).map_err(|e| {
+                failed(format!(
+                    "gzipped, but not read whole ({}): a damaged or cut file",
+                    e.kind()
+                ))
+            })?;
+            if text.len() as u64 > MAX_FILE_BYTES {
+                return Err(failed(format!(
+                    "gzipped, and {}",
+                    too_large(text.len() as u64)
+                )));
+            }
+            return Recording::from_csv(&String::from_utf8_lossy(&text)).map_err(failed);
         }
+        let mut counted = Counted {
+            inner: src,
+            read: 0,
+        };
+        let p = Pickle::read(&mut counted).map_err(|e| {
+            if counted.read > MAX_FILE_BYTES {
+                failed(format!("gzipped, and {}", too_large(counted.read)))
+            } else if gzipped && e.starts_with("the file could not be read") {
+                failed("gzipped, but not read whole: a damaged or cut file".to_string())
+            } else {
+                failed(bad(
+                    "the snapshot",
+                    format!("not a pickle PyTorch wrote: {e}"),
+                ))
+            }
+        })?;
+        Recording::from_pickle(&p, device).map_err(failed)
     }
 
     /// The recorded peaks.
@@ -500,16 +521,40 @@ fn bad(what: &str, reason: impl std::fmt::Display) -> String {
     format!("{what}: {reason}")
 }
 
-fn parse_snapshot(bytes: &[u8]) -> std::result::Result<Pickle, String> {
-    Pickle::parse(bytes)
+fn parse_snapshot(mut bytes: &[u8]) -> std::result::Result<Pickle, String> {
+    Pickle::read(&mut bytes)
         .map_err(|e| bad("the snapshot", format!("not a pickle PyTorch wrote: {e}")))
+}
+
+/// A stream that counts the bytes read from it (a gzipped file's bound).
+struct Counted {
+    inner: Box<dyn std::io::BufRead>,
+    read: u64,
+}
+
+impl std::io::Read for Counted {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+impl std::io::BufRead for Counted {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+    fn consume(&mut self, n: usize) {
+        self.read += n as u64;
+        self.inner.consume(n)
+    }
 }
 
 /// A file over the reader's bound, why and what to do.
 fn too_large(size: u64) -> String {
     format!(
-        "{} is more than the {} this reader takes (it parses the file whole, in memory \
-         several times its size): record fewer events \
+        "{} is more than the {} this reader takes (its objects take a few times its size \
+         in memory): record fewer events \
          (_record_memory_history(max_entries=...)) or without stacks",
         bytes(size),
         bytes(MAX_FILE_BYTES)

@@ -6,7 +6,9 @@
 //! found") once an object shared inside another shared one was visited twice.
 //!
 //! Objects live in arenas and a [`Value`] is 16 bytes that name one: the stream's memo is
-//! a table of values, so a reference back costs no copy. Only data is read: a pickle
+//! a table of values, so a reference back costs no copy. A dict is a range of one flat
+//! arena of pairs, its key the index of its string (24 bytes a pair, no allocation of its
+//! own): a history's millions of entries take about 2.6 times the file's bytes. Only data is read: a pickle
 //! that names a class or calls one (GLOBAL, REDUCE, BUILD, ...) is refused, no code
 //! runs.
 
@@ -33,7 +35,13 @@ pub(crate) struct Pickle {
     strs: Vec<Box<str>>,
     bytes: Vec<Box<[u8]>>,
     lists: Vec<Vec<Value>>,
-    dicts: Vec<Vec<(Value, Value)>>,
+    /// Every dict's pairs, each dict a range of them ([`Pickle::ranges`]): a key is the
+    /// index of its string in `strs`, or [`OTHER_KEY`] and an index into `other_keys`.
+    pairs: Vec<(u32, Value)>,
+    /// Each dict's (start, length) in `pairs`.
+    ranges: Vec<(u32, u32)>,
+    /// Keys that are not strings.
+    other_keys: Vec<Value>,
     root: Value,
 }
 
@@ -44,68 +52,112 @@ enum Slot {
     V(Value),
 }
 
+/// The stream, read as it comes (the file's bytes are never held whole: a snapshot's
+/// objects take a few times its size already).
 struct Reader<'a> {
-    data: &'a [u8],
+    src: &'a mut dyn std::io::BufRead,
     at: usize,
+    /// The bytes of the last `take` or `line`.
+    buf: Vec<u8>,
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.data.len());
-        let Some(end) = end else {
-            return Err(format!(
-                "the file ends inside an opcode at byte {} (truncated?)",
-                self.at
-            ));
-        };
-        let s = &self.data[self.at..end];
-        self.at = end;
-        Ok(s)
+/// The stream ended inside an opcode.
+const TRUNCATED: &str = "the file ends inside an opcode";
+
+impl Reader<'_> {
+    fn fill(&mut self) -> Result<&[u8], String> {
+        let at = self.at;
+        self.src
+            .fill_buf()
+            .map_err(|e| format!("the file could not be read at byte {at}: {e}"))
+    }
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        self.buf.clear();
+        while self.buf.len() < n {
+            let at = self.at;
+            let avail = self
+                .src
+                .fill_buf()
+                .map_err(|e| format!("the file could not be read at byte {at}: {e}"))?;
+            if avail.is_empty() {
+                return Err(format!("{TRUNCATED} at byte {} (truncated?)", self.at));
+            }
+            let k = avail.len().min(n - self.buf.len());
+            self.buf.extend_from_slice(&avail[..k]);
+            self.src.consume(k);
+        }
+        self.at += n;
+        Ok(&self.buf)
     }
     fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.take(1)?[0])
+        let Some(&b) = self.fill()?.first() else {
+            return Err(format!("{TRUNCATED} at byte {} (truncated?)", self.at));
+        };
+        self.src.consume(1);
+        self.at += 1;
+        Ok(b)
     }
     fn le(&mut self, n: usize) -> Result<u64, String> {
         let b = self.take(n)?;
         Ok(b.iter().rev().fold(0u64, |a, &x| (a << 8) | u64::from(x)))
     }
-    fn line(&mut self) -> Result<&'a str, String> {
-        let rest = &self.data[self.at..];
-        let Some(n) = rest.iter().position(|&b| b == b'\n') else {
-            return Err(format!(
-                "the file ends inside an opcode at byte {}",
-                self.at
-            ));
-        };
-        let s = std::str::from_utf8(&rest[..n]).map_err(|_| self.bad("a text line"))?;
-        self.at += n + 1;
+    fn line(&mut self) -> Result<&str, String> {
+        self.buf.clear();
+        let at = self.at;
+        let n = self
+            .src
+            .read_until(b'\n', &mut self.buf)
+            .map_err(|e| format!("the file could not be read at byte {at}: {e}"))?;
+        if self.buf.last() != Some(&b'\n') {
+            return Err(format!("{TRUNCATED} at byte {at}"));
+        }
+        self.at += n;
+        let s = std::str::from_utf8(&self.buf[..n - 1]).map_err(|_| bad(at, "a text line"))?;
         Ok(s.trim_end_matches('\r'))
     }
-    fn bad(&self, what: &str) -> String {
-        format!("{what} that is not valid at byte {}", self.at)
-    }
+}
+
+/// A value that is not valid where it is.
+fn bad(at: usize, what: &str) -> String {
+    format!("{what} that is not valid at byte {at}")
 }
 
 impl Pickle {
     /// Reads a pickle (protocols 0 to 5) of dicts, lists, tuples, strings, bytes,
     /// numbers, booleans and None; refuses anything else in one line naming it.
-    pub(crate) fn parse(data: &[u8]) -> Result<Pickle, String> {
+    #[cfg(test)]
+    pub(crate) fn parse(mut data: &[u8]) -> Result<Pickle, String> {
+        Pickle::read(&mut data)
+    }
+
+    /// [`parse`](Self::parse) of a stream, read as it comes.
+    pub(crate) fn read(src: &mut dyn std::io::BufRead) -> Result<Pickle, String> {
         let mut p = Pickle {
             strs: Vec::new(),
             bytes: Vec::new(),
             lists: Vec::new(),
-            dicts: Vec::new(),
+            pairs: Vec::new(),
+            ranges: Vec::new(),
+            other_keys: Vec::new(),
             root: Value::None,
         };
-        let mut r = Reader { data, at: 0 };
+        let mut r = Reader {
+            src,
+            at: 0,
+            buf: Vec::new(),
+        };
         let mut stack: Vec<Slot> = Vec::new();
         let mut memo: Vec<Value> = Vec::new();
         let mut memo_sparse: std::collections::HashMap<u64, Value> = Default::default();
         loop {
             let at = r.at;
-            let op = r
-                .u8()
-                .map_err(|_| "the file ends before the pickle's STOP (truncated?)".to_string())?;
+            let op = r.u8().map_err(|e| {
+                if e.starts_with(TRUNCATED) {
+                    "the file ends before the pickle's STOP (truncated?)".to_string()
+                } else {
+                    e
+                }
+            })?;
             let pop = |stack: &mut Vec<Slot>| -> Result<Value, String> {
                 match stack.pop() {
                     Some(Slot::V(v)) => Ok(v),
@@ -190,7 +242,7 @@ impl Pickle {
                 }
                 b'F' => {
                     let line = r.line()?;
-                    let v = line.parse().map_err(|_| r.bad("a float"))?;
+                    let v = line.parse().map_err(|_| bad(at, "a float"))?;
                     stack.push(Slot::V(Value::Float(v)));
                 }
                 0x8c | b'X' | 0x8d => {
@@ -200,7 +252,7 @@ impl Pickle {
                         _ => r.le(8)? as usize,
                     };
                     let b = r.take(n)?;
-                    let s = std::str::from_utf8(b).map_err(|_| r.bad("a string"))?;
+                    let s = std::str::from_utf8(b).map_err(|_| bad(at, "a string"))?;
                     stack.push(Slot::V(p.str(s)));
                 }
                 b'V' => {
@@ -243,21 +295,21 @@ impl Pickle {
                     let items = mark(&mut stack)?;
                     p.list_mut(stack.last(), at)?.extend(items);
                 }
-                b'}' => stack.push(Slot::V(p.dict(Vec::new()))),
+                b'}' => stack.push(Slot::V(p.dict(Vec::new())?)),
                 b'd' => {
                     let items = mark(&mut stack)?;
                     let pairs = pairs(&items, at)?;
-                    stack.push(Slot::V(p.dict(pairs)));
+                    stack.push(Slot::V(p.dict(pairs)?));
                 }
                 b's' => {
                     let v = pop(&mut stack)?;
                     let k = pop(&mut stack)?;
-                    p.dict_mut(stack.last(), at)?.push((k, v));
+                    p.dict_extend(stack.last(), at, vec![(k, v)])?;
                 }
                 b'u' => {
                     let items = mark(&mut stack)?;
                     let pairs = pairs(&items, at)?;
-                    p.dict_mut(stack.last(), at)?.extend(pairs);
+                    p.dict_extend(stack.last(), at, pairs)?;
                 }
                 0x8f => stack.push(Slot::V(Value::Set)),
                 0x90 => {
@@ -276,7 +328,7 @@ impl Pickle {
                 }
                 b'p' | b'q' | b'r' => {
                     let id = match op {
-                        b'p' => r.line()?.parse().map_err(|_| r.bad("a memo index"))?,
+                        b'p' => r.line()?.parse().map_err(|_| bad(at, "a memo index"))?,
                         b'q' => u64::from(r.u8()?),
                         _ => r.le(4)?,
                     };
@@ -294,7 +346,7 @@ impl Pickle {
                 }
                 b'g' | b'h' | b'j' => {
                     let id = match op {
-                        b'g' => r.line()?.parse().map_err(|_| r.bad("a memo index"))?,
+                        b'g' => r.line()?.parse().map_err(|_| bad(at, "a memo index"))?,
                         b'h' => u64::from(r.u8()?),
                         _ => r.le(4)?,
                     };
@@ -333,9 +385,46 @@ impl Pickle {
             Value::List(i)
         }
     }
-    fn dict(&mut self, pairs: Vec<(Value, Value)>) -> Value {
-        self.dicts.push(pairs);
-        Value::Dict(self.dicts.len() as u32 - 1)
+    fn dict(&mut self, pairs: Vec<(Value, Value)>) -> Result<Value, String> {
+        let start = self.pairs_len()?;
+        self.ranges.push((start, 0));
+        let i = self.ranges.len() as u32 - 1;
+        self.append_pairs(i, pairs)?;
+        Ok(Value::Dict(i))
+    }
+    fn pairs_len(&self) -> Result<u32, String> {
+        u32::try_from(self.pairs.len())
+            .map_err(|_| "more than 4 billion dict items: too large a file to read".to_string())
+    }
+    fn key(&mut self, k: Value) -> u32 {
+        match k {
+            Value::Str(i) if i < OTHER_KEY => i,
+            other => {
+                self.other_keys.push(other);
+                OTHER_KEY | (self.other_keys.len() as u32 - 1)
+            }
+        }
+    }
+    /// Appends to dict `i`: where its pairs are not the arena's last, they move to its end
+    /// first (a dict filled in several batches with others made between them; Python's
+    /// pickler writes a dict's items in one batch under 1000 of them).
+    fn append_pairs(&mut self, i: u32, new: Vec<(Value, Value)>) -> Result<(), String> {
+        let (start, len) = self.ranges[i as usize];
+        let end = self.pairs_len()?;
+        let start = if start + len == end {
+            start
+        } else {
+            self.pairs
+                .extend_from_within(start as usize..(start + len) as usize);
+            end
+        };
+        for (k, v) in new {
+            let k = self.key(k);
+            self.pairs.push((k, v));
+        }
+        let len = self.pairs_len()? - start;
+        self.ranges[i as usize] = (start, len);
+        Ok(())
     }
     fn list_mut(&mut self, top: Option<&Slot>, at: usize) -> Result<&mut Vec<Value>, String> {
         match top {
@@ -345,13 +434,14 @@ impl Pickle {
             )),
         }
     }
-    fn dict_mut(
+    fn dict_extend(
         &mut self,
         top: Option<&Slot>,
         at: usize,
-    ) -> Result<&mut Vec<(Value, Value)>, String> {
+        pairs: Vec<(Value, Value)>,
+    ) -> Result<(), String> {
         match top {
-            Some(Slot::V(Value::Dict(i))) => Ok(&mut self.dicts[*i as usize]),
+            Some(Slot::V(Value::Dict(i))) => self.append_pairs(*i, pairs),
             _ => Err(format!(
                 "a malformed stream at byte {at} (set an item of a non-dict)"
             )),
@@ -374,10 +464,11 @@ impl Pickle {
     /// The value at a string key of a dict (the last one set, as Python keeps it).
     pub(crate) fn get(&self, dict: Value, key: &str) -> Option<Value> {
         let Value::Dict(i) = dict else { return None };
-        self.dicts[i as usize]
+        let (start, len) = self.ranges[i as usize];
+        self.pairs[start as usize..(start + len) as usize]
             .iter()
             .rev()
-            .find(|(k, _)| self.text(*k) == Some(key))
+            .find(|(k, _)| *k < OTHER_KEY && &*self.strs[*k as usize] == key)
             .map(|&(_, v)| v)
     }
 
@@ -403,6 +494,10 @@ impl Pickle {
         }
     }
 }
+
+/// A dict key's mark of a key that is not a string (the rest of the `u32`: its index in
+/// the other keys).
+const OTHER_KEY: u32 = 1 << 31;
 
 /// A LONG1/LONG4 payload: little-endian two's complement.
 fn long(b: &[u8]) -> Value {
