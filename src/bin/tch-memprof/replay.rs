@@ -63,7 +63,16 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
 
 /// The command, its bad input as the error.
 fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    let recording = Recording::read(&a.snapshot, a.device)?;
+    let mut progress = Progress::new();
+    let recording = Recording::read_with_progress(&a.snapshot, a.device, &mut |read, size| {
+        progress.say(&format!(
+            "reading {:.0}/{:.0} MB",
+            read as f64 / 1e6,
+            size as f64 / 1e6
+        ))
+    });
+    progress.clear();
+    let recording = recording?;
     let budget = a
         .memory
         .as_deref()
@@ -101,8 +110,10 @@ fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 unmodelled.push(key.clone());
             }
         }
+        progress.say(&format!("replaying {} of {}", rows.len() + 1, confs.len()));
         rows.push((conf.clone(), recording.replay(&config)));
     }
+    progress.clear();
     let recorded = rows[0].1.recorded;
     // With --memory, no setting that fits is an answer a script must see: exit status 1,
     // as `plan` where nothing fits.
@@ -145,4 +156,48 @@ fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     };
     print!("{}", output.text());
     Ok(status)
+}
+
+/// A progress line on standard error once the command has run two seconds, only when
+/// standard error is a terminal (redirected, it stays clean).
+struct Progress {
+    start: std::time::Instant,
+    shown: bool,
+    terminal: bool,
+}
+
+impl Progress {
+    fn new() -> Self {
+        use std::io::IsTerminal;
+        Progress {
+            start: std::time::Instant::now(),
+            shown: false,
+            terminal: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn say(&mut self, what: &str) {
+        if self.terminal && self.start.elapsed().as_secs_f64() > 2.0 {
+            use std::io::Write;
+            let mut e = std::io::stderr().lock();
+            let _ = write!(
+                e,
+                "\rreplay: {what}, {:.0} s\x1b[K",
+                self.start.elapsed().as_secs_f64()
+            );
+            let _ = e.flush();
+            self.shown = true;
+        }
+    }
+
+    /// Erases the line before anything else is printed.
+    fn clear(&mut self) {
+        if self.shown {
+            use std::io::Write;
+            let mut e = std::io::stderr().lock();
+            let _ = write!(e, "\r\x1b[K");
+            let _ = e.flush();
+            self.shown = false;
+        }
+    }
 }

@@ -332,6 +332,16 @@ impl Recording {
     /// objects take a few times its size in memory. A pickle is read as it comes, so its
     /// bytes are never held whole beside them.
     pub fn read(path: &Path, device: usize) -> Result<Recording> {
+        Recording::read_with_progress(path, device, &mut |_, _| {})
+    }
+
+    /// [`read`](Self::read), calling `progress` with the bytes of the file read so far
+    /// and its size, every 16 MiB (a progress line).
+    pub fn read_with_progress(
+        path: &Path,
+        device: usize,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Recording> {
         use std::io::{BufRead, Read};
         let failed = |reason: String| Error::Recording {
             path: path.to_path_buf(),
@@ -344,13 +354,19 @@ impl Recording {
             return Err(failed(too_large(size)));
         }
         let file = std::fs::File::open(path).map_err(|e| failed(crate::fs::io_reason(&e)))?;
-        let mut file = std::io::BufReader::with_capacity(1 << 20, file);
+        let mut tick = |read: u64| progress(read, size);
+        let mut file = Counted {
+            inner: Box::new(std::io::BufReader::with_capacity(1 << 20, file)),
+            read: 0,
+            tick: Some(&mut tick),
+            next_tick: TICK,
+        };
         let gzipped = file
             .fill_buf()
             .map_err(|e| failed(crate::fs::io_reason(&e)))?
             .starts_with(&[0x1f, 0x8b]);
         // Gzipped (`.pickle.gz`): read through, up to the same bound.
-        let mut src: Box<dyn BufRead> = if gzipped {
+        let mut src: Box<dyn BufRead + '_> = if gzipped {
             Box::new(std::io::BufReader::with_capacity(
                 1 << 20,
                 flate2::bufread::GzDecoder::new(file).take(MAX_FILE_BYTES + 1),
@@ -381,6 +397,8 @@ impl Recording {
         let mut counted = Counted {
             inner: src,
             read: 0,
+            tick: None,
+            next_tick: TICK,
         };
         let p = Pickle::read(&mut counted).map_err(|e| {
             if counted.read > MAX_FILE_BYTES {
@@ -526,27 +544,45 @@ fn parse_snapshot(mut bytes: &[u8]) -> std::result::Result<Pickle, String> {
         .map_err(|e| bad("the snapshot", format!("not a pickle PyTorch wrote: {e}")))
 }
 
-/// A stream that counts the bytes read from it (a gzipped file's bound).
-struct Counted {
-    inner: Box<dyn std::io::BufRead>,
+/// A stream that counts the bytes read from it (a gzipped file's bound), and calls its
+/// `tick` every [`TICK`] bytes (the file's progress).
+struct Counted<'a> {
+    inner: Box<dyn std::io::BufRead + 'a>,
     read: u64,
+    tick: Option<&'a mut dyn FnMut(u64)>,
+    next_tick: u64,
 }
 
-impl std::io::Read for Counted {
+/// How often the reading's progress is told.
+const TICK: u64 = 16 << 20;
+
+impl Counted<'_> {
+    fn count(&mut self, n: usize) {
+        self.read += n as u64;
+        if self.read >= self.next_tick {
+            self.next_tick = self.read + TICK;
+            if let Some(tick) = self.tick.as_mut() {
+                tick(self.read);
+            }
+        }
+    }
+}
+
+impl std::io::Read for Counted<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.read += n as u64;
+        self.count(n);
         Ok(n)
     }
 }
 
-impl std::io::BufRead for Counted {
+impl std::io::BufRead for Counted<'_> {
     fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
         self.inner.fill_buf()
     }
     fn consume(&mut self, n: usize) {
-        self.read += n as u64;
-        self.inner.consume(n)
+        self.inner.consume(n);
+        self.count(n);
     }
 }
 
