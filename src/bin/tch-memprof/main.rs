@@ -27,6 +27,7 @@ mod estimate;
 mod model_args;
 mod plan;
 mod profile;
+mod progress;
 mod replay;
 mod report;
 mod run_args;

@@ -89,9 +89,9 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         autocast,
         ..Options::default()
     };
-    let mut progress = Progress::new();
+    let mut progress = crate::progress::Progress::new("tch-memprof plan");
     let plans = model.plan_with_progress(&inputs, optimizer, &options, memory, &mut |n| {
-        progress.dry_run(n)
+        progress.say(&format!("searching, {n} dry run(s)"))
     });
     progress.clear();
     let plans = plans?;
@@ -190,48 +190,4 @@ fn plan_recorded(
     } else {
         ExitCode::from(1)
     })
-}
-
-/// A progress line on standard error, while the search runs past two seconds and only
-/// when standard error is a terminal (redirected, it stays clean).
-struct Progress {
-    start: std::time::Instant,
-    shown: bool,
-    terminal: bool,
-}
-
-impl Progress {
-    fn new() -> Self {
-        use std::io::IsTerminal;
-        Progress {
-            start: std::time::Instant::now(),
-            shown: false,
-            terminal: std::io::stderr().is_terminal(),
-        }
-    }
-
-    fn dry_run(&mut self, done: u32) {
-        if self.terminal && self.start.elapsed().as_secs_f64() > 2.0 {
-            use std::io::Write;
-            let mut e = std::io::stderr().lock();
-            let _ = write!(
-                e,
-                "\rtch-memprof plan: {done} dry run(s) in {:.0} s, searching...",
-                self.start.elapsed().as_secs_f64()
-            );
-            let _ = e.flush();
-            self.shown = true;
-        }
-    }
-
-    /// Erases the line before the answer is printed.
-    fn clear(&mut self) {
-        if self.shown {
-            use std::io::Write;
-            let mut e = std::io::stderr().lock();
-            let _ = write!(e, "\r{:60}\r", "");
-            let _ = e.flush();
-            self.shown = false;
-        }
-    }
 }

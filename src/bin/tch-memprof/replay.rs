@@ -63,7 +63,7 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
 
 /// The command, its bad input as the error.
 fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    let mut progress = Progress::new();
+    let mut progress = crate::progress::Progress::new("replay");
     let recording = Recording::read_with_progress(&a.snapshot, a.device, &mut |read, size| {
         progress.say(&format!(
             "reading {:.0}/{:.0} MB",
@@ -156,48 +156,4 @@ fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     };
     print!("{}", output.text());
     Ok(status)
-}
-
-/// A progress line on standard error once the command has run two seconds, only when
-/// standard error is a terminal (redirected, it stays clean).
-struct Progress {
-    start: std::time::Instant,
-    shown: bool,
-    terminal: bool,
-}
-
-impl Progress {
-    fn new() -> Self {
-        use std::io::IsTerminal;
-        Progress {
-            start: std::time::Instant::now(),
-            shown: false,
-            terminal: std::io::stderr().is_terminal(),
-        }
-    }
-
-    fn say(&mut self, what: &str) {
-        if self.terminal && self.start.elapsed().as_secs_f64() > 2.0 {
-            use std::io::Write;
-            let mut e = std::io::stderr().lock();
-            let _ = write!(
-                e,
-                "\rreplay: {what}, {:.0} s\x1b[K",
-                self.start.elapsed().as_secs_f64()
-            );
-            let _ = e.flush();
-            self.shown = true;
-        }
-    }
-
-    /// Erases the line before anything else is printed.
-    fn clear(&mut self) {
-        if self.shown {
-            use std::io::Write;
-            let mut e = std::io::stderr().lock();
-            let _ = write!(e, "\r\x1b[K");
-            let _ = e.flush();
-            self.shown = false;
-        }
-    }
 }
