@@ -26,6 +26,7 @@ mod fit_text;
 pub mod html_page;
 mod idle_text;
 pub(crate) mod oom_files;
+mod plan_code;
 pub(crate) mod plot;
 pub mod replay_text;
 pub(crate) mod snapshot;
