@@ -15,8 +15,8 @@ mod args;
 
 use tch::nn::{self, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
-use tch_memprof::estimate::models::{Gpt2, Gpt2Config};
 use tch_memprof::estimate::{Gpu, Input, Mode, Model, Optimizer, Options};
+use tch_memprof::models::{Gpt2, Gpt2Config};
 use tch_memprof::report::estimate_text::{anatomy, peak_lines, table};
 
 const TOKENS: i64 = 1024;

@@ -3,7 +3,7 @@
 
 - Every source file under src/ (Rust, C++ and its headers, the report page's script and
   style) must be named in docs/architecture.md by its path below src/, in backquotes
-  (`estimate/replay.rs`, `native/dryrun/trace.cpp`).
+  (`replay/device.rs`, `native/dryrun/trace.cpp`).
 - Every such path the document names must exist.
 - A Rust module with submodules is a folder with its `mod.rs` (`estimate/model/mod.rs`),
   never a file beside a folder of the same name (`estimate/model.rs` and

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Fails if the crate's top-level modules import each other in a cycle, or if files of
-one folder do (siblings: `estimate/plan.rs` and `estimate/replay.rs`; a folder's `mod.rs`,
+"""Fails if the crate's top-level modules import each other in a cycle, if one imports a
+module of a layer above its own (LAYERS, the pipeline's order), or if files of
+one folder do (siblings: `estimate/plan.rs` and `estimate/compare.rs`; a folder's `mod.rs`,
 which declares and re-exports its files, is left out).
 
 A module is a file or folder directly under src/ (src/report/ and everything in it is
@@ -15,6 +16,19 @@ import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
+
+# The pipeline's layers, lowest first: a module imports modules of its own layer or of
+# layers below, never above (docs/architecture.md, "Layers", says what each is). Every
+# top-level module is in one.
+LAYERS = [
+    ("utilities", {"error", "format", "fs", "phase", "ffi", "names"}),
+    ("values", {"timeline", "vars", "workload", "stats", "leaks", "oom", "cuda", "optim"}),
+    ("sources", {"program", "models"}),
+    ("replay", {"replay"}),
+    ("analyses", {"estimate", "runs"}),
+    ("reports", {"report"}),
+    ("driver", {"profiler"}),
+]
 
 
 def module_of(path: Path) -> str:
@@ -84,6 +98,24 @@ def main() -> int:
     cycles = cycles_of(edges)
     for m in sorted(edges):
         print(f"{m} -> {', '.join(sorted(edges[m])) or '(nothing)'}")
+    layer = {m: i for i, (_, ms) in enumerate(LAYERS) for m in ms}
+    unplaced = sorted(m for m in modules if m not in layer and m != "bin")
+    upward = [
+        (m, t)
+        for m in sorted(edges)
+        for t in sorted(edges[m])
+        if m in layer and t in layer and layer[t] > layer[m]
+    ]
+    for m in unplaced:
+        print(f"module {m} is in no layer of scripts/module-cycles.py's LAYERS", file=sys.stderr)
+    for m, t in upward:
+        print(
+            f"{m} ({LAYERS[layer[m]][0]}) imports {t}, a layer above it ({LAYERS[layer[t]][0]})",
+            file=sys.stderr,
+        )
+    if unplaced or upward:
+        return 1
+    print("layers: " + " -> ".join(f"{n} ({', '.join(sorted(ms))})" for n, ms in LAYERS))
     if cycles:
         for c in cycles:
             print("import cycle among: " + ", ".join(c), file=sys.stderr)

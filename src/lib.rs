@@ -174,21 +174,22 @@ pub mod estimate;
 mod ffi; // the one `#![allow(unsafe_code)]`
 mod format;
 mod fs;
-pub mod leaks;
+mod leaks;
+pub mod models;
 mod names;
 mod oom;
-pub mod optim;
+mod optim;
 mod phase;
 mod profiler;
 mod program;
+mod replay;
 pub mod report;
 pub mod runs;
 mod stats;
-pub mod timeline;
+mod timeline;
 mod vars;
 mod workload;
 
-pub use cuda::CudaStats;
 pub use error::{Error, Result};
 pub use leaks::{
     LeakGroup, LeakPattern, LeakReport, DEFAULT_LEAK_THRESHOLD, DEFAULT_WARMUP_EPOCHS,

@@ -8,8 +8,8 @@
 mod common;
 
 use tch::Kind;
-use tch_memprof::estimate::models::{Gpt2, Gpt2Config};
 use tch_memprof::estimate::{Gpu, Input, Mode, Model, Optimizer, Options};
+use tch_memprof::models::{Gpt2, Gpt2Config};
 
 const C: Gpt2Config = Gpt2Config {
     vocab: 1000,

@@ -1,4 +1,4 @@
-//! `tch_memprof::estimate::models` against torchvision's definitions.
+//! `tch_memprof::models` against torchvision's definitions.
 //!
 //! `mobilenet_v3_small`: the variables (names, shapes, trainable or buffer, order of
 //! creation) and the parameter count are derived here, independently, from torchvision's
@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use tch::nn::ModuleT;
 use tch::{nn, Device, Kind, Tensor};
-use tch_memprof::estimate::models::{
+use tch_memprof::models::{
     alexnet, mobilenet_v3_small, resnet101, resnet152, resnet18, resnet50, vgg16,
 };
 

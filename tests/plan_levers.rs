@@ -236,8 +236,8 @@ fn the_gpu_checks_checkpointing_mirror_trains_as_the_plain_step() {
 fn a_users_segments_on_the_cpu_estimate_as_the_chain_built_on_meta() {
     use std::rc::Rc;
     use tch::{nn, Device, Tensor};
-    use tch_memprof::estimate::models::Chain;
     use tch_memprof::estimate::Segment;
+    use tch_memprof::models::Chain;
 
     let _serial = common::serial();
     let vs = nn::VarStore::new(Device::Cpu);

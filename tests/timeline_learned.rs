@@ -1,7 +1,7 @@
 //! The step timeline records ops only in the iterations that learn them (the first two,
 //! every 64th, and after a step that parted from the learned ones); a step in between
 //! records its blocks alone and takes its op events from the last learning step's log
-//! where its blocks are the same (src/timeline/template.rs). These tests hold such
+//! where its blocks are the same (src/profiler/template.rs). These tests hold such
 //! steps to the same step with every op recorded and to FLOPs computed by hand, where
 //! the ops stay the same, where the batch changes size and where a free moves.
 

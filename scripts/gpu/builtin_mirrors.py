@@ -1,7 +1,7 @@
 """(Not named transformers.py: the scripts beside it in the GPU bundle import the
 `transformers` package.) The built-in transformers of `tch-memprof estimate` (gpt2, gpt2-medium, bert-base,
 vit-b16, llama3.2-1b, llama3-8b), written in plain PyTorch as the tch code of
-src/estimate/models/{blocks,gpt2,bert,vit,llama}.rs writes them, and their CUDA peaks
+src/models/{blocks,gpt2,bert,vit,llama}.rs writes them, and their CUDA peaks
 measured on `cuda:0`, to be set beside the estimate's (builtin_join.py).
 
 The mirror is op for op: the same parameters created in the same order (tch's `Linear`

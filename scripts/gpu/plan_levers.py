@@ -6,7 +6,7 @@ f32 at 8x1024 (builtin_mirrors.py's mirror of the built-in model).
 
 Checkpointing runs as `tch_memprof::Checkpointed` does (src/optim.rs), written out here
 in PyTorch: the segments are GPT-2's chain (the embeddings, each block, the head: the
-`Chain` of src/estimate/models/gpt2.rs); a checkpointed segment runs under `no_grad` and
+`Chain` of src/models/gpt2.rs); a checkpointed segment runs under `no_grad` and
 keeps only its output, a kept one runs with its graph from a detached input; the last
 segment and the loss run with a graph and `backward()`; then, last to first, each
 checkpointed segment is run again with a graph and `sum(out * g).backward()` pushes the

@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use similar::{capture_diff_slices, Algorithm, DiffOp};
 
 use super::recorded::{Action, Peaks, Recording};
-use super::replay::Request;
 use crate::names::Names;
+use crate::replay::Request;
 
 /// One place where the prediction's requests and the recorded ones part.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 //! optimizer step, as libtorch would run them on CUDA. The native layer logs every
 //! allocation and free in order (the meta trace), with the ops that ran; nothing the
 //! size of an activation is ever allocated. The sequence is then replayed through a
-//! model of PyTorch's CUDA caching allocator ([`allocator`]), which gives the predicted
+//! model of PyTorch's CUDA caching allocator ([`CachingAllocator`]), which gives the predicted
 //! **peak allocated** and **peak reserved** bytes, as `torch.cuda.max_memory_allocated`
 //! and `max_memory_reserved` would report them.
 //!
@@ -45,15 +45,12 @@
 //! # Ok(()) }
 //! ```
 
-pub mod allocator;
 mod compare;
 mod gpu;
 mod model;
-pub mod models;
 mod options;
 mod plan;
 pub mod recorded;
-mod replay;
 #[doc(hidden)]
 pub mod trace;
 
@@ -69,8 +66,10 @@ use crate::error::{Error, Result};
 use crate::phase::Phase;
 use crate::timeline::{IdleAtPeak, StepProfile};
 
+pub use crate::replay::allocator::{
+    AllocatorConfig, AllocatorStats, CachingAllocator, PoolState, SegmentState,
+};
 pub use crate::workload::Input;
-pub use allocator::{AllocatorConfig, AllocatorStats, CachingAllocator, PoolState, SegmentState};
 pub use compare::{Comparison, Divergence};
 pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE, GENERIC_SM};
 pub use model::{Model, Segment};

@@ -99,6 +99,16 @@ impl Default for Options {
 }
 
 impl Options {
+    /// The device the replay models under these options: their allocator settings, the
+    /// GPU's cuBLAS workspace and cuBLASLt's.
+    pub(crate) fn device(&self) -> crate::replay::DeviceModel<'_> {
+        crate::replay::DeviceModel {
+            allocator: &self.allocator,
+            cublas_workspace: self.gpu.cublas_workspace,
+            cublaslt_workspace: super::CUBLASLT_WORKSPACE,
+        }
+    }
+
     /// Defaults for `gpu`.
     pub fn for_gpu(gpu: Gpu) -> Options {
         Options {

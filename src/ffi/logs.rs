@@ -91,7 +91,7 @@ pub(crate) struct StepLogStart {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Records {
     /// No op's events, only blocks and phases: an iteration between the learning ones,
-    /// whose ops are the learned iteration's (`timeline::template`).
+    /// whose ops are the learned iteration's (`profiler::template`).
     None,
     /// The ops' events after the iteration parted from the learned ones.
     After,

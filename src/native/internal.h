@@ -738,7 +738,7 @@ void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer);
 void op_seq_stop_blocks();
 // What this iteration's step log holds of its ops (MpRecords): every op's events, none
 // (the step timeline between its learning iterations: the Rust side takes them from the
-// last learning iteration's log, timeline/template.rs), or those after it parted.
+// last learning iteration's log, profiler/template.rs), or those after it parted.
 int op_seq_records();
 // Set by begin_iteration: MP_RECORDS_ALL where it registered every op's record, else NONE.
 void op_seq_set_records(int records);

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use tch::nn::Variables;
 use tch::Device;
 
+use super::recorder::Recorder;
 use super::session::Session;
 use crate::error::{Error, Result};
 use crate::ffi::MAX_DEVICES;
@@ -16,7 +17,6 @@ use crate::report::csv::{run_stem, CsvReport};
 use crate::report::html_page::HtmlReport;
 use crate::report::terminal::TerminalReport;
 use crate::report::Reports;
-use crate::timeline::Recorder;
 use crate::vars::{self, ParamSync, VarTable};
 
 use super::measure::device_name;

@@ -13,7 +13,9 @@ mod budget;
 mod builder;
 mod measure;
 mod peaks;
+mod recorder;
 mod session;
+mod template;
 mod torchscript;
 
 use std::marker::PhantomData;
@@ -30,10 +32,11 @@ use crate::format;
 use crate::leaks::{LeakHunter, LeakReport};
 use crate::names::Names;
 use crate::oom::{OomReport, OomState};
-use crate::report::Reports;
+use crate::report::{Report, Reports};
 use crate::stats::{EpochStats, IterationStats, RunStats};
-use crate::timeline::{Recorder, StepFiles, StepKind, StepProfile};
+use crate::timeline::{StepFiles, StepKind, StepProfile};
 use crate::vars::{self, ParamSync, VarTable};
+use recorder::Recorder;
 use session::Session;
 
 pub use budget::{Budget, BudgetExceeded, LayerUse, Overrun};
@@ -81,7 +84,8 @@ fn on_oom(shared: &Mutex<Shared>, event: OomEvent) {
                 .join(format!("{}_oom{count}_allocator.pickle", sh.oom_stem)),
         );
     }
-    // Errors are dropped here (logging may take locks); the files say what was written.
+    // Never fails; a sink's failure is kept and logged at the next report (logging may
+    // take locks); the files say what was written.
     let _ = sh.reports.oom(&report);
     sh.oom.last = Some(report);
     sh.oom.unlogged = true;
@@ -169,13 +173,15 @@ impl MemoryProfiler {
         f(&mut self.lock_shared())
     }
 
-    /// Hands a result to the reports; their failures are logged and counted.
-    fn report(
-        &mut self,
-        what: &str,
-        emit: impl FnOnce(&mut Reports) -> Vec<(&'static str, Error)>,
-    ) {
-        let errors = emit(&mut self.lock_shared().reports);
+    /// Hands a result to the reports; their failures are logged and counted (with those
+    /// an out-of-memory report left).
+    fn report(&mut self, what: &str, emit: impl FnOnce(&mut Reports) -> Result<()>) {
+        let errors = {
+            let mut shared = self.lock_shared();
+            // Never fails: the sinks' failures are kept for the next line.
+            let _ = emit(&mut shared.reports);
+            shared.reports.take_failures()
+        };
         for (name, e) in errors {
             self.fail(&format!("{what} ({name} report)"), &e);
         }

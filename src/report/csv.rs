@@ -272,7 +272,7 @@ impl Report for CsvReport {
         // CUDA runs always have the columns (empty where the statistics could not be
         // read), so that every row of the file has the same fields.
         let on_cuda = s.device.starts_with("cuda");
-        let cuda = |f: fn(&crate::CudaStats) -> i64| on_cuda.then(|| s.cuda.as_ref().map(f));
+        let cuda = |f: fn(&crate::cuda::CudaStats) -> i64| on_cuda.then(|| s.cuda.as_ref().map(f));
         let row = SummaryRow {
             timestamp: ts.clone(),
             epoch: s.epoch,
@@ -585,7 +585,7 @@ fn write_summary(path: &Path, p: &StepProfile) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
-    fn stats(device: &str, cuda: Option<crate::CudaStats>) -> IterationStats {
+    fn stats(device: &str, cuda: Option<crate::cuda::CudaStats>) -> IterationStats {
         let mut s = crate::report::terminal::tests::stats(0);
         s.device = device.into();
         s.cuda = cuda;

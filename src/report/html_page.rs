@@ -1,4 +1,4 @@
-//! `<run>_report.html`: the run's HTML report (see [`crate::runs::html`]), rebuilt from the
+//! `<run>_report.html`: the run's HTML report (the page `runs::html` renders), rebuilt from the
 //! run's CSV files at each `epoch_end`, when a new peak step's files are written, and when
 //! the profiler drops; and the page of several runs `tch-memprof report` writes.
 

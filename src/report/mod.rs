@@ -72,10 +72,14 @@ pub(crate) trait Report: Send {
     fn name(&self) -> &'static str;
 }
 
-/// The sinks of one profiler.
+/// The sinks of one profiler, as one [`Report`]: each hook goes to every sink in turn,
+/// and a sink that fails neither stops the others nor fails the hook. Its failure is
+/// kept, with the sink's name, until the profiler takes it ([`Reports::take_failures`])
+/// to log and count it.
 #[derive(Default)]
 pub(crate) struct Reports {
     sinks: Vec<Box<dyn Report>>,
+    failures: Vec<(&'static str, Error)>,
 }
 
 impl Reports {
@@ -83,41 +87,43 @@ impl Reports {
         self.sinks.push(sink);
     }
 
-    /// Calls `hook` on every sink; the failures, each with its sink's name.
-    fn each(
-        &mut self,
-        mut hook: impl FnMut(&mut dyn Report) -> Result<()>,
-    ) -> Vec<(&'static str, Error)> {
-        let mut errors = Vec::new();
-        for s in &mut self.sinks {
-            if let Err(e) = hook(s.as_mut()) {
-                errors.push((s.name(), e));
-            }
-        }
-        errors
+    /// The sinks' failures since the last call, each with its sink's name.
+    pub(crate) fn take_failures(&mut self) -> Vec<(&'static str, Error)> {
+        std::mem::take(&mut self.failures)
     }
 
-    pub(crate) fn iteration(&mut self, s: &IterationStats) -> Vec<(&'static str, Error)> {
+    /// Calls `hook` on every sink, keeping the failures.
+    fn each(&mut self, mut hook: impl FnMut(&mut dyn Report) -> Result<()>) -> Result<()> {
+        for s in &mut self.sinks {
+            if let Err(e) = hook(s.as_mut()) {
+                self.failures.push((s.name(), e));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Report for Reports {
+    fn iteration(&mut self, s: &IterationStats) -> Result<()> {
         self.each(|r| r.iteration(s))
     }
-    pub(crate) fn finish(&mut self) -> Vec<(&'static str, Error)> {
-        self.each(|r| r.finish())
-    }
-    pub(crate) fn epoch(&mut self, s: &EpochStats) -> Vec<(&'static str, Error)> {
+    fn epoch(&mut self, s: &EpochStats) -> Result<()> {
         self.each(|r| r.epoch(s))
     }
-    pub(crate) fn step_profile(
-        &mut self,
-        p: &StepProfile,
-        kind: StepKind,
-    ) -> Vec<(&'static str, Error)> {
+    fn step_profile(&mut self, p: &StepProfile, kind: StepKind) -> Result<()> {
         self.each(|r| r.step_profile(p, kind))
     }
-    pub(crate) fn leaks(&mut self, l: &LeakReport) -> Vec<(&'static str, Error)> {
+    fn leaks(&mut self, l: &LeakReport) -> Result<()> {
         self.each(|r| r.leaks(l))
     }
-    pub(crate) fn oom(&mut self, o: &OomReport) -> Vec<(&'static str, Error)> {
+    fn oom(&mut self, o: &OomReport) -> Result<()> {
         self.each(|r| r.oom(o))
+    }
+    fn finish(&mut self) -> Result<()> {
+        self.each(|r| r.finish())
+    }
+    fn name(&self) -> &'static str {
+        "reports"
     }
 }
 

@@ -265,7 +265,7 @@ pub(crate) fn render_iteration(s: &IterationStats, top: usize) -> String {
 }
 
 /// The CUDA caching allocator's own statistics, one column pair per device.
-fn render_cuda(devices: &[(usize, crate::CudaStats)]) -> String {
+fn render_cuda(devices: &[(usize, crate::cuda::CudaStats)]) -> String {
     let mut t = table();
     let mut header = vec![Cell::new("CUDA allocator")];
     for (i, _) in devices {
@@ -273,7 +273,7 @@ fn render_cuda(devices: &[(usize, crate::CudaStats)]) -> String {
         header.push(right("peak".into()));
     }
     t.set_header(header);
-    type Pick = fn(&crate::CudaStats) -> (i64, Option<i64>);
+    type Pick = fn(&crate::cuda::CudaStats) -> (i64, Option<i64>);
     let rows: [(&str, Pick); 6] = [
         ("allocated", |c| {
             (c.allocated_current, Some(c.allocated_peak))
@@ -604,8 +604,8 @@ pub(crate) mod tests {
         }
     }
 
-    pub(crate) fn cuda_stats(allocated: i64) -> crate::CudaStats {
-        crate::CudaStats {
+    pub(crate) fn cuda_stats(allocated: i64) -> crate::cuda::CudaStats {
+        crate::cuda::CudaStats {
             allocated_current: allocated,
             allocated_peak: 2 * allocated,
             reserved_current: 4 * allocated,

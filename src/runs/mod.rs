@@ -1,5 +1,5 @@
 //! A run's files, read back: what `tch-memprof diff` compares and `tch-memprof report`
-//! draws. The columns of every file are defined once, in [`schema`], and used both by the
+//! draws. The columns of every file are defined once, in its row type ([`SummaryRow`], ...), and used both by the
 //! profiler that writes them and by [`Run::open`] that reads them.
 //!
 //! A run is named by its stem (`memory_csv_data/20261122-171500`), by one of its files
@@ -17,14 +17,15 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 
 pub mod diff;
-pub mod html;
-pub mod naming;
-pub mod schema;
+pub(crate) mod html;
+mod naming;
+pub(crate) mod schema;
 
 pub use naming::{check_label, names};
 
 pub use schema::{
-    EpochRow, IdleRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow,
+    EpochRow, EstimateRow, IdleRow, LayerRow, LeakRow, MetaRow, ParameterRow, PlanRow, ReplayRow,
+    SummaryRow, TimelineRow,
 };
 use schema::{EPOCHS, IDLE, LAYERS, LEAKS, META, PARAMETERS, SUMMARY, TIMELINE};
 

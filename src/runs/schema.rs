@@ -51,7 +51,7 @@ pub struct SummaryRow {
     /// The highest live bytes during the iteration.
     pub peak_allocated_bytes: u64,
     /// CUDA: the caching allocator's reserved bytes; CPU: the process's resident memory,
-    /// whose column CPU runs name `resident_bytes` ([`RESIDENT_COLUMNS`]).
+    /// whose column CPU runs name `resident_bytes` (`RESIDENT_COLUMNS`).
     #[serde(alias = "resident_bytes")]
     pub reserved_bytes: u64,
     /// The peak of `reserved_bytes` (CPU runs: `peak_resident_bytes`).

@@ -541,3 +541,14 @@ impl StepProfile {
         (bwd, opt)
     }
 }
+
+/// Why a profile is reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepKind {
+    /// The step asked for with `timeline_step`.
+    Requested(u64),
+    /// The step with the run's highest peak so far, at an `epoch_end`.
+    Peak,
+    /// The same, when the profiler drops (written, not printed).
+    PeakAtExit,
+}

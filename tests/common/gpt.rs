@@ -9,9 +9,9 @@
 
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
-use tch_memprof::estimate::models::Chain;
 use tch_memprof::estimate::trace::{dry_run_step, dry_run_trace, DryRunTrace, Lists, TraceOp};
 use tch_memprof::estimate::{Input, Mode, Model, Optimizer, Options};
+use tch_memprof::models::Chain;
 use tch_memprof::{Category, Checkpointed, MemoryProfiler, StepProfile, StepRow};
 
 pub const VOCAB: i64 = 97;

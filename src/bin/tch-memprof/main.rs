@@ -159,7 +159,7 @@ fn argument_error(e: &clap::Error, args: &[String]) -> ExitCode {
             "{}: which model? A file (a TorchScript .pt or an exported .pt2) or --model NAME \
              (built in: {})",
             sub.trim(),
-            tch_memprof::estimate::models::BUILTIN.join(", ")
+            tch_memprof::models::BUILTIN.join(", ")
         ));
     }
     fail(format!(

@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use tch_memprof::estimate::{gpu_memory, models, Gpu, Input, Model};
+use tch_memprof::estimate::{gpu_memory, Gpu, Input, Model};
+use tch_memprof::models;
 
 /// The model of `estimate` and `plan`: a file or a built-in, and its inputs.
 #[derive(Args, Debug)]

@@ -12,7 +12,7 @@ use tch_memprof::estimate::{
 use tch_memprof::report::commands::{plan_recorded_text, plan_text, Budget};
 use tch_memprof::report::estimate_text::csv_to_stdout;
 use tch_memprof::report::replay_text;
-use tch_memprof::runs::schema::ReplayRow;
+use tch_memprof::runs::ReplayRow;
 
 use crate::fail;
 use crate::model_args::{gpu_and_memory, ModelArgs};

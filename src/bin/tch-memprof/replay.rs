@@ -13,7 +13,7 @@ use tch_memprof::estimate::{gpu_memory, AllocatorConfig};
 use tch_memprof::report::commands::ReplayOutput;
 use tch_memprof::report::estimate_text::csv_to_stdout;
 use tch_memprof::report::replay_text::cheapest_fit;
-use tch_memprof::runs::schema::ReplayRow;
+use tch_memprof::runs::ReplayRow;
 
 use crate::fail;
 

@@ -8,8 +8,8 @@ use std::time::Instant;
 use tch::nn;
 use tch::{Device, Tensor};
 
-use super::models::{self, Chain};
-use super::replay::{as_requested, peak_step, predicted_step, through_allocator, ModelVars};
+use crate::models::{self, Chain};
+use crate::replay::{as_requested, peak_step, predicted_step, through_allocator, ModelVars};
 
 mod dry_run;
 mod exported;
@@ -476,7 +476,7 @@ impl Model {
         options: &Options,
         analysis: Analysis,
     ) -> Result<Estimate> {
-        let device = through_allocator(&self.weights, &run.events, options);
+        let device = through_allocator(&self.weights, &run.events, &options.device());
         let peak = peak_step(&device);
         let step = match (analysis, peak) {
             (Analysis::Peak, _) | (_, None) => None,
@@ -569,7 +569,7 @@ impl Model {
         options: &Options,
         step: u32,
     ) -> Result<crate::timeline::StepProfile> {
-        let device = as_requested(&self.weights, &run.events, options);
+        let device = as_requested(&self.weights, &run.events, &options.device());
         Ok(predicted_step(
             &device,
             step,
@@ -636,7 +636,7 @@ impl Model {
         recording: &Recording,
     ) -> Result<Comparison> {
         let run = self.dry_run(inputs, mode, options, false)?;
-        let device = through_allocator(&self.weights, &run.events, options);
+        let device = through_allocator(&self.weights, &run.events, &options.device());
         let peaks = Peaks {
             allocated: device.stats.peak_allocated,
             reserved: device.stats.peak_reserved,

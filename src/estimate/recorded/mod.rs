@@ -25,7 +25,7 @@ pub use peak::PeakView;
 
 use pickle::{Pickle, Value};
 
-use super::{replay, AllocatorConfig, Options, PoolState};
+use super::{AllocatorConfig, Options, PoolState};
 use crate::error::{Error, Result};
 use crate::ffi::{Event, EventKind};
 use crate::format::bytes;
@@ -468,7 +468,8 @@ impl Recording {
             allocator: config.clone(),
             ..Options::default()
         };
-        let device = replay::through_allocator(&[], &self.replay_events(), &options);
+        let device =
+            crate::replay::through_allocator(&[], &self.replay_events(), &options.device());
         RecordedRun {
             recorded: self.recorded_peaks(),
             replayed: Peaks {

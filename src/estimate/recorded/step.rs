@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 
-use super::super::replay::{predicted_step, through_allocator, ModelVars};
 use super::super::Options;
 use super::{Action, Recording, NO_SITE};
 use crate::error::Result;
@@ -17,6 +16,7 @@ use crate::estimate::AllocatorConfig;
 use crate::ffi::{self, Event, EventKind};
 use crate::names::Names;
 use crate::phase::Phase;
+use crate::replay::{predicted_step, through_allocator, ModelVars};
 use crate::timeline::StepProfile;
 
 impl Recording {
@@ -66,7 +66,7 @@ impl Recording {
             allocator: config.clone(),
             ..Options::default()
         };
-        let device = through_allocator(&[], &events, &options);
+        let device = through_allocator(&[], &events, &options.device());
         let mut p = predicted_step(
             &device,
             1,

@@ -6,19 +6,28 @@
 //!    the cuBLAS and cuBLASLt workspaces at a thread's first call that needs one. Out
 //!    come the same events with the device's bytes, the workspaces as allocations, the
 //!    predicted peaks and where they were reached.
-//! 2. **The step timeline's passes** ([`predicted_step`]): the step whose peak is the
-//!    run's peak is cut out of those events and replayed by the passes a profiled step
-//!    goes through (`timeline::replay`): categories, layers, FLOPs, the blocks idle at the
-//!    peak, as a [`StepProfile`].
+//! 2. **The step passes** ([`predicted_step`]): the step whose peak is the run's peak is
+//!    cut out of those events and replayed by the passes a profiled step goes through
+//!    (`replay::step`): categories, layers, FLOPs, the blocks idle at the peak, as a
+//!    [`StepProfile`].
 
 use std::collections::{HashMap, HashSet};
 
-use super::allocator::{AllocatorStats, CachingAllocator, PoolState};
-use super::{gpu, Options};
+use super::allocator::{AllocatorConfig, AllocatorStats, CachingAllocator, PoolState};
+use super::step::replay as replay_step;
 use crate::ffi::{native, Event, EventKind};
 use crate::names::Names;
 use crate::phase::Phase;
-use crate::timeline::{replay_step, StepProfile, StepStart, VarEntry};
+use crate::timeline::{StepProfile, StepStart, VarEntry};
+
+/// The device a replay models: the caching allocator's settings and the GPU's cuBLAS and
+/// cuBLASLt workspaces (each taken once per thread that needs one).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceModel<'a> {
+    pub allocator: &'a AllocatorConfig,
+    pub cublas_workspace: u64,
+    pub cublaslt_workspace: u64,
+}
 
 /// Ids of the cuBLAS workspaces in the replay (the dry run's blocks are fake addresses
 /// far below).
@@ -29,7 +38,7 @@ const TRANSIENT_ID: u64 = 1 << 62;
 
 /// The dry run as the device sees it.
 #[derive(Debug, Clone)]
-pub(super) struct Device {
+pub(crate) struct Device {
     /// The weights' and the run's events, each allocation's and free's bytes as the
     /// allocator charges them (frees: minus), the cuBLAS workspaces as allocations
     /// (never freed), frees of blocks the allocator never saw left out.
@@ -81,7 +90,7 @@ pub(crate) struct Request {
 /// The highest allocated bytes of one step of the dry run, and where it was first
 /// reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct StepPeak {
+pub(crate) struct StepPeak {
     /// The step, from 1.
     pub step: u32,
     pub bytes: u64,
@@ -156,8 +165,8 @@ impl Allocator {
     }
 }
 
-/// Replays the weights' and the run's events through the caching allocator under
-/// `options` (its settings, the GPU's cuBLAS workspace).
+/// Replays the weights' and the run's events through the caching allocator of `device`
+/// (its settings, the GPU's cuBLAS workspaces).
 ///
 /// A cuDNN convolution's workspace is the size measured for the call on the GPU where
 /// there is one, else the larger plausible size (see the dry run's convolution
@@ -168,7 +177,7 @@ impl Allocator {
 /// largest of three replays: with them (measured, else the larger plausible size),
 /// without them, and with every convolution backward's at its larger plausible size:
 /// each is a way the pool can fall.
-pub(super) fn through_allocator(weights: &[Event], run: &[Event], options: &Options) -> Device {
+pub(crate) fn through_allocator(weights: &[Event], run: &[Event], options: &DeviceModel) -> Device {
     let caching = || Allocator::Caching(Box::new(CachingAllocator::new(options.allocator.clone())));
     let mut device = replay_on(caching(), weights, run, options, Transients::All);
     let transients = || run.iter().filter(|e| e.kind == EventKind::Transient);
@@ -209,7 +218,7 @@ enum Transients {
 }
 
 /// The same with every block its request and no workspace (the bytes a CPU run holds).
-pub(super) fn as_requested(weights: &[Event], run: &[Event], options: &Options) -> Device {
+pub(crate) fn as_requested(weights: &[Event], run: &[Event], options: &DeviceModel) -> Device {
     let alloc = Allocator::AsRequested {
         live: HashMap::new(),
         stats: AllocatorStats::default(),
@@ -223,7 +232,7 @@ fn replay_on(
     mut alloc: Allocator,
     weights: &[Event],
     run: &[Event],
-    options: &Options,
+    options: &DeviceModel,
     transients: Transients,
 ) -> Device {
     let exact = matches!(alloc, Allocator::AsRequested { .. });
@@ -323,9 +332,9 @@ fn replay_on(
                 // workspaces) of its own. A cuBLASLt call gets its handle through the
                 // cuBLAS one, so it takes the cuBLAS workspace first, then its own.
                 let thread = usize::from(e.phase == Phase::Backward);
-                let mut wants = vec![(thread, options.gpu.cublas_workspace)];
+                let mut wants = vec![(thread, options.cublas_workspace)];
                 if lt {
-                    wants.push((2 + thread, gpu::CUBLASLT_WORKSPACE));
+                    wants.push((2 + thread, options.cublaslt_workspace));
                 }
                 for (slot, size) in wants {
                     if !exact && !workspaces[slot] && size > 0 {
@@ -424,7 +433,7 @@ fn raise_step_peak(steps: &mut [StepPeak], now: u64, e: &Event, op_names: &HashM
 /// order the dry run's op recorder numbers them), and which blocks hold trainable
 /// variables (the other blocks the weights made and keep are buffers).
 #[derive(Debug, Clone, Default)]
-pub(super) struct ModelVars {
+pub(crate) struct ModelVars {
     pub entries: Vec<VarEntry>,
     /// The block of each entry.
     pub ptrs: Vec<u64>,
@@ -434,7 +443,7 @@ pub(super) struct ModelVars {
 /// The step of the dry run whose peak allocated is the run's peak: the last such step (a
 /// training step that runs with the optimizer's state in memory). `None` when the run
 /// made no step.
-pub(super) fn peak_step(device: &Device) -> Option<StepPeak> {
+pub(crate) fn peak_step(device: &Device) -> Option<StepPeak> {
     // A step that allocated nothing (the loop's end) holds no peak.
     let best = device
         .steps
@@ -452,7 +461,7 @@ pub(super) fn peak_step(device: &Device) -> Option<StepPeak> {
 /// included, OTHER),
 /// then its events go through the timeline's passes. With `site_name` (which names an
 /// allocation's site, its `aux`), the blocks idle at the peak too.
-pub(super) fn predicted_step(
+pub(crate) fn predicted_step(
     device: &Device,
     step: u32,
     vars: &ModelVars,

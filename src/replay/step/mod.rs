@@ -20,7 +20,7 @@ use crate::ffi::{Event, EventKind};
 use crate::names::{Names, MISSING};
 use crate::phase::Phase;
 
-use super::types::{
+use crate::timeline::{
     Category, CategoryBytes, LayerProfile, Peak, StepProfile, StepRow, StepStart, UncountedOp,
     VarEntry, CATEGORIES,
 };

@@ -10,21 +10,10 @@ use crate::ffi::{self, Event, Records, StepLogStart};
 use crate::names::Names;
 use crate::vars::VarTable;
 
-use super::replay::replay;
-use super::sites::SiteNames;
 use super::template::{self, Template};
-use super::types::{StepProfile, StepStart, VarEntry};
-
-/// Why a profile is reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StepKind {
-    /// The step asked for with `timeline_step`.
-    Requested(u64),
-    /// The step with the run's highest peak so far, at an `epoch_end`.
-    Peak,
-    /// The same, when the profiler drops (written, not printed).
-    PeakAtExit,
-}
+use crate::replay::replay_step as replay;
+use crate::timeline::sites::SiteNames;
+use crate::timeline::{StepProfile, StepStart, VarEntry};
 
 pub(crate) struct Recorder {
     slot: usize,

@@ -25,8 +25,8 @@ mod vit;
 
 use tch::{nn, Kind, Tensor};
 
-use super::Input;
 use crate::error::{Error, Result};
+use crate::workload::Input;
 
 pub use bert::{bert_base, Bert};
 pub use convnet::{alexnet, vgg16, ConvNet};

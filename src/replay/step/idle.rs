@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use crate::ffi::{Event, EventKind};
 use crate::names::{Names, MISSING};
 
-use super::super::types::{IdleAtPeak, IdleBlock, IdleReplay, IdleSite, LiveCurve};
 use super::{layer_at, Births, Category, OpRec, Owner};
+use crate::timeline::{IdleAtPeak, IdleBlock, IdleReplay, IdleSite, LiveCurve};
 
 /// One idle block before its site is named.
 struct Found {
