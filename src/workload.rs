@@ -95,6 +95,18 @@ impl Input {
     pub fn batch(&self) -> i64 {
         self.shape.first().copied().unwrap_or(1)
     }
+
+    /// As `--input` writes it: `1x3x224x224`, `1x1024:i64` (the dtype after a colon
+    /// unless it is f32).
+    pub(crate) fn spec(&self) -> String {
+        let sizes: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
+        let sizes = sizes.join("x");
+        match DTYPES.iter().find(|(_, k)| *k == self.kind) {
+            Some(_) if self.kind == Kind::Float => sizes,
+            Some((name, _)) => format!("{sizes}:{name}"),
+            None => format!("{sizes}:{:?}", self.kind),
+        }
+    }
 }
 
 /// The loss of a training step when the model is a file: cross-entropy against one

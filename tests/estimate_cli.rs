@@ -234,6 +234,29 @@ fn first_hour_inputs_say_what_to_do() {
         &["estimate", dir.path().join("missing.pt2").to_str().unwrap()],
         &["no such file", "exported program"],
     );
+    // An input of the wrong rank for a built-in: what it takes, before it runs.
+    refused(
+        &["estimate", "--model", "gpt2", "--input", "4x3x224x224"],
+        &[
+            "gpt2: wrong input",
+            "token ids [batch, tokens]",
+            "--input 1x1024:i64",
+            "given 4x3x224x224",
+        ],
+    );
+    refused(
+        &["estimate", "--model", "resnet18", "--input", "4x128:i64"],
+        &[
+            "resnet18: wrong input",
+            "images [batch, channels, height, width]",
+            "given 4x128",
+        ],
+    );
+    // Token ids given as floats: the dtype to give.
+    refused(
+        &["estimate", "--model", "gpt2", "--input", "4x64:f32"],
+        &["read as token ids", "--input 4x64:i64"],
+    );
     // A built-in token model takes int64 ids without `:i64`.
     let out = cli(&["estimate", "--model", "gpt2", "--input", "1x64", "--csv"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -594,6 +617,17 @@ fn a_traced_gpt_runs_forward_backward_and_adamw_on_meta() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
         err.contains("it takes token ids: --input 1x128:i64"),
+        "{err}"
+    );
+    // Token ids given as floats (a shape without `:i64`): one line, the dtype to give,
+    // no libtorch words.
+    let out = cli(&["estimate", file, "--input", "2x32"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let last = err.trim_end().lines().last().unwrap_or_default();
+    assert!(last.contains("--input 2x32:i64"), "{err}");
+    assert!(
+        !err.contains("MetaFloatType") && !err.contains("Expected tensor"),
         "{err}"
     );
     // Inference: the weights are PyTorch's parameters in f32, and the peak holds at least

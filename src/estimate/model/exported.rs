@@ -37,6 +37,7 @@ impl Model {
             label: crate::fs::file_label(path),
             chain: None,
             user_code: false,
+            takes: None,
         })
     }
 

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use tch::nn;
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::models::{self, Chain};
 use crate::replay::{as_requested, peak_step, predicted_step, through_allocator, ModelVars};
@@ -92,6 +92,9 @@ pub struct Model {
     /// The model is the user's tch code: the idle blocks of its dry run are located in
     /// that code (the last step's allocations keep their call stacks).
     user_code: bool,
+    /// A built-in model's input (its default): an input of another rank is refused before
+    /// the model runs, in words that say what the model takes.
+    takes: Option<Input>,
 }
 
 impl std::fmt::Debug for Model {
@@ -230,6 +233,7 @@ impl Model {
             label: "tch model".to_string(),
             chain: None,
             user_code: true,
+            takes: None,
         })
     }
 
@@ -347,6 +351,7 @@ impl Model {
             label: "tch model".to_string(),
             chain,
             user_code: true,
+            takes: None,
         }
     }
 
@@ -374,6 +379,7 @@ impl Model {
         };
         // Not the user's code: no sites (they would point into this crate).
         model.user_code = false;
+        model.takes = Some(models::default_input(name));
         Ok(model.with_label(name.to_string()))
     }
 
@@ -383,6 +389,34 @@ impl Model {
     }
 
     fn forward(&self, xs: &[Tensor], train: bool) -> Result<Tensor> {
+        if let Some(takes) = &self.takes {
+            let rank = takes.shape.len();
+            if xs.len() != 1 || xs[0].dim() != rank {
+                let given: Vec<String> = xs
+                    .iter()
+                    .map(|t| {
+                        let s: Vec<String> = t.size().iter().map(|d| d.to_string()).collect();
+                        s.join("x")
+                    })
+                    .collect();
+                let (what, sizes) = if takes.kind == Kind::Int64 {
+                    ("token ids [batch, tokens]", "any batch and length")
+                } else {
+                    (
+                        "images [batch, channels, height, width]",
+                        "any batch and size",
+                    )
+                };
+                let given = given.join(" and ");
+                return Err(self.failed(
+                    "wrong input",
+                    format!(
+                        "it takes one input, {what} (--input {}, {sizes}); given {given}",
+                        takes.spec()
+                    ),
+                ));
+            }
+        }
         self.forward_as_given(xs, train).map_err(|e| match e {
             Error::DryRun { model, reason } => Error::DryRun {
                 reason: input_words::input_type_words(&reason, xs).unwrap_or(reason),
