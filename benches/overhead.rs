@@ -308,7 +308,7 @@ fn build(model: Model, vs: &nn::VarStore) -> (Box<dyn ModuleT>, Batch) {
             (Box::new(net), dense(vec![batch, 3, image, image], 1000))
         }
         Model::Gpt2 => {
-            let net = tch_memprof::models::gpt2(&root);
+            let net = tch_memprof::models::Gpt2::new(&root, tch_memprof::models::Gpt2Config::SMALL);
             let batch = Batch::Tokens {
                 batch: arg("--batch", 8) as i64,
                 tokens: arg("--tokens", 1024) as i64,

@@ -17,7 +17,6 @@ use tch::nn::{self, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 use tch_memprof::estimate::{Gpu, Input, Mode, Model, Optimizer, Options};
 use tch_memprof::models::{Gpt2, Gpt2Config};
-use tch_memprof::report::estimate_text::{anatomy, peak_lines, table};
 
 const TOKENS: i64 = 1024;
 
@@ -81,14 +80,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .unwrap_or_default()
     );
     println!("\nyour step: pure bf16, the loss in bf16, gradients clipped");
-    let rows = std::slice::from_ref(&own);
-    println!("{}{}", table(rows, gpu.usable()), peak_lines(rows));
-    if let Some(a) = anatomy(&own, 3) {
-        println!("{a}");
-    }
+    println!("{own}");
     println!("\nthe built-in loop: f32 weights under bf16 autocast, tch's f32 cross-entropy");
-    let rows = std::slice::from_ref(&canned);
-    println!("{}{}", table(rows, gpu.usable()), peak_lines(rows));
+    println!("{canned}");
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     println!(
         "\npeak allocated: your step {:.2} GiB, the built-in loop {:.2} GiB",

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use tch::nn::{self, ModuleT};
 use tch::{Device, Kind, Tensor};
+use tch_memprof::report::{plot_step, write_layers_csv, write_timeline_csv};
 use tch_memprof::{Category, MemoryProfiler, StepProfile};
 
 fn gb(bytes: u64) -> String {
@@ -108,13 +109,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("the step was not profiled (see the warnings above)")?;
     let title = format!("ResNet-152 memory over one forward and backward pass, batch size {batch}");
     let title = (!args::flag("--no_title")).then_some(title.as_str());
-    p.plot(&output, title)?;
+    plot_step(p, &output, title)?;
     let svg = output.with_extension("svg");
-    p.plot(&svg, title)?;
+    plot_step(p, &svg, title)?;
     let summary = dir.join(format!("memory_summary_bs{batch}.txt"));
     write_summary(&summary, p)?;
-    p.write_timeline_csv(&dir.join("timeline.csv"))?;
-    p.write_layers_csv(&dir.join("layers.csv"))?;
+    write_timeline_csv(p, &dir.join("timeline.csv"))?;
+    write_layers_csv(p, &dir.join("layers.csv"))?;
     println!("wrote {}", output.display());
     println!("wrote {}", svg.display());
     println!("wrote {}", summary.display());

@@ -12,6 +12,10 @@
   defined in src/ffi/ only, named `MpX` as in C, visible in src/ffi/ only (`pub(super)`
   or private), and named nowhere outside src/ffi/: the rest of the crate reads the typed
   values src/ffi/ decodes it into.
+- Methods at home: an inherent `impl T` sits in the module that defines `T` (its file,
+  or the folder of a `mod.rs` that defines it: `estimate/model/fit.rs` may add methods
+  to the `Model` of `estimate/model/mod.rs`); elsewhere only trait impls (`Display`),
+  or free functions (presentation in `report/` and `cli/`).
 - Every `src/...` path of this crate's modules named in the sources, the build script,
   the scripts, the tests, the README and docs/ must exist (a comment naming a file that
   moved is caught here; other projects' `src/` paths, tch's or PyTorch's, are not
@@ -37,6 +41,41 @@ def sources() -> set[str]:
         for p in SRC.rglob("*")
         if p.is_file() and p.suffix in SOURCE_SUFFIXES
     }
+
+
+def code_of(p: Path) -> str:
+    """A file's code: comments and string literals out."""
+    code = re.sub(r"/\*.*?\*/", "", p.read_text(), flags=re.S)
+    return re.sub(r'"(?:\\.|[^"\\])*"', '""', re.sub(r"//[^\n]*", "", code))
+
+
+def misplaced_impls() -> list[str]:
+    """Inherent impls of a type outside the module that defines it."""
+    defined, impls = {}, []
+    item = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:struct|enum|union)\s+([A-Z]\w*)", re.M)
+    inherent = re.compile(r"^\s*impl(?:\s*<[^{]*?>)?\s+([\w:]+)(?:<[^{]*?>)?\s*(for\b[^{]*)?\{", re.M)
+    for p in sorted(SRC.rglob("*.rs")):
+        rel = p.relative_to(SRC).as_posix()
+        code = code_of(p)
+        for m in item.finditer(code):
+            defined.setdefault(m.group(1), []).append(rel)
+        for m in inherent.finditer(code):
+            if not m.group(2):
+                impls.append((m.group(1).split("::")[-1], rel, code[: m.start()].count("\n") + 1))
+    problems = []
+    for name, rel, line in impls:
+        homes = defined.get(name, [])
+        # A type's module: its file, and the folder of its mod.rs.
+        inside = any(
+            rel == h or (h.endswith("/mod.rs") and rel.startswith(h[: -len("mod.rs")]))
+            for h in homes
+        )
+        if homes and not inside:
+            problems.append(
+                f"src/{rel}:{line}: `impl {name}` outside {', '.join('src/' + h for h in homes)}: "
+                "move the methods home, or make them free functions or a trait impl"
+            )
+    return problems
 
 
 def main() -> int:
@@ -82,6 +121,7 @@ def main() -> int:
         if not in_ffi:
             for m in sorted(set(raw_name.findall(code))):
                 problems.append(f"src/{rel} names the native record {m}: read the typed value src/ffi/ decodes it into")
+    problems += misplaced_impls()
     mention = re.compile(r"(?<![\w/.-])src/([A-Za-z0-9_./-]+\.(?:rs|cpp|h|js|css))\b")
     # The crate's modules: what a path of ours begins with.
     ours = {Path(f).parts[0].split(".")[0] for f in files}

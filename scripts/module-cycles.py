@@ -28,6 +28,7 @@ LAYERS = [
     ("analyses", {"estimate", "runs"}),
     ("reports", {"report"}),
     ("driver", {"profiler"}),
+    ("command", {"cli"}),
 ]
 
 

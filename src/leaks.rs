@@ -25,10 +25,10 @@ use crate::names::Names;
 use crate::phase::Phase;
 
 /// Default growth (bytes, between two epoch ends) that names suspects at once.
-pub const DEFAULT_LEAK_THRESHOLD: u64 = 1 << 20;
+pub(crate) const DEFAULT_LEAK_THRESHOLD: u64 = 1 << 20;
 
 /// Epochs that only set the baseline (default 1).
-pub const DEFAULT_WARMUP_EPOCHS: u64 = 1;
+pub(crate) const DEFAULT_WARMUP_EPOCHS: u64 = 1;
 
 /// Live blocks of one origin that survived into an epoch end and grew since the last.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -83,8 +83,8 @@
 //! layer that reached it, per-layer parameters, activations and FLOPs
 //! ([`LayerProfile`]), and the ops it could not count FLOPs for. Read it with
 //! [`MemoryProfiler::step_profile`] or [`MemoryProfiler::peak_step_profile`]; write it
-//! with [`StepProfile::write_timeline_csv`], [`StepProfile::write_layers_csv`] and
-//! [`StepProfile::plot`]. Layers come from the VarStore paths of the variables an op
+//! with [`report::write_timeline_csv`], [`report::write_layers_csv`] and
+//! [`report::plot_step`] (all of them at once: [`report::write_step_files`]). Layers come from the VarStore paths of the variables an op
 //! reads; name other regions with [`scope`]. See docs/step-anatomy.md for the categories, the
 //! layer rules and the FLOP formulas.
 //!
@@ -101,7 +101,7 @@
 //! profiler.record_stats();
 //! let p = profiler.step_profile().expect("step 1 was profiled");
 //! println!("peak {} B during {} ({})", p.peak.bytes, p.peak.op, p.peak.layer);
-//! p.plot(std::path::Path::new("step1.png"), Some("ResNet-18, one step"))?;
+//! tch_memprof::report::plot_step(p, std::path::Path::new("step1.png"), Some("ResNet-18, one step"))?;
 //! # Ok(()) }
 //! ```
 //!
@@ -168,6 +168,7 @@
 // Every `unsafe` block of the crate is in `ffi`, the one seam to the native layer.
 #![deny(unsafe_code)]
 
+mod cli;
 pub mod cuda;
 mod error;
 pub mod estimate;
@@ -190,29 +191,22 @@ mod timeline;
 mod vars;
 mod workload;
 
+/// The `tch-memprof` command's entry (`src/bin/tch-memprof.rs` calls it); not library API.
+#[doc(hidden)]
+pub use cli::main as __cli_main;
 pub use error::{Error, Result};
-pub use leaks::{
-    LeakGroup, LeakPattern, LeakReport, DEFAULT_LEAK_THRESHOLD, DEFAULT_WARMUP_EPOCHS,
-};
+pub use leaks::{LeakGroup, LeakPattern, LeakReport};
 pub use names::MISSING;
 pub use oom::{OomBlock, OomCategory, OomReport};
 pub use optim::{autocast, clip_grad_norm, Checkpointed};
 pub use phase::Phase;
-pub use profiler::{
-    profile_file, profile_torchscript, MemoryProfiler, MemoryProfilerBuilder, ProfiledStep,
-    DEFAULT_TOP_VARIABLES,
-};
+pub use profiler::{profile_file, MemoryProfiler, MemoryProfilerBuilder, ProfiledStep};
 pub use profiler::{Budget, BudgetExceeded, LayerUse, Overrun};
 pub use stats::{EpochStats, IterationStats, RunStats, VariableKind, VariableList, VariableStats};
 pub use timeline::{
     scope, Category, CategoryBytes, IdleAtPeak, IdleBlock, IdleGroup, IdleSite, LayerProfile, Peak,
     Scope, StepFiles, StepProfile, StepRow, UncountedOp, UNKNOWN_SITE,
 };
-
-/// Whether CUDA is usable by the profiler, and if not, why. Same as [`cuda::status`].
-pub fn cuda_status() -> std::result::Result<(), String> {
-    cuda::status()
-}
 
 /// The libtorch version (`major.minor.patch`) the native layer was compiled against, read
 /// from libtorch's own version header at build time: 2.11.x under tch 0.24, 2.13.x under

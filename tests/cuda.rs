@@ -17,7 +17,7 @@ use tch_memprof::MemoryProfiler;
 /// Without a GPU, the status says why in words naming CUDA; with one, it is Ok.
 #[test]
 fn cuda_status_says_why_without_a_gpu() {
-    match tch_memprof::cuda_status() {
+    match tch_memprof::cuda::status() {
         Err(why) => {
             assert!(!tch::Cuda::is_available(), "an error with a GPU: {why}");
             assert!(why.contains("CUDA"), "{why}");

@@ -126,13 +126,13 @@ fn graph_held_by_a_summed_validation_loss_is_named_after_one_epoch() {
     let r = reports[1]
         .as_ref()
         .expect("named at the first epoch after the warm-up");
-    assert_eq!(r.pattern, Some(LeakPattern::GraphHeld), "{}", r.render());
+    assert_eq!(r.pattern, Some(LeakPattern::GraphHeld), "{}", r);
     // ReluBackward keeps the ReLU output of every validation pass: VB x HIDDEN f32.
     let relu = r
         .suspects
         .iter()
         .find(|g| g.op == "aten::relu")
-        .unwrap_or_else(|| panic!("{}", r.render()));
+        .unwrap_or_else(|| panic!("{}", r.to_string()));
     assert_eq!((relu.phase, relu.layer.as_str()), (Phase::Forward, "l1"));
     let per_iteration = F32 * (VB * HIDDEN) as u64;
     assert_eq!(relu.count, 2 * ITERS);
@@ -142,7 +142,11 @@ fn graph_held_by_a_summed_validation_loss_is_named_after_one_epoch() {
     // The log-softmax output is kept too (NllLoss and LogSoftmax backward save it).
     let ls = r.suspects.iter().find(|g| g.op == "aten::log_softmax");
     assert!(ls.is_some_and(|g| g.bytes == 2 * ITERS * F32 * (VB * OUT) as u64));
-    let words = r.render().split_whitespace().collect::<Vec<_>>().join(" ");
+    let words = r
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     assert!(words.contains("graph held by a tensor"), "{words}");
     // Largest growth first.
     assert!(r
@@ -177,12 +181,7 @@ fn growing_collection_within_two_epochs(reports: &[Option<LeakReport>]) -> &Leak
         .as_ref()
         .or(reports[2].as_ref())
         .expect("named within two epochs after the warm-up");
-    assert_eq!(
-        r.pattern,
-        Some(LeakPattern::GrowingCollection),
-        "{}",
-        r.render()
-    );
+    assert_eq!(r.pattern, Some(LeakPattern::GrowingCollection), "{}", r);
     r
 }
 
@@ -191,7 +190,7 @@ fn outputs_kept_in_a_vec_are_named_within_two_epochs() {
     let (reports, _dir) = run(Leak::Outputs, 3);
     // 10 KiB per iteration: below the 1 MiB threshold, so it takes two growing epochs.
     let r = growing_collection_within_two_epochs(&reports);
-    assert_eq!(r.suspects.len(), 1, "{}", r.render());
+    assert_eq!(r.suspects.len(), 1, "{}", r);
     let g = &r.suspects[0];
     assert_eq!(
         (g.op.as_str(), g.phase, g.layer.as_str()),
@@ -220,13 +219,13 @@ fn outputs_kept_by_a_loop_whose_ops_change_keep_their_layer() {
     // (iteration n makes (n - 1) % 3 of them: 3 makes two where 2 learned one, 5 one
     // where 4 learned none, 7 none where 6 learned two). Every output is named after
     // its own layer.
-    assert_eq!(r.suspects.len(), 1, "{}", r.render());
+    assert_eq!(r.suspects.len(), 1, "{}", r);
     let g = &r.suspects[0];
     assert_eq!(
         (g.op.as_str(), g.phase, g.layer.as_str()),
         ("aten::linear", Phase::Forward, "l2"),
         "{}",
-        r.render()
+        r
     );
     assert_eq!((g.count, g.bytes), (iterations, iterations * logits));
     assert_eq!((g.first_iteration, g.last_iteration), (1, iterations));
@@ -280,9 +279,9 @@ fn outputs_made_after_an_unlearned_op_keep_their_layer() {
             })
             .map(|g| g.count)
     };
-    assert_eq!(linear("l2"), Some(12), "{}", r.render());
-    assert_eq!(linear("(none)"), None, "{}", r.render());
-    assert_eq!(linear("l1"), None, "{}", r.render());
+    assert_eq!(linear("l2"), Some(12), "{}", r);
+    assert_eq!(linear("(none)"), None, "{}", r);
+    assert_eq!(linear("l1"), None, "{}", r);
 }
 
 #[test]
@@ -305,7 +304,7 @@ fn input_batches_kept_are_named_with_no_layer_from_the_first_iteration() {
     let r = reports[1]
         .as_ref()
         .expect("4 MiB per iteration: named at once");
-    assert_eq!(r.suspects.len(), 1, "{}", r.render());
+    assert_eq!(r.suspects.len(), 1, "{}", r);
     let g = &r.suspects[0];
     // Made before any layer ran in its iteration: no layer, as in the step timeline.
     assert_eq!(

@@ -13,11 +13,8 @@
 
 use std::collections::HashMap;
 
-use tch::nn::ModuleT;
 use tch::{nn, Device, Kind, Tensor};
-use tch_memprof::models::{
-    alexnet, mobilenet_v3_small, resnet101, resnet152, resnet18, resnet50, vgg16,
-};
+use tch_memprof::models::build;
 
 /// torchvision's published `num_params` of `mobilenet_v3_small` (1000 classes).
 const TORCHVISION_NUM_PARAMS: i64 = 2_542_856;
@@ -154,7 +151,7 @@ fn trainable_names_in_order(vs: &nn::VarStore) -> Vec<String> {
 fn parameter_count_is_torchvisions() {
     assert_eq!(parameters_by_formula(1000), TORCHVISION_NUM_PARAMS);
     let vs = nn::VarStore::new(Device::Cpu);
-    let _net = mobilenet_v3_small(&vs.root(), 1000);
+    let _net = build("mobilenet_v3_small", &vs.root(), 1000).unwrap();
     let trainable: i64 = vs
         .trainable_variables()
         .iter()
@@ -173,7 +170,7 @@ fn parameter_count_is_torchvisions() {
 fn names_shapes_and_order_are_torchvisions() {
     for num_classes in [1000, 10] {
         let vs = nn::VarStore::new(Device::Cpu);
-        let _net = mobilenet_v3_small(&vs.root(), num_classes);
+        let _net = build("mobilenet_v3_small", &vs.root(), num_classes).unwrap();
         let expected = expected_variables(num_classes);
 
         // Every variable, with its shape and whether it is trainable.
@@ -199,7 +196,7 @@ fn names_shapes_and_order_are_torchvisions() {
 fn initialization_follows_torchvision() {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
-    let _net = mobilenet_v3_small(&vs.root(), 1000);
+    let _net = build("mobilenet_v3_small", &vs.root(), 1000).unwrap();
     let vars = vs.variables();
     let std = |name: &str| vars[name].std(true).double_value(&[]);
     let mean = |name: &str| vars[name].mean(Kind::Float).double_value(&[]);
@@ -227,7 +224,7 @@ fn initialization_follows_torchvision() {
 fn forward_and_backward() {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
-    let net = mobilenet_v3_small(&vs.root(), 1000);
+    let net = build("mobilenet_v3_small", &vs.root(), 1000).unwrap();
     let x = Tensor::randn([2, 3, 224, 224], (Kind::Float, Device::Cpu));
 
     let before = vs.variables()["features.0.1.running_mean"].copy();
@@ -360,27 +357,27 @@ fn resnet_vgg_and_alexnet_parameter_counts_are_torchvisions() {
         let (by_formula, built) = match name {
             "resnet18" => (
                 resnet_by_formula([2, 2, 2, 2], false, 1000),
-                trainable_parameters(|p| drop(resnet18(p, 1000))),
+                trainable_parameters(|p| drop(build("resnet18", p, 1000).unwrap())),
             ),
             "resnet50" => (
                 resnet_by_formula([3, 4, 6, 3], true, 1000),
-                trainable_parameters(|p| drop(resnet50(p, 1000))),
+                trainable_parameters(|p| drop(build("resnet50", p, 1000).unwrap())),
             ),
             "resnet101" => (
                 resnet_by_formula([3, 4, 23, 3], true, 1000),
-                trainable_parameters(|p| drop(resnet101(p, 1000))),
+                trainable_parameters(|p| drop(build("resnet101", p, 1000).unwrap())),
             ),
             "resnet152" => (
                 resnet_by_formula([3, 8, 36, 3], true, 1000),
-                trainable_parameters(|p| drop(resnet152(p, 1000))),
+                trainable_parameters(|p| drop(build("resnet152", p, 1000).unwrap())),
             ),
             "vgg16" => (
                 vgg16_by_formula(1000),
-                trainable_parameters(|p| drop(vgg16(p, 1000))),
+                trainable_parameters(|p| drop(build("vgg16", p, 1000).unwrap())),
             ),
             "alexnet" => (
                 alexnet_by_formula(1000),
-                trainable_parameters(|p| drop(alexnet(p, 1000))),
+                trainable_parameters(|p| drop(build("alexnet", p, 1000).unwrap())),
             ),
             _ => unreachable!(),
         };
@@ -389,7 +386,7 @@ fn resnet_vgg_and_alexnet_parameter_counts_are_torchvisions() {
     }
     // Another number of classes changes only the last layer.
     assert_eq!(
-        trainable_parameters(|p| drop(resnet18(p, 10))),
+        trainable_parameters(|p| drop(build("resnet18", p, 10).unwrap())),
         resnet_by_formula([2, 2, 2, 2], false, 10)
     );
 }

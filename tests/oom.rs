@@ -30,14 +30,14 @@ fn a_failed_allocation_is_reported_and_the_loop_goes_on() {
         .last_oom()
         .expect("reported before the error returned");
 
-    eprintln!("{}", r.render());
+    eprintln!("{}", r);
     assert_eq!(r.device, "cpu");
     assert_eq!(r.step, 2);
     assert_eq!(r.requested_bytes, 4 << 46);
     assert_eq!(r.allocated_bytes, live_before);
     assert_eq!(r.reserved_bytes, None);
     let total: u64 = r.by_category.iter().map(|(_, b)| b).sum();
-    assert_eq!(total, r.allocated_bytes, "{}", r.render());
+    assert_eq!(total, r.allocated_bytes, "{}", r);
     let cat = |name: &str| {
         r.by_category
             .iter()
@@ -45,23 +45,13 @@ fn a_failed_allocation_is_reported_and_the_loop_goes_on() {
             .map_or(0, |(_, b)| *b)
     };
     let w = mlp_weight_bytes();
-    assert_eq!(cat("weights"), w, "{}", r.render());
-    assert_eq!(cat("gradients"), w, "{}", r.render());
-    assert_eq!(
-        cat("after backward"),
-        2 * w,
-        "Adam's two moments\n{}",
-        r.render()
-    );
+    assert_eq!(cat("weights"), w, "{}", r);
+    assert_eq!(cat("gradients"), w, "{}", r);
+    assert_eq!(cat("after backward"), 2 * w, "Adam's two moments\n{}", r);
     // The batch, the ReLU output kept for backward, the logits.
     let relu = F32 * (B * HIDDEN) as u64;
     let logits_bytes = F32 * (B * OUT) as u64;
-    assert_eq!(
-        cat("forward"),
-        batch_bytes() + relu + logits_bytes,
-        "{}",
-        r.render()
-    );
+    assert_eq!(cat("forward"), batch_bytes() + relu + logits_bytes, "{}", r);
     // Largest blocks: 16 MiB each (l1's weight-sized gradient and Adam moments).
     let l1_weight = F32 * (IN * HIDDEN) as u64;
     assert_eq!(r.largest_blocks[0].bytes, l1_weight);

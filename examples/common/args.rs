@@ -35,7 +35,7 @@ pub fn device(default: Device) -> Result<Device, String> {
         Some("cuda") if tch::Cuda::is_available() => Ok(Device::Cuda(0)),
         Some("cuda") => Err(format!(
             "--device cuda: CUDA is not available ({})",
-            tch_memprof::cuda_status().err().unwrap_or_default()
+            tch_memprof::cuda::status().err().unwrap_or_default()
         )),
         Some(other) => Err(format!("--device {other}: expected cpu or cuda")),
     }

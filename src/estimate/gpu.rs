@@ -89,7 +89,7 @@ fn threads_per_multiprocessor(sm: u32) -> u32 {
 
 impl Gpu {
     /// A GPU of unknown memory before Hopper (the default cuBLAS workspace), of compute
-    /// capability 8.0 ([`GENERIC_SM`]) for the choice of attention kernels.
+    /// capability 8.0 (an A100: the oldest that runs every fused attention kernel) for the choice of attention kernels.
     pub fn generic() -> Gpu {
         Gpu {
             name: "generic (pre-Hopper)".to_string(),
@@ -157,7 +157,7 @@ impl Gpu {
         }
     }
 
-    /// Memory PyTorch's allocator can use: the total less [`CONTEXT_ALLOWANCE`]; `None`
+    /// Memory PyTorch's allocator can use: the total less 1 GiB kept for the CUDA context (an allowance, not a measurement); `None`
     /// when the total is unknown.
     pub fn usable(&self) -> Option<u64> {
         (self.memory > 0).then(|| self.memory.saturating_sub(CONTEXT_ALLOWANCE))

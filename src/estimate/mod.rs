@@ -71,10 +71,13 @@ pub use crate::replay::allocator::{
 };
 pub use crate::workload::Input;
 pub use compare::{Comparison, Divergence};
-pub use gpu::{gpu_memory, parse_size, Gpu, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE, GENERIC_SM};
+pub use gpu::Gpu;
+pub(crate) use gpu::{gpu_memory, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE};
 pub use model::{Model, Segment};
-pub use options::{autocast_name, parse_autocast, Options, AUTOCAST_DTYPES};
-pub use plan::{allocator_candidates, breakdown, Config, Cost, Dominant, Plan, Plans, MAX_PLANS};
+pub use options::Options;
+pub(crate) use options::{autocast_name, parse_autocast};
+pub(crate) use plan::allocator_candidates;
+pub use plan::{breakdown, Config, Cost, Dominant, Plan, Plans};
 
 pub(crate) use gpu::is_size;
 pub use plan::THIN_MARGIN;
@@ -271,7 +274,7 @@ impl AttentionRuns {
 /// Whether the file at `path` is an exported program (a `.pt2` archive of
 /// `torch.export.save`) rather than a TorchScript file: read from its contents, not its
 /// name.
-pub fn is_exported_program(path: &std::path::Path) -> bool {
+pub(crate) fn is_exported_program(path: &std::path::Path) -> bool {
     crate::program::is_program(path)
 }
 
@@ -285,7 +288,7 @@ pub struct NotModelled {
 }
 
 /// The CUDA allocations that are not modelled, with their likely size.
-pub const NOT_MODELLED: [NotModelled; 3] = [
+pub(crate) const NOT_MODELLED: [NotModelled; 3] = [
     NotModelled {
         what: "cuDNN batch-norm reserve space and workspace (training)",
         likely: "sized by cuDNN at run time; usually zero or small next to the activations",
@@ -352,7 +355,7 @@ pub struct Estimate {
     /// cuBLAS workspaces charged (one per thread that ran a cuBLAS op).
     pub cublas_workspaces: u32,
     /// cuBLASLt workspaces charged (one per thread that ran an `addmm` CUDA runs on
-    /// cuBLASLt: a batched linear layer with bias), [`CUBLASLT_WORKSPACE`] each.
+    /// cuBLASLt: a batched linear layer with bias), 1 MiB each (PyTorch 2.11's default).
     pub cublaslt_workspaces: u32,
     /// Size of one cuBLAS workspace on this GPU.
     pub cublas_workspace_bytes: u64,

@@ -28,13 +28,15 @@ use tch::{nn, Kind, Tensor};
 use crate::error::{Error, Result};
 use crate::workload::Input;
 
-pub use bert::{bert_base, Bert};
-pub use convnet::{alexnet, vgg16, ConvNet};
-pub use gpt2::{gpt2, gpt2_medium, Gpt2, Gpt2Config};
-pub use llama::{llama3_2_1b, llama3_8b, Llama, LlamaConfig};
-pub use mobilenet::{mobilenet_v3_small, MobileNetV3};
-pub use resnet::{resnet101, resnet152, resnet18, resnet50, ResNet};
-pub use vit::{vit_b16, Vit};
+pub use gpt2::{Gpt2, Gpt2Config};
+
+use bert::bert_base;
+use convnet::{alexnet, vgg16};
+use gpt2::{gpt2, gpt2_medium};
+use llama::{llama3_2_1b, llama3_8b};
+use mobilenet::mobilenet_v3_small;
+use resnet::{resnet101, resnet152, resnet18, resnet50};
+use vit::vit_b16;
 
 /// A built-in model: its name as `tch-memprof estimate --model` takes it, the input it
 /// takes when none is given, and how it is built. [`BUILTINS`] is the one list of
@@ -148,7 +150,7 @@ pub const BUILTINS: [Builtin; 13] = [
 
 /// Names of the built-in models, as `tch-memprof estimate --model` takes them (those
 /// of [`BUILTINS`], in its order).
-pub const BUILTIN: [&str; BUILTINS.len()] = {
+pub(crate) const BUILTIN: [&str; BUILTINS.len()] = {
     let mut names = [""; BUILTINS.len()];
     let mut i = 0;
     while i < names.len() {
@@ -168,7 +170,7 @@ pub fn builtin(name: &str) -> Result<&'static Builtin> {
 
 /// The input a built-in model takes when none is given ([`Builtin::default_input`];
 /// an image for a name not among them).
-pub fn default_input(name: &str) -> Input {
+pub(crate) fn default_input(name: &str) -> Input {
     let (shape, kind) = builtin(name).map_or(IMAGE, |b| b.default_input);
     Input::new(shape, kind)
 }
@@ -188,7 +190,7 @@ pub trait Chain {
 }
 
 /// Every segment of `chain` in order: its forward pass.
-pub fn run_chain<C: Chain + ?Sized>(chain: &C, x: &Tensor, train: bool) -> Tensor {
+pub(crate) fn run_chain<C: Chain + ?Sized>(chain: &C, x: &Tensor, train: bool) -> Tensor {
     let mut h = x.shallow_clone();
     for i in 0..chain.segments() {
         h = chain.segment(i, &h, train);

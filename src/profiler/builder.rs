@@ -23,7 +23,7 @@ use super::measure::device_name;
 use super::{MemoryProfiler, Shared};
 
 /// Default number of variables listed by name in the terminal report.
-pub const DEFAULT_TOP_VARIABLES: usize = 10;
+pub(crate) const DEFAULT_TOP_VARIABLES: usize = 10;
 
 /// Builds a [`MemoryProfiler`]; see [`MemoryProfiler::builder`].
 #[derive(Debug, Clone)]

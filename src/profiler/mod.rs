@@ -40,9 +40,9 @@ use recorder::Recorder;
 use session::Session;
 
 pub use budget::{Budget, BudgetExceeded, LayerUse, Overrun};
-pub use builder::{MemoryProfilerBuilder, DEFAULT_TOP_VARIABLES};
+pub use builder::MemoryProfilerBuilder;
 use peaks::Peaks;
-pub use torchscript::{profile_file, profile_torchscript, ProfiledStep};
+pub use torchscript::{profile_file, ProfiledStep};
 
 /// What the profiler shares with its out-of-memory hook, which runs on whichever
 /// thread ran out of memory (and only takes it when it is free).

@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{catching, torch_message, Error, Result};
+use crate::report::write_step_files;
 use crate::timeline::StepProfile;
 use crate::workload::{loss, Input};
 
-/// What [`profile_torchscript`] measured and wrote.
+/// What [`profile_file`] measured and wrote.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ProfiledStep {
@@ -25,7 +26,7 @@ pub struct ProfiledStep {
 /// `train` a forward pass, the loss the estimate uses and a backward pass) on random
 /// inputs of these shapes under a profiler with the step timeline and the blocks idle at
 /// its peak, and writes the plot, the CSV files and a summary into `output_dir`.
-pub fn profile_torchscript(
+pub(crate) fn profile_torchscript(
     path: &Path,
     inputs: &[Input],
     train: bool,
@@ -68,7 +69,7 @@ pub fn profile_torchscript(
 
 /// A model file, as `tch-memprof profile` takes it: an exported program (`.pt2`, from
 /// `torch.export.save`) or a TorchScript file, told apart by their contents; one real
-/// step of it as [`profile_torchscript`] runs one. A program's weights are read from
+/// step of it (a TorchScript file's graph run by libtorch's executor). A program's weights are read from
 /// the archive onto `device`, its parameters require grad, and its graph runs node by
 /// node through libtorch's dispatcher, so autograd records it for the backward pass.
 pub fn profile_file(
@@ -169,6 +170,6 @@ fn profile_step(
         "{label} {}",
         if train { "training step" } else { "inference" }
     );
-    let files = p.write_files(output_dir, &title)?;
+    let files = write_step_files(&p, output_dir, &title)?;
     Ok(ProfiledStep { profile: p, files })
 }

@@ -24,6 +24,7 @@ use crate::runs::schema::{
 use crate::stats::{EpochStats, IterationStats};
 use crate::timeline::{Category, StepFiles, StepKind, StepProfile};
 
+use super::plot::plot_step;
 use super::Report;
 
 /// One CSV file, opened at its first row and reopened if it vanishes.
@@ -414,10 +415,10 @@ impl Report for CsvReport {
             }
             StepKind::Peak | StepKind::PeakAtExit => StepFiles::beside(&self.dir, &self.stem),
         };
-        p.write_timeline_csv(&files.timeline_csv)?;
-        p.write_layers_csv(&files.layers_csv)?;
+        write_timeline_csv(p, &files.timeline_csv)?;
+        write_layers_csv(p, &files.layers_csv)?;
         if let (StepKind::Requested(_), Some(_)) = (kind, &p.idle) {
-            p.write_idle_csv(&self.dir.join(format!("{}{IDLE}", self.stem)))?;
+            write_idle_csv(p, &self.dir.join(format!("{}{IDLE}", self.stem)))?;
         }
         let title = format!(
             "Live memory by category, step {} ({}), peak {}",
@@ -425,8 +426,8 @@ impl Report for CsvReport {
             p.device,
             format::bytes(p.peak.bytes)
         );
-        p.plot(&files.png, Some(&title))?;
-        p.plot(&files.svg, Some(&title))
+        plot_step(p, &files.png, Some(&title))?;
+        plot_step(p, &files.svg, Some(&title))
     }
 
     fn name(&self) -> &'static str {
@@ -434,93 +435,91 @@ impl Report for CsvReport {
     }
 }
 
-impl StepProfile {
-    /// Writes the timeline as CSV: `op_index, op, phase, layer`, one `<category>_bytes`
-    /// column per category, `total_bytes`, `peak_bytes` and `idle_bytes`. Replaces the file atomically.
-    pub fn write_timeline_csv(&self, path: &Path) -> Result<()> {
-        write_atomically(path, |w| {
-            for r in &self.rows {
-                let b = &r.bytes;
-                w.serialize(TimelineRow {
-                    op_index: r.op_index,
-                    op: r.op.clone(),
-                    phase: r.phase,
-                    layer: r.layer.clone(),
-                    param_bytes: b.get(Category::Param),
-                    buffer_bytes: b.get(Category::Buffer),
-                    grad_bytes: b.get(Category::Grad),
-                    act_bytes: b.get(Category::Act),
-                    temp_bytes: b.get(Category::Temp),
-                    opt_bytes: b.get(Category::Opt),
-                    workspace_bytes: b.get(Category::Workspace),
-                    other_bytes: b.get(Category::Other),
-                    total_bytes: b.total(),
-                    peak_bytes: r.peak_bytes,
-                    idle_bytes: r.idle_bytes,
-                })?;
-            }
-            Ok(())
-        })
-    }
+/// Writes the timeline as CSV: `op_index, op, phase, layer`, one `<category>_bytes`
+/// column per category, `total_bytes`, `peak_bytes` and `idle_bytes`. Replaces the file atomically.
+pub fn write_timeline_csv(p: &StepProfile, path: &Path) -> Result<()> {
+    write_atomically(path, |w| {
+        for r in &p.rows {
+            let b = &r.bytes;
+            w.serialize(TimelineRow {
+                op_index: r.op_index,
+                op: r.op.clone(),
+                phase: r.phase,
+                layer: r.layer.clone(),
+                param_bytes: b.get(Category::Param),
+                buffer_bytes: b.get(Category::Buffer),
+                grad_bytes: b.get(Category::Grad),
+                act_bytes: b.get(Category::Act),
+                temp_bytes: b.get(Category::Temp),
+                opt_bytes: b.get(Category::Opt),
+                workspace_bytes: b.get(Category::Workspace),
+                other_bytes: b.get(Category::Other),
+                total_bytes: b.total(),
+                peak_bytes: r.peak_bytes,
+                idle_bytes: r.idle_bytes,
+            })?;
+        }
+        Ok(())
+    })
+}
 
-    /// Writes the files of one step into `dir` (made if missing), as
-    /// `tch-memprof profile` and `tch-memprof estimate --output-dir` write them:
-    /// `step.png` and `step.svg` (the plot, titled `title`), `timeline.csv`, `layers.csv`,
-    /// `idle.csv` and `summary.txt`. Returns their paths in that order.
-    pub fn write_files(&self, dir: &Path, title: &str) -> Result<Vec<PathBuf>> {
-        fs::create_dir_all(dir)?;
-        let file = |name: &str| dir.join(name);
-        self.plot(&file("step.png"), Some(title))?;
-        self.plot(&file("step.svg"), Some(title))?;
-        self.write_timeline_csv(&file("timeline.csv"))?;
-        self.write_layers_csv(&file("layers.csv"))?;
-        self.write_idle_csv(&file("idle.csv"))?;
-        let summary = file("summary.txt");
-        write_summary(&summary, self).map_err(|source| Error::Io {
-            path: summary.clone(),
-            source,
-        })?;
-        Ok([
-            "step.png",
-            "step.svg",
-            "timeline.csv",
-            "layers.csv",
-            "idle.csv",
-            "summary.txt",
-        ]
-        .iter()
-        .map(|n| file(n))
-        .collect())
-    }
+/// Writes the files of one step into `dir` (made if missing), as
+/// `tch-memprof profile` and `tch-memprof estimate --output-dir` write them:
+/// `step.png` and `step.svg` (the plot, titled `title`), `timeline.csv`, `layers.csv`,
+/// `idle.csv` and `summary.txt`. Returns their paths in that order.
+pub fn write_step_files(p: &StepProfile, dir: &Path, title: &str) -> Result<Vec<PathBuf>> {
+    fs::create_dir_all(dir)?;
+    let file = |name: &str| dir.join(name);
+    plot_step(p, &file("step.png"), Some(title))?;
+    plot_step(p, &file("step.svg"), Some(title))?;
+    write_timeline_csv(p, &file("timeline.csv"))?;
+    write_layers_csv(p, &file("layers.csv"))?;
+    write_idle_csv(p, &file("idle.csv"))?;
+    let summary = file("summary.txt");
+    write_summary(&summary, p).map_err(|source| Error::Io {
+        path: summary.clone(),
+        source,
+    })?;
+    Ok([
+        "step.png",
+        "step.svg",
+        "timeline.csv",
+        "layers.csv",
+        "idle.csv",
+        "summary.txt",
+    ]
+    .iter()
+    .map(|n| file(n))
+    .collect())
+}
 
-    /// Writes the blocks idle at the peak as CSV (nothing without the step detail):
-    /// `bytes, op, layer, phase, last_read_op, freed_at_op, site, peak_if_dropped`,
-    /// largest first. Replaces the file atomically.
-    pub fn write_idle_csv(&self, path: &Path) -> Result<()> {
-        write_atomically(path, |w| {
-            for b in self.idle.iter().flat_map(|i| &i.blocks) {
-                w.serialize(b)?;
-            }
-            Ok(())
-        })
-    }
+/// Writes the blocks idle at the peak as CSV (nothing without the step detail):
+/// `bytes, op, layer, phase, last_read_op, freed_at_op, site, peak_if_dropped`,
+/// largest first. Replaces the file atomically.
+pub fn write_idle_csv(p: &StepProfile, path: &Path) -> Result<()> {
+    write_atomically(path, |w| {
+        for b in p.idle.iter().flat_map(|i| &i.blocks) {
+            w.serialize(b)?;
+        }
+        Ok(())
+    })
+}
 
-    /// Writes the layers as CSV: `layer, parameters_bytes, activation_bytes,
-    /// forward_flops, backward_flops`. Replaces the file atomically.
-    pub fn write_layers_csv(&self, path: &Path) -> Result<()> {
-        write_atomically(path, |w| {
-            for l in &self.layers {
-                w.serialize(LayerRow {
-                    layer: l.layer.clone(),
-                    parameters_bytes: l.parameters_bytes,
-                    activation_bytes: l.activation_bytes,
-                    forward_flops: l.forward_flops,
-                    backward_flops: l.backward_flops,
-                })?;
-            }
-            Ok(())
-        })
-    }
+/// Writes the layers as CSV: `layer, parameters_bytes, activation_bytes,
+/// forward_flops, backward_flops`. Replaces the file atomically.
+pub fn write_layers_csv(p: &StepProfile, path: &Path) -> Result<()> {
+    write_atomically(path, |w| {
+        for l in &p.layers {
+            w.serialize(LayerRow {
+                layer: l.layer.clone(),
+                parameters_bytes: l.parameters_bytes,
+                activation_bytes: l.activation_bytes,
+                forward_flops: l.forward_flops,
+                backward_flops: l.backward_flops,
+            })?;
+        }
+        Ok(())
+    })
 }
 
 fn write_atomically(

@@ -10,20 +10,6 @@ use crate::format::bytes;
 pub(crate) const DYNAMIC_BATCH: &str = "export it with a dynamic batch: \
     torch.export.export(model, args, dynamic_shapes=({0: torch.export.Dim(\"batch\")},))";
 
-impl Fit {
-    /// A warning in one line where the batch that fits leaves less of the memory than
-    /// the estimate's measured error ([`super::estimate_text::thin_margin_line`]).
-    pub fn thin_margin_line(&self) -> Option<String> {
-        let margin = self.margin()?;
-        let what = if self.fixed_batch() {
-            format!("the program's batch {}", self.batch)
-        } else {
-            format!("batch {}", self.batch)
-        };
-        super::estimate_text::thin_margin_line(&what, margin, self.memory)
-    }
-}
-
 impl fmt::Display for Fit {
     /// `largest batch that fits in 79.00 GiB: 428 (peak reserved ..., ... left); batch 429
     /// needs ...`, or that not even batch 1 fits. Where the program bounds the batch

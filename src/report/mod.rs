@@ -1,16 +1,12 @@
 //! Presentation: what is printed or written to a file. The profiler hands each result
 //! to every sink of its reports (terminal, CSV); a sink's failure is logged and counted
 //! by the profiler, never raised in the loop. Data modules (stats, timeline, leaks,
-//! oom, estimate) only compute. The public part is what the CLI prints and writes:
-//! [`commands`] (each command's text, whole), [`estimate_text`], [`replay_text`] (its
-//! parts) and [`html_page::write_page`] (the page of `tch-memprof report`).
+//! oom, estimate) only compute. The public part is a profiled or predicted step's files:
+//! [`write_step_files`] (all of them), [`plot_step`], [`write_timeline_csv`],
+//! [`write_layers_csv`] and [`write_idle_csv`]; reports print through `Display`.
 //!
-//! - `terminal`: tables on standard output, and the text of leak and OOM reports;
-//! - `commands`: what the CLI's commands print, composed whole (`estimate`, `plan`,
-//!   `replay`, `diff`): the command writes it as it is;
-//! - `estimate_text`: estimates and plans as a person reads them (the CLI's, and the
-//!   `Display` of [`Plans`](crate::estimate::Plans) and [`Fit`](crate::estimate::Fit));
-//! - `replay_text`: recorded runs replayed, and a prediction held to a recorded run;
+//! - `terminal`: tables on standard output, and the `Display` of leak and OOM reports;
+//! - `fit_text`: the `Display` of [`Fit`](crate::estimate::Fit);
 //! - `csv`: the run's CSV files, and a profiled step's timeline, layers and idle CSV;
 //! - `idle_text`: the terminal section of the blocks idle at a step's peak;
 //! - `html_page`: the run's HTML report, rebuilt from its CSV files, and the page of
@@ -19,18 +15,17 @@
 //! - `snapshot`: memory snapshots in the pickle format of PyTorch's memory viewer;
 //! - `oom_files`: the report and snapshot files of an out-of-memory error.
 
-pub mod commands;
 pub(crate) mod csv;
-pub mod estimate_text;
 mod fit_text;
-pub mod html_page;
+pub(crate) mod html_page;
 mod idle_text;
 pub(crate) mod oom_files;
-mod plan_code;
 pub(crate) mod plot;
-pub mod replay_text;
 pub(crate) mod snapshot;
 pub(crate) mod terminal;
+
+pub use csv::{write_idle_csv, write_layers_csv, write_step_files, write_timeline_csv};
+pub use plot::plot_step;
 
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};

@@ -37,7 +37,7 @@ pub(crate) fn write(
     }
     let text = base.with_extension("txt");
     report.report_path = Some(text.clone());
-    if crate::fs::write_atomic(&text, report.render().as_bytes()).is_err() {
+    if crate::fs::write_atomic(&text, report.to_string().as_bytes()).is_err() {
         report.report_path = None;
     }
 }

@@ -56,11 +56,9 @@ fn unit(max: u64) -> (f64, &'static str) {
     }
 }
 
-impl StepProfile {
-    /// Writes the plot: PNG or SVG by the file's extension (`.svg` gives SVG).
-    pub fn plot(&self, path: &Path, title: Option<&str>) -> Result<()> {
-        plot_timeline(self, path, title)
-    }
+/// Writes the plot: PNG or SVG by the file's extension (`.svg` gives SVG).
+pub fn plot_step(p: &StepProfile, path: &Path, title: Option<&str>) -> Result<()> {
+    plot_timeline(p, path, title)
 }
 
 fn plot_timeline(p: &StepProfile, path: &Path, title: Option<&str>) -> Result<()> {
@@ -374,7 +372,7 @@ mod tests {
     fn the_plot_draws_the_in_op_peak_and_keeps_its_words_inside() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("step.svg");
-        in_op_peak().plot(&path, Some("test")).unwrap();
+        plot_step(&in_op_peak(), &path, Some("test")).unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
         for c in Category::ALL {
             assert!(svg.contains(c.meaning()), "{} not in the legend", c.label());

@@ -36,12 +36,12 @@ impl Report for TerminalReport {
         write_stdout(&render_step(p, why, self.top_layers))
     }
     fn leaks(&mut self, report: &LeakReport) -> Result<()> {
-        write_stdout(&report.render())
+        write_stdout(&report.to_string())
     }
     fn oom(&mut self, report: &OomReport) -> Result<()> {
         // Not through Rust's stdout lock: the thread that ran out of memory may be
         // the one holding it.
-        crate::ffi::write_stdout_unlocked(&report.render())
+        crate::ffi::write_stdout_unlocked(&report.to_string())
     }
     fn name(&self) -> &'static str {
         "terminal"
@@ -390,66 +390,67 @@ pub(crate) fn render_epoch(e: &EpochStats) -> String {
     format!("\n{t}\n")
 }
 
-impl LeakReport {
-    /// The report as terminal text: the suspects and, if recognised, what they mean.
-    pub fn render(&self) -> String {
-        render_leaks(self)
+/// The report as terminal text: the suspects and, if recognised, what they mean.
+impl std::fmt::Display for LeakReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&render_leaks(self))
     }
 }
 
-impl OomReport {
-    /// The report as terminal text.
-    pub fn render(&self) -> String {
-        let mut out = format!(
-            "OUT OF MEMORY on {} during step {}: an allocation of {} failed with {} \
-             allocated\n",
-            self.device,
-            self.step,
-            format::bytes(self.requested_bytes),
-            format::bytes(self.allocated_bytes)
-        );
-        if let Some(r) = self.reserved_bytes {
-            out.push_str(&format!(
-                "  reserved {}: {} of it cached but free, in blocks the request did not fit \
-                 (fragmentation)\n",
-                format::bytes(r),
-                format::bytes(r.saturating_sub(self.allocated_bytes))
-            ));
-        }
-        out.push_str("  live bytes by category:\n");
-        for (c, b) in &self.by_category {
-            out.push_str(&format!(
-                "    {:<48} {:>12}\n",
-                c.label(),
-                format::bytes(*b)
-            ));
-        }
-        out.push_str("  largest layers:\n");
-        for (l, b) in &self.by_layer {
-            out.push_str(&format!("    {l:<48} {:>12}\n", format::bytes(*b)));
-        }
-        out.push_str("  largest blocks: [category] op (phase, layer, iteration)\n");
-        for b in &self.largest_blocks {
-            out.push_str(&format!(
-                "    {:>12}  [{}] {} ({}, {}, iteration {})\n",
-                format::bytes(b.bytes),
-                b.category.short(),
-                b.op,
-                b.phase.name(),
-                b.layer,
-                b.iteration
-            ));
-        }
-        for (what, p) in [
-            ("report", &self.report_path),
-            ("snapshot", &self.snapshot_path),
-        ] {
-            if let Some(p) = p {
-                out.push_str(&format!("  {what}: {}\n", p.display()));
-            }
-        }
-        out
+/// The report as terminal text.
+impl std::fmt::Display for OomReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&render_oom(self))
     }
+}
+
+fn render_oom(r: &OomReport) -> String {
+    let mut out = format!(
+        "OUT OF MEMORY on {} during step {}: an allocation of {} failed with {} \
+         allocated\n",
+        r.device,
+        r.step,
+        format::bytes(r.requested_bytes),
+        format::bytes(r.allocated_bytes)
+    );
+    if let Some(reserved) = r.reserved_bytes {
+        out.push_str(&format!(
+            "  reserved {}: {} of it cached but free, in blocks the request did not fit \
+             (fragmentation)\n",
+            format::bytes(reserved),
+            format::bytes(reserved.saturating_sub(r.allocated_bytes))
+        ));
+    }
+    out.push_str("  live bytes by category:\n");
+    for (c, b) in &r.by_category {
+        out.push_str(&format!(
+            "    {:<48} {:>12}\n",
+            c.label(),
+            format::bytes(*b)
+        ));
+    }
+    out.push_str("  largest layers:\n");
+    for (l, b) in &r.by_layer {
+        out.push_str(&format!("    {l:<48} {:>12}\n", format::bytes(*b)));
+    }
+    out.push_str("  largest blocks: [category] op (phase, layer, iteration)\n");
+    for b in &r.largest_blocks {
+        out.push_str(&format!(
+            "    {:>12}  [{}] {} ({}, {}, iteration {})\n",
+            format::bytes(b.bytes),
+            b.category.short(),
+            b.op,
+            b.phase.name(),
+            b.layer,
+            b.iteration
+        ));
+    }
+    for (what, p) in [("report", &r.report_path), ("snapshot", &r.snapshot_path)] {
+        if let Some(p) = p {
+            out.push_str(&format!("  {what}: {}\n", p.display()));
+        }
+    }
+    out
 }
 
 fn render_leaks(r: &LeakReport) -> String {

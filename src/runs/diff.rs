@@ -255,7 +255,7 @@ fn signed(delta: i64) -> String {
 }
 
 /// Parses a threshold: `5%`, `5` (percent) or `0.5%`.
-pub fn parse_percent(text: &str) -> std::result::Result<f64, String> {
+pub(crate) fn parse_percent(text: &str) -> std::result::Result<f64, String> {
     let t = text.trim();
     let number = t.strip_suffix('%').unwrap_or(t).trim();
     match number.parse::<f64>() {

@@ -21,7 +21,8 @@ pub(crate) mod html;
 mod naming;
 pub(crate) mod schema;
 
-pub use naming::{check_label, names};
+pub(crate) use naming::check_label;
+pub use naming::names;
 
 pub use schema::{
     EpochRow, EstimateRow, IdleRow, LayerRow, LeakRow, MetaRow, ParameterRow, PlanRow, ReplayRow,

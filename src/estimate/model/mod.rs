@@ -15,6 +15,7 @@ mod dry_run;
 mod exported;
 mod fit;
 mod input_words;
+mod plan;
 mod script;
 mod steps;
 use super::compare::Comparison;

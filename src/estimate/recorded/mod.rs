@@ -78,7 +78,7 @@ pub struct RecordedEvent {
 
 /// The largest file [`Recording::read`] takes: 2 GiB (a snapshot of a million events
 /// with Python stacks is a few hundred MB).
-pub const MAX_FILE_BYTES: u64 = 2 << 30;
+pub(crate) const MAX_FILE_BYTES: u64 = 2 << 30;
 
 /// A [`RecordedEvent`] without a site.
 pub const NO_SITE: u32 = u32::MAX;
@@ -328,7 +328,7 @@ impl Recording {
     }
 
     /// A file: a snapshot pickle (the history of `device`), gzipped or not, or the compact
-    /// CSV (`.csv`). A file over [`MAX_FILE_BYTES`] (or gzipped to more) is refused: its
+    /// CSV (`.csv`). A file over 2 GiB (or gzipped to more) is refused: its
     /// objects take a few times its size in memory. A pickle is read as it comes, so its
     /// bytes are never held whole beside them.
     pub fn read(path: &Path, device: usize) -> Result<Recording> {

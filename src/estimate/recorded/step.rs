@@ -22,7 +22,7 @@ use crate::timeline::StepProfile;
 impl Recording {
     /// The run replayed under `config` as one step of the step timeline (see the
     /// module's docs), titled by the caller when its files are written
-    /// ([`StepProfile::write_files`]).
+    /// ([`write_step_files`](crate::report::write_step_files)).
     pub fn step(&self, config: &AllocatorConfig) -> Result<StepProfile> {
         let unnamed = ffi::intern("alloc")?;
         let mut ids: HashMap<u32, i32> = HashMap::new();

@@ -4,11 +4,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::cli::text::commands::diff_text;
+use crate::runs::diff;
 use clap::Args;
-use tch_memprof::report::commands::diff_text;
-use tch_memprof::runs::diff;
 
-use crate::run_args::{apply_labels, open, parse_label};
+use crate::cli::run_args::{apply_labels, open, parse_label};
 
 /// Arguments of `tch-memprof diff`.
 #[derive(Args, Debug)]

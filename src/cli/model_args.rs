@@ -3,9 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::cli::text::estimate_text::cpu_device_line;
+use crate::estimate::{gpu_memory, Gpu, Input, Model};
+use crate::models;
 use clap::Args;
-use tch_memprof::estimate::{gpu_memory, Gpu, Input, Model};
-use tch_memprof::models;
 
 /// The model of `estimate` and `plan`: a file or a built-in, and its inputs.
 #[derive(Args, Debug)]
@@ -104,7 +105,7 @@ pub(crate) fn load_model(
         (Some(p), _) => {
             let m = Model::from_file(p).map_err(|e| e.to_string())?;
             // At once, before the dry run: the file will not run on a GPU as it is.
-            if let Some(line) = m.cpu_device_line() {
+            if let Some(line) = cpu_device_line(&m) {
                 eprintln!("{line}");
             }
             if m.exported_inputs().is_none() && inputs.is_empty() {

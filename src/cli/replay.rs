@@ -7,15 +7,16 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::cli::text::commands::ReplayOutput;
+use crate::cli::text::estimate_text::csv_to_stdout;
+use crate::cli::text::replay_text::cheapest_fit;
+use crate::estimate::recorded::Recording;
+use crate::estimate::{gpu_memory, AllocatorConfig};
+use crate::runs::ReplayRow;
 use clap::Args;
-use tch_memprof::estimate::recorded::Recording;
-use tch_memprof::estimate::{gpu_memory, AllocatorConfig};
-use tch_memprof::report::commands::ReplayOutput;
-use tch_memprof::report::estimate_text::csv_to_stdout;
-use tch_memprof::report::replay_text::cheapest_fit;
-use tch_memprof::runs::ReplayRow;
 
-use crate::fail;
+use crate::cli::fail;
+use crate::report::write_step_files;
 
 /// What-ifs tried when `--alloc-conf` names none.
 const DEFAULT_WHAT_IFS: [&str; 2] = ["expandable_segments:True", "max_split_size_mb:128"];
@@ -63,7 +64,7 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
 
 /// The command, its bad input as the error.
 fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    let mut progress = crate::progress::Progress::new("replay");
+    let mut progress = crate::cli::progress::Progress::new("replay");
     let recording = Recording::read_with_progress(&a.snapshot, a.device, &mut |read, size| {
         progress.say(&format!(
             "reading {:.0}/{:.0} MB",
@@ -92,7 +93,7 @@ fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if let Some(dir) = &a.output_dir {
         let written = recording.step(&own_config).and_then(|step| {
             let title = format!("{} (recorded)", a.snapshot.display());
-            step.write_files(dir, &title)
+            write_step_files(&step, dir, &title)
         });
         // Standard output stays CSV with --csv.
         for f in written? {

@@ -7,8 +7,9 @@ use std::process::ExitCode;
 use clap::Args;
 use tch::Device;
 
-use crate::fail;
-use crate::model_args::parse_inputs;
+use crate::cli::fail;
+use crate::cli::model_args::parse_inputs;
+use crate::cli::text::estimate_text::cpu_device_line;
 
 /// Arguments of `tch-memprof profile`.
 #[derive(Args, Debug)]
@@ -54,24 +55,25 @@ fn profile(a: &ProfileArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             return Err(format!("device {} is not available here", a.device).into());
         }
     }
-    if tch_memprof::estimate::is_exported_program(&a.path) {
+    if crate::estimate::is_exported_program(&a.path) {
         // The program's own input shapes and dtypes where --input leaves them out.
-        let m = tch_memprof::estimate::Model::exported(&a.path)?;
-        crate::model_args::program_inputs(&a.path, &m, &mut inputs, &a.inputs)?;
+        let m = crate::estimate::Model::exported(&a.path)?;
+        crate::cli::model_args::program_inputs(&a.path, &m, &mut inputs, &a.inputs)?;
     } else if inputs.is_empty() {
-        let m = tch_memprof::estimate::Model::from_file(&a.path)?;
-        return Err(crate::model_args::missing_input(&a.path, &m).into());
+        let m = crate::estimate::Model::from_file(&a.path)?;
+        return Err(crate::cli::model_args::missing_input(&a.path, &m).into());
     }
-    let step = tch_memprof::profile_file(&a.path, &inputs, a.train, device, &a.output_dir)
-        .inspect_err(|_| {
+    let step = crate::profile_file(&a.path, &inputs, a.train, device, &a.output_dir).inspect_err(
+        |_| {
             // A TorchScript file traced on the CPU stops on a GPU: say why first.
             if matches!(device, Device::Cuda(_)) {
-                let m = tch_memprof::estimate::Model::from_file(&a.path).ok();
-                if let Some(line) = m.and_then(|m| m.cpu_device_line()) {
+                let m = crate::estimate::Model::from_file(&a.path).ok();
+                if let Some(line) = m.and_then(|m| cpu_device_line(&m)) {
                     eprintln!("{line}");
                 }
             }
-        })?;
+        },
+    )?;
     for f in &step.files {
         println!("wrote {}", f.display());
     }

@@ -31,6 +31,7 @@ mod progress;
 mod replay;
 mod report;
 mod run_args;
+pub(crate) mod text;
 
 use std::process::ExitCode;
 
@@ -81,7 +82,8 @@ enum Command {
     Replay(replay::ReplayArgs),
 }
 
-fn main() -> ExitCode {
+/// The command: parses the arguments, runs the subcommand, and says how it ended.
+pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if let Some(msg) = spaced_size(&args) {
         return fail(msg);
@@ -159,7 +161,7 @@ fn argument_error(e: &clap::Error, args: &[String]) -> ExitCode {
             "{}: which model? A file (a TorchScript .pt or an exported .pt2) or --model NAME \
              (built in: {})",
             sub.trim(),
-            tch_memprof::models::BUILTIN.join(", ")
+            crate::models::BUILTIN.join(", ")
         ));
     }
     fail(format!(

@@ -4,18 +4,17 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use crate::cli::text::commands::{plan_recorded_text, plan_text, Budget};
+use crate::cli::text::estimate_text::csv_to_stdout;
+use crate::cli::text::replay_text;
+use crate::estimate::recorded::{Peaks, Recording};
+use crate::estimate::{allocator_candidates, parse_autocast, AllocatorConfig, Optimizer, Options};
+use crate::runs::ReplayRow;
 use clap::Args;
-use tch_memprof::estimate::recorded::{Peaks, Recording};
-use tch_memprof::estimate::{
-    allocator_candidates, parse_autocast, AllocatorConfig, Optimizer, Options,
-};
-use tch_memprof::report::commands::{plan_recorded_text, plan_text, Budget};
-use tch_memprof::report::estimate_text::csv_to_stdout;
-use tch_memprof::report::replay_text;
-use tch_memprof::runs::ReplayRow;
 
-use crate::fail;
-use crate::model_args::{gpu_and_memory, ModelArgs};
+use crate::cli::fail;
+use crate::cli::model_args::{gpu_and_memory, ModelArgs};
+use crate::cli::text::estimate_text::{nothing_fits, plan_rows, skipped_lines};
 
 /// What plan's model file may also be.
 const PATH_HELP: &str = "A model file: an exported program (.pt2, from torch.export.save) or \
@@ -89,7 +88,7 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         autocast,
         ..Options::default()
     };
-    let mut progress = crate::progress::Progress::new("tch-memprof plan");
+    let mut progress = crate::cli::progress::Progress::new("tch-memprof plan");
     let plans = model.plan_with_progress(&inputs, optimizer, &options, memory, &mut |n| {
         progress.say(&format!("searching, {n} dry run(s)"))
     });
@@ -97,10 +96,10 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let plans = plans?;
     let label = model.label().to_string();
     if a.csv {
-        csv_to_stdout(plans.csv_rows(&label))
+        csv_to_stdout(plan_rows(&plans, &label))
             .map_err(|e| format!("writing CSV to standard output: {e}"))?;
         if plans.fits.is_empty() {
-            if let Some(line) = plans.nothing_fits() {
+            if let Some(line) = nothing_fits(&plans) {
                 eprintln!("tch-memprof: {line}");
             }
             return Ok(ExitCode::from(1));
@@ -113,7 +112,7 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     };
     print!("{}", plan_text(&label, &options, budget, &plans));
     if a.verbose {
-        for line in plans.skipped_lines() {
+        for line in skipped_lines(&plans) {
             println!("{line}");
         }
     }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::run_args::{apply_labels, open, parse_label};
+use crate::cli::run_args::{apply_labels, open, parse_label};
 
 /// Arguments of `tch-memprof report`.
 #[derive(Args, Debug)]
@@ -37,7 +37,7 @@ pub fn run(args: &ReportArgs) -> ExitCode {
     if let Err(code) = apply_labels(&mut runs, &args.labels) {
         return code;
     }
-    let bytes = match tch_memprof::report::html_page::write_page(&runs, output) {
+    let bytes = match crate::report::html_page::write_page(&runs, output) {
         Ok(n) => n,
         Err(e) => {
             eprintln!("tch-memprof: cannot write {e}");

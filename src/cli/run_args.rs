@@ -4,11 +4,11 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use tch_memprof::runs::Run;
+use crate::runs::Run;
 
 /// A label: one line, no control characters.
 pub fn parse_label(text: &str) -> Result<String, String> {
-    tch_memprof::runs::check_label(text)
+    crate::runs::check_label(text)
         .map(|()| text.to_string())
         .map_err(|why| format!("the label {text:?} {why}"))
 }

@@ -3,16 +3,18 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Args;
-use tch_memprof::estimate::recorded::Recording;
-use tch_memprof::estimate::{
+use crate::cli::text::commands::{Budget, EstimateOutput};
+use crate::cli::text::estimate_text::csv_to_stdout;
+use crate::estimate::recorded::Recording;
+use crate::estimate::{
     parse_autocast, AllocatorConfig, Attention, Input, Mode, Optimizer, Options,
 };
-use tch_memprof::report::commands::{Budget, EstimateOutput};
-use tch_memprof::report::estimate_text::csv_to_stdout;
+use clap::Args;
 
-use crate::fail;
-use crate::model_args::{gpu_and_memory, ModelArgs};
+use crate::cli::fail;
+use crate::cli::model_args::{gpu_and_memory, ModelArgs};
+use crate::cli::text::estimate_text::{estimate_row, fit_thin_margin_line};
+use crate::report::write_step_files;
 
 /// Arguments of `tch-memprof estimate`.
 #[derive(Args, Debug)]
@@ -59,7 +61,7 @@ pub struct EstimateArgs {
     autocast: Option<String>,
     /// Activation checkpointing (with --train): every K-th segment of the model's chain
     /// (embedding or stem, blocks, head) recomputed in backward as
-    /// tch_memprof::Checkpointed runs it, the others kept; 1 checkpoints every segment
+    /// crate::Checkpointed runs it, the others kept; 1 checkpoints every segment
     /// but the last. Built-in transformers and ResNets.
     #[arg(long, value_name = "K")]
     checkpoint: Option<u32>,
@@ -142,7 +144,7 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     } else {
         a.batch_sizes.clone()
     };
-    let at_batch = |b: i64| move |e: tch_memprof::Error| format!("at batch {b}: {e}");
+    let at_batch = |b: i64| move |e: crate::Error| format!("at batch {b}: {e}");
     let mut rows = Vec::new();
     for &b in &batches {
         let xs: Vec<Input> = inputs.iter().map(|i| i.with_batch(b)).collect();
@@ -168,7 +170,7 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         };
         let title = format!("{label} {} (predicted), batch {}", mode.label(), e.batch);
         // Standard output stays CSV with --csv.
-        for f in step.write_files(dir, &title)? {
+        for f in write_step_files(step, dir, &title)? {
             eprintln!("wrote {}", f.display());
         }
     }
@@ -196,7 +198,7 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         if let Some(f) = fit.as_ref().filter(|f| f.program_limited()) {
             eprintln!("warning: {f}");
         }
-        if let Some(line) = fit.as_ref().and_then(|f| f.thin_margin_line()) {
+        if let Some(line) = fit.as_ref().and_then(fit_thin_margin_line) {
             eprintln!("{line}");
         }
         let largest = fit
@@ -205,8 +207,8 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             .and_then(|f| f.fits.clone());
         let csv_rows = rows
             .iter()
-            .map(|e| e.csv_row(&label, false))
-            .chain(largest.iter().map(|e| e.csv_row(&label, true)));
+            .map(|e| estimate_row(e, &label, false))
+            .chain(largest.iter().map(|e| estimate_row(e, &label, true)));
         csv_to_stdout(csv_rows).map_err(|e| format!("writing CSV to standard output: {e}"))?;
         return Ok(ExitCode::SUCCESS);
     }

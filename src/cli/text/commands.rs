@@ -7,7 +7,14 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::estimate_text::{anatomy, budget_line, peak_lines_with, table};
+use super::estimate_text::{
+    describe_options, fit_thin_margin_line, host_memory_line, jit_fallback_line,
+    kernel_workspace_line,
+};
 use super::replay_text;
+use super::replay_text::{
+    comparison_text, failing_request_line, fragmentation_line, peak_table, split_segments,
+};
 use crate::estimate::recorded::{Action, Peaks, RecordedRun, Recording};
 use crate::estimate::{
     AllocatorConfig, Comparison, Estimate, Fit, Mode, Options, Plans, EAGER_ABOVE, NOT_MODELLED,
@@ -61,7 +68,7 @@ impl EstimateOutput<'_> {
             out,
             "tch-memprof estimate: {}, {}",
             self.label,
-            self.options.describe(self.mode)
+            describe_options(self.options, self.mode)
         );
         let _ = writeln!(out, "{}", table(rows, self.budget.map(|b| b.bytes)));
         // The answer first: the budget and the largest batch under the table, then where
@@ -71,7 +78,7 @@ impl EstimateOutput<'_> {
         }
         if let Some(f) = self.fit {
             let _ = writeln!(out, "{f}");
-            if let Some(line) = f.thin_margin_line() {
+            if let Some(line) = fit_thin_margin_line(f) {
                 let _ = writeln!(out, "{line}");
             }
         }
@@ -100,7 +107,7 @@ impl EstimateOutput<'_> {
         for line in self.fallback_warnings() {
             let _ = writeln!(out, "{line}");
         }
-        if let Some(line) = rows.last().and_then(Estimate::kernel_workspace_line) {
+        if let Some(line) = rows.last().and_then(kernel_workspace_line) {
             let _ = writeln!(out, "{line}");
         }
         let _ = writeln!(out, "Not modelled (a CUDA run may add):");
@@ -110,12 +117,12 @@ impl EstimateOutput<'_> {
         if self.pytorch_file {
             let _ = writeln!(out, "- {}", eager_line());
         }
-        if let Some(line) = rows.last().and_then(Estimate::host_memory_line) {
+        if let Some(line) = rows.last().and_then(host_memory_line) {
             let _ = writeln!(out, "{line}");
         }
         if let Some((path, c)) = self.compared {
             let _ = writeln!(out, "Compared with {}:", path.display());
-            out.push_str(&c.text(self.top.max(1)));
+            out.push_str(&comparison_text(c, self.top.max(1)));
         }
         out
     }
@@ -126,7 +133,7 @@ impl EstimateOutput<'_> {
         self.rows
             .iter()
             .filter(|e| e.jit_fallback.is_some())
-            .map(|e| format!("warning: at batch {}: {}", e.batch, e.jit_fallback_line()))
+            .map(|e| format!("warning: at batch {}: {}", e.batch, jit_fallback_line(e)))
             .collect()
     }
 }
@@ -155,7 +162,7 @@ pub fn plan_text(label: &str, options: &Options, budget: Budget<'_>, plans: &Pla
         "tch-memprof plan: {label}, training with {} at batch {}, {}",
         optimizer.name(),
         plans.batch,
-        options.describe(Mode::Train(optimizer))
+        describe_options(options, Mode::Train(optimizer))
     );
     let _ = writeln!(out, "{}", budget_line(budget.bytes, budget.spec));
     let _ = write!(out, "{plans}");
@@ -271,13 +278,13 @@ impl ReplayOutput<'_> {
         if let Some(b) = self.budget {
             let _ = writeln!(out, "{}", replay_text::cheapest_fit(&replays, b).1);
         }
-        if let Some(line) = first.fragmentation_line() {
+        if let Some(line) = fragmentation_line(first) {
             let _ = writeln!(out, "{line}");
         }
         if let Some(view) = recording.at_reserved_peak(self.own_config) {
             let _ = writeln!(out, "the segments then, by size:");
-            let _ = writeln!(out, "{}", view.table());
-            let split = view.split_segments(&recording.sites, self.top);
+            let _ = writeln!(out, "{}", peak_table(&view));
+            let split = split_segments(&view, &recording.sites, self.top);
             if !split.is_empty() {
                 let _ = writeln!(
                     out,
@@ -287,7 +294,7 @@ impl ReplayOutput<'_> {
             for line in split {
                 let _ = writeln!(out, "- {line}");
             }
-            let _ = writeln!(out, "{}", view.failing_request_line());
+            let _ = writeln!(out, "{}", failing_request_line(&view));
         }
         if first.replayed.reserved == recorded.reserved {
             let _ = writeln!(
