@@ -102,9 +102,7 @@ pub struct IterationStats {
     /// CUDA: peak reserved during the iteration. CPU: the process's peak resident
     /// memory since it started (VmHWM).
     pub peak_reserved_bytes: u64,
-    /// Every VarStore variable: trainable parameters and buffers, by name. Shared
-    /// between the iterations it stays the same for (built again only when a variable
-    /// or a gradient block changed), so keeping or cloning stats costs no copy.
+    /// Bytes of every VarStore variable: trainable parameters and buffers.
     pub weights_bytes: u64,
     /// The buffers among `weights_bytes`.
     pub buffers_bytes: u64,
@@ -135,7 +133,9 @@ pub struct IterationStats {
     pub other_bytes: u64,
     /// Backward passes seen in this iteration.
     pub backward_passes: u64,
-    /// Every variable, in VarStore order of names.
+    /// Every variable, in VarStore order of names. Shared between the iterations it
+    /// stays the same for (built again only when a variable or a gradient block
+    /// changed), so keeping or cloning stats costs no copy.
     pub variables: VariableList,
     /// CUDA caching-allocator statistics of the profiled device, on CUDA runs.
     pub cuda: Option<CudaStats>,

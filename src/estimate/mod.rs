@@ -18,17 +18,13 @@
 //! - **cuDNN convolution workspaces** (measured, else on the safe side): cuDNN's
 //!   heuristics choose a convolution's execution plan at run time and PyTorch allocates
 //!   its workspace for the span of the call. On a GPU of compute capability 9.0 with 132
-//!   multiprocessors (the H200, the H100 SXM), a call an NVIDIA H200 ran in the 9 real
-//!   models whose convolutions were measured is charged what it took (a backward call's
-//!   as the most it held at once). Any other call, and every call on another GPU, is
-//!   charged the larger plausible workspace those 1,244 calls give: forward, its input, weight and output
-//!   together (none for a depthwise one, a 1x1 stride-1 one on at least 14x14
-//!   positions, or a float32 image stem of 3 channels whose kernel is at most 4 or its
-//!   stride); backward, 1.5 times its output gradient, input and weight (none for a
-//!   depthwise one in the NCHW layout, or a float32 3x3 image stem). Where a workspace
-//!   is not known request by request, the peak reserved is the largest of the replays
-//!   with them as charged, without them, and with every backward's at the larger
-//!   plausible size. Other kernels' workspaces: see [`Estimate::not_modelled`].
+//!   multiprocessors (the H200, the H100 SXM), a call measured on an H200 is charged
+//!   what it took; any other call, and every call on another GPU, the larger plausible
+//!   workspace the measured calls give. Where a workspace is not known request by
+//!   request, the peak reserved is the largest of the replays with them as charged,
+//!   without them, and at the larger plausible size. docs/estimate.md says which models
+//!   and calls were measured and the rule for the rest. Other kernels' workspaces: see
+//!   [`Estimate::not_modelled`].
 //! - **The CUDA context** (stated apart): the driver's and libraries' own memory, which
 //!   `nvidia-smi` shows on top of reserved; never part of PyTorch's numbers.
 //!
