@@ -696,3 +696,70 @@ open(sys.argv[4], "wb").write(pickle.dumps(d))
         "{sited} of {allocs} allocations sited at train.py's forward"
     );
 }
+
+/// `event` on `stream`.
+fn event_on(action: &str, addr: u64, size: u64, stream: i64) -> V {
+    let V::Dict(mut d) = event(action, addr, size, vec![]) else {
+        unreachable!()
+    };
+    d.insert(K::String("stream".into()), V::I64(stream));
+    V::Dict(d)
+}
+
+#[test]
+fn a_history_on_two_streams_is_marked_in_replay_and_plan() {
+    // Stream 1 frees its 20 MiB block; stream 2 asks for 20 MiB. PyTorch keeps the
+    // freed block for stream 1, so the run made a second segment (recorded: 40 MiB
+    // reserved); one pool for both would reuse the first (20 MiB).
+    let (a, b) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64);
+    let trace = vec![
+        event_on("segment_alloc", a, 20 * MIB, 1),
+        event_on("alloc", a, 20 * MIB, 1),
+        event_on("free_requested", a, 20 * MIB, 1),
+        event_on("free_completed", a, 20 * MIB, 1),
+        event_on("segment_alloc", b, 20 * MIB, 2),
+        event_on("alloc", b, 20 * MIB, 2),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("two_streams.pickle");
+    write_snapshot(&file, trace, None);
+    let recording = Recording::read(&file, 0).unwrap();
+    assert_eq!(recording.streams(), 2);
+    let run = recording.replay(&AllocatorConfig::default());
+    assert_eq!(run.recorded.reserved, 40 * MIB);
+    assert_eq!(run.streams, 2);
+    let warning = "the history asks for blocks on 2 CUDA streams";
+    let trust = "Trust the recorded peak reserved (40.00 MiB)";
+    let out = cli(&["replay", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    assert!(
+        printed.contains(warning) && printed.contains(trust),
+        "{printed}"
+    );
+    let out = cli(&["replay", file.to_str().unwrap(), "--csv"]);
+    assert!(text(&out.stderr).contains(warning), "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).contains(warning));
+    let out = cli(&["plan", file.to_str().unwrap(), "--memory", "1GiB"]);
+    let printed = text(&out.stdout);
+    assert!(
+        printed.contains(warning) && printed.contains(trust),
+        "{printed}"
+    );
+    // One stream: no warning.
+    let one = dir.path().join("one_stream.pickle");
+    write_snapshot(
+        &one,
+        vec![
+            event_on("segment_alloc", a, 20 * MIB, 1),
+            event_on("alloc", a, 20 * MIB, 1),
+        ],
+        None,
+    );
+    let out = cli(&["replay", one.to_str().unwrap()]);
+    assert!(
+        !text(&out.stdout).contains("CUDA streams"),
+        "{}",
+        text(&out.stdout)
+    );
+}

@@ -173,6 +173,10 @@ fn plan_recorded(
             .iter()
             .map(|(conf, p)| ReplayRow::new(conf, p.allocated, p.reserved, Some(memory)));
         csv_to_stdout(rows).map_err(|e| format!("writing CSV to standard output: {e}"))?;
+        let recorded = recording.recorded_peaks().reserved;
+        if let Some(line) = replay_text::streams_line(recording.streams(), recorded) {
+            eprintln!("tch-memprof: {line}");
+        }
     } else {
         let budget = Budget {
             bytes: memory,
@@ -181,7 +185,7 @@ fn plan_recorded(
         let recorded = recording.recorded_peaks();
         print!(
             "{}",
-            plan_recorded_text(path, &own, budget, recorded, &rows)
+            plan_recorded_text(path, &own, budget, recorded, recording.streams(), &rows)
         );
     }
     Ok(if fits.is_some() {

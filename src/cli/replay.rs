@@ -128,6 +128,7 @@ fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     } else {
         ExitCode::SUCCESS
     };
+    let streams = rows.first().map_or(1, |(_, run)| run.streams);
     if a.csv {
         let rows = std::iter::once(ReplayRow::new(
             "recorded",
@@ -140,6 +141,10 @@ fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }));
         csv_to_stdout(rows).map_err(|e| format!("writing CSV to standard output: {e}"))?;
         if let Some(line) = nothing_fits {
+            eprintln!("tch-memprof: {line}");
+        }
+        if let Some(line) = crate::cli::text::replay_text::streams_line(streams, recorded.reserved)
+        {
             eprintln!("tch-memprof: {line}");
         }
         return Ok(status);

@@ -185,6 +185,7 @@ mod tests {
                     addr: 4096 * (i as u64 + 1),
                     size: *s,
                     site: NO_SITE,
+                    stream: 0,
                 })
                 .collect(),
             ..Recording::default()

@@ -177,6 +177,7 @@ pub fn plan_recorded_text(
     own: &str,
     budget: Budget<'_>,
     recorded: Peaks,
+    streams: usize,
     rows: &[(String, Peaks)],
 ) -> String {
     let mut out = String::new();
@@ -193,6 +194,9 @@ pub fn plan_recorded_text(
         replay_text::table(recorded, rows, Some(budget.bytes))
     );
     let _ = writeln!(out, "{}", replay_text::cheapest_fit(rows, budget.bytes).1);
+    if let Some(line) = replay_text::streams_line(streams, recorded.reserved) {
+        let _ = writeln!(out, "{line}");
+    }
     out
 }
 
@@ -257,6 +261,9 @@ impl ReplayOutput<'_> {
                  the recorded part",
                 first.unknown_frees
             );
+        }
+        if let Some(line) = replay_text::streams_line(first.streams, recorded.reserved) {
+            let _ = writeln!(out, "{line}");
         }
         let replays: Vec<(String, Peaks)> = self
             .runs

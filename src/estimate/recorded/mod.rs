@@ -74,6 +74,8 @@ pub struct RecordedEvent {
     /// Where the block was asked for: an index into [`Recording::sites`], or
     /// [`NO_SITE`] where the history kept no frames.
     pub site: u32,
+    /// The CUDA stream it was asked on (the history's `stream`; 0 where it has none).
+    pub stream: u64,
 }
 
 /// The largest file [`Recording::read`] takes: 2 GiB (a snapshot of a million events
@@ -125,6 +127,10 @@ pub struct RecordedRun {
     /// The replay's pools when its reserved bytes first reached their peak, and the
     /// request (bytes asked for) that made the last segment then.
     pub at_reserved_peak: Option<(PoolState, u64)>,
+    /// The CUDA streams the history asked for blocks on ([`Recording::streams`]). Over
+    /// 1, the replayed peaks are of one stream's pool and can be under what the run
+    /// needed (its recorded peak reserved is the run's own).
+    pub streams: usize,
 }
 
 impl Recording {
@@ -145,6 +151,7 @@ impl Recording {
         };
         let (action, addr, size) = (col("action")?, col("addr")?, col("size")?);
         let frame = headers.iter().position(|h| h == "frame");
+        let stream = headers.iter().position(|h| h == "stream");
         let mut sites = Sites::default();
         let mut events = Vec::new();
         for (i, row) in reader.records().enumerate() {
@@ -165,6 +172,10 @@ impl Recording {
                     .and_then(|f| row.get(f))
                     .filter(|f| !f.is_empty())
                     .map_or(NO_SITE, |f| sites.id(f)),
+                stream: match stream.and_then(|s| row.get(s)).filter(|s| !s.is_empty()) {
+                    Some(_) => number(stream.unwrap_or(0), "stream")?,
+                    None => 0,
+                },
             });
         }
         Ok(Recording {
@@ -231,11 +242,13 @@ impl Recording {
                     .map_or(NO_SITE, |f| sites.id(&f)),
                 _ => NO_SITE,
             };
+            let stream = p.get(e, "stream").and_then(number).unwrap_or(0);
             events.push(RecordedEvent {
                 action,
                 addr,
                 size,
                 site,
+                stream,
             });
         }
         // Segments made before the history began: seeded from the snapshot's end state,
@@ -265,11 +278,13 @@ impl Recording {
                 continue;
             }
             segments_before += 1;
+            let stream = p.get(segment, "stream").and_then(number).unwrap_or(0);
             seed.push(RecordedEvent {
                 action: Action::SegmentAlloc,
                 addr,
                 size: total,
                 site: NO_SITE,
+                stream,
             });
             let mut live: Vec<(u64, u64, u32)> = p
                 .get(segment, "blocks")
@@ -302,6 +317,7 @@ impl Recording {
                         addr,
                         size,
                         site: NO_SITE,
+                        stream,
                     });
                 }
             }
@@ -310,6 +326,7 @@ impl Recording {
                 addr,
                 size,
                 site,
+                stream,
             }));
         }
         seed.extend(events);
@@ -462,6 +479,20 @@ impl Recording {
             .collect()
     }
 
+    /// The CUDA streams blocks were asked on (1 for a history of one stream, or one
+    /// without streams). The replay keeps one pool for them all, where PyTorch keeps a
+    /// block freed on a stream for that stream: a history of several is replayed under
+    /// what it needs ([`RecordedRun::streams`]).
+    pub fn streams(&self) -> usize {
+        let streams: std::collections::HashSet<u64> = self
+            .events
+            .iter()
+            .filter(|e| e.action == Action::Alloc)
+            .map(|e| e.stream)
+            .collect();
+        streams.len().max(1)
+    }
+
     /// Replays the history under `config`.
     pub fn replay(&self, config: &AllocatorConfig) -> RecordedRun {
         let options = Options {
@@ -479,6 +510,7 @@ impl Recording {
             unknown_frees: device.unknown_frees,
             complete: device.unknown_frees == 0,
             at_reserved_peak: device.at_reserved_peak,
+            streams: self.streams(),
         }
     }
 }

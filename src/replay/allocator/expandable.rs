@@ -25,8 +25,14 @@ impl CachingAllocator {
 
     /// `find_expandable_block`: the lowest-address run of free and unmapped
     /// blocks that can hold `size`, or a new segment.
-    pub(super) fn find_expandable_block(&mut self, kind: PoolKind, size: u64) -> u64 {
-        let unmapped: Vec<u64> = self.pool(kind).unmapped.iter().copied().collect();
+    pub(super) fn find_expandable_block(&mut self, kind: PoolKind, size: u64, stream: u64) -> u64 {
+        // The stream's own segments: one expandable segment per stream.
+        let unmapped: Vec<u64> = self
+            .pool(kind)
+            .unmapped
+            .range((stream, 0)..=(stream, u64::MAX))
+            .map(|&(_, addr)| addr)
+            .collect();
         for u in unmapped {
             let mut c = u;
             let prev = self.block(u).prev;
@@ -56,9 +62,10 @@ impl CachingAllocator {
                 next: None,
                 pool: kind,
                 expandable: Some(base),
+                stream,
             },
         );
-        self.pool_mut(kind).unmapped.insert(base);
+        self.pool_mut(kind).unmapped.insert((stream, base));
         base
     }
 
@@ -66,7 +73,7 @@ impl CachingAllocator {
     /// `to_map` with whole pages, merges it with free neighbours and puts it
     /// in the free set.  Returns its address after merging.
     pub(super) fn map_block(&mut self, to_map: u64, size: u64) -> u64 {
-        let (base, block_size, next, kind) = {
+        let (base, block_size, next, kind, stream) = {
             let b = self.block(to_map);
             debug_assert!(!b.mapped && size <= b.size);
             (
@@ -74,13 +81,14 @@ impl CachingAllocator {
                 b.size,
                 b.next,
                 b.pool,
+                b.stream,
             )
         };
         let page = self.expandable_segments[&base].page;
         // Unmapped blocks start on a page boundary.
         let mapped = size.div_ceil(page) * page;
         debug_assert!(mapped <= block_size);
-        self.pool_mut(kind).unmapped.remove(&to_map);
+        self.pool_mut(kind).unmapped.remove(&(stream, to_map));
         self.block_mut(to_map).mapped = true;
         if mapped < block_size {
             let rest = to_map + mapped;
@@ -98,9 +106,10 @@ impl CachingAllocator {
                     next,
                     pool: kind,
                     expandable: Some(base),
+                    stream,
                 },
             );
-            self.pool_mut(kind).unmapped.insert(rest);
+            self.pool_mut(kind).unmapped.insert((stream, rest));
             let b = self.block_mut(to_map);
             b.size = mapped;
             b.next = Some(rest);
@@ -113,7 +122,7 @@ impl CachingAllocator {
             dst = self.try_merge_blocks(dst, n);
         }
         let merged = self.block(dst).size;
-        self.pool_mut(kind).free.insert((merged, dst));
+        self.pool_mut(kind).free.insert((stream, merged, dst));
         self.add_reserved(mapped);
         dst
     }
@@ -121,10 +130,18 @@ impl CachingAllocator {
     /// `try_allocate_expandable_block`: maps enough pages for `size` at the
     /// lowest possible address and returns the free block that now holds at
     /// least `size` bytes (taken out of the free set).
-    pub(super) fn try_allocate_expandable_block(&mut self, kind: PoolKind, size: u64) -> u64 {
-        let mut candidate = self.find_expandable_block(kind, size);
+    pub(super) fn try_allocate_expandable_block(
+        &mut self,
+        kind: PoolKind,
+        size: u64,
+        stream: u64,
+    ) -> Option<u64> {
+        let mut candidate = self.find_expandable_block(kind, size, stream);
         if !self.block(candidate).mapped {
             let to_map = self.block(candidate).size.min(size);
+            if self.over_limit(self.pages_of(candidate, to_map)) {
+                return None;
+            }
             candidate = self.map_block(candidate, to_map);
         }
         while self.block(candidate).size < size {
@@ -134,17 +151,28 @@ impl CachingAllocator {
                 .next
                 .expect("free block followed by unmapped space");
             let to_map = remaining.min(self.block(next).size);
+            // Pages mapped before stay mapped (free), as in PyTorch.
+            if self.over_limit(self.pages_of(next, to_map)) {
+                return None;
+            }
             candidate = self.map_block(next, to_map);
         }
         let csize = self.block(candidate).size;
-        self.pool_mut(kind).free.remove(&(csize, candidate));
-        candidate
+        self.pool_mut(kind).free.remove(&(stream, csize, candidate));
+        Some(candidate)
+    }
+
+    /// Bytes `map_block(addr, size)` maps: whole pages of the block's segment.
+    fn pages_of(&self, addr: u64, size: u64) -> u64 {
+        let base = self.block(addr).expandable.expect("expandable block");
+        let page = self.expandable_segments[&base].page;
+        size.div_ceil(page) * page
     }
 
     /// `unmap_block`: unmaps the whole pages inside the free block `addr`.
     /// Returns the address of the unmapped block, if any page was unmapped.
     pub(super) fn unmap_block(&mut self, addr: u64) -> Option<u64> {
-        let (size, prev, next, kind, base) = {
+        let (size, prev, next, kind, base, stream) = {
             let b = self.block(addr);
             (
                 b.size,
@@ -152,6 +180,7 @@ impl CachingAllocator {
                 b.next,
                 b.pool,
                 b.expandable.expect("expandable block"),
+                b.stream,
             )
         };
         let page = self.expandable_segments[&base].page;
@@ -162,7 +191,7 @@ impl CachingAllocator {
         }
         let unmapped_addr = base + first_page * page;
         let unmapped_size = (end_page - first_page) * page;
-        self.pool_mut(kind).free.remove(&(size, addr));
+        self.pool_mut(kind).free.remove(&(stream, size, addr));
         self.blocks.remove(&addr);
 
         let before = unmapped_addr - addr;
@@ -177,6 +206,7 @@ impl CachingAllocator {
             next,
             pool: kind,
             expandable: Some(base),
+            stream,
         };
         if before > 0 {
             self.blocks.insert(
@@ -190,9 +220,10 @@ impl CachingAllocator {
                     next: Some(unmapped_addr),
                     pool: kind,
                     expandable: Some(base),
+                    stream,
                 },
             );
-            self.pool_mut(kind).free.insert((before, addr));
+            self.pool_mut(kind).free.insert((stream, before, addr));
             u.prev = Some(addr);
         } else if let Some(p) = prev {
             self.block_mut(p).next = Some(unmapped_addr);
@@ -209,9 +240,10 @@ impl CachingAllocator {
                     next,
                     pool: kind,
                     expandable: Some(base),
+                    stream,
                 },
             );
-            self.pool_mut(kind).free.insert((after, after_addr));
+            self.pool_mut(kind).free.insert((stream, after, after_addr));
             u.next = Some(after_addr);
             if let Some(n) = next {
                 self.block_mut(n).prev = Some(after_addr);
@@ -228,7 +260,7 @@ impl CachingAllocator {
         if let Some(n) = self.block(dst).next {
             dst = self.try_merge_blocks(dst, n);
         }
-        self.pool_mut(kind).unmapped.insert(dst);
+        self.pool_mut(kind).unmapped.insert((stream, dst));
         self.stats.reserved -= unmapped_size;
         Some(dst)
     }
@@ -236,14 +268,14 @@ impl CachingAllocator {
     /// `release_blocks`: frees every unsplit free segment of a pool and unmaps
     /// the free pages of its expandable segments.
     pub(super) fn release_blocks(&mut self, kind: PoolKind) {
-        let free: Vec<(u64, u64)> = self.pool(kind).free.iter().copied().collect();
+        let free: Vec<(u64, u64, u64)> = self.pool(kind).free.iter().copied().collect();
         let mut to_unmap = Vec::new();
-        for (size, addr) in free {
+        for (stream, size, addr) in free {
             let b = self.block(addr);
             if b.expandable.is_some() {
                 to_unmap.push(addr);
             } else if b.prev.is_none() && b.next.is_none() {
-                self.pool_mut(kind).free.remove(&(size, addr));
+                self.pool_mut(kind).free.remove(&(stream, size, addr));
                 self.blocks.remove(&addr);
                 self.stats.reserved -= size;
                 self.stats.segments -= 1;
@@ -253,11 +285,79 @@ impl CachingAllocator {
             if let Some(u) = self.unmap_block(addr) {
                 let b = self.block(u);
                 if b.prev.is_none() && b.next.is_none() {
-                    let base = b.expandable.expect("expandable block");
-                    self.pool_mut(kind).unmapped.remove(&u);
+                    let (base, stream) = (b.expandable.expect("expandable block"), b.stream);
+                    self.pool_mut(kind).unmapped.remove(&(stream, u));
                     self.blocks.remove(&u);
                     self.expandable_segments.remove(&base);
                 }
+            }
+        }
+    }
+
+    /// `release_cached_blocks`: every stream's unsplit free segments released and the
+    /// free pages of expandable segments unmapped, large pool first (`empty_cache`, and
+    /// the last retry of a request before an out-of-memory error).
+    pub(super) fn release_cached_blocks(&mut self) {
+        self.release_blocks(PoolKind::Large);
+        self.release_blocks(PoolKind::Small);
+    }
+
+    /// `release_available_cached_blocks`: with `max_split_size_mb` set, the first retry
+    /// of a request that would exceed the device releases the stream's oversized cached
+    /// blocks (never split, so each is a whole segment): the smallest one that covers
+    /// the request (at least `max_split_size`), or else the largest ones down until
+    /// their sizes add up to it. Whether it released enough.
+    pub(super) fn release_available_cached_blocks(
+        &mut self,
+        kind: PoolKind,
+        size: u64,
+        stream: u64,
+    ) -> bool {
+        let max_split = self.config.max_split_size_bytes();
+        if max_split == u64::MAX {
+            return false;
+        }
+        let key = size.max(max_split);
+        let release = |a: &mut Self, (s, size, addr): (u64, u64, u64)| {
+            a.pool_mut(kind).free.remove(&(s, size, addr));
+            a.blocks.remove(&addr);
+            a.stats.reserved -= size;
+            a.stats.segments -= 1;
+        };
+        let stream_blocks = (stream, 0, 0)..=(stream, u64::MAX, u64::MAX);
+        let first = self
+            .pool(kind)
+            .free
+            .range((stream, key, 0)..=(stream, u64::MAX, u64::MAX))
+            .next()
+            .copied();
+        match first {
+            Some(k) if self.block(k.2).expandable.is_none() => {
+                release(self, k);
+                true
+            }
+            _ => {
+                // Below the key, largest first, while oversized.
+                let candidates: Vec<(u64, u64, u64)> = self
+                    .pool(kind)
+                    .free
+                    .range(stream_blocks)
+                    .rev()
+                    .filter(|k| k.1 < key)
+                    .take_while(|k| k.1 >= max_split)
+                    .copied()
+                    .collect();
+                let mut released = 0u64;
+                for k in candidates {
+                    if released >= key {
+                        break;
+                    }
+                    if self.block(k.2).expandable.is_none() {
+                        release(self, k);
+                        released += k.1;
+                    }
+                }
+                released >= key
             }
         }
     }

@@ -1,4 +1,4 @@
-//! A model of PyTorch's CUDA caching allocator, for one device and one stream.
+//! A model of PyTorch's CUDA caching allocator, for one device and its streams.
 //!
 //! The dry run on libtorch's meta device records the sequence of allocations
 //! and frees of a workload (sizes, order, lifetimes).  [`CachingAllocator`]
@@ -75,14 +75,28 @@
 //!   vetoes apply here too; a vetoed request then grows the segment (or takes
 //!   the free block that borders unmapped space) instead of getting a new
 //!   segment.  `segments` stays 0, as PyTorch's `segment` stat does.
+//! * Streams (`malloc_on`): every block has its segment's stream; both pools
+//!   order free blocks by stream, then size, then address
+//!   (`BlockComparatorSize`), and unmapped ranges by stream, then address
+//!   (`BlockComparatorAddress`); `get_free_block` takes a block of the
+//!   request's stream only, a split's remainder keeps its stream, and each
+//!   stream grows expandable segments of its own (`find_expandable_block`).
+//!   A run on several streams reserves the sum of their high-water marks.
+//!   `empty_cache` releases every stream's cached segments.
+//! * A device limit (`with_device_limit`; none by default): a segment (or
+//!   mapped pages) that would exceed it is retried as `malloc` retries: after
+//!   `release_available_cached_blocks` (with `max_split_size_mb`: the
+//!   stream's smallest oversized cached block that covers the request, or
+//!   its largest ones until they add up to it), then after
+//!   `release_cached_blocks` (every stream's); then refused.
 //!
 //! # What is not modelled
 //!
-//! * More than one stream or device, `record_stream` and its events, CUDA
-//!   graph private pools and `MemPool`s.
-//! * Failure of `cudaMalloc` and everything on the out-of-memory path
-//!   (`release_available_cached_blocks`, the retry after
-//!   `release_cached_blocks`); segments are assumed always to be obtained.
+//! * More than one device, `record_stream` and its events (the replay of a
+//!   history frees a block at `free_completed`), CUDA graph private pools and
+//!   `MemPool`s. The replays of the estimate and of a recorded history still
+//!   run on one stream (a history on several is marked: `RecordedRun::streams`).
+//! * Without a device limit (the default), segments are always obtained.
 //!   `per_process_memory_fraction` and `garbage_collection_threshold`
 //!   (whose collection only runs when a memory fraction is set) are parsed
 //!   and kept but have no effect here.
@@ -211,15 +225,19 @@ struct Block {
     pool: PoolKind,
     /// Base address of the expandable segment the block belongs to.
     expandable: Option<u64>,
+    /// The stream the segment was allocated for: a free block is handed out again on
+    /// that stream only (every block of a segment has the segment's stream).
+    stream: u64,
 }
 
 #[derive(Default)]
 struct Pool {
-    /// Free, mapped blocks ordered like PyTorch's `BlockComparatorSize`
-    /// (one stream: size, then address).
-    free: BTreeSet<(u64, u64)>,
-    /// Unmapped ranges of expandable segments, by address.
-    unmapped: BTreeSet<u64>,
+    /// Free, mapped blocks ordered like PyTorch's `BlockComparatorSize`: stream,
+    /// size, then address.
+    free: BTreeSet<(u64, u64, u64)>,
+    /// Unmapped ranges of expandable segments, as `BlockComparatorAddress` orders
+    /// them: stream, then address.
+    unmapped: BTreeSet<(u64, u64)>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -241,7 +259,13 @@ pub struct CachingAllocator {
     stats: AllocatorStats,
     unknown_frees: u64,
     refused_requests: u64,
+    /// The most it may reserve (the device's memory), if any.
+    limit: Option<u64>,
 }
+
+/// The stream of [`CachingAllocator::malloc`]: the current stream of a run that
+/// allocates on one.
+pub const DEFAULT_STREAM: u64 = 0;
 
 impl CachingAllocator {
     /// An empty allocator (nothing reserved) with the given settings.
@@ -258,7 +282,18 @@ impl CachingAllocator {
             stats: AllocatorStats::default(),
             unknown_frees: 0,
             refused_requests: 0,
+            limit: None,
         }
+    }
+
+    /// The same allocator on a device of `bytes`: a new segment that would take
+    /// reserved over it is retried after releasing cached blocks, as PyTorch's `malloc`
+    /// does before an out-of-memory error ([`CachingAllocator::malloc_on`]). Without
+    /// one (the default) every segment is obtained, and the peaks say how much the run
+    /// needs.
+    pub fn with_device_limit(mut self, bytes: u64) -> Self {
+        self.limit = Some(bytes);
+        self
     }
 
     /// The settings this allocator replays with.
@@ -272,6 +307,18 @@ impl CachingAllocator {
     /// returns a null pointer), returns 0, and a later `free(id)` is accepted
     /// silently.
     pub fn malloc(&mut self, id: u64, bytes: u64) -> u64 {
+        self.malloc_on(id, bytes, DEFAULT_STREAM)
+    }
+
+    /// [`CachingAllocator::malloc`] on `stream`: a free block is reused only by a
+    /// request on the stream its segment was allocated for; a request no free block of
+    /// its stream fits gets a new segment, even where another stream's cached blocks
+    /// would fit it. Under a device limit ([`CachingAllocator::with_device_limit`]) a
+    /// segment that would exceed it is retried as PyTorch's `malloc` retries: after
+    /// releasing oversized cached blocks of the stream (with `max_split_size_mb`), then
+    /// after releasing every stream's cached segments; a request that still does not
+    /// fit is refused ([`CachingAllocator::refused_requests`]) and returns 0.
+    pub fn malloc_on(&mut self, id: u64, bytes: u64, stream: u64) -> u64 {
         if self.live.contains_key(&id) || self.zero_sized.contains(&id) {
             self.free(id);
         }
@@ -289,9 +336,23 @@ impl CachingAllocator {
         } else {
             PoolKind::Large
         };
-        let addr = match self.get_free_block(kind, size) {
+        let addr = match self.get_free_block(kind, size, stream) {
             Some(addr) => addr,
-            None => self.alloc_block(kind, size),
+            None => match self.alloc_block(kind, size, stream).or_else(|| {
+                self.release_available_cached_blocks(kind, size, stream)
+                    .then(|| self.alloc_block(kind, size, stream))
+                    .flatten()
+                    .or_else(|| {
+                        self.release_cached_blocks();
+                        self.alloc_block(kind, size, stream)
+                    })
+            }) {
+                Some(addr) => addr,
+                None => {
+                    self.refused_requests += 1;
+                    return 0;
+                }
+            },
         };
         let split = self.should_split(addr, size);
         let charged = self.alloc_found_block(addr, size, bytes, split);
@@ -330,8 +391,8 @@ impl CachingAllocator {
     /// How the reserved bytes are cut now: what is free inside the segments, by pool,
     /// and the largest free block (a larger request needs a new segment).
     pub fn pools(&self) -> PoolState {
-        let sum = |p: &Pool| p.free.iter().map(|(size, _)| size).sum::<u64>();
-        let largest = |p: &Pool| p.free.iter().next_back().map_or(0, |(size, _)| *size);
+        let sum = |p: &Pool| p.free.iter().map(|(_, size, _)| size).sum::<u64>();
+        let largest = |p: &Pool| p.free.iter().map(|(_, size, _)| *size).max().unwrap_or(0);
         PoolState {
             reserved: self.stats.reserved,
             allocated: self.stats.allocated,
@@ -386,7 +447,8 @@ impl CachingAllocator {
         self.unknown_frees
     }
 
-    /// Requests of 1 EiB or more (PyTorch raises an out-of-memory error).
+    /// Requests of 1 EiB or more, and requests that did not fit under the device limit
+    /// after the retries (PyTorch raises an out-of-memory error).
     pub fn refused_requests(&self) -> u64 {
         self.refused_requests
     }
@@ -403,8 +465,7 @@ impl CachingAllocator {
     /// allocated block; with expandable segments, unmaps every fully free page
     /// and releases segments left with nothing mapped.
     pub fn empty_cache(&mut self) {
-        self.release_blocks(PoolKind::Large);
-        self.release_blocks(PoolKind::Small);
+        self.release_cached_blocks();
     }
 
     // ----- internals, named after DeviceCachingAllocator's methods -----
@@ -452,17 +513,20 @@ impl CachingAllocator {
         }
     }
 
-    fn get_free_block(&mut self, kind: PoolKind, size: u64) -> Option<u64> {
+    fn get_free_block(&mut self, kind: PoolKind, size: u64, stream: u64) -> Option<u64> {
         let expandable_active = self.config.expandable_segments;
-        let (block_size, addr) = {
+        let (_, block_size, addr) = {
             let pool = self.pool(kind);
-            let mut it = pool.free.range((size, 0)..);
+            // The stream's blocks only (`(*it)->stream != p.stream()`: none).
+            let mut it = pool
+                .free
+                .range((stream, size, 0)..=(stream, u64::MAX, u64::MAX));
             let mut cur = *it.next()?;
             if expandable_active {
-                while self.block(cur.1).expandable.is_some() {
+                while self.block(cur.2).expandable.is_some() {
                     match it.next() {
                         Some(&next)
-                            if self.expandable_size(next.1) < self.expandable_size(cur.1) =>
+                            if self.expandable_size(next.2) < self.expandable_size(cur.2) =>
                         {
                             cur = next;
                         }
@@ -483,15 +547,20 @@ impl CachingAllocator {
         {
             return None;
         }
-        self.pool_mut(kind).free.remove(&(block_size, addr));
+        self.pool_mut(kind).free.remove(&(stream, block_size, addr));
         Some(addr)
     }
 
-    fn alloc_block(&mut self, kind: PoolKind, size: u64) -> u64 {
+    /// `alloc_block`: a new segment for `size` on `stream`; `None` where it would take
+    /// reserved over the device limit.
+    fn alloc_block(&mut self, kind: PoolKind, size: u64, stream: u64) -> Option<u64> {
         if self.config.expandable_segments {
-            return self.try_allocate_expandable_block(kind, size);
+            return self.try_allocate_expandable_block(kind, size, stream);
         }
         let alloc_size = self.config.allocation_size(size);
+        if self.over_limit(alloc_size) {
+            return None;
+        }
         let addr = self.bump_address(alloc_size);
         self.blocks.insert(
             addr,
@@ -504,11 +573,18 @@ impl CachingAllocator {
                 next: None,
                 pool: kind,
                 expandable: None,
+                stream,
             },
         );
         self.stats.segments += 1;
         self.add_reserved(alloc_size);
-        addr
+        Some(addr)
+    }
+
+    /// Whether `bytes` more reserved would exceed the device limit.
+    fn over_limit(&self, bytes: u64) -> bool {
+        self.limit
+            .is_some_and(|limit| self.stats.reserved.saturating_add(bytes) > limit)
     }
 
     fn should_split(&self, addr: u64, size: u64) -> bool {
@@ -523,9 +599,9 @@ impl CachingAllocator {
 
     fn alloc_found_block(&mut self, addr: u64, size: u64, orig_size: u64, split: bool) -> u64 {
         if split {
-            let (rest_size, next, kind, expandable) = {
+            let (rest_size, next, kind, expandable, stream) = {
                 let b = self.block(addr);
-                (b.size - size, b.next, b.pool, b.expandable)
+                (b.size - size, b.next, b.pool, b.expandable, b.stream)
             };
             let rest_addr = addr + size;
             if let Some(n) = next {
@@ -542,9 +618,12 @@ impl CachingAllocator {
                     next,
                     pool: kind,
                     expandable,
+                    stream,
                 },
             );
-            self.pool_mut(kind).free.insert((rest_size, rest_addr));
+            self.pool_mut(kind)
+                .free
+                .insert((stream, rest_size, rest_addr));
             let b = self.block_mut(addr);
             b.size = size;
             b.next = Some(rest_addr);
@@ -565,9 +644,9 @@ impl CachingAllocator {
     }
 
     fn free_block(&mut self, addr: u64) {
-        let (prev, next, kind) = {
+        let (prev, next, kind, stream) = {
             let b = self.block(addr);
-            (b.prev, b.next, b.pool)
+            (b.prev, b.next, b.pool, b.stream)
         };
         let mut dst = addr;
         if let Some(p) = prev {
@@ -577,25 +656,25 @@ impl CachingAllocator {
             dst = self.try_merge_blocks(dst, n);
         }
         let size = self.block(dst).size;
-        self.pool_mut(kind).free.insert((size, dst));
+        self.pool_mut(kind).free.insert((stream, size, dst));
     }
 
     /// Merges `src` into its neighbour `dst` when `src` is free and in the
     /// same mapped state; neither is in a pool set on entry except `src`.
     /// Returns the (possibly new) address of `dst`.
     fn try_merge_blocks(&mut self, dst: u64, src: u64) -> u64 {
-        let (src_size, src_prev, src_next, src_mapped, kind) = {
+        let (src_size, src_prev, src_next, src_mapped, kind, stream) = {
             let s = self.block(src);
             if s.allocated || s.mapped != self.block(dst).mapped {
                 return dst;
             }
-            (s.size, s.prev, s.next, s.mapped, s.pool)
+            (s.size, s.prev, s.next, s.mapped, s.pool, s.stream)
         };
         let pool = self.pool_mut(kind);
         if src_mapped {
-            pool.free.remove(&(src_size, src));
+            pool.free.remove(&(stream, src_size, src));
         } else {
-            pool.unmapped.remove(&src);
+            pool.unmapped.remove(&(stream, src));
         }
         self.blocks.remove(&src);
         let mut d = self.blocks.remove(&dst).expect("block exists");

@@ -48,14 +48,14 @@ fn check_invariants(a: &CachingAllocator) {
             mapped += b.size;
             if !b.allocated {
                 match b.pool {
-                    PoolKind::Small => free_small.insert((b.size, addr)),
-                    PoolKind::Large => free_large.insert((b.size, addr)),
+                    PoolKind::Small => free_small.insert((b.stream, b.size, addr)),
+                    PoolKind::Large => free_large.insert((b.stream, b.size, addr)),
                 };
             }
         } else {
             match b.pool {
-                PoolKind::Small => unmapped_small.insert(addr),
-                PoolKind::Large => unmapped_large.insert(addr),
+                PoolKind::Small => unmapped_small.insert((b.stream, addr)),
+                PoolKind::Large => unmapped_large.insert((b.stream, addr)),
             };
         }
     }
@@ -129,7 +129,10 @@ fn mid_size_requests_share_a_20mib_segment() {
         (s.allocated, s.reserved, s.segments),
         (6 * MIB, 20 * MIB, 1)
     );
-    assert!(a.large.free.contains(&(14 * MIB, a.live[&2] + 3 * MIB)));
+    assert!(a
+        .large
+        .free
+        .contains(&(DEFAULT_STREAM, 14 * MIB, a.live[&2] + 3 * MIB)));
     check_invariants(&a);
 }
 
@@ -217,7 +220,7 @@ fn freed_neighbours_merge() {
     a.free(2);
     a.free(3);
     assert_eq!(a.large.free.len(), 1);
-    assert_eq!(a.large.free.iter().next().unwrap().0, 8 * MIB);
+    assert_eq!(a.large.free.iter().next().unwrap().1, 8 * MIB);
     // 7 MiB fits in it (remainder 1 MiB unsplit -> 8 MiB allocated), no new
     // segment.
     assert_eq!(a.malloc(6, 7 * MIB), 8 * MIB);
@@ -231,7 +234,7 @@ fn freed_neighbours_merge() {
         a.free(id);
     }
     assert_eq!(a.large.free.len(), 1);
-    assert_eq!(a.large.free.iter().next().unwrap().0, 20 * MIB);
+    assert_eq!(a.large.free.iter().next().unwrap().1, 20 * MIB);
     check_invariants(&a);
 }
 
@@ -692,4 +695,167 @@ fn segments_show_how_each_is_cut_and_whose_blocks_it_holds() {
         .map(|s| (s.size, s.free, s.largest_free))
         .collect();
     assert_eq!(large, [(20 * MIB, 20 * MIB, 20 * MIB)]);
+}
+
+// ----- streams (`CUDACachingAllocator.cpp`: "Allocations are associated with a stream.
+// Once freed, blocks can be re-allocated on the same stream, but not on any other
+// stream."; `get_free_block` returns no block of another stream; a split's remainder
+// keeps the block's stream; `release_cached_blocks` on the last retry and in
+// `empty_cache`) -----
+
+const A: u64 = 7;
+const B: u64 = 9;
+
+#[test]
+fn a_block_freed_on_one_stream_is_not_reused_on_another() {
+    let mut a = alloc();
+    // 4 MiB: a 20 MiB segment for stream A, split.
+    assert_eq!(a.malloc_on(1, 4 * MIB, A), 4 * MIB);
+    a.free(1);
+    // The same request on B: A's free 20 MiB are not B's; a second segment.
+    a.malloc_on(2, 4 * MIB, B);
+    assert_eq!(a.stats().reserved, 40 * MIB);
+    // Back on A: A's segment again, nothing new.
+    a.malloc_on(3, 4 * MIB, A);
+    assert_eq!(a.stats().reserved, 40 * MIB);
+    // The small pool keys by stream too: 100 B on A, then on B: two 2 MiB segments.
+    a.malloc_on(4, 100, A);
+    a.free(4);
+    a.malloc_on(5, 100, B);
+    assert_eq!(a.stats().reserved, 44 * MIB);
+    check_invariants(&a);
+}
+
+#[test]
+fn a_split_remainder_keeps_its_stream() {
+    let mut a = alloc();
+    // A's 4 MiB leaves 16 MiB free in A's segment.
+    a.malloc_on(1, 4 * MIB, A);
+    // 8 MiB on B does not take A's remainder: B's own 20 MiB segment.
+    a.malloc_on(2, 8 * MIB, B);
+    assert_eq!(a.stats().reserved, 40 * MIB);
+    // 8 MiB on A fits A's remainder: nothing new.
+    a.malloc_on(3, 8 * MIB, A);
+    assert_eq!(a.stats().reserved, 40 * MIB);
+    assert_eq!(
+        a.live[&3],
+        a.live[&1] + 4 * MIB,
+        "in A's segment, after block 1"
+    );
+    check_invariants(&a);
+}
+
+#[test]
+fn streams_reserve_the_sum_of_their_high_water_marks() {
+    // The same 100 MiB, allocated and freed in turn on two streams: each stream keeps
+    // its own segment, where one stream reuses one.
+    let mut two = alloc();
+    let mut one = alloc();
+    for i in 0..4u64 {
+        let stream = if i % 2 == 0 { A } else { B };
+        two.malloc_on(i, 100 * MIB, stream);
+        two.free(i);
+        one.malloc(i, 100 * MIB);
+        one.free(i);
+    }
+    assert_eq!(two.stats().peak_reserved, 200 * MIB);
+    assert_eq!(one.stats().peak_reserved, 100 * MIB);
+    // `malloc` is the default stream's.
+    let mut d = alloc();
+    d.malloc(1, 100 * MIB);
+    d.free(1);
+    d.malloc_on(2, 100 * MIB, DEFAULT_STREAM);
+    assert_eq!(d.stats().peak_reserved, 100 * MIB);
+    check_invariants(&two);
+}
+
+#[test]
+fn empty_cache_releases_every_streams_cached_segments() {
+    let mut a = alloc();
+    a.malloc_on(1, 100 * MIB, A);
+    a.malloc_on(2, 100 * MIB, B);
+    a.malloc_on(3, 30 * MIB, B);
+    a.free(1);
+    a.free(2);
+    a.empty_cache();
+    // Only B's 30 MiB block, still allocated, keeps its segment.
+    assert_eq!(a.stats().reserved, 30 * MIB);
+    check_invariants(&a);
+}
+
+#[test]
+fn the_last_retry_releases_other_streams_cached_segments() {
+    // A device of 150 MiB: A caches 100 MiB; B's 100 MiB would take reserved to 200 MiB,
+    // so the retry releases every stream's unsplit cached segments and allocates.
+    let mut a = alloc().with_device_limit(150 * MIB);
+    a.malloc_on(1, 100 * MIB, A);
+    a.free(1);
+    assert_eq!(a.malloc_on(2, 100 * MIB, B), 100 * MIB);
+    let s = a.stats();
+    assert_eq!((s.reserved, s.peak_reserved), (100 * MIB, 100 * MIB));
+    assert_eq!(a.refused_requests(), 0);
+    // A segment split by a live block is not released: A's 4 MiB keeps its 20 MiB
+    // segment, and 140 MiB on B does not fit beside B's 100 MiB and it: refused.
+    a.malloc_on(3, 4 * MIB, A);
+    assert_eq!(a.malloc_on(4, 140 * MIB, B), 0);
+    assert_eq!(a.refused_requests(), 1);
+    assert_eq!(a.stats().reserved, 120 * MIB);
+    // Without a limit the same run reserves both segments.
+    let mut u = alloc();
+    u.malloc_on(1, 100 * MIB, A);
+    u.free(1);
+    u.malloc_on(2, 100 * MIB, B);
+    assert_eq!(u.stats().reserved, 200 * MIB);
+    check_invariants(&a);
+}
+
+#[test]
+fn with_max_split_size_the_first_retry_releases_the_streams_oversized_blocks() {
+    // max_split_size_mb:100 on a 400 MiB device. A caches an oversized 300 MiB block,
+    // B a 50 MiB one. 150 MiB on A: the 300 MiB block is >= 150 + 20 MiB, not taken;
+    // a new 150 MiB segment would take reserved to 500 MiB. The first retry releases
+    // A's smallest oversized block that covers the request (300 MiB) and allocates:
+    // B's 50 MiB stay (the last retry, which would release them too, is not reached).
+    let mut a = alloc_with("max_split_size_mb:100").with_device_limit(400 * MIB);
+    a.malloc_on(1, 300 * MIB, A);
+    a.malloc_on(2, 50 * MIB, B);
+    a.free(1);
+    a.free(2);
+    assert_eq!(a.malloc_on(3, 150 * MIB, A), 150 * MIB);
+    assert_eq!(a.stats().reserved, 200 * MIB);
+    // No oversized block covers 350 MiB: the largest ones go, down while oversized,
+    // until they add up to it; here none is left on A, so the last retry releases B's
+    // 50 MiB, and 250 MiB beside A's live 150 MiB fits the 400 MiB.
+    assert_eq!(a.malloc_on(4, 250 * MIB, A), 250 * MIB);
+    assert_eq!(a.stats().reserved, 400 * MIB);
+    check_invariants(&a);
+}
+
+#[test]
+fn expandable_segments_are_one_per_stream() {
+    let mut a = alloc_with("expandable_segments:True");
+    // 3 MiB on A maps A's first 20 MiB page; 3 MiB on B cannot grow A's segment: B's
+    // own segment, its own page.
+    a.malloc_on(1, 3 * MIB, A);
+    a.malloc_on(2, 3 * MIB, B);
+    assert_eq!(a.expandable_segments.len(), 2);
+    assert_eq!(a.stats().reserved, 40 * MIB);
+    // A's free 17 MiB are not B's: 20 MiB more on B maps one more page of B's (its free
+    // 17 MiB tail grows by 3 MiB into a second page).
+    a.malloc_on(3, 20 * MIB, B);
+    assert_eq!(a.stats().reserved, 60 * MIB);
+    assert_eq!(
+        a.live[&3],
+        a.live[&2] + 3 * MIB,
+        "B's segment grew in place"
+    );
+    // Under a device limit, pages that would exceed it are not mapped: refused after
+    // the retries (nothing of A's is free whole to unmap).
+    let mut l = alloc_with("expandable_segments:True").with_device_limit(40 * MIB);
+    l.malloc_on(1, 3 * MIB, A);
+    l.malloc_on(2, 3 * MIB, B);
+    assert_eq!(l.malloc_on(3, 20 * MIB, B), 0);
+    assert_eq!(l.refused_requests(), 1);
+    check_invariants(&a);
+    check_invariants(&l);
 }
