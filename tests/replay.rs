@@ -763,3 +763,79 @@ fn a_history_on_two_streams_is_marked_in_replay_and_plan() {
         text(&out.stdout)
     );
 }
+
+#[test]
+fn several_ranks_side_by_side_with_the_peak_rank_and_its_excess() {
+    // Four ranks whose one block (and segment) is 20, 60, 40 and 40 MiB: the peak rank
+    // is rank1, 20 MiB (50%) over the median rank (the lower middle: 40 MiB).
+    let dir = tempfile::tempdir().unwrap();
+    let a = 0x7f00_0000_0000u64;
+    for (rank, mib) in [(0, 20), (1, 60), (2, 40), (3, 40)] {
+        let trace = vec![
+            event_on("segment_alloc", a, mib * MIB, 0),
+            event_on("alloc", a, mib * MIB, 0),
+        ];
+        write_snapshot(&dir.path().join(format!("rank{rank}.pickle")), trace, None);
+    }
+    let folder = dir.path().to_str().unwrap();
+    let out = cli(&["replay", folder, "--memory", "50MiB"]);
+    let printed = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "no setting fits every rank: {printed}"
+    );
+    assert!(printed.contains("4 ranks"), "{printed}");
+    assert!(
+        printed.contains(
+            "the peak rank: rank1, peak reserved 60.00 MiB: 20.00 MiB (50.0%) above the \
+             median rank's (rank2, 40.00 MiB)"
+        ),
+        "{printed}"
+    );
+    assert!(printed.contains("✗ 10.00 MiB over"), "{printed}");
+    assert!(
+        printed.contains("every rank: no allocator setting"),
+        "{printed}"
+    );
+    let out = cli(&["replay", folder, "--memory", "64MiB"]);
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains("every rank: it fits 64.00 MiB as it ran"));
+    // CSV: a row per rank and setting, the recorded one first.
+    let r0 = dir.path().join("rank0.pickle");
+    let r1 = dir.path().join("rank1.pickle");
+    let out = cli(&[
+        "replay",
+        r0.to_str().unwrap(),
+        r1.to_str().unwrap(),
+        "--csv",
+    ]);
+    let csv = text(&out.stdout);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "rank,alloc_conf,peak_allocated_bytes,peak_reserved_bytes"
+    );
+    assert_eq!(lines[1], format!("rank0,recorded,{0},{0}", 20 * MIB));
+    assert_eq!(lines[5], format!("rank1,recorded,{0},{0}", 60 * MIB));
+    assert_eq!(lines.len(), 9, "{csv}");
+    // --output-dir: each rank's step files in a folder of its name.
+    let out_dir = dir.path().join("out");
+    let out = cli(&[
+        "replay",
+        r0.to_str().unwrap(),
+        r1.to_str().unwrap(),
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(out_dir.join("rank1").join("timeline.csv").is_file());
+    // Bad input in one file: one line naming it, exit 2.
+    let bad = dir.path().join("bad.pickle");
+    std::fs::write(&bad, b"not a pickle").unwrap();
+    let out = cli(&["replay", r0.to_str().unwrap(), bad.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains(bad.to_str().unwrap()), "{err}");
+}

@@ -378,3 +378,20 @@ impl ReplayRow {
         }
     }
 }
+
+/// A row of `tch-memprof replay --csv` of several ranks' snapshots (docs/replay.md): one
+/// rank's peaks under one allocator setting (`recorded`: as the history gives them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RankRow {
+    /// The rank: its file's name without `.pickle` or `.pickle.gz`.
+    pub rank: String,
+    /// As [`ReplayRow::alloc_conf`].
+    pub alloc_conf: String,
+    /// Peak allocated bytes.
+    pub peak_allocated_bytes: u64,
+    /// Peak reserved bytes.
+    pub peak_reserved_bytes: u64,
+    /// Whether the peak reserved fits the budget (absent without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fits: Option<bool>,
+}

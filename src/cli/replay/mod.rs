@@ -1,10 +1,10 @@
-//! `tch-memprof replay SNAPSHOT [--alloc-conf CONF]... [--memory 24GB|h100] [--csv]
+//! `tch-memprof replay SNAPSHOT... [--alloc-conf CONF]... [--memory 24GB|h100] [--csv]
 //! [--output-dir DIR]`:
 //! a recorded CUDA run (PyTorch's memory snapshot with its allocator history) replayed
 //! through the model of the caching allocator, under the settings it ran with and under
-//! others.
+//! others; several snapshots (or a folder of them) are a job's ranks, side by side.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::cli::text::commands::ReplayOutput;
@@ -18,6 +18,8 @@ use clap::Args;
 use crate::cli::fail;
 use crate::report::write_step_files;
 
+mod ranks;
+
 /// What-ifs tried when `--alloc-conf` names none.
 const DEFAULT_WHAT_IFS: [&str; 2] = ["expandable_segments:True", "max_split_size_mb:128"];
 
@@ -26,8 +28,11 @@ const DEFAULT_WHAT_IFS: [&str; 2] = ["expandable_segments:True", "max_split_size
 pub struct ReplayArgs {
     /// A memory snapshot with its allocator history: torch.cuda.memory._dump_snapshot's
     /// pickle, after torch.cuda.memory._record_memory_history() (or the CSV of a history:
-    /// seq,action,addr,size,...)
-    snapshot: PathBuf,
+    /// seq,action,addr,size,...). Several, or a folder of them (its .pickle, .pickle.gz
+    /// and .csv files): one per rank of a job, side by side, with the rank of the highest
+    /// peak reserved
+    #[arg(required = true, value_name = "SNAPSHOT")]
+    snapshots: Vec<PathBuf>,
     /// Allocator settings to replay the run under besides its own, as
     /// PYTORCH_CUDA_ALLOC_CONF takes them (expandable_segments:True,
     /// max_split_size_mb:256, roundup_power2_divisions:4); once per setting. Default:
@@ -64,8 +69,49 @@ pub fn run(a: &ReplayArgs) -> ExitCode {
 
 /// The command, its bad input as the error.
 fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let paths = snapshots(&a.snapshots)?;
+    match paths.as_slice() {
+        [one] => replay_one(a, one),
+        _ => ranks::replay_ranks(a, &paths),
+    }
+}
+
+/// The snapshots named, a folder's in name order.
+fn snapshots(named: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    for p in named {
+        if !p.is_dir() {
+            out.push(p.clone());
+            continue;
+        }
+        let entries = std::fs::read_dir(p)
+            .map_err(|e| format!("{}: {}", p.display(), crate::fs::io_reason(&e)))?;
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|f| {
+                let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                f.is_file()
+                    && (name.ends_with(".pickle")
+                        || name.ends_with(".pickle.gz")
+                        || name.ends_with(".csv"))
+            })
+            .collect();
+        if found.is_empty() {
+            return Err(format!(
+                "{}: a folder with no snapshot in it (.pickle, .pickle.gz or .csv files)",
+                p.display()
+            ));
+        }
+        found.sort();
+        out.extend(found);
+    }
+    Ok(out)
+}
+
+/// The replay of one snapshot.
+fn replay_one(a: &ReplayArgs, path: &Path) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mut progress = crate::cli::progress::Progress::new("replay");
-    let recording = Recording::read_with_progress(&a.snapshot, a.device, &mut |read, size| {
+    let recording = Recording::read_with_progress(path, a.device, &mut |read, size| {
         progress.say(&format!(
             "reading {:.0}/{:.0} MB",
             read as f64 / 1e6,
@@ -92,7 +138,7 @@ fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         .map_err(|e| format!("the run's PYTORCH_CUDA_ALLOC_CONF {own:?}: {e}"))?;
     if let Some(dir) = &a.output_dir {
         let written = recording.step(&own_config).and_then(|step| {
-            let title = format!("{} (recorded)", a.snapshot.display());
+            let title = format!("{} (recorded)", path.display());
             write_step_files(&step, dir, &title)
         });
         // Standard output stays CSV with --csv.
@@ -150,7 +196,7 @@ fn replay(a: &ReplayArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         return Ok(status);
     }
     let output = ReplayOutput {
-        path: &a.snapshot,
+        path,
         device: a.device,
         recording: &recording,
         own: &own,
