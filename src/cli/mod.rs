@@ -11,7 +11,7 @@
 //!     tch-memprof plan (MODEL.pt2 | MODEL.pt | --model NAME) --memory 24GB|h100 [--input ...]
 //!                 [--optimizer adamw] [--batch B] [--gpu h100] [--autocast bf16] [--csv]
 //!     tch-memprof profile MODEL.pt2|MODEL.pt --input 1x3x224x224 [--train] [--device cpu|cuda]
-//!     tch-memprof replay SNAPSHOT.pickle [--alloc-conf CONF]... [--memory 24GB|h100] [--csv]
+//!     tch-memprof replay SNAPSHOT.pickle... [--alloc-conf CONF]... [--memory 24GB|h100] [--csv]
 //!
 //! A `.pt2` file (torch.export.save) is told from a TorchScript file by its contents;
 //! it takes its exported input shapes and dtypes where `--input` leaves them out.
@@ -78,7 +78,8 @@ enum Command {
     Profile(profile::ProfileArgs),
     /// Replay a recorded CUDA run (PyTorch's memory snapshot with its allocator history)
     /// through the model of the caching allocator, as recorded and under other
-    /// allocator settings: the peaks of each, and which fit --memory.
+    /// allocator settings: the peaks of each, and which fit --memory. Several snapshots
+    /// (or a folder): a job's ranks side by side, and the rank that peaked highest.
     Replay(replay::ReplayArgs),
 }
 
