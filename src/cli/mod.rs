@@ -1,17 +1,19 @@
 //! The `tch-memprof` command: profile a step, predict its CUDA peak without a GPU, plan
 //! what makes it fit, and read the files of profiled runs back.
 //!
-//!     tch-memprof report RUN... [--label TEXT]... [-o report.html]
-//!     tch-memprof diff BASE NEW [--max-increase 5%] [--label BASE --label NEW]
-//!     tch-memprof estimate MODEL.pt2|MODEL.pt --input 1x3x224x224 [--train --optimizer adam]
-//!                 [--batch-sizes 1,8,32] [--memory 80GiB|h100] [--gpu h100] [--csv]
-//!                 [--autocast bf16|f16] [--attention auto|flash|efficient|cudnn|math]
-//!                 [--accumulate K]
-//!     tch-memprof estimate --model resnet50 ...
-//!     tch-memprof plan (MODEL.pt2 | MODEL.pt | --model NAME) --memory 24GB|h100 [--input ...]
-//!                 [--optimizer adamw] [--batch B] [--gpu h100] [--autocast bf16] [--csv]
-//!     tch-memprof profile MODEL.pt2|MODEL.pt --input 1x3x224x224 [--train] [--device cpu|cuda]
-//!     tch-memprof replay SNAPSHOT.pickle... [--alloc-conf CONF]... [--memory 24GB|h100] [--csv]
+//! ```text
+//! tch-memprof report RUN... [--label TEXT]... [-o report.html]
+//! tch-memprof diff BASE NEW [--max-increase 5%] [--label BASE --label NEW]
+//! tch-memprof estimate MODEL.pt2|MODEL.pt --input 1x3x224x224 [--train --optimizer adam]
+//!             [--batch-sizes 1,8,32] [--memory 80GiB|h100] [--gpu h100] [--csv]
+//!             [--autocast bf16|f16] [--attention auto|flash|efficient|cudnn|math]
+//!             [--accumulate K]
+//! tch-memprof estimate --model resnet50 ...
+//! tch-memprof plan (MODEL.pt2 | MODEL.pt | --model NAME) --memory 24GB|h100 [--input ...]
+//!             [--optimizer adamw] [--batch B] [--gpu h100] [--autocast bf16] [--csv]
+//! tch-memprof profile MODEL.pt2|MODEL.pt --input 1x3x224x224 [--train] [--device cpu|cuda]
+//! tch-memprof replay SNAPSHOT.pickle... [--alloc-conf CONF]... [--memory 24GB|h100] [--csv]
+//! ```
 //!
 //! A `.pt2` file (torch.export.save) is told from a TorchScript file by its contents;
 //! it takes its exported input shapes and dtypes where `--input` leaves them out.
