@@ -63,6 +63,27 @@ pub struct ReplayArgs {
     csv: bool,
 }
 
+impl ReplayArgs {
+    /// `--memory` in bytes.
+    fn budget(&self) -> crate::Result<Option<u64>> {
+        Ok(self
+            .memory
+            .as_deref()
+            .map(gpu_memory)
+            .transpose()?
+            .map(|(size, _)| size))
+    }
+
+    /// The settings tried besides the run's own: `--alloc-conf`, or the defaults.
+    fn what_ifs(&self) -> Vec<String> {
+        if self.alloc_confs.is_empty() {
+            DEFAULT_WHAT_IFS.iter().map(|s| s.to_string()).collect()
+        } else {
+            self.alloc_confs.clone()
+        }
+    }
+}
+
 pub fn run(a: &ReplayArgs) -> ExitCode {
     replay(a).unwrap_or_else(fail)
 }
@@ -120,20 +141,10 @@ fn replay_one(a: &ReplayArgs, path: &Path) -> Result<ExitCode, Box<dyn std::erro
     });
     progress.clear();
     let recording = recording?;
-    let budget = a
-        .memory
-        .as_deref()
-        .map(gpu_memory)
-        .transpose()?
-        .map(|(size, _)| size);
+    let budget = a.budget()?;
     let own = recording.alloc_conf.clone().unwrap_or_default();
     let mut confs = vec![own.clone()];
-    let asked: Vec<String> = if a.alloc_confs.is_empty() {
-        DEFAULT_WHAT_IFS.iter().map(|s| s.to_string()).collect()
-    } else {
-        a.alloc_confs.clone()
-    };
-    confs.extend(asked.into_iter().filter(|c| *c != own));
+    confs.extend(a.what_ifs().into_iter().filter(|c| *c != own));
     let own_config = AllocatorConfig::parse(&own)
         .map_err(|e| format!("the run's PYTORCH_CUDA_ALLOC_CONF {own:?}: {e}"))?;
     if let Some(dir) = &a.output_dir {

@@ -10,11 +10,11 @@ use std::process::ExitCode;
 
 use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 
-use super::{ReplayArgs, DEFAULT_WHAT_IFS};
+use super::ReplayArgs;
 use crate::cli::text::estimate_text::csv_to_stdout;
 use crate::cli::text::replay_text::{cheapest_fit, fits_cell, streams_line};
 use crate::estimate::recorded::{Peaks, Recording};
-use crate::estimate::{gpu_memory, AllocatorConfig};
+use crate::estimate::AllocatorConfig;
 use crate::format::bytes;
 use crate::report::write_step_files;
 use crate::runs::schema::RankRow;
@@ -47,17 +47,8 @@ pub(super) fn replay_ranks(
     a: &ReplayArgs,
     paths: &[PathBuf],
 ) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    let budget = a
-        .memory
-        .as_deref()
-        .map(gpu_memory)
-        .transpose()?
-        .map(|(size, _)| size);
-    let asked: Vec<String> = if a.alloc_confs.is_empty() {
-        DEFAULT_WHAT_IFS.iter().map(|s| s.to_string()).collect()
-    } else {
-        a.alloc_confs.clone()
-    };
+    let budget = a.budget()?;
+    let asked = a.what_ifs();
     let asked_configs = asked
         .iter()
         .map(|c| AllocatorConfig::parse(c).map_err(|e| format!("--alloc-conf {c:?}: {e}")))
