@@ -35,6 +35,7 @@ cp "$target_dir/release/tch-memprof" gpu_bundle/bin/
 xz -T0 -6 gpu_bundle/bin/*
 cp scripts/gpu/run.sh scripts/gpu/viewer_check.py scripts/gpu/builtin_mirrors.py \
   scripts/gpu/builtin_join.py scripts/gpu/plan_levers.py scripts/gpu/truth.py \
+  scripts/gpu/ranks_truth.py \
   scripts/gpu_truth.py scripts/corpus.py \
   tests/data/gpu-truth/h200-2026-11-26/measured.csv gpu_bundle/
 mv gpu_bundle/measured.csv gpu_bundle/truth_h200.csv

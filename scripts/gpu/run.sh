@@ -80,6 +80,29 @@ mkdir -p out
 # full), then two GPU-bound steps, ResNet-50 at 64x3x224x224 with SGD and GPT-2 small at
 # 8x1024 with AdamW, where every mode should be within 1%.
 step "overhead on cuda, launch-bound MLP step" 150 ./overhead --device cuda --model mlp --rounds 20 --steps 20
+# Several GPUs' ranks on this one (ranks_truth.py): FSDP2 and DDP with the fake process
+# group, ranks 0 and N-1, a loop copying its batches on a side stream; each case a process
+# of its own, RANKS_JOBS (8) at a time: out/ranks/measured.csv and a memory snapshot of
+# each (out/ranks/snapshots/CASE.pickle), packed into OUT (or out/) as
+# ranks.tar.xz.part-* with the CSV beside them. The truth of multi-stream replay and of
+# the sharded estimate.
+ranks_truth() {
+  local dir=${OUT:-out} rc=0
+  rm -rf out/ranks && mkdir -p out/ranks/snapshots out/ranks/err
+  python3 ranks_truth.py columns >out/ranks/measured.csv
+  # shellcheck disable=SC2016
+  PYTHONPATH=pylib python3 ranks_truth.py cases $QUICK \
+    | xargs -P "${RANKS_JOBS:-8}" -L 1 sh -c 'PYTHONPATH=pylib PYTHONUNBUFFERED=1 python3 ranks_truth.py measure "$0" --out out/ranks/snapshots $([ "$1" = frames ] && echo --frames) 2>out/ranks/err/$0.txt || { echo "$0: FAILED: $(tail -n 1 out/ranks/err/$0.txt)" >&2; exit 1; }' \
+    >>out/ranks/measured.csv || rc=1
+  cat out/ranks/measured.csv
+  mkdir -p "$dir" && rm -f "$dir"/ranks.tar.xz.part-*
+  tar -cf - -C out ranks | xz -T0 -6 --block-size=16MiB | split -b 15M - "$dir/ranks.tar.xz.part-"
+  [ "${PIPESTATUS[*]}" = "0 0 0" ] || rc=1
+  cp out/ranks/measured.csv "$dir/ranks_measured.csv" || rc=1
+  ls -l "$dir"
+  return $rc
+}
+step "ranks on one GPU (FSDP2, DDP, side stream), with snapshots" 200 ranks_truth
 # Where the small step's time goes, as the kernel counts it (perf, where this machine
 # has it): the plain loop and the default profiler, 400 steps each after the warm-up.
 perf_small_step() {
@@ -93,8 +116,10 @@ perf_small_step() {
   done
 }
 step "perf stat of the launch-bound step on cuda" 60 perf_small_step
-step "overhead on cuda, ResNet-50 64x3x224x224 SGD" 240 ./overhead --device cuda --model resnet50 --rounds 20 --steps 20
-step "overhead on cuda, GPT-2 small 8x1024 AdamW" 300 ./overhead --device cuda --model gpt2 --rounds 20 --steps 20
+# The GPU-bound steps in fewer rounds (the GPU's time varies little from step to step,
+# and one session's GPU time is 15 minutes): ResNet-50 8 rounds of 8 steps, GPT-2 6 of 6.
+step "overhead on cuda, ResNet-50 64x3x224x224 SGD" 100 ./overhead --device cuda --model resnet50 --rounds 8 --steps 8
+step "overhead on cuda, GPT-2 small 8x1024 AdamW" 130 ./overhead --device cuda --model gpt2 --rounds 6 --steps 6
 step "allocated == allocator counter, calls, snapshots, OOM" 60 ./cuda_test --include-ignored --nocapture --test-threads 1
 step "CUDA-style accounting of blocks made before the session (CPU)" 60 ./cuda_accounting_test --nocapture
 weights_shown() {
