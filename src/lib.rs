@@ -171,6 +171,7 @@
 mod cli;
 pub mod cuda;
 mod error;
+mod events;
 pub mod estimate;
 mod ffi; // the one `#![allow(unsafe_code)]`
 mod format;

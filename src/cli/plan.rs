@@ -173,10 +173,6 @@ fn plan_recorded(
             .iter()
             .map(|(conf, p)| ReplayRow::new(conf, p.allocated, p.reserved, Some(memory)));
         csv_to_stdout(rows).map_err(|e| format!("writing CSV to standard output: {e}"))?;
-        let recorded = recording.recorded_peaks().reserved;
-        if let Some(line) = replay_text::streams_line(recording.streams(), recorded) {
-            eprintln!("tch-memprof: {line}");
-        }
     } else {
         let budget = Budget {
             bytes: memory,

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 
 use super::{Input, Mode, Model, Options};
 use crate::error::Result;
-use crate::ffi::{self, native, Event, EventKind};
+use crate::ffi::{self, native};
+use crate::events::{Event, EventKind};
 use crate::phase::Phase;
 
 /// Whose autocast op lists the dry run follows.
@@ -131,7 +132,7 @@ fn from_events(weights_bytes: u64, run: &[Event]) -> Result<DryRunTrace> {
     let mut last_step = 1u32;
     for e in run {
         match e.kind {
-            EventKind::Alloc => {
+            EventKind::Alloc { .. } => {
                 live += e.value;
                 ensure(&mut t, step);
                 let i = step.max(1) as usize - 1;

@@ -218,7 +218,7 @@ pub(crate) fn read_log(into: &mut Vec<BackwardEvent>) -> Result<bool> {
 }
 /// This iteration's step log, decoded; returns whether it overflowed (events were
 /// dropped).
-pub(crate) fn read_timeline(into: &mut Vec<super::Event>) -> Result<bool> {
+pub(crate) fn read_timeline(into: &mut Vec<crate::events::Event>) -> Result<bool> {
     let h = timeline_header()?;
     let n = h.len.min(h.capacity) as usize;
     let mut raw: Vec<MpTlEvent> = Vec::new();

@@ -160,7 +160,7 @@ pub(crate) fn meta_mark(mark: Mark) -> Result<()> {
 }
 
 /// The meta trace's events, decoded; `false` when the trace overflowed its capacity.
-pub(crate) fn meta_read(into: &mut Vec<super::Event>) -> Result<bool> {
+pub(crate) fn meta_read(into: &mut Vec<crate::events::Event>) -> Result<bool> {
     let mut total = 0u64;
     // SAFETY: a zero-capacity read only writes `total`.
     check(unsafe { memprof_meta_read(std::ptr::null_mut(), 0, &mut total) })?;

@@ -25,7 +25,8 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::ffi::{Event, EventKind, StepLogStart};
+use crate::ffi::StepLogStart;
+use crate::events::{Event, EventKind};
 
 /// The last learning iteration's step log.
 #[derive(Debug, Default)]
@@ -42,7 +43,7 @@ pub(crate) struct Template {
 fn block_side(e: &Event) -> bool {
     matches!(
         e.kind,
-        EventKind::Alloc | EventKind::Free | EventKind::Phase
+        EventKind::Alloc { .. } | EventKind::Free | EventKind::Phase
     )
 }
 
@@ -71,7 +72,7 @@ fn shapes(events: &[Event], start: &StepLogStart) -> Vec<(usize, Shape)> {
         }
         let in_step = (e.generation.wrapping_sub(start.generation) as i32) >= 0;
         let which = match e.kind {
-            EventKind::Alloc => {
+            EventKind::Alloc { .. } => {
                 births.insert((e.device, e.ptr), n_births);
                 n_births += 1;
                 0
@@ -180,10 +181,10 @@ mod tests {
         phase.phase = Phase::Backward;
         vec![
             ev(EventKind::OpBegin, 0, 0, -1, 0),
-            ev(EventKind::Alloc, 0, 0x100, 64, 10),
+            ev(EventKind::Alloc { stream: 0 }, 0, 0x100, 64, 10),
             ev(EventKind::OpEnd, 0, 0, 1064, 0),
             ev(EventKind::OpBegin, 1, 0, -1, 0),
-            ev(EventKind::Alloc, 1, 0x200, 32, 10),
+            ev(EventKind::Alloc { stream: 0 }, 1, 0x200, 32, 10),
             ev(EventKind::Free, 1, 0x100, -64, 10),
             ev(EventKind::OpEnd, 1, 0, 1032, 0),
             phase,
@@ -203,8 +204,8 @@ mod tests {
         let mut phase = ev(EventKind::Phase, -1, 0, 0, 21);
         phase.phase = Phase::Backward;
         let steady = vec![
-            ev(EventKind::Alloc, 7, 0x900, 64, 20),
-            ev(EventKind::Alloc, 7, 0x800, 32, 20),
+            ev(EventKind::Alloc { stream: 0 }, 7, 0x900, 64, 20),
+            ev(EventKind::Alloc { stream: 0 }, 7, 0x800, 32, 20),
             ev(EventKind::Free, 7, 0x900, -64, 20),
             phase,
         ];
@@ -215,10 +216,10 @@ mod tests {
             kinds,
             vec![
                 (EventKind::OpBegin, 0, 0),
-                (EventKind::Alloc, 0, 0x900),
+                (EventKind::Alloc { stream: 0 }, 0, 0x900),
                 (EventKind::OpEnd, 0, 0),
                 (EventKind::OpBegin, 1, 0),
-                (EventKind::Alloc, 1, 0x800),
+                (EventKind::Alloc { stream: 0 }, 1, 0x800),
                 (EventKind::Free, 1, 0x900),
                 (EventKind::OpEnd, 1, 0),
                 (EventKind::Phase, -1, 0),
@@ -235,7 +236,7 @@ mod tests {
         let mut t = Template::default();
         let mut out = Vec::new();
         let s = start(20, 1000);
-        let a = |ptr, v| ev(EventKind::Alloc, -1, ptr, v, 20);
+        let a = |ptr, v| ev(EventKind::Alloc { stream: 0 }, -1, ptr, v, 20);
         let f = |ptr, v| ev(EventKind::Free, -1, ptr, v, 20);
         let mut phase = ev(EventKind::Phase, -1, 0, 0, 21);
         phase.phase = Phase::Backward;

@@ -15,7 +15,8 @@ use std::collections::{HashMap, HashSet};
 
 use super::allocator::{AllocatorConfig, AllocatorStats, CachingAllocator, PoolState};
 use super::step::replay as replay_step;
-use crate::ffi::{native, Event, EventKind};
+use crate::ffi::native;
+use crate::events::{Event, EventKind};
 use crate::names::Names;
 use crate::phase::Phase;
 use crate::timeline::{StepProfile, StepStart, VarEntry};
@@ -121,9 +122,11 @@ impl Allocator {
         }
     }
 
-    fn malloc(&mut self, id: u64, bytes: u64) -> u64 {
+    /// A block for `id` on `stream` (an index: the caching allocator keys its free blocks
+    /// by it; the CPU's bytes have no streams).
+    fn malloc(&mut self, id: u64, bytes: u64, stream: u32) -> u64 {
         match self {
-            Allocator::Caching(a) => a.malloc(id, bytes),
+            Allocator::Caching(a) => a.malloc_on(id, bytes, u64::from(stream)),
             Allocator::AsRequested { live, stats, .. } => {
                 if bytes > 0 {
                     live.insert(id, bytes);
@@ -154,6 +157,14 @@ impl Allocator {
                 }
                 None => *unknown_frees += 1,
             },
+        }
+    }
+
+    /// `torch.cuda.empty_cache()`: the cached segments released (the CPU's bytes cache
+    /// nothing).
+    fn release(&mut self) {
+        if let Allocator::Caching(a) = self {
+            a.empty_cache();
         }
     }
 
@@ -247,9 +258,9 @@ fn replay_on(
     let mut events = Vec::with_capacity(weights.len() + run.len() + 4);
     let mut at_reserved_peak: Option<(PoolState, u64)> = None;
     let mut device = |alloc: &mut Allocator, events: &mut Vec<Event>, e: &Event| match e.kind {
-        EventKind::Alloc => {
+        EventKind::Alloc { stream } => {
             let reserved = alloc.stats().reserved;
-            let bytes = alloc.malloc(e.ptr, e.value.max(0) as u64) as i64;
+            let bytes = alloc.malloc(e.ptr, e.value.max(0) as u64, stream) as i64;
             let now = alloc.stats().reserved;
             if now > reserved && now > at_reserved_peak.map_or(0, |(p, _)| p.reserved) {
                 at_reserved_peak = alloc.pools().map(|p| (p, e.value.max(0) as u64));
@@ -268,6 +279,8 @@ fn replay_on(
                 });
             }
         }
+        // A recorded run's release of the cache: the replay's own, and no event.
+        EventKind::Release => alloc.release(),
         // What the device holds when the op returns: the allocator's allocated bytes.
         EventKind::OpEnd => events.push(Event {
             value: alloc.stats().allocated as i64,
@@ -278,7 +291,7 @@ fn replay_on(
     let mut requests = Vec::new();
     for e in weights {
         device(&mut alloc, &mut events, e);
-        if e.kind == EventKind::Alloc && e.value > 0 {
+        if e.is_alloc() && e.value > 0 {
             requests.push(Request {
                 bytes: e.value as u64,
                 op: -1,
@@ -316,7 +329,7 @@ fn replay_on(
             _ => {}
         }
         match e.kind {
-            EventKind::Alloc => {
+            EventKind::Alloc { .. } => {
                 allocations += 1;
                 if e.value > 0 {
                     requests.push(Request {
@@ -344,9 +357,9 @@ fn replay_on(
                             op: op_names.get(&e.op).copied().unwrap_or(-1),
                         });
                         let id = WORKSPACE_ID + slot as u64;
-                        let bytes = alloc.malloc(id, size) as i64;
+                        let bytes = alloc.malloc(id, size, 0) as i64;
                         events.push(Event {
-                            kind: EventKind::Alloc,
+                            kind: EventKind::Alloc { stream: 0 },
                             ptr: id,
                             value: bytes,
                             aux: 0,
@@ -368,13 +381,13 @@ fn replay_on(
                     op: op_names.get(&e.op).copied().unwrap_or(-1),
                 });
                 let id = TRANSIENT_ID + taken;
-                let bytes = alloc.malloc(id, e.value as u64) as i64;
+                let bytes = alloc.malloc(id, e.value as u64, 0) as i64;
                 largest_transient = largest_transient.max(bytes.max(0) as u64);
                 if bytes > 0 {
                     raise_step_peak(&mut steps, alloc.stats().allocated, e, &op_names);
                 }
                 alloc.free(id);
-                for (kind, value) in [(EventKind::Alloc, bytes), (EventKind::Free, -bytes)] {
+                for (kind, value) in [(EventKind::Alloc { stream: 0 }, bytes), (EventKind::Free, -bytes)] {
                     events.push(Event {
                         kind,
                         ptr: id,
@@ -390,7 +403,7 @@ fn replay_on(
         let now = alloc.stats().allocated;
         for a in events[before..]
             .iter()
-            .filter(|a| a.kind == EventKind::Alloc)
+            .filter(|a| a.is_alloc())
         {
             raise_step_peak(&mut steps, now, a, &op_names);
         }
@@ -481,7 +494,7 @@ pub(crate) fn predicted_step(
     let mut live: HashMap<u64, (i64, Phase, u32)> = HashMap::new();
     for e in &events[..begin] {
         match e.kind {
-            EventKind::Alloc => {
+            EventKind::Alloc { .. } => {
                 live.insert(e.ptr, (e.value, e.phase, e.generation));
             }
             EventKind::Free => {

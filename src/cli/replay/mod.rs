@@ -185,7 +185,6 @@ fn replay_one(a: &ReplayArgs, path: &Path) -> Result<ExitCode, Box<dyn std::erro
     } else {
         ExitCode::SUCCESS
     };
-    let streams = rows.first().map_or(1, |(_, run)| run.streams);
     if a.csv {
         let rows = std::iter::once(ReplayRow::new(
             "recorded",
@@ -198,10 +197,6 @@ fn replay_one(a: &ReplayArgs, path: &Path) -> Result<ExitCode, Box<dyn std::erro
         }));
         csv_to_stdout(rows).map_err(|e| format!("writing CSV to standard output: {e}"))?;
         if let Some(line) = nothing_fits {
-            eprintln!("tch-memprof: {line}");
-        }
-        if let Some(line) = crate::cli::text::replay_text::streams_line(streams, recorded.reserved)
-        {
             eprintln!("tch-memprof: {line}");
         }
         return Ok(status);

@@ -12,7 +12,7 @@ use comfy_table::{presets::UTF8_FULL, CellAlignment, ContentArrangement, Table};
 
 use super::ReplayArgs;
 use crate::cli::text::estimate_text::csv_to_stdout;
-use crate::cli::text::replay_text::{cheapest_fit, fits_cell, streams_line};
+use crate::cli::text::replay_text::{cheapest_fit, fits_cell, on_streams};
 use crate::estimate::recorded::{Peaks, Recording};
 use crate::estimate::AllocatorConfig;
 use crate::format::bytes;
@@ -119,7 +119,6 @@ pub(super) fn replay_ranks(
         _ => ExitCode::SUCCESS,
     };
     let streams = ranks.iter().map(|r| r.streams).max().unwrap_or(1);
-    let highest = ranks.iter().map(|r| r.recorded.reserved).max().unwrap_or(0);
     if a.csv {
         let rows = ranks.iter().flat_map(|r| {
             let recorded = row(&r.name, "recorded", r.recorded, budget);
@@ -133,9 +132,6 @@ pub(super) fn replay_ranks(
         csv_to_stdout(rows).map_err(|e| format!("writing CSV to standard output: {e}"))?;
         if let Some((None, line)) = &fit {
             eprintln!("tch-memprof: every rank: {line}");
-        }
-        if let Some(line) = streams_line(streams, highest) {
-            eprintln!("tch-memprof: {line}");
         }
         return Ok(status);
     }
@@ -172,9 +168,10 @@ fn text(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "tch-memprof replay: {} ranks, device {device}: each rank's recorded peaks, and its \
+        "tch-memprof replay: {} ranks, device {device}{}: each rank's recorded peaks, and its \
          replay under the settings it ran with",
-        ranks.len()
+        ranks.len(),
+        on_streams(streams)
     );
     let mut t = Table::new();
     let mut header = vec![
@@ -227,9 +224,6 @@ fn text(
     );
     if let Some(line) = fit {
         let _ = writeln!(out, "every rank: {line}");
-    }
-    if let Some(line) = streams_line(streams, peak.recorded.reserved) {
-        let _ = writeln!(out, "{line}");
     }
     out
 }

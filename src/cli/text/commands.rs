@@ -183,9 +183,10 @@ pub fn plan_recorded_text(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "tch-memprof plan: {}, a recorded run: its lever is the allocator's settings \
+        "tch-memprof plan: {}, a recorded run{}: its lever is the allocator's settings \
          (recorded with PYTORCH_CUDA_ALLOC_CONF={own:?})",
-        path.display()
+        path.display(),
+        replay_text::on_streams(streams)
     );
     let _ = writeln!(out, "{}", budget_line(budget.bytes, budget.spec));
     let _ = writeln!(
@@ -194,9 +195,6 @@ pub fn plan_recorded_text(
         replay_text::table(recorded, rows, Some(budget.bytes))
     );
     let _ = writeln!(out, "{}", replay_text::cheapest_fit(rows, budget.bytes).1);
-    if let Some(line) = replay_text::streams_line(streams, recorded.reserved) {
-        let _ = writeln!(out, "{line}");
-    }
     out
 }
 
@@ -238,11 +236,12 @@ impl ReplayOutput<'_> {
             .count();
         let _ = writeln!(
             out,
-            "tch-memprof replay: {}, device {}, {} events ({allocations} allocations), \
+            "tch-memprof replay: {}, device {}, {} events ({allocations} allocations{}), \
              recorded with PYTORCH_CUDA_ALLOC_CONF={:?}",
             self.path.display(),
             self.device,
             recording.events.len(),
+            replay_text::on_streams(first.streams),
             self.own
         );
         if recording.segments_before > 0 {
@@ -261,9 +260,6 @@ impl ReplayOutput<'_> {
                  the recorded part",
                 first.unknown_frees
             );
-        }
-        if let Some(line) = replay_text::streams_line(first.streams, recorded.reserved) {
-            let _ = writeln!(out, "{line}");
         }
         let replays: Vec<(String, Peaks)> = self
             .runs

@@ -324,19 +324,12 @@ fn list(sizes: &[u64]) -> String {
     parts.join(", ")
 }
 
-/// A warning in one line where the history asked for blocks on more than one CUDA
-/// stream: the replays keep one pool for them all, so their peaks, and a setting that
-/// fits by them, can be under what the run needed; the recorded peak reserved is the
-/// run's own. `None` for one stream.
-pub(crate) fn streams_line(streams: usize, recorded_reserved: u64) -> Option<String> {
-    (streams > 1).then(|| {
-        format!(
-            "warning: the history asks for blocks on {streams} CUDA streams, and the replays \
-             keep one pool for them all where PyTorch keeps a block freed on a stream for that \
-             stream: a replay's peak reserved, and a setting that fits by it, can be under \
-             what the run needed. Trust the recorded peak reserved ({}) until streams are \
-             replayed.",
-            bytes(recorded_reserved)
-        )
-    })
+/// The streams of a history, said where there is more than one (`, on 3 CUDA
+/// streams`): each is replayed with its own free blocks, as PyTorch keeps them.
+pub(crate) fn on_streams(streams: usize) -> String {
+    if streams > 1 {
+        format!(", on {streams} CUDA streams")
+    } else {
+        String::new()
+    }
 }

@@ -7,7 +7,8 @@ use std::sync::Mutex;
 use tch::{Device, Kind, Tensor};
 
 use super::{Attention, Gpu, Input, Mode, Model, Optimizer, Options};
-use crate::ffi::{self, EventKind};
+use crate::ffi;
+use crate::events::EventKind;
 
 mod workspaces;
 
@@ -77,7 +78,7 @@ fn run(c: Call, backend: Attention) -> Result<(Vec<i64>, &'static str), String> 
 }
 
 /// The same, every event of the trace.
-fn run_events(c: Call, backend: Attention) -> Result<(Vec<ffi::Event>, &'static str), String> {
+fn run_events(c: Call, backend: Attention) -> Result<(Vec<crate::events::Event>, &'static str), String> {
     ffi::meta_attention_set(c.sm, backend.native()).unwrap();
     ffi::meta_begin().unwrap();
     let result = crate::error::catching(|| {
@@ -579,7 +580,7 @@ fn gpt2_trained_in_f32_on_an_h100_holds_no_score_block_and_math_is_the_old_upper
             .unwrap();
         run.events
             .iter()
-            .filter(|e| e.kind == EventKind::Alloc && e.value >= scores)
+            .filter(|e| e.is_alloc() && e.value >= scores)
             .map(|e| e.value)
             .collect::<Vec<i64>>()
     };

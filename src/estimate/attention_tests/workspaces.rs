@@ -5,7 +5,7 @@ use tch::Kind;
 
 use super::{run_events, Call, BASE, SERIAL};
 use crate::estimate::Attention;
-use crate::ffi::EventKind;
+use crate::events::EventKind;
 
 /// The backward kernels' workspaces, against what an NVIDIA H200 took inside each call
 /// (tests/data/gpu-truth/h200-2026-11-26/workspaces.csv, `transient`: the workspace
@@ -107,7 +107,7 @@ fn attention_backward_workspaces_are_what_an_h200_took() {
         let (events, _) = run_events(c, backend).unwrap();
         // The attention backward's: the op of the last transient (the loss's sum, before
         // backward, takes its own reduction buffers).
-        let transients: Vec<&crate::ffi::Event> = events
+        let transients: Vec<&crate::events::Event> = events
             .iter()
             .filter(|e| e.kind == EventKind::Transient)
             .collect();

@@ -10,7 +10,8 @@ use tch::{Device, Kind, Tensor};
 use super::{Model, Trace};
 use crate::error::{catching, torch_message, Error, Result};
 use crate::estimate::{AttentionRuns, Input, Mode, Options};
-use crate::ffi::{self, native, Event, Mark, Target};
+use crate::ffi::{self, native, Mark, Target};
+use crate::events::Event;
 use crate::optim::{meta_autocast, Checkpointed};
 use crate::workload::loss;
 

@@ -27,7 +27,7 @@ use pickle::{Pickle, Value};
 
 use super::{AllocatorConfig, Options, PoolState};
 use crate::error::{Error, Result};
-use crate::ffi::{Event, EventKind};
+use crate::events::{Event, EventKind};
 use crate::format::bytes;
 use crate::phase::Phase;
 
@@ -454,17 +454,33 @@ impl Recording {
         peaks
     }
 
-    /// The history as the one replay's events: an allocation per `alloc` (the block
-    /// named by its address), a free per `free_completed`.
+    /// The history as the one replay's events: an allocation per `alloc` on its stream
+    /// (the block named by its address), a free per `free_completed`, a release of the
+    /// cache where the history released segments (`segment_free` or `segment_unmap`
+    /// after other actions: `empty_cache()` releases them one after another, one
+    /// release).
     fn replay_events(&self) -> Vec<Event> {
+        let streams = self.stream_indices();
+        let mut released = false;
         self.events
             .iter()
             .filter_map(|e| {
                 let (kind, value) = match e.action {
-                    Action::Alloc => (EventKind::Alloc, e.size as i64),
+                    Action::Alloc => (
+                        EventKind::Alloc {
+                            stream: streams[&e.stream],
+                        },
+                        e.size as i64,
+                    ),
                     Action::FreeCompleted => (EventKind::Free, -(e.size as i64)),
-                    _ => return None,
+                    Action::SegmentFree if !released => (EventKind::Release, 0),
+                    Action::SegmentFree => return None,
+                    _ => {
+                        released = false;
+                        return None;
+                    }
                 };
+                released = kind == EventKind::Release;
                 Some(Event {
                     kind,
                     phase: Phase::Forward,
@@ -479,18 +495,21 @@ impl Recording {
             .collect()
     }
 
+    /// Each stream the history asked for blocks on, numbered in the order first asked.
+    pub(crate) fn stream_indices(&self) -> HashMap<u64, u32> {
+        let mut indices = HashMap::new();
+        for e in self.events.iter().filter(|e| e.action == Action::Alloc) {
+            let next = indices.len() as u32;
+            indices.entry(e.stream).or_insert(next);
+        }
+        indices
+    }
+
     /// The CUDA streams blocks were asked on (1 for a history of one stream, or one
-    /// without streams). The replay keeps one pool for them all, where PyTorch keeps a
-    /// block freed on a stream for that stream: a history of several is replayed under
-    /// what it needs ([`RecordedRun::streams`]).
+    /// without streams). The replay keeps each stream's freed blocks for that stream, as
+    /// PyTorch does.
     pub fn streams(&self) -> usize {
-        let streams: std::collections::HashSet<u64> = self
-            .events
-            .iter()
-            .filter(|e| e.action == Action::Alloc)
-            .map(|e| e.stream)
-            .collect();
-        streams.len().max(1)
+        self.stream_indices().len().max(1)
     }
 
     /// Replays the history under `config`.

@@ -13,7 +13,8 @@ use super::super::Options;
 use super::{Action, Recording, NO_SITE};
 use crate::error::Result;
 use crate::estimate::AllocatorConfig;
-use crate::ffi::{self, Event, EventKind};
+use crate::ffi;
+use crate::events::{Event, EventKind};
 use crate::names::Names;
 use crate::phase::Phase;
 use crate::replay::{predicted_step, through_allocator, ModelVars};
@@ -39,9 +40,12 @@ impl Recording {
             ptr,
             value,
         };
+        let streams = self.stream_indices();
         let mut events = vec![event(EventKind::Phase, -1, 0, 0, 0)];
         let mut op = 0;
+        let mut released = false;
         for e in &self.events {
+            released &= e.action == Action::SegmentFree;
             match e.action {
                 Action::Alloc => {
                     let (name, module) = match ids.get(&e.site) {
@@ -51,13 +55,19 @@ impl Recording {
                     let mut begin = event(EventKind::OpBegin, op, name, module, -1);
                     begin.generation = 0;
                     events.push(begin);
-                    events.push(event(EventKind::Alloc, op, 0, e.addr, e.size as i64));
+                    let stream = streams[&e.stream];
+                    events.push(event(EventKind::Alloc { stream }, op, 0, e.addr, e.size as i64));
                     events.push(event(EventKind::OpEnd, op, name, 0, 0));
                     op += 1;
                 }
                 // The replay charges a free the bytes it charged the block.
                 Action::FreeCompleted => {
                     events.push(event(EventKind::Free, -1, 0, e.addr, -(e.size as i64)));
+                }
+                // Segments released one after another: the cache released once.
+                Action::SegmentFree if !released => {
+                    events.push(event(EventKind::Release, -1, 0, 0, 0));
+                    released = true;
                 }
                 _ => {}
             }

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use crate::ffi::{Event, EventKind};
+use crate::events::{Event, EventKind};
 use crate::names::{Names, MISSING};
 
 use super::{layer_at, Births, Category, OpRec, Owner};
@@ -62,7 +62,7 @@ pub(super) fn idle_at_peak(
     let mut live: HashMap<u64, u32> = HashMap::new();
     for (i, e) in events.iter().enumerate() {
         match (e.kind, births.owner[i]) {
-            (EventKind::Alloc, Owner::Born(id)) => {
+            (EventKind::Alloc { .. }, Owner::Born(id)) => {
                 birth[id as usize] = i;
                 site[id as usize] = e.aux;
                 live.insert(e.ptr, id);
@@ -186,7 +186,7 @@ fn curve_of(events: &[Event], births: &Births, start: i64, slot: u8) -> LiveCurv
     let mut live = start;
     let mut points = Vec::new();
     for (i, e) in events.iter().enumerate() {
-        if !matches!(e.kind, EventKind::Alloc | EventKind::Free) || e.device != slot {
+        if !matches!(e.kind, EventKind::Alloc { .. } | EventKind::Free) || e.device != slot {
             continue;
         }
         if matches!(births.owner[i], Owner::None) {

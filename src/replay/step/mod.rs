@@ -16,7 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::ffi::{Event, EventKind};
+use crate::events::{Event, EventKind};
 use crate::names::{Names, MISSING};
 use crate::phase::Phase;
 
@@ -184,7 +184,7 @@ fn classify_blocks(events: &[Event], start: &StepStart, slot: u8, consistent: &m
     let mut phase = Phase::Forward;
     for (i, e) in events.iter().enumerate() {
         match e.kind {
-            EventKind::Alloc if e.device == slot => {
+            EventKind::Alloc { .. } if e.device == slot => {
                 let id = born.len() as u32;
                 let device_owned = start.device_owned.contains(&e.ptr);
                 born.push(Born {
@@ -426,7 +426,7 @@ fn live_by_category(
     let mut since_row: i64 = total;
     for (i, e) in events.iter().enumerate() {
         match e.kind {
-            EventKind::Alloc | EventKind::Free if e.device == slot => {
+            EventKind::Alloc { .. } | EventKind::Free if e.device == slot => {
                 let cat = match births.owner[i] {
                     Owner::Born(id) => births.born[id as usize].cat.unwrap_or(Category::Other),
                     Owner::Initial(c) => c,

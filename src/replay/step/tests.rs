@@ -41,7 +41,7 @@ fn torchscript_paths_find_back_the_containers_never_called() {
 
 fn alloc(ptr: u64, bytes: i64, generation: u32, phase: u8, op: i32) -> Event {
     Event {
-        kind: EventKind::Alloc,
+        kind: EventKind::Alloc { stream: 0 },
         phase: crate::ffi::phase(phase),
         generation,
         op,
