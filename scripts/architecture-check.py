@@ -11,7 +11,8 @@
 - A native record (a `#[repr(C)]` struct, the Rust mirror of memprof.h's `MpX`) is
   defined in src/ffi/ only, named `MpX` as in C, visible in src/ffi/ only (`pub(super)`
   or private), and named nowhere outside src/ffi/: the rest of the crate reads the typed
-  values src/ffi/ decodes it into.
+  values src/ffi/ decodes it into. Nor does any file outside src/ffi/ read the contract's
+  constants (`native::`) or take the event model from ffi (it is `crate::events`).
 - Methods at home: an inherent `impl T` sits in the module that defines `T` (its file,
   or the folder of a `mod.rs` that defines it: `estimate/model/fit.rs` may add methods
   to the `Model` of `estimate/model/mod.rs`); elsewhere only trait impls (`Display`),
@@ -121,6 +122,13 @@ def main() -> int:
         if not in_ffi:
             for m in sorted(set(raw_name.findall(code))):
                 problems.append(f"src/{rel} names the native record {m}: read the typed value src/ffi/ decodes it into")
+            # The contract's constants (`ffi::native`) are read in src/ffi/ alone: the
+            # rest of the crate gets typed values (an event's kind, an autocast list).
+            if re.search(r"\bnative::|ffi::\{[^}]*\bnative\b|ffi::native\b", code):
+                problems.append(f"src/{rel} reads the native layer's constants (`native::`): only src/ffi/ may, the rest reads the typed values it decodes them into")
+            # The event model is `events`, not the seam: no event type is taken from ffi.
+            if re.search(r"ffi::(?:\{[^}]*\b(?:Event|EventKind|decode)\b|(?:Event|EventKind|decode)\b)", code):
+                problems.append(f"src/{rel} takes the event model from ffi: it is `crate::events`")
     problems += misplaced_impls()
     mention = re.compile(r"(?<![\w/.-])src/([A-Za-z0-9_./-]+\.(?:rs|cpp|h|js|css))\b")
     # The crate's modules: what a path of ours begins with.

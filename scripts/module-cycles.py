@@ -21,7 +21,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # layers below, never above (docs/architecture.md, "Layers", says what each is). Every
 # top-level module is in one.
 LAYERS = [
-    ("utilities", {"error", "format", "fs", "phase", "ffi", "names"}),
+    ("utilities", {"error", "format", "fs", "phase", "events", "ffi", "names"}),
     ("values", {"timeline", "vars", "workload", "stats", "leaks", "oom", "cuda", "optim"}),
     ("sources", {"program", "models"}),
     ("replay", {"replay"}),

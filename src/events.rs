@@ -49,12 +49,12 @@ pub(crate) enum EventKind {
         lt: bool,
     },
     /// A dry run: a CUDA kernel inside timeline op `op` takes `value` bytes after its
-    /// outputs and frees them before it returns (cuDNN's convolution workspace); `aux`
-    /// what the size is (`native::TRANSIENT_*`): the kernel's own; the larger plausible
-    /// one (a convolution not measured on the GPU); the most a measured call held at
-    /// once over requests not known one by one (a convolution backward's); or, beside
-    /// that, the same call's larger plausible size, for the pool's other layout.
-    Transient,
+    /// outputs and frees them before it returns (cuDNN's convolution workspace); `size`
+    /// what the size is.
+    Transient {
+        /// Where the size comes from.
+        size: TransientSize,
+    },
     /// A recorded history: the run released the allocator's cached segments here
     /// (`torch.cuda.empty_cache()`, or the allocator's own last retry before an
     /// out-of-memory error): the replay releases its own (no field is read).
@@ -99,4 +99,21 @@ impl Event {
     pub(crate) fn is_alloc(&self) -> bool {
         matches!(self.kind, EventKind::Alloc { .. })
     }
+}
+
+/// What a kernel's workspace ([`EventKind::Transient`]) is sized by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum TransientSize {
+    /// The kernel's own size (measured on the GPU as one request, or known).
+    Exact,
+    /// The larger plausible size: a convolution not measured on the GPU.
+    Bound,
+    /// The most a measured call held at once, over requests not known one by one (a
+    /// convolution backward's).
+    Measured,
+    /// Beside a `Measured` one, the same call's larger plausible size, for the pool's
+    /// other layout.
+    Rule,
+    /// One of the requests of a measured call that are known one by one.
+    Split,
 }

@@ -171,8 +171,8 @@
 mod cli;
 pub mod cuda;
 mod error;
-mod events;
 pub mod estimate;
+mod events;
 mod ffi; // the one `#![allow(unsafe_code)]`
 mod format;
 mod fs;

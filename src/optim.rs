@@ -111,9 +111,13 @@ pub fn autocast<T>(device: Device, dtype: Kind, f: impl FnOnce() -> T) -> Result
     Ok(f())
 }
 
-/// Runs `f` in the estimator's autocast on the meta device, with the op lists `list`
-/// (`native::AUTOCAST_LIST_*`), for the dry run of a mixed-precision step.
-pub(crate) fn meta_autocast<T>(list: i32, dtype: Kind, f: impl FnOnce() -> T) -> Result<T> {
+/// Runs `f` in the estimator's autocast on the meta device, with the op lists `list`,
+/// for the dry run of a mixed-precision step.
+pub(crate) fn meta_autocast<T>(
+    list: ffi::AutocastList,
+    dtype: Kind,
+    f: impl FnOnce() -> T,
+) -> Result<T> {
     struct Region;
     impl Drop for Region {
         fn drop(&mut self) {
@@ -176,9 +180,9 @@ pub struct Checkpointed<'a> {
     device: Device,
     mixed_precision: Option<Kind>,
     preserve_rng: bool,
-    /// In the estimator's dry run on the meta device: autocast's op lists to apply there
-    /// (`native::AUTOCAST_LIST_*`), and the hook that marks where backward begins.
-    dry_run: Option<(i32, Mark<'a>)>,
+    /// In the estimator's dry run on the meta device: autocast's op lists to apply there,
+    /// and the hook that marks where backward begins.
+    dry_run: Option<(ffi::AutocastList, Mark<'a>)>,
 }
 
 impl<'a> Checkpointed<'a> {
@@ -229,7 +233,11 @@ impl<'a> Checkpointed<'a> {
     /// trace's autocast with the op lists `list` when mixed precision is on; `mark` is
     /// called once, right before the first backward call; no generator state is saved
     /// (a CUDA run saves it on the host).
-    pub(crate) fn for_dry_run(mut self, list: i32, mark: impl Fn() -> Result<()> + 'a) -> Self {
+    pub(crate) fn for_dry_run(
+        mut self,
+        list: ffi::AutocastList,
+        mark: impl Fn() -> Result<()> + 'a,
+    ) -> Self {
         self.dry_run = Some((list, Box::new(mark)));
         self.preserve_rng = false;
         self

@@ -25,7 +25,9 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(DIR).join("measured.csv");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(DIR)
+        .join("measured.csv");
     let mut reader = csv::Reader::from_path(&path).expect("measured.csv");
     let headers = reader.headers().unwrap().clone();
     let col = |name: &str| headers.iter().position(|h| h == name).expect(name);
@@ -71,7 +73,11 @@ fn every_rank_replays_to_its_measured_peak_reserved_to_the_byte() {
         let run = recording.replay(&AllocatorConfig::default());
         assert!(run.complete, "{}: frees of unknown blocks", case.name);
         // The history's own peak reserved is the measured one (its segments).
-        assert_eq!(run.recorded.reserved, case.measured_reserved, "{}", case.name);
+        assert_eq!(
+            run.recorded.reserved, case.measured_reserved,
+            "{}",
+            case.name
+        );
         if run.replayed.reserved != case.measured_reserved {
             failures.push(format!(
                 "{}: replayed reserved {} where {} was measured ({:+.3}%)",
@@ -98,6 +104,32 @@ fn every_rank_replays_to_its_measured_peak_reserved_to_the_byte() {
 }
 
 #[test]
+fn at_the_peak_each_streams_segments_add_up_to_the_peak_reserved() {
+    // GPT-2 at N = 8, rank 0: the segments the replay holds when its reserved bytes
+    // reach the measured peak, by the stream they were made for; the default stream
+    // holds the step, FSDP2's two side streams (all-gather copy-in, reduce-scatter)
+    // cached segments only they can use.
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name == "fsdp2.hf_gpt2.w8.r0.f32.reshard")
+        .unwrap();
+    let recording = Recording::read(&snapshot(&case), 0).unwrap();
+    let ids = recording.stream_ids();
+    assert_eq!(ids.len(), 3);
+    assert_eq!(ids[0], 0, "the default stream asks first");
+    let view = recording
+        .at_reserved_peak(&AllocatorConfig::default())
+        .unwrap();
+    let mut by_stream = [0u64; 3];
+    for s in &view.segments {
+        by_stream[s.stream as usize] += s.size;
+    }
+    assert_eq!(by_stream.iter().sum::<u64>(), case.measured_reserved);
+    assert!(by_stream.iter().all(|&b| b > 0), "{by_stream:?}");
+    assert!(by_stream[0] > by_stream[1] + by_stream[2], "{by_stream:?}");
+}
+
+#[test]
 fn fsdp2_histories_are_on_three_streams_and_one_stream_would_be_wrong() {
     // The reason the streams are replayed: the same histories with every block on one
     // stream give other peaks reserved (under by up to 5% for GPT-2).
@@ -114,7 +146,10 @@ fn fsdp2_histories_are_on_three_streams_and_one_stream_would_be_wrong() {
             differ += 1;
         }
     }
-    assert!(differ >= 20, "one stream would be right in all but {differ} FSDP2 cases");
+    assert!(
+        differ >= 20,
+        "one stream would be right in all but {differ} FSDP2 cases"
+    );
 }
 
 /// GPT-2 small's parameters as transformers 4.57 builds them (`GPT2LMHeadModel` of the

@@ -707,7 +707,7 @@ fn event_on(action: &str, addr: u64, size: u64, stream: i64) -> V {
 }
 
 #[test]
-fn a_history_on_two_streams_is_marked_in_replay_and_plan() {
+fn a_history_on_two_streams_is_replayed_with_each_streams_free_blocks() {
     // Stream 1 frees its 20 MiB block; stream 2 asks for 20 MiB. PyTorch keeps the
     // freed block for stream 1, so the run made a second segment (recorded: 40 MiB
     // reserved); one pool for both would reuse the first (20 MiB).
@@ -727,26 +727,84 @@ fn a_history_on_two_streams_is_marked_in_replay_and_plan() {
     assert_eq!(recording.streams(), 2);
     let run = recording.replay(&AllocatorConfig::default());
     assert_eq!(run.recorded.reserved, 40 * MIB);
+    assert_eq!(
+        run.replayed.reserved,
+        40 * MIB,
+        "stream 2 cannot take stream 1's block"
+    );
     assert_eq!(run.streams, 2);
-    let warning = "the history asks for blocks on 2 CUDA streams";
-    let trust = "Trust the recorded peak reserved (40.00 MiB)";
     let out = cli(&["replay", file.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let printed = text(&out.stdout);
     assert!(
-        printed.contains(warning) && printed.contains(trust),
+        printed.contains("(2 allocations, on 2 CUDA streams)"),
         "{printed}"
     );
+    assert!(!printed.contains("warning"), "{printed}");
+    // At the peak, each stream's segment: stream 1's 20 MiB all free (no request on
+    // stream 2 could take it), stream 2's held.
+    assert!(
+        printed.contains("by the stream each segment was made for"),
+        "{printed}"
+    );
+    let row = |id: &str| {
+        printed
+            .lines()
+            .find(|l| l.contains(&format!(" {id} ")))
+            .map(|l| l.split('┆').map(str::trim).collect::<Vec<_>>().join("|"))
+            .unwrap_or_default()
+    };
+    assert_eq!(row("0x1"), "│ 0x1|1|20.00 MiB|0 B|20.00 MiB │", "{printed}");
+    assert_eq!(row("0x2"), "│ 0x2|1|20.00 MiB|20.00 MiB|0 B │", "{printed}");
     let out = cli(&["replay", file.to_str().unwrap(), "--csv"]);
-    assert!(text(&out.stderr).contains(warning), "{}", text(&out.stderr));
-    assert!(!text(&out.stdout).contains(warning));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // The recorded row, then the run's own settings replayed: both 40 MiB reserved.
+    let csv = text(&out.stdout);
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        rows[1],
+        format!("recorded,{},{}", 20 * MIB, 40 * MIB),
+        "{csv}"
+    );
+    assert_eq!(
+        rows[2],
+        format!("default,{},{}", 20 * MIB, 40 * MIB),
+        "{csv}"
+    );
     let out = cli(&["plan", file.to_str().unwrap(), "--memory", "1GiB"]);
     let printed = text(&out.stdout);
     assert!(
-        printed.contains(warning) && printed.contains(trust),
+        printed.contains("a recorded run, on 2 CUDA streams"),
         "{printed}"
     );
-    // One stream: no warning.
+    // A history that releases its cache (empty_cache(): its segments freed) releases
+    // the replay's: the block freed on stream 1 is gone, and a request on stream 1
+    // after it needs a new segment, which the replay counts from zero.
+    let c = 0x7f20_0000_0000u64;
+    let released = dir.path().join("released.pickle");
+    write_snapshot(
+        &released,
+        vec![
+            event_on("segment_alloc", a, 20 * MIB, 1),
+            event_on("alloc", a, 20 * MIB, 1),
+            event_on("free_requested", a, 20 * MIB, 1),
+            event_on("free_completed", a, 20 * MIB, 1),
+            event_on("segment_free", a, 20 * MIB, 1),
+            event_on("segment_alloc", c, 30 * MIB, 1),
+            event_on("alloc", c, 30 * MIB, 1),
+        ],
+        None,
+    );
+    let run = Recording::read(&released, 0)
+        .unwrap()
+        .replay(&AllocatorConfig::default());
+    assert_eq!(run.recorded.reserved, 30 * MIB);
+    assert_eq!(
+        run.replayed.reserved,
+        30 * MIB,
+        "the 20 MiB segment was released"
+    );
+    // One stream: no streams said.
     let one = dir.path().join("one_stream.pickle");
     write_snapshot(
         &one,
@@ -790,6 +848,15 @@ fn several_ranks_side_by_side_with_the_peak_rank_and_its_excess() {
         printed.contains(
             "the peak rank: rank1, peak reserved 60.00 MiB: 20.00 MiB (50.0%) above the \
              median rank's (rank2, 40.00 MiB)"
+        ),
+        "{printed}"
+    );
+    // What rank1 holds at its peak that rank2 does not: its one 60 MiB block (these
+    // histories keep no frames, so blocks go by size).
+    assert!(
+        printed.contains(
+            "what it holds at its peak beyond the median rank's at its own: +60.00 MiB in \
+             blocks of 60.00 MiB"
         ),
         "{printed}"
     );

@@ -219,14 +219,15 @@ impl Attention {
         name_in(&Self::ALL, self)
     }
 
-    pub(crate) fn native(self) -> i32 {
-        use crate::ffi::native;
+    /// The backend the dry run is told to take.
+    pub(crate) fn backend(self) -> crate::ffi::SdpaBackend {
+        use crate::ffi::SdpaBackend;
         match self {
-            Attention::Auto => native::ATTN_AUTO,
-            Attention::Flash => native::ATTN_FLASH,
-            Attention::Efficient => native::ATTN_EFFICIENT,
-            Attention::Cudnn => native::ATTN_CUDNN,
-            Attention::Math => native::ATTN_MATH,
+            Attention::Auto => SdpaBackend::Auto,
+            Attention::Flash => SdpaBackend::Flash,
+            Attention::Efficient => SdpaBackend::Efficient,
+            Attention::Cudnn => SdpaBackend::Cudnn,
+            Attention::Math => SdpaBackend::Math,
         }
     }
 }

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use super::{Input, Mode, Model, Options};
 use crate::error::Result;
-use crate::ffi::{self, native};
 use crate::events::{Event, EventKind};
+use crate::ffi::{self, AutocastList};
 use crate::phase::Phase;
 
 /// Whose autocast op lists the dry run follows.
@@ -48,8 +48,8 @@ pub fn dry_run_step(
     step: u32,
 ) -> Result<crate::timeline::StepProfile> {
     let list = match lists {
-        Lists::Cuda => native::AUTOCAST_LIST_CUDA,
-        Lists::Cpu => native::AUTOCAST_LIST_CPU,
+        Lists::Cuda => AutocastList::Cuda,
+        Lists::Cpu => AutocastList::Cpu,
     };
     let run = model.dry_run_lists(inputs, mode, options, list, false)?;
     model.step_as_requested(&run, options, step)
@@ -102,8 +102,8 @@ pub fn dry_run_trace(
     lists: Lists,
 ) -> Result<DryRunTrace> {
     let list = match lists {
-        Lists::Cuda => native::AUTOCAST_LIST_CUDA,
-        Lists::Cpu => native::AUTOCAST_LIST_CPU,
+        Lists::Cuda => AutocastList::Cuda,
+        Lists::Cpu => AutocastList::Cpu,
     };
     let run = model.dry_run_lists(inputs, mode, options, list, false)?;
     from_events(model.weights_bytes(), &run.events)
@@ -181,11 +181,11 @@ mod tests {
 
     use super::*;
 
-    fn autocast_listing(which: i32) -> Result<Vec<String>> {
+    fn autocast_listing(which: AutocastList) -> Result<Vec<String>> {
         ffi::autocast_listing(which)
     }
 
-    fn ops(which: i32) -> BTreeSet<String> {
+    fn ops(which: AutocastList) -> BTreeSet<String> {
         autocast_listing(which)
             .unwrap()
             .iter()
@@ -212,8 +212,8 @@ mod tests {
 
     #[test]
     fn the_cuda_lists_are_the_ops_libtorch_registers_on_autocast_cuda() {
-        let ours = ops(native::AUTOCAST_LIST_CUDA);
-        let mut theirs = ops(native::AUTOCAST_REGISTERED_CUDA);
+        let ours = ops(AutocastList::Cuda);
+        let mut theirs = ops(AutocastList::RegisteredCuda);
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
         if !maps.contains("libtorch_cuda.so") {
             for op in FROM_LIBTORCH_CUDA {
@@ -240,8 +240,8 @@ mod tests {
 
     #[test]
     fn the_cpu_lists_are_the_ops_libtorch_registers_on_autocast_cpu() {
-        let ours = ops(native::AUTOCAST_LIST_CPU);
-        let theirs = ops(native::AUTOCAST_REGISTERED_CPU);
+        let ours = ops(AutocastList::Cpu);
+        let theirs = ops(AutocastList::RegisteredCpu);
         if let Some((_, cpu)) = registered_counts() {
             assert_eq!(
                 theirs.len(),
@@ -258,7 +258,7 @@ mod tests {
 
     #[test]
     fn every_listed_op_has_one_policy_per_list() {
-        for which in [native::AUTOCAST_LIST_CUDA, native::AUTOCAST_LIST_CPU] {
+        for which in [AutocastList::Cuda, AutocastList::Cpu] {
             let lines = autocast_listing(which).unwrap();
             let names: BTreeSet<&str> =
                 lines.iter().map(|l| l.split(' ').next().unwrap()).collect();
@@ -270,7 +270,7 @@ mod tests {
                     .find(|l| l.split(' ').next() == Some(op))
                     .map(|l| l.split(' ').nth(1).unwrap().to_string())
             };
-            if which == native::AUTOCAST_LIST_CUDA {
+            if which == AutocastList::Cuda {
                 assert_eq!(policy("aten::mm").as_deref(), Some("lower_precision_fp"));
                 assert_eq!(
                     policy("aten::softmax.int").as_deref(),

@@ -3,7 +3,7 @@
 //! `logs.cpp`; the meta trace of a dry run, `dryrun/trace.cpp`) hold `MpTlEvent`s,
 //! decoded here, once, into [`Event`]s. No code outside `ffi` matches a raw kind.
 
-use crate::events::{Event, EventKind};
+use crate::events::{Event, EventKind, TransientSize};
 use crate::phase::Phase;
 
 use super::native;
@@ -47,7 +47,15 @@ fn kind_of(raw: &MpTlEvent) -> Option<EventKind> {
         native::EV_READ => EventKind::Read,
         native::EV_BASELINE => EventKind::Baseline,
         native::EV_WORKSPACE => EventKind::Workspace { lt: raw.value == 2 },
-        native::EV_TRANSIENT => EventKind::Transient,
+        native::EV_TRANSIENT => EventKind::Transient {
+            size: match raw.aux {
+                native::TRANSIENT_BOUND => TransientSize::Bound,
+                native::TRANSIENT_MEASURED => TransientSize::Measured,
+                native::TRANSIENT_RULE => TransientSize::Rule,
+                native::TRANSIENT_SPLIT => TransientSize::Split,
+                _ => TransientSize::Exact,
+            },
+        },
         _ => return None,
     })
 }
@@ -109,7 +117,12 @@ mod tests {
             .iter()
             .all(|e| e.phase == Phase::Backward && e.value == 2));
         assert_eq!(out[10].kind, EventKind::Workspace { lt: true });
-        assert_eq!(out[11].kind, EventKind::Transient);
+        assert_eq!(
+            out[11].kind,
+            EventKind::Transient {
+                size: TransientSize::Exact
+            }
+        );
         assert_eq!(out[0].kind, EventKind::Alloc { stream: 0 });
         assert_eq!(out[8].kind, EventKind::Read);
     }

@@ -58,25 +58,89 @@ extern "C" {
     ) -> i32;
 }
 
+/// The op lists of autocast a dry run applies on the meta device: the estimator's own
+/// for CUDA or for the CPU, or (for the checks that they are libtorch's) the ops
+/// libtorch registers on its AutocastCUDA or AutocastCPU key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AutocastList {
+    Cuda,
+    Cpu,
+    #[cfg(test)]
+    RegisteredCuda,
+    #[cfg(test)]
+    RegisteredCpu,
+}
+
+impl AutocastList {
+    fn code(self) -> i32 {
+        match self {
+            AutocastList::Cuda => native::AUTOCAST_LIST_CUDA,
+            AutocastList::Cpu => native::AUTOCAST_LIST_CPU,
+            #[cfg(test)]
+            AutocastList::RegisteredCuda => native::AUTOCAST_REGISTERED_CUDA,
+            #[cfg(test)]
+            AutocastList::RegisteredCpu => native::AUTOCAST_REGISTERED_CPU,
+        }
+    }
+}
+
+/// The scaled_dot_product_attention backend a dry run takes: chosen as PyTorch chooses
+/// for the GPU (`Auto`), or one forced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SdpaBackend {
+    Auto,
+    Flash,
+    Efficient,
+    Cudnn,
+    Math,
+}
+
+impl SdpaBackend {
+    fn code(self) -> i32 {
+        match self {
+            SdpaBackend::Auto => native::ATTN_AUTO,
+            SdpaBackend::Flash => native::ATTN_FLASH,
+            SdpaBackend::Efficient => native::ATTN_EFFICIENT,
+            SdpaBackend::Cudnn => native::ATTN_CUDNN,
+            SdpaBackend::Math => native::ATTN_MATH,
+        }
+    }
+}
+
+/// What a TorchScript module's forward takes first, from the op its first input reaches
+/// first in the graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InputKind {
+    /// Token ids (they index an embedding).
+    Tokens,
+    /// Images (they go into a 2-d convolution).
+    Images,
+    /// The graph does not say.
+    Unknown,
+}
+
+/// The most allocator events one dry run's meta trace holds; a run that makes more is
+/// incomplete ([`meta_read`] says so).
+pub(crate) const META_TRACE_CAPACITY: u64 = native::META_CAPACITY;
+
 /// `MpAttention`: how the dry run runs scaled_dot_product_attention.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct MpAttention {
     /// The GPU's compute capability, major * 10 + minor.
     pub sm: i32,
-    /// `native::ATTN_*`.
+    /// `SdpaBackend`'s code (`MP_ATTN_*`).
     pub backend: i32,
     /// Calls since the last set, by backend: flash, efficient, cudnn, math.
     pub runs: [u64; 4],
 }
 
 /// Sets how later dry runs run scaled_dot_product_attention (compute capability
-/// `sm` = major * 10 + minor, `backend` one of `native::ATTN_*`); the run counts start
-/// again at 0.
-pub(crate) fn meta_attention_set(sm: i32, backend: i32) -> Result<()> {
+/// `sm` = major * 10 + minor); the run counts start again at 0.
+pub(crate) fn meta_attention_set(sm: i32, backend: SdpaBackend) -> Result<()> {
     let a = MpAttention {
         sm,
-        backend,
+        backend: backend.code(),
         runs: [0; 4],
     };
     // SAFETY: `a` is a valid struct for the call; `get` is null.
@@ -199,12 +263,12 @@ pub(crate) fn meta_convert(t: &Tensor) -> Result<()> {
     check(unsafe { memprof_meta_convert(t.as_ptr() as *mut c_void) })
 }
 
-/// Starts autocast in the dry run on this thread: the ops of `list`
-/// (`native::AUTOCAST_LIST_*`) cast meta tensors to `dtype` (a c10::ScalarType code) as
-/// that autocast casts its device's. Only during a meta trace.
-pub(crate) fn meta_autocast_begin(list: i32, dtype: i32) -> Result<()> {
+/// Starts autocast in the dry run on this thread: the ops of `list` cast meta tensors to
+/// `dtype` (a c10::ScalarType code) as that autocast casts its device's. Only during a
+/// meta trace.
+pub(crate) fn meta_autocast_begin(list: AutocastList, dtype: i32) -> Result<()> {
     // SAFETY: plain call.
-    check(unsafe { memprof_meta_autocast_begin(list, dtype) })
+    check(unsafe { memprof_meta_autocast_begin(list.code(), dtype) })
 }
 
 /// Ends it (the cached casts are dropped).
@@ -238,13 +302,13 @@ fn native_text(call: impl Fn(*mut c_char, usize, &mut u64) -> i32) -> Result<Str
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
-/// The lines of `which` (`native::AUTOCAST_*`): the crate's autocast lists
-/// (`aten::op.overload policy`) or the ops this libtorch registers autocast kernels for.
+/// The lines of `which`: the crate's autocast lists (`aten::op.overload policy`) or the
+/// ops this libtorch registers autocast kernels for.
 #[cfg(test)]
-pub(crate) fn autocast_listing(which: i32) -> Result<Vec<String>> {
+pub(crate) fn autocast_listing(which: AutocastList) -> Result<Vec<String>> {
     // SAFETY: `native_text` passes a buffer valid for `len` bytes (or none, with 0).
     let text = native_text(|buf, len, needed| unsafe {
-        memprof_autocast_listing(which, buf, len, needed)
+        memprof_autocast_listing(which.code(), buf, len, needed)
     })?;
     Ok(text.lines().map(str::to_string).collect())
 }
@@ -277,13 +341,16 @@ impl ScriptModule {
         check(unsafe { memprof_script_fresh(self.ptr) })
     }
 
-    /// What forward's first input is, from the op it reaches first in the graph
-    /// (`native::INPUT_*`: token ids, images, or unknown).
-    pub(crate) fn input_kind(&self) -> Result<i32> {
+    /// What forward's first input is, from the op it reaches first in the graph.
+    pub(crate) fn input_kind(&self) -> Result<InputKind> {
         let mut kind = native::INPUT_UNKNOWN;
         // SAFETY: `ptr` is the live module this value owns; `kind` a valid slot.
         check(unsafe { memprof_script_input_kind(self.ptr, &mut kind) })?;
-        Ok(kind)
+        Ok(match kind {
+            native::INPUT_TOKENS => InputKind::Tokens,
+            native::INPUT_IMAGES => InputKind::Images,
+            _ => InputKind::Unknown,
+        })
     }
 
     /// The ops the file's `cpu` device constants feed, each once: where it was traced

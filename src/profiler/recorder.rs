@@ -6,8 +6,8 @@
 use rustc_hash::FxHashMap;
 
 use crate::error::Result;
-use crate::ffi::{self, Records, StepLogStart};
 use crate::events::Event;
+use crate::ffi::{self, Records, StepLogStart};
 use crate::names::Names;
 use crate::vars::VarTable;
 

@@ -25,8 +25,8 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::ffi::StepLogStart;
 use crate::events::{Event, EventKind};
+use crate::ffi::StepLogStart;
 
 /// The last learning iteration's step log.
 #[derive(Debug, Default)]

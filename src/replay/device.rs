@@ -15,8 +15,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::allocator::{AllocatorConfig, AllocatorStats, CachingAllocator, PoolState};
 use super::step::replay as replay_step;
-use crate::ffi::native;
-use crate::events::{Event, EventKind};
+use crate::events::{Event, EventKind, TransientSize};
 use crate::names::Names;
 use crate::phase::Phase;
 use crate::timeline::{StepProfile, StepStart, VarEntry};
@@ -191,18 +190,14 @@ impl Allocator {
 pub(crate) fn through_allocator(weights: &[Event], run: &[Event], options: &DeviceModel) -> Device {
     let caching = || Allocator::Caching(Box::new(CachingAllocator::new(options.allocator.clone())));
     let mut device = replay_on(caching(), weights, run, options, Transients::All);
-    let transients = || run.iter().filter(|e| e.kind == EventKind::Transient);
-    let has = |aux| transients().any(|e| e.aux == aux);
-    let (bound, measured) = (
-        has(native::TRANSIENT_BOUND),
-        has(native::TRANSIENT_MEASURED),
-    );
+    let has = |size| run.iter().any(|e| e.kind == EventKind::Transient { size });
+    let (bound, measured) = (has(TransientSize::Bound), has(TransientSize::Measured));
     if bound || measured {
         // Where a call's requests are not all known (one charged by the rule, or
         // measured only as the most it held at once), the pool's layout is not known
         // either: the larger of the plausible ones.
         let mut others = vec![Transients::Exact];
-        if has(native::TRANSIENT_RULE) {
+        if has(TransientSize::Rule) {
             others.push(Transients::Rule);
         }
         for other in others {
@@ -247,12 +242,12 @@ fn replay_on(
     transients: Transients,
 ) -> Device {
     let exact = matches!(alloc, Allocator::AsRequested { .. });
-    let takes = |e: &Event| match transients {
+    let takes = |size: TransientSize| match transients {
         _ if exact => false,
         Transients::None => false,
-        Transients::Exact => matches!(e.aux, native::TRANSIENT_EXACT | native::TRANSIENT_SPLIT),
-        Transients::All => e.aux != native::TRANSIENT_RULE,
-        Transients::Rule => !matches!(e.aux, native::TRANSIENT_MEASURED | native::TRANSIENT_SPLIT),
+        Transients::Exact => matches!(size, TransientSize::Exact | TransientSize::Split),
+        Transients::All => size != TransientSize::Rule,
+        Transients::Rule => !matches!(size, TransientSize::Measured | TransientSize::Split),
     };
     let mut charged: HashMap<u64, i64> = HashMap::new();
     let mut events = Vec::with_capacity(weights.len() + run.len() + 4);
@@ -368,11 +363,11 @@ fn replay_on(
                     }
                 }
             }
-            EventKind::Transient if takes(e) && e.value > 0 => {
+            EventKind::Transient { size } if takes(size) && e.value > 0 => {
                 // Taken after the kernel's outputs, freed before it returns: a block of
                 // its own that the pool may have to make room for.
                 taken += 1;
-                if e.aux == native::TRANSIENT_BOUND && last_bounded != Some((e.generation, e.op)) {
+                if size == TransientSize::Bound && last_bounded != Some((e.generation, e.op)) {
                     bounded += 1;
                     last_bounded = Some((e.generation, e.op));
                 }
@@ -387,7 +382,10 @@ fn replay_on(
                     raise_step_peak(&mut steps, alloc.stats().allocated, e, &op_names);
                 }
                 alloc.free(id);
-                for (kind, value) in [(EventKind::Alloc { stream: 0 }, bytes), (EventKind::Free, -bytes)] {
+                for (kind, value) in [
+                    (EventKind::Alloc { stream: 0 }, bytes),
+                    (EventKind::Free, -bytes),
+                ] {
                     events.push(Event {
                         kind,
                         ptr: id,
@@ -401,10 +399,7 @@ fn replay_on(
         }
         // The step's peak, at its first allocation that reaches it.
         let now = alloc.stats().allocated;
-        for a in events[before..]
-            .iter()
-            .filter(|a| a.is_alloc())
-        {
+        for a in events[before..].iter().filter(|a| a.is_alloc()) {
             raise_step_peak(&mut steps, now, a, &op_names);
         }
     }

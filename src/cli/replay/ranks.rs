@@ -4,6 +4,7 @@
 //! the median rank, and with `--memory` the allocator setting under which every rank
 //! fits.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -27,6 +28,54 @@ struct Rank {
     replays: Vec<Peaks>,
     own: String,
     streams: usize,
+    /// What it holds when its replay (as it ran) first reaches its peak reserved: the
+    /// bytes of its live blocks by where they were asked for (a frame), or by block
+    /// size where the history kept no frames.
+    holds: HashMap<String, u64>,
+}
+
+/// The live blocks at the peak reserved by their frame (or size), bytes each.
+fn holdings(recording: &Recording, config: &AllocatorConfig) -> HashMap<String, u64> {
+    let mut holds = HashMap::new();
+    let Some(view) = recording.at_reserved_peak(config) else {
+        return holds;
+    };
+    for (id, size) in view.segments.iter().flat_map(|s| &s.live) {
+        let key = match view
+            .sites
+            .get(id)
+            .and_then(|&i| recording.sites.get(i as usize))
+        {
+            Some(site) => site.clone(),
+            None => format!("blocks of {}", bytes(*size)),
+        };
+        *holds.entry(key).or_insert(0) += size;
+    }
+    holds
+}
+
+/// What `peak` holds beyond `median`, the largest differences first (at most `n`):
+/// `+96.00 MiB from forward (file:line)`.
+fn beyond(peak: &Rank, median: &Rank, n: usize) -> Vec<String> {
+    let mut more: Vec<(u64, &String)> = peak
+        .holds
+        .iter()
+        .filter_map(|(k, &b)| {
+            let other = median.holds.get(k).copied().unwrap_or(0);
+            (b > other).then(|| (b - other, k))
+        })
+        .collect();
+    more.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
+    more.into_iter()
+        .take(n)
+        .map(|(b, k)| {
+            if k.starts_with("blocks of ") {
+                format!("+{} in {k}", bytes(b))
+            } else {
+                format!("+{} from {k}", bytes(b))
+            }
+        })
+        .collect()
 }
 
 /// A rank's name: its file's name without `.pickle`, `.pickle.gz` or `.csv`.
@@ -89,6 +138,7 @@ pub(super) fn replay_ranks(
             replays,
             own,
             streams: recording.streams(),
+            holds: holdings(&recording, &own_config),
         });
     }
     progress.clear();
@@ -222,6 +272,14 @@ fn text(
         median.name,
         bytes(median.recorded.reserved)
     );
+    let more = beyond(peak, median, 3);
+    if excess > 0 && !more.is_empty() {
+        let _ = writeln!(
+            out,
+            "what it holds at its peak beyond the median rank's at its own: {}",
+            more.join("; ")
+        );
+    }
     if let Some(line) = fit {
         let _ = writeln!(out, "every rank: {line}");
     }

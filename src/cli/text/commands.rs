@@ -287,6 +287,14 @@ impl ReplayOutput<'_> {
         if let Some(view) = recording.at_reserved_peak(self.own_config) {
             let _ = writeln!(out, "the segments then, by size:");
             let _ = writeln!(out, "{}", peak_table(&view));
+            if let Some(t) = replay_text::streams_table(&view, &recording.stream_ids()) {
+                let _ = writeln!(
+                    out,
+                    "by the stream each segment was made for (its free bytes are that \
+                     stream's alone):"
+                );
+                let _ = writeln!(out, "{t}");
+            }
             let split = split_segments(&view, &recording.sites, self.top);
             if !split.is_empty() {
                 let _ = writeln!(

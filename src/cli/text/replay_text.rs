@@ -193,6 +193,51 @@ pub(crate) fn peak_table(v: &PeakView) -> String {
     table.to_string()
 }
 
+/// The segments at the peak reserved by the stream they were made for (`ids`: each
+/// stream's recorded id, by the replay's index): what each stream holds, and the free
+/// bytes in its segments, which no request on another stream can use. `None` for one
+/// stream.
+pub(crate) fn streams_table(v: &PeakView, ids: &[u64]) -> Option<String> {
+    if ids.len() < 2 {
+        return None;
+    }
+    // stream index -> (segments, reserved, allocated, free)
+    let mut by: BTreeMap<u64, (u64, u64, u64, u64)> = BTreeMap::new();
+    for s in &v.segments {
+        let row = by.entry(s.stream).or_default();
+        row.0 += 1;
+        row.1 += s.size;
+        row.2 += s.allocated;
+        row.3 += s.free;
+    }
+    let mut table = Table::new();
+    table
+        .load_preset(UTF8_FULL)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(["stream", "segments", "reserved", "allocated", "free"]);
+    for (stream, (n, reserved, allocated, free)) in by {
+        let name = match ids.get(stream as usize) {
+            Some(0) => "default".to_string(),
+            Some(id) => format!("{id:#x}"),
+            None => stream.to_string(),
+        };
+        table.add_row([
+            name,
+            n.to_string(),
+            bytes(reserved),
+            bytes(allocated),
+            bytes(free),
+        ]);
+    }
+    for c in 1..5 {
+        if let Some(col) = table.column_mut(c) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    crate::report::keep_words(&mut table);
+    Some(table.to_string())
+}
+
 /// The smallest request that needed a new segment at the peak, in words: more than
 /// the largest free block (on a GPU with nothing left to reserve, it fails).
 pub(crate) fn failing_request_line(v: &PeakView) -> String {

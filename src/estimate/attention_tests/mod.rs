@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use tch::{Device, Kind, Tensor};
 
 use super::{Attention, Gpu, Input, Mode, Model, Optimizer, Options};
-use crate::ffi;
 use crate::events::EventKind;
+use crate::ffi;
 
 mod workspaces;
 
@@ -78,8 +78,11 @@ fn run(c: Call, backend: Attention) -> Result<(Vec<i64>, &'static str), String> 
 }
 
 /// The same, every event of the trace.
-fn run_events(c: Call, backend: Attention) -> Result<(Vec<crate::events::Event>, &'static str), String> {
-    ffi::meta_attention_set(c.sm, backend.native()).unwrap();
+fn run_events(
+    c: Call,
+    backend: Attention,
+) -> Result<(Vec<crate::events::Event>, &'static str), String> {
+    ffi::meta_attention_set(c.sm, backend.backend()).unwrap();
     ffi::meta_begin().unwrap();
     let result = crate::error::catching(|| {
         let q = meta(&[c.b, c.h, c.l, c.d], c.kind, c.grad);
@@ -535,14 +538,16 @@ fn cudnn_allocates_output_stats_and_seeds() {
     // bf16 training runs of GPT-2, BERT-base, SmolLM2 and ViT-B: 132 calls), taken
     // before the loss's sum and backward take theirs.
     let (events, _) = run_events(c, Attention::Auto).unwrap();
-    let first = events.iter().find(|e| e.kind == EventKind::Transient);
+    let first = events
+        .iter()
+        .find(|e| matches!(e.kind, EventKind::Transient { .. }));
     assert_eq!(first.map(|e| e.value), Some(256));
 }
 
 #[test]
 fn outside_a_dry_run_attention_is_unchanged() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    ffi::meta_attention_set(90, Attention::Flash.native()).unwrap();
+    ffi::meta_attention_set(90, Attention::Flash.backend()).unwrap();
     // A CPU call in f32 with a forced flash setting: the composite path, same numbers as
     // the math written out.
     let q = Tensor::randn([1, 2, 5, 8], (Kind::Float, Device::Cpu));
@@ -554,7 +559,7 @@ fn outside_a_dry_run_attention_is_unchanged() {
     let want = scores.softmax(-1, Kind::Float).matmul(&v);
     assert!(out.allclose(&want, 1e-5, 1e-6, false));
     assert_eq!(ffi::meta_attention_runs().unwrap(), [0, 0, 0, 0]);
-    ffi::meta_attention_set(80, Attention::Auto.native()).unwrap();
+    ffi::meta_attention_set(80, Attention::Auto.backend()).unwrap();
 }
 
 #[test]

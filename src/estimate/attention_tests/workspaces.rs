@@ -109,7 +109,7 @@ fn attention_backward_workspaces_are_what_an_h200_took() {
         // backward, takes its own reduction buffers).
         let transients: Vec<&crate::events::Event> = events
             .iter()
-            .filter(|e| e.kind == EventKind::Transient)
+            .filter(|e| matches!(e.kind, EventKind::Transient { .. }))
             .collect();
         let backward_op = transients.last().map(|e| e.op);
         let charged: Vec<i64> = transients

@@ -10,13 +10,17 @@ use tch::{Device, Kind, Tensor};
 use super::{Model, Trace};
 use crate::error::{catching, torch_message, Error, Result};
 use crate::estimate::{AttentionRuns, Input, Mode, Options};
-use crate::ffi::{self, native, Mark, Target};
 use crate::events::Event;
+use crate::ffi::{self, AutocastList, Mark, Target};
 use crate::optim::{meta_autocast, Checkpointed};
 use crate::workload::loss;
 
 /// `f` under the dry run's autocast in `dtype` with the op lists `list`, or plainly.
-fn autocasting<T>(dtype: Option<Kind>, list: i32, f: impl FnOnce() -> Result<T>) -> Result<T> {
+fn autocasting<T>(
+    dtype: Option<Kind>,
+    list: AutocastList,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<T> {
     match dtype {
         Some(k) => meta_autocast(list, k, f)?,
         None => f(),
@@ -47,17 +51,16 @@ impl Model {
         options: &Options,
         sites: bool,
     ) -> Result<DryRun> {
-        self.dry_run_lists(inputs, mode, options, native::AUTOCAST_LIST_CUDA, sites)
+        self.dry_run_lists(inputs, mode, options, AutocastList::Cuda, sites)
     }
 
-    /// The dry run with autocast's op lists of `autocast_list` (`native::AUTOCAST_LIST_*`:
-    /// CUDA's for an estimate, CPU's to check the dry run against a real CPU run).
+    /// The dry run with autocast's op lists of `autocast_list` (CUDA's for an estimate, CPU's to check the dry run against a real CPU run).
     pub(in crate::estimate) fn dry_run_lists(
         &self,
         inputs: &[Input],
         mode: Mode,
         options: &Options,
-        autocast_list: i32,
+        autocast_list: AutocastList,
         sites: bool,
     ) -> Result<DryRun> {
         let optimize = options.jit_optimize && self.is_script();
@@ -87,7 +90,7 @@ impl Model {
         inputs: &[Input],
         mode: Mode,
         options: &Options,
-        autocast_list: i32,
+        autocast_list: AutocastList,
         sites: bool,
     ) -> Result<DryRun> {
         let start = Instant::now();
@@ -232,7 +235,7 @@ impl Model {
             });
         }
         let trace = Trace::begin()?;
-        ffi::meta_attention_set(options.gpu.sm as i32, options.attention.native())?;
+        ffi::meta_attention_set(options.gpu.sm as i32, options.attention.backend())?;
         ffi::meta_gpu_set(
             options.gpu.multiprocessors as i32,
             options.gpu.threads_per_multiprocessor as i32,
@@ -296,7 +299,7 @@ impl Model {
         &self,
         inputs: &[Input],
         options: &Options,
-        list: i32,
+        list: AutocastList,
     ) -> Result<Option<Checkpointed<'static>>> {
         let Some(every) = options.checkpoint else {
             return Ok(None);

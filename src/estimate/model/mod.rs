@@ -22,8 +22,8 @@ use super::compare::Comparison;
 use super::recorded::{Peaks, Recording};
 use super::{Estimate, Input, Mode, Options, NOT_MODELLED};
 use crate::error::{catching, torch_message, Error, Result};
-use crate::ffi::{self, native};
 use crate::events::Event;
+use crate::ffi;
 use crate::names::{layer_of, Names, MISSING};
 use crate::phase::Phase;
 use crate::program::Program;
@@ -124,7 +124,7 @@ impl Trace {
         if !complete {
             return Err(Error::Native(format!(
                 "the dry run made more than {} allocator events; the estimate would be incomplete",
-                native::META_CAPACITY
+                ffi::META_TRACE_CAPACITY
             )));
         }
         Ok(events)

@@ -8,7 +8,7 @@ use tch::{nn, Device};
 
 use super::{live_bytes, Model, Runner, Trace};
 use crate::error::{torch_message, Error, Result};
-use crate::ffi::{self, native};
+use crate::ffi::{self, InputKind};
 
 impl Model {
     /// A TorchScript file (`torch.jit.trace` / `torch.jit.script`, saved with
@@ -60,9 +60,9 @@ impl Model {
             return None;
         };
         match module.input_kind().ok()? {
-            native::INPUT_TOKENS => Some("1x128:i64"),
-            native::INPUT_IMAGES => Some("1x3x224x224"),
-            _ => None,
+            InputKind::Tokens => Some("1x128:i64"),
+            InputKind::Images => Some("1x3x224x224"),
+            InputKind::Unknown => None,
         }
     }
 

@@ -455,44 +455,64 @@ impl Recording {
     }
 
     /// The history as the one replay's events: an allocation per `alloc` on its stream
-    /// (the block named by its address), a free per `free_completed`, a release of the
-    /// cache where the history released segments (`segment_free` or `segment_unmap`
-    /// after other actions: `empty_cache()` releases them one after another, one
-    /// release).
+    /// (the block named by its address, `aux` its site + 1, 0 without one), a free per
+    /// `free_completed`, a release of the cache where the history released segments
+    /// (`segment_free` or `segment_unmap` after other actions: `empty_cache()` releases
+    /// them one after another, one release).
     fn replay_events(&self) -> Vec<Event> {
+        self.replay_events_at().map(|(_, e)| e).collect()
+    }
+
+    /// The same, each with the index of the history's event it comes from.
+    pub(crate) fn replay_events_at(&self) -> impl Iterator<Item = (usize, Event)> + '_ {
         let streams = self.stream_indices();
         let mut released = false;
-        self.events
-            .iter()
-            .filter_map(|e| {
-                let (kind, value) = match e.action {
-                    Action::Alloc => (
-                        EventKind::Alloc {
-                            stream: streams[&e.stream],
-                        },
-                        e.size as i64,
-                    ),
-                    Action::FreeCompleted => (EventKind::Free, -(e.size as i64)),
-                    Action::SegmentFree if !released => (EventKind::Release, 0),
-                    Action::SegmentFree => return None,
-                    _ => {
-                        released = false;
-                        return None;
-                    }
-                };
-                released = kind == EventKind::Release;
-                Some(Event {
+        self.events.iter().enumerate().filter_map(move |(i, e)| {
+            let (kind, value) = match e.action {
+                Action::Alloc => (
+                    EventKind::Alloc {
+                        stream: streams[&e.stream],
+                    },
+                    e.size as i64,
+                ),
+                Action::FreeCompleted => (EventKind::Free, -(e.size as i64)),
+                Action::SegmentFree if !released => (EventKind::Release, 0),
+                Action::SegmentFree => return None,
+                _ => {
+                    released = false;
+                    return None;
+                }
+            };
+            released = kind == EventKind::Release;
+            let aux = match e.action {
+                Action::Alloc if e.site != NO_SITE => e.site as i32 + 1,
+                _ => 0,
+            };
+            Some((
+                i,
+                Event {
                     kind,
                     phase: Phase::Forward,
                     device: 0,
                     generation: 1,
                     op: -1,
-                    aux: 0,
+                    aux,
                     ptr: e.addr,
                     value,
-                })
-            })
-            .collect()
+                },
+            ))
+        })
+    }
+
+    /// The recorded id of each stream the replay numbers (its index), in that order.
+    pub fn stream_ids(&self) -> Vec<u64> {
+        let mut ids: Vec<(u32, u64)> = self
+            .stream_indices()
+            .into_iter()
+            .map(|(id, index)| (index, id))
+            .collect();
+        ids.sort_unstable();
+        ids.into_iter().map(|(_, id)| id).collect()
     }
 
     /// Each stream the history asked for blocks on, numbered in the order first asked.

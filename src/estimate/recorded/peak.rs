@@ -5,8 +5,9 @@
 
 use std::collections::HashMap;
 
-use super::{Action, Recording, NO_SITE};
+use super::Recording;
 use crate::estimate::{AllocatorConfig, CachingAllocator, PoolState, SegmentState};
+use crate::events::EventKind;
 
 /// The replay of a recorded run at its reserved peak ([`Recording::at_reserved_peak`]).
 #[derive(Debug, Clone)]
@@ -27,23 +28,25 @@ impl Recording {
     /// The replay under `config` when its reserved bytes first reach their peak; `None`
     /// for a history that reserves nothing.
     pub fn at_reserved_peak(&self, config: &AllocatorConfig) -> Option<PeakView> {
+        // The one replay's events (by stream, the history's releases of the cache).
         let replay = |until: usize, sites: &mut HashMap<u64, u32>| {
             let mut alloc = CachingAllocator::new(config.clone());
             let (mut peak, mut at) = (0, None);
-            for (i, e) in self.events.iter().enumerate().take(until) {
-                match e.action {
-                    Action::Alloc => {
-                        alloc.malloc(e.addr, e.size);
-                        if e.site != NO_SITE {
-                            sites.insert(e.addr, e.site);
+            for (i, e) in self.replay_events_at().take_while(|(i, _)| *i < until) {
+                match e.kind {
+                    EventKind::Alloc { stream } => {
+                        alloc.malloc_on(e.ptr, e.value as u64, u64::from(stream));
+                        if e.aux > 0 {
+                            sites.insert(e.ptr, e.aux as u32 - 1);
                         } else {
-                            sites.remove(&e.addr);
+                            sites.remove(&e.ptr);
                         }
                     }
-                    Action::FreeCompleted => {
-                        alloc.free(e.addr);
-                        sites.remove(&e.addr);
+                    EventKind::Free => {
+                        alloc.free(e.ptr);
+                        sites.remove(&e.ptr);
                     }
+                    EventKind::Release => alloc.empty_cache(),
                     _ => continue,
                 }
                 if alloc.stats().reserved > peak {

@@ -10,11 +10,11 @@
 use std::collections::HashMap;
 
 use super::super::Options;
-use super::{Action, Recording, NO_SITE};
+use super::Recording;
 use crate::error::Result;
 use crate::estimate::AllocatorConfig;
-use crate::ffi;
 use crate::events::{Event, EventKind};
+use crate::ffi;
 use crate::names::Names;
 use crate::phase::Phase;
 use crate::replay::{predicted_step, through_allocator, ModelVars};
@@ -40,36 +40,25 @@ impl Recording {
             ptr,
             value,
         };
-        let streams = self.stream_indices();
         let mut events = vec![event(EventKind::Phase, -1, 0, 0, 0)];
         let mut op = 0;
-        let mut released = false;
-        for e in &self.events {
-            released &= e.action == Action::SegmentFree;
-            match e.action {
-                Action::Alloc => {
-                    let (name, module) = match ids.get(&e.site) {
-                        Some(id) if e.site != NO_SITE => (*id, *id as u64 + 2),
-                        _ => (unnamed, 0),
-                    };
-                    let mut begin = event(EventKind::OpBegin, op, name, module, -1);
-                    begin.generation = 0;
-                    events.push(begin);
-                    let stream = streams[&e.stream];
-                    events.push(event(EventKind::Alloc { stream }, op, 0, e.addr, e.size as i64));
-                    events.push(event(EventKind::OpEnd, op, name, 0, 0));
-                    op += 1;
-                }
+        // The one replay's events (by stream, the history's releases of the cache), each
+        // allocation an op of its own named by its site.
+        for (_, e) in self.replay_events_at() {
+            if let EventKind::Alloc { .. } = e.kind {
+                let (name, module) = match ids.get(&(e.aux as u32).wrapping_sub(1)) {
+                    Some(id) if e.aux > 0 => (*id, *id as u64 + 2),
+                    _ => (unnamed, 0),
+                };
+                let mut begin = event(EventKind::OpBegin, op, name, module, -1);
+                begin.generation = 0;
+                events.push(begin);
+                events.push(Event { op, aux: 0, ..e });
+                events.push(event(EventKind::OpEnd, op, name, 0, 0));
+                op += 1;
+            } else {
                 // The replay charges a free the bytes it charged the block.
-                Action::FreeCompleted => {
-                    events.push(event(EventKind::Free, -1, 0, e.addr, -(e.size as i64)));
-                }
-                // Segments released one after another: the cache released once.
-                Action::SegmentFree if !released => {
-                    events.push(event(EventKind::Release, -1, 0, 0, 0));
-                    released = true;
-                }
-                _ => {}
+                events.push(e);
             }
         }
         let options = Options {

@@ -196,6 +196,9 @@ pub struct PoolState {
 pub struct SegmentState {
     /// In the small pool (blocks of up to 1 MiB, 2 MiB segments).
     pub small: bool,
+    /// The stream it was allocated for (as [`CachingAllocator::malloc_on`] was given
+    /// it): its free blocks go to requests on that stream only.
+    pub stream: u64,
     /// Bytes of the segment backed by memory (an expandable segment's mapped pages).
     pub size: u64,
     /// Bytes of its blocks handed out.

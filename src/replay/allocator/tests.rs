@@ -674,6 +674,7 @@ fn segments_show_how_each_is_cut_and_whose_blocks_it_holds() {
     cut.sort_by_key(|s| s.small);
     let seg = |small, size, allocated, free, live| SegmentState {
         small,
+        stream: 0,
         size,
         allocated,
         free,
@@ -858,4 +859,21 @@ fn expandable_segments_are_one_per_stream() {
     assert_eq!(l.refused_requests(), 1);
     check_invariants(&a);
     check_invariants(&l);
+}
+
+#[test]
+fn a_segment_says_the_stream_it_was_made_for() {
+    // A request on stream 3 that no free block of stream 3 fits gets a segment of its
+    // own, for stream 3, beside stream 0's cached one.
+    let mut a = alloc();
+    a.malloc(1, 6 * MIB);
+    a.free(1);
+    a.malloc_on(2, 6 * MIB, 3);
+    let mut streams: Vec<(u64, u64, u64)> = a
+        .segments()
+        .iter()
+        .map(|s| (s.stream, s.allocated, s.free))
+        .collect();
+    streams.sort_unstable();
+    assert_eq!(streams, [(0, 0, 20 * MIB), (3, 6 * MIB, 14 * MIB)]);
 }

@@ -34,6 +34,7 @@ impl CachingAllocator {
             .map(|head| {
                 let mut s = SegmentState {
                     small: self.block(head).pool == PoolKind::Small,
+                    stream: self.block(head).stream,
                     ..SegmentState::default()
                 };
                 let mut at = Some(head);
