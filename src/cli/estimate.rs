@@ -7,13 +7,14 @@ use crate::cli::text::commands::{Budget, EstimateOutput};
 use crate::cli::text::estimate_text::csv_to_stdout;
 use crate::estimate::recorded::Recording;
 use crate::estimate::{
-    parse_autocast, AllocatorConfig, Attention, Input, Mode, Optimizer, Options,
+    parse_autocast, AllocatorConfig, Attention, Fsdp, Input, Mode, Optimizer, Options,
 };
 use clap::Args;
 
 use crate::cli::fail;
 use crate::cli::model_args::{gpu_and_memory, ModelArgs};
-use crate::cli::text::estimate_text::{estimate_row, fit_thin_margin_line};
+use crate::cli::text::estimate_text::{describe_options, estimate_row, fit_thin_margin_line};
+use crate::cli::text::sharded_text::sharded;
 use crate::report::write_step_files;
 
 /// Arguments of `tch-memprof estimate`.
@@ -102,6 +103,20 @@ pub struct EstimateArgs {
     /// places as --top).
     #[arg(long, value_name = "SNAPSHOT", conflicts_with = "csv")]
     compare: Option<PathBuf>,
+    /// Shard the model over N GPUs with PyTorch's FSDP2 (fully_shard on each block of
+    /// the model's repeated module lists and on the root) and print rank 0's and rank
+    /// N-1's peaks, with what each holds at its peak. The loop is PyTorch's canonical
+    /// one (zero_grad(set_to_none=True) first). Unverified on a GPU (docs/estimate.md).
+    #[arg(long, value_name = "N", conflicts_with_all = ["csv", "memory", "compare", "output_dir", "batch_sizes"])]
+    fsdp: Option<u32>,
+    /// With --fsdp: the modules wrapped as units, a pattern of module paths where `*`
+    /// stands for one path component or part of one (transformer.h.*, layer*.*).
+    #[arg(long, value_name = "PATTERN", requires = "fsdp")]
+    fsdp_units: Option<String>,
+    /// With --fsdp: reshard_after_forward=False (a unit's parameters stay unsharded
+    /// from its forward pass to the end of its backward pass).
+    #[arg(long, requires = "fsdp")]
+    fsdp_keep_unsharded: bool,
     /// Layers listed in the anatomy of the predicted step (0: none).
     #[arg(long, default_value_t = 5)]
     top: usize,
@@ -139,6 +154,21 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     options.validate(mode)?;
     let model = a.target.load(&mut inputs)?;
     let label = model.label().to_string();
+    if let Some(world) = a.fsdp {
+        let fsdp = Fsdp {
+            world,
+            reshard_after_forward: !a.fsdp_keep_unsharded,
+            units: a.fsdp_units.clone(),
+        };
+        let ranks = model.estimate_sharded(&inputs, mode, &options, &fsdp)?;
+        println!(
+            "tch-memprof estimate: {label}, {}, batch {}",
+            describe_options(&options, mode),
+            inputs[0].batch()
+        );
+        print!("{}", sharded(&ranks, &fsdp));
+        return Ok(ExitCode::SUCCESS);
+    }
     let batches: Vec<i64> = if a.batch_sizes.is_empty() {
         vec![inputs[0].batch()]
     } else {

@@ -42,6 +42,7 @@
 //! ```
 
 mod compare;
+mod fsdp;
 mod gpu;
 mod model;
 mod options;
@@ -67,9 +68,10 @@ pub use crate::replay::allocator::{
 };
 pub use crate::workload::Input;
 pub use compare::{Comparison, Divergence};
+pub use fsdp::{Fsdp, ShardedCategory};
 pub use gpu::Gpu;
 pub(crate) use gpu::{gpu_memory, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE};
-pub use model::{Model, Segment};
+pub use model::{Model, RankEstimate, Segment};
 pub use options::Options;
 pub(crate) use options::{autocast_name, parse_autocast};
 pub(crate) use plan::allocator_candidates;

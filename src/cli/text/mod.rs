@@ -6,9 +6,11 @@
 //! - `estimate_text`: estimates and plans as a person reads them (and the `Display` of
 //!   [`Plans`](crate::estimate::Plans));
 //! - `replay_text`: recorded runs replayed, and a prediction held to a recorded run;
-//! - `plan_code`: a plan as the code that carries it out, in tch and in PyTorch.
+//! - `plan_code`: a plan as the code that carries it out, in tch and in PyTorch;
+//! - `sharded_text`: a sharded (FSDP2) estimate's ranks.
 
 pub(crate) mod commands;
 pub(crate) mod estimate_text;
 pub(crate) mod plan_code;
 pub(crate) mod replay_text;
+pub(crate) mod sharded_text;

@@ -17,6 +17,7 @@ mod fit;
 mod input_words;
 mod plan;
 mod script;
+mod sharded;
 mod steps;
 use super::compare::Comparison;
 use super::recorded::{Peaks, Recording};
@@ -30,6 +31,7 @@ use crate::program::Program;
 use crate::timeline::sites::SiteNames;
 use crate::timeline::{VarEntry, UNKNOWN_SITE};
 pub(crate) use dry_run::DryRun;
+pub use sharded::RankEstimate;
 
 type ForwardFn = Box<dyn Fn(&[Tensor], bool) -> Tensor>;
 

@@ -1,0 +1,57 @@
+//! A sharded estimate as a person reads it: each rank's peaks, then what each holds at
+//! its peak by category.
+
+use comfy_table::CellAlignment;
+
+use crate::estimate::{Fsdp, RankEstimate};
+use crate::format::bytes;
+
+/// The ranks' peaks and their categories at the peak, with what the estimate does not
+/// see.
+pub fn sharded(ranks: &[RankEstimate], fsdp: &Fsdp) -> String {
+    let mut out = String::new();
+    let mut t = crate::report::table();
+    let mut header = vec!["".to_string()];
+    header.extend(ranks.iter().map(|r| format!("rank {}", r.rank)));
+    t.set_header(header);
+    let mut row = |name: &str, f: &dyn Fn(&RankEstimate) -> u64| {
+        let mut cells = vec![name.to_string()];
+        cells.extend(ranks.iter().map(|r| bytes(f(r))));
+        t.add_row(cells);
+    };
+    row("peak allocated", &|r| r.peak_allocated);
+    row("peak reserved", &|r| r.peak_reserved);
+    if let Some(first) = ranks.first() {
+        for (k, (cat, _)) in first.at_peak.iter().enumerate() {
+            let label = format!("  {}", cat.name());
+            row(&label, &|r| r.at_peak.get(k).map_or(0, |c| c.1));
+        }
+    }
+    row("sharded params (requested)", &|r| r.sharded_parameter_bytes);
+    row("optimizer state (requested)", &|r| r.optimizer_state_bytes);
+    for c in 1..=ranks.len() {
+        if let Some(col) = t.column_mut(c) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    crate::report::keep_words(&mut t);
+    out.push_str(&format!(
+        "FSDP2 over {} ranks ({}; units: {}); the categories are held at allocated's peak\n",
+        fsdp.world,
+        if fsdp.reshard_after_forward {
+            "resharded after forward"
+        } else {
+            "kept unsharded until backward"
+        },
+        fsdp.units
+            .as_deref()
+            .unwrap_or("each block of the repeated module lists"),
+    ));
+    out.push_str(&t.to_string());
+    out.push('\n');
+    out.push_str(
+        "not counted: NCCL's own buffers (outside PyTorch's allocator; leave room for them)\n\
+         unverified on a GPU: docs/estimate.md says what the sharded estimate was held to\n",
+    );
+    out
+}

@@ -1,0 +1,204 @@
+//! Sharded data parallelism: a rank's peak under PyTorch's FSDP2 (`fully_shard`), from
+//! the one-GPU dry run.
+//!
+//! The dry run gives the step's own events (activations, gradients, the optimizer's
+//! temporaries) as one GPU makes them; FSDP2 changes the model's states and adds its
+//! buffers at the units' boundaries. Read from PyTorch 2.11's
+//! `torch/distributed/fsdp/_fully_shard/` (`_fsdp_param.py`, `_fsdp_param_group.py`,
+//! `_fsdp_collectives.py`, `_fsdp_state.py`), per unit of world size `N` and rank `k`,
+//! for a parameter of `n` elements and dim-0 size `d` (`r = n / d`, `c = ceil(d / N)`):
+//! - **sharded parameter**: every rank holds the padded shard, `c·r` elements (a rank
+//!   whose rows are fewer or none pads them);
+//! - **forward**, at a unit's first op: the all-gather output, one block of the unit's
+//!   padded unsharded bytes `N·Σ c·r` on the all-gather stream; the previous unit's
+//!   all-gather output freed; each parameter unsharded, `N·c·r` elements, on the default
+//!   stream. When the unit's forward ends its parameters are freed
+//!   (`reshard_after_forward`, the default) or kept until its backward ends. The root
+//!   (the model's parameters outside every unit) is unsharded at the step's first op and
+//!   kept through backward;
+//! - **backward**: at its first op the unit is unsharded again if it was resharded, and
+//!   the unit before it in forward order is prefetched (its all-gather output); its
+//!   gradients are made unsharded by autograd, as one GPU makes them; when its backward
+//!   ends: its parameters freed, the previous reduce-scatter input freed, a reduce-scatter
+//!   input of its padded unsharded bytes made, its unsharded gradients freed, and the
+//!   reduce-scatter output (the sharded gradients, `Σ c·r` elements) made on the
+//!   reduce-scatter stream, which lives until `zero_grad(set_to_none=True)`;
+//! - **optimizer state**: the *unpadded* local shard (rank `k`: `clamp(d − k·c, 0, c)·r`
+//!   elements) per state tensor, and the step's temporaries at the same size.
+//!
+//! `units.rs` finds the units, `walk.rs` shards a dry run's events.
+//!
+//! What is not modelled: mixed precision's casts, CPU offload, explicit prefetching,
+//! NCCL's own buffers (outside the caching allocator).
+
+use crate::error::{Error, Result};
+
+mod units;
+mod walk;
+
+pub(crate) use walk::shard;
+
+/// How the model is sharded: FSDP2's `fully_shard` on each unit and on the root, over
+/// `world` ranks, as PyTorch's canonical loop runs it (`zero_grad(set_to_none=True)`
+/// before each step's forward pass).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fsdp {
+    /// Ranks (GPUs) the parameters are sharded over (at least 1).
+    pub world: u32,
+    /// `reshard_after_forward=True` (FSDP2's default): a unit's unsharded parameters are
+    /// freed when its forward pass ends and gathered again for its backward pass;
+    /// `false` keeps them until its backward pass ends.
+    pub reshard_after_forward: bool,
+    /// The modules wrapped as units: a pattern of module paths where `*` stands for one
+    /// path component or part of one (`transformer.h.*`, `layer*.*`). `None` (default):
+    /// each module of the model's repeated module lists (the outermost, as people wrap
+    /// blocks: `transformer.h.0`, `transformer.h.1`, ...).
+    pub units: Option<String>,
+}
+
+impl Fsdp {
+    /// FSDP2's defaults over `world` ranks: each block of the model's repeated module
+    /// lists a unit, resharded after forward.
+    pub fn over(world: u32) -> Fsdp {
+        Fsdp {
+            world,
+            reshard_after_forward: true,
+            units: None,
+        }
+    }
+
+    /// Refuses a world of 0 ranks.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.world == 0 {
+            return Err(Error::InvalidInput {
+                name: "fsdp",
+                value: "0".into(),
+                reason: "FSDP shards over at least 1 rank".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A model variable as FSDP2 sees it.
+#[derive(Clone, Debug)]
+pub(crate) struct Var {
+    /// Its path (`transformer.h.0.attn.c_attn.weight`).
+    pub name: String,
+    /// Its block in the dry run (the weights' trace).
+    pub ptr: u64,
+    /// Its sizes.
+    pub shape: Vec<i64>,
+    /// Bytes of one element.
+    pub elem: u64,
+    /// A parameter (sharded); else a buffer (replicated on every rank).
+    pub trainable: bool,
+}
+
+impl Var {
+    fn rows_and_row(&self) -> (u64, u64) {
+        let numel: u64 = self.shape.iter().map(|&s| s.max(0) as u64).product();
+        let d = self.shape.first().map_or(1, |&d| d.max(0) as u64);
+        if d == 0 {
+            return (0, 0);
+        }
+        (d, numel / d)
+    }
+
+    /// Rows of the padded shard: `ceil(d / N)`.
+    fn shard_rows(&self, world: u64) -> u64 {
+        self.rows_and_row().0.div_ceil(world)
+    }
+
+    /// Bytes of its padded shard, which every rank holds.
+    pub fn padded_shard_bytes(&self, world: u64) -> u64 {
+        self.shard_rows(world) * self.rows_and_row().1 * self.elem
+    }
+
+    /// Bytes of rank `rank`'s real rows (the optimizer state's size).
+    pub fn local_shard_bytes(&self, world: u64, rank: u64) -> u64 {
+        let (d, r) = self.rows_and_row();
+        let c = self.shard_rows(world);
+        d.saturating_sub(rank * c).min(c) * r * self.elem
+    }
+
+    /// Bytes unsharded: the padded shard times the world.
+    pub(super) fn unsharded_bytes(&self, world: u64) -> u64 {
+        world * self.padded_shard_bytes(world)
+    }
+
+    pub(super) fn bytes(&self) -> u64 {
+        let (d, r) = self.rows_and_row();
+        d * r * self.elem
+    }
+}
+
+/// What a block of a sharded rank is, for the breakdown at its peak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ShardedCategory {
+    /// The rank's padded parameter shards.
+    ShardedParameters,
+    /// The model's buffers (replicated).
+    Buffers,
+    /// Parameters unsharded for a unit's forward or backward pass.
+    UnshardedParameters,
+    /// All-gather outputs (the unit's padded unsharded bytes).
+    AllGather,
+    /// Gradients as autograd makes them, unsharded, until the unit's reduce-scatter.
+    UnshardedGradients,
+    /// Reduce-scatter inputs.
+    ReduceScatter,
+    /// Reduce-scatter outputs: the rank's gradient shards.
+    ShardedGradients,
+    /// The optimizer's state on the rank's shard.
+    OptimizerState,
+    /// Everything else: activations kept for backward, temporaries, workspaces, the batch.
+    Other,
+}
+
+impl ShardedCategory {
+    /// Its name in the output.
+    pub fn name(self) -> &'static str {
+        match self {
+            ShardedCategory::ShardedParameters => "sharded parameters",
+            ShardedCategory::Buffers => "buffers",
+            ShardedCategory::UnshardedParameters => "unsharded parameters",
+            ShardedCategory::AllGather => "all-gather",
+            ShardedCategory::UnshardedGradients => "unsharded gradients",
+            ShardedCategory::ReduceScatter => "reduce-scatter",
+            ShardedCategory::ShardedGradients => "sharded gradients",
+            ShardedCategory::OptimizerState => "optimizer state",
+            ShardedCategory::Other => "activations and other",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn var(name: &str, shape: &[i64]) -> Var {
+        Var {
+            name: name.into(),
+            ptr: 0,
+            shape: shape.to_vec(),
+            elem: 4,
+            trainable: true,
+        }
+    }
+
+    #[test]
+    fn a_padded_shard_is_ceil_of_the_rows_over_the_world() {
+        // 50257 rows of 768 over 8 ranks: 6283 rows each (8 x 6283 = 50264, 7 padding
+        // rows), rank 7 holding 50257 - 7 x 6283 = 6276 real rows.
+        let wte = var("transformer.wte.weight", &[50257, 768]);
+        assert_eq!(wte.padded_shard_bytes(8), 6283 * 768 * 4);
+        assert_eq!(wte.local_shard_bytes(8, 0), 6283 * 768 * 4);
+        assert_eq!(wte.local_shard_bytes(8, 7), 6276 * 768 * 4);
+        // 3 rows over 8: rank 0..2 one row each, ranks 3..7 none, every rank pads to 1.
+        let small = var("b", &[3]);
+        assert_eq!(small.padded_shard_bytes(8), 4);
+        assert_eq!(small.local_shard_bytes(8, 2), 4);
+        assert_eq!(small.local_shard_bytes(8, 3), 0);
+    }
+}

@@ -1,0 +1,220 @@
+//! A rank's estimate under FSDP2: the dry run of one GPU, sharded (`estimate::fsdp`),
+//! through the one replay on its streams.
+
+use std::collections::{HashMap, HashSet};
+
+use super::Model;
+use crate::error::{Error, Result};
+use crate::estimate::fsdp::{self, Fsdp, ShardedCategory, Var};
+use crate::estimate::{Input, Mode, Options};
+use crate::events::EventKind;
+use crate::ffi;
+use crate::replay::through_allocator;
+
+/// One rank's predicted peaks under FSDP2.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankEstimate {
+    /// The rank (0 to world - 1).
+    pub rank: u32,
+    /// Predicted `torch.cuda.max_memory_allocated()` of the rank.
+    pub peak_allocated: u64,
+    /// Predicted `torch.cuda.max_memory_reserved()` of the rank.
+    pub peak_reserved: u64,
+    /// What the rank holds when allocated peaks, by category, in the bytes the caching
+    /// allocator charges (every category listed, in order; they add up to the peak).
+    pub at_peak: Vec<(ShardedCategory, u64)>,
+    /// The rank's model states as PyTorch counts them (requested bytes): its padded
+    /// parameter shards and its optimizer state (the unpadded local shard per state
+    /// tensor), after the last step.
+    pub sharded_parameter_bytes: u64,
+    /// See [`RankEstimate::sharded_parameter_bytes`].
+    pub optimizer_state_bytes: u64,
+}
+
+impl Model {
+    /// Ranks 0 and `world - 1` (they differ where padding leaves the last rank fewer real
+    /// rows) of `mode` under `fsdp`, as PyTorch's canonical loop runs it
+    /// (`zero_grad(set_to_none=True)` before each forward pass): the one-GPU dry run with
+    /// FSDP2's shards and buffers on their streams ([`Fsdp`]), through the caching
+    /// allocator's model.
+    pub fn estimate_sharded(
+        &self,
+        inputs: &[Input],
+        mode: Mode,
+        options: &Options,
+        fsdp: &Fsdp,
+    ) -> Result<Vec<RankEstimate>> {
+        fsdp.validate()?;
+        let refuse = |name: &'static str, value: String, reason: &str| {
+            Err(Error::InvalidInput {
+                name,
+                value,
+                reason: reason.to_string(),
+            })
+        };
+        if mode == Mode::Steps {
+            return refuse(
+                "mode",
+                mode.label(),
+                "a sharded estimate runs the built-in loop",
+            );
+        }
+        if options.accumulate > 1 {
+            return refuse(
+                "accumulate",
+                options.accumulate.to_string(),
+                "gradient accumulation under FSDP is not modelled yet",
+            );
+        }
+        if let Some(k) = options.checkpoint {
+            return refuse(
+                "checkpoint",
+                k.to_string(),
+                "activation checkpointing under FSDP is not modelled yet",
+            );
+        }
+        let options = Options {
+            zero_grad_first: true,
+            ..options.clone()
+        };
+        let vars = self.fsdp_vars()?;
+        let run = self.dry_run(inputs, mode, &options, false)?;
+        let mut ranks = vec![0];
+        if fsdp.world > 1 {
+            ranks.push(fsdp.world - 1);
+        }
+        ranks
+            .into_iter()
+            .map(|rank| {
+                let s = fsdp::shard(&self.weights, &run.events, &vars, fsdp, rank)?;
+                let device = through_allocator(&s.weights, &s.events, &options.device());
+                let at_peak = at_peak(&device.events, &s.categories);
+                let world = u64::from(fsdp.world);
+                let sharded_parameter_bytes = vars
+                    .iter()
+                    .filter(|v| v.trainable)
+                    .map(|v| v.padded_shard_bytes(world))
+                    .sum();
+                let optimizer_state_bytes = live_requested(&s.events, &s.categories);
+                Ok(RankEstimate {
+                    rank,
+                    peak_allocated: device.stats.peak_allocated,
+                    peak_reserved: device.stats.peak_reserved,
+                    at_peak,
+                    sharded_parameter_bytes,
+                    optimizer_state_bytes,
+                })
+            })
+            .collect()
+    }
+
+    /// The variables in the dry run's order (by name, defined ones), with their shapes.
+    fn fsdp_vars(&self) -> Result<Vec<Var>> {
+        let vs = self.var_store();
+        let trainable = vs
+            .trainable_variables()
+            .iter()
+            .map(|t| ffi::tensor_block(t, false).map(|b| b.base))
+            .collect::<Result<HashSet<u64>>>()?;
+        let mut named: Vec<(String, tch::Tensor)> = vs.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut vars = Vec::new();
+        for (name, t) in named {
+            let b = ffi::tensor_block(&t, false)?;
+            if !b.defined {
+                continue;
+            }
+            vars.push(Var {
+                name,
+                ptr: b.base,
+                shape: t.size(),
+                elem: t.kind().elt_size_in_bytes() as u64,
+                trainable: trainable.contains(&b.base),
+            });
+        }
+        Ok(vars)
+    }
+}
+
+/// The categories' bytes when allocated first reaches its peak, over the replay's
+/// charged events.
+fn at_peak(
+    events: &[crate::events::Event],
+    categories: &HashMap<u64, ShardedCategory>,
+) -> Vec<(ShardedCategory, u64)> {
+    let all = [
+        ShardedCategory::ShardedParameters,
+        ShardedCategory::Buffers,
+        ShardedCategory::UnshardedParameters,
+        ShardedCategory::AllGather,
+        ShardedCategory::UnshardedGradients,
+        ShardedCategory::ReduceScatter,
+        ShardedCategory::ShardedGradients,
+        ShardedCategory::OptimizerState,
+        ShardedCategory::Other,
+    ];
+    let index = |c: ShardedCategory| all.iter().position(|a| *a == c).unwrap_or(all.len() - 1);
+    let mut now = vec![0i64; all.len()];
+    let mut live: HashMap<u64, (usize, i64)> = HashMap::new();
+    let (mut total, mut best, mut best_at) = (0i64, -1i64, now.clone());
+    for e in events {
+        match e.kind {
+            EventKind::Alloc { .. } => {
+                let c = index(
+                    categories
+                        .get(&e.ptr)
+                        .copied()
+                        .unwrap_or(ShardedCategory::Other),
+                );
+                live.insert(e.ptr, (c, e.value));
+                now[c] += e.value;
+                total += e.value;
+                if total > best {
+                    best = total;
+                    best_at.clone_from(&now);
+                }
+            }
+            EventKind::Free => {
+                if let Some((c, bytes)) = live.remove(&e.ptr) {
+                    now[c] -= bytes;
+                    total -= bytes;
+                }
+            }
+            _ => {}
+        }
+    }
+    all.iter()
+        .zip(best_at)
+        .map(|(c, b)| (*c, b.max(0) as u64))
+        .collect()
+}
+
+/// Requested bytes of the optimizer's state when the last step begins (its temporaries
+/// gone; the run's end frees the optimizer).
+fn live_requested(
+    events: &[crate::events::Event],
+    categories: &HashMap<u64, ShardedCategory>,
+) -> u64 {
+    let last = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Phase)
+        .map(|e| e.generation)
+        .max()
+        .unwrap_or(0);
+    let mut live: HashMap<u64, i64> = HashMap::new();
+    for e in events {
+        match e.kind {
+            EventKind::Phase if e.generation == last && last > 1 => break,
+            EventKind::Alloc { .. }
+                if categories.get(&e.ptr) == Some(&ShardedCategory::OptimizerState) =>
+            {
+                live.insert(e.ptr, e.value);
+            }
+            EventKind::Free => {
+                live.remove(&e.ptr);
+            }
+            _ => {}
+        }
+    }
+    live.values().map(|&v| v.max(0) as u64).sum()
+}
