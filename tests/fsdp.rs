@@ -84,8 +84,9 @@ fn sharded_weights_and_optimizer_state_are_the_padded_shard_arithmetic() {
 /// A measured case: name, world, rank, resharded after forward, peak allocated.
 type Case = (String, u32, u32, bool, u64);
 
-/// The one-GPU GPT-2's peak allocated, and the GPT-2 cases the H200 measured (f32).
-fn measured() -> (u64, Vec<Case>) {
+/// The one-GPU run's peak allocated of `model` (the script's name), and its f32 FSDP2
+/// cases the H200 measured.
+fn measured(model: &str) -> (u64, Vec<Case>) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/gpu-truth/h200-2026-12-04/ranks/measured.csv");
     let mut reader = csv::Reader::from_path(&path).expect("measured.csv");
@@ -112,13 +113,13 @@ fn measured() -> (u64, Vec<Case>) {
         .collect();
     let single = rows
         .iter()
-        .find(|r| r["case"] == "single.hf_gpt2")
-        .expect("the single-GPU GPT-2 case")["measured_allocated"]
+        .find(|r| r["case"] == format!("single.{model}"))
+        .expect("the single-GPU case")["measured_allocated"]
         .parse()
         .unwrap();
     let cases = rows
         .iter()
-        .filter(|r| r["kind"] == "fsdp2" && r["model"] == "hf_gpt2" && r["precision"] == "f32")
+        .filter(|r| r["kind"] == "fsdp2" && r["model"] == model && r["precision"] == "f32")
         .map(|r| {
             (
                 r["case"].clone(),
@@ -133,57 +134,76 @@ fn measured() -> (u64, Vec<Case>) {
 }
 
 /// What sharding changes: each measured rank's peak allocated less the measured
-/// single-GPU peak of the same step (PyTorch's eager GPT-2 at 4x1024, AdamW), against the
-/// same difference predicted (the built-in GPT-2's sharded rank less its one-GPU
-/// estimate in the same loop). The one-GPU dry run of the built-in is not PyTorch's eager
-/// run (docs/estimate.md); the sharding's own change is what this holds, within 2.5% of
-/// the measured one-GPU peak.
+/// single-GPU peak of the same step (PyTorch's eager model of transformers, AdamW), against
+/// the same difference predicted (the built-in model of the same architecture: its sharded
+/// rank less its one-GPU estimate in the same loop). The one-GPU dry run of a built-in is
+/// not PyTorch's eager run (docs/estimate.md); the sharding's own change is what this
+/// holds, in shares of the measured one-GPU peak: never more than 0.5% lower than the
+/// GPU's (a rank predicted too small costs a failed run), at most 5% higher. GPT-2 small
+/// at 4x1024 (measured: +0.00% to +2.03%) and ViT-B/16 at 32x3x224x224 (+3.12% to
+/// +4.82%); the measured SmolLM2 has no built-in of its size.
 #[test]
-fn what_sharding_changes_is_what_an_h200_measured_on_gpt2() {
-    let (single, cases) = measured();
-    assert!(cases.len() >= 8, "{} GPT-2 cases only", cases.len());
-    let model = Model::builtin("gpt2").unwrap();
-    let inputs = [Input::parse("4x1024", Some("i64")).unwrap()];
-    let mode = Mode::Train(Optimizer::AdamW);
-    let options = Options {
-        zero_grad_first: true,
-        ..Options::for_gpu(Gpu::named("h200").unwrap())
-    };
-    let ours_single = model
-        .estimate(&inputs, mode, &options)
-        .unwrap()
-        .peak_allocated;
+fn what_sharding_changes_is_what_an_h200_measured() {
     let mut worst = 0f64;
     let mut failures = Vec::new();
-    for (name, world, rank, reshard, allocated) in cases {
-        let fsdp = Fsdp {
-            reshard_after_forward: reshard,
-            ..Fsdp::over(world)
-        };
-        let ranks = model
-            .estimate_sharded(&inputs, mode, &options, &fsdp)
-            .unwrap();
-        let ours = ranks
-            .iter()
-            .find(|r| r.rank == rank)
-            .expect("rank 0 and N-1")
-            .peak_allocated;
-        let measured_change = allocated as f64 - single as f64;
-        let predicted_change = ours as f64 - ours_single as f64;
-        let off = (predicted_change - measured_change) / single as f64;
-        println!(
-            "{name}: measured change {:+.3} GiB, predicted {:+.3} GiB ({:+.2}% of the one-GPU peak)",
-            measured_change / 2f64.powi(30),
-            predicted_change / 2f64.powi(30),
-            100.0 * off
+    let mut held = 0;
+    for (measured_model, builtin, shape, dtype) in [
+        ("hf_gpt2", "gpt2", "4x1024", Some("i64")),
+        ("hf_vit_base", "vit-b16", "32x3x224x224", None),
+    ] {
+        let (single, cases) = measured(measured_model);
+        assert!(
+            cases.len() >= 6,
+            "{measured_model}: {} cases only",
+            cases.len()
         );
-        worst = worst.max(off.abs());
-        if off.abs() > 0.025 {
-            failures.push(name);
+        let model = Model::builtin(builtin).unwrap();
+        let inputs = [Input::parse(shape, dtype).unwrap()];
+        let mode = Mode::Train(Optimizer::AdamW);
+        let options = Options {
+            zero_grad_first: true,
+            ..Options::for_gpu(Gpu::named("h200").unwrap())
+        };
+        let ours_single = model
+            .estimate(&inputs, mode, &options)
+            .unwrap()
+            .peak_allocated;
+        for (name, world, rank, reshard, allocated) in cases {
+            // The script passed reshard_after_forward to the root too.
+            let fsdp = Fsdp {
+                reshard_after_forward: reshard,
+                reshard_root: reshard,
+                ..Fsdp::over(world)
+            };
+            let ranks = model
+                .estimate_sharded(&inputs, mode, &options, &fsdp)
+                .unwrap();
+            let ours = ranks
+                .iter()
+                .find(|r| r.rank == rank)
+                .expect("rank 0 and N-1")
+                .peak_allocated;
+            let measured_change = allocated as f64 - single as f64;
+            let predicted_change = ours as f64 - ours_single as f64;
+            let off = (predicted_change - measured_change) / single as f64;
+            println!(
+                "{name}: measured change {:+.3} GiB, predicted {:+.3} GiB ({:+.2}% of the one-GPU peak)",
+                measured_change / 2f64.powi(30),
+                predicted_change / 2f64.powi(30),
+                100.0 * off
+            );
+            worst = worst.max(off.abs());
+            held += 1;
+            if !(-0.005..=0.05).contains(&off) {
+                failures.push(name);
+            }
         }
     }
-    println!("worst: {:.2}%", 100.0 * worst);
-    assert!(failures.is_empty(), "off by more than 2.5%: {failures:?}");
+    println!("{held} ranks, worst: {:.2}%", 100.0 * worst);
+    assert!(
+        failures.is_empty(),
+        "below -0.5% or above +5% of the one-GPU peak: {failures:?}"
+    );
 }
 
 #[test]
@@ -199,6 +219,15 @@ fn bad_sharding_is_refused_in_one_line() {
         ),
         (&["--fsdp", "2", "--csv"][..], "--csv"),
         (&["--fsdp-keep-unsharded"][..], "--fsdp"),
+        (
+            &[
+                "--fsdp",
+                "2",
+                "--fsdp-keep-unsharded",
+                "--fsdp-reshard-root",
+            ][..],
+            "--fsdp-reshard-root",
+        ),
     ] {
         let args: Vec<&str> = base.iter().chain(extra).copied().collect();
         let out = common::cli(&args);

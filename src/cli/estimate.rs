@@ -115,8 +115,14 @@ pub struct EstimateArgs {
     fsdp_units: Option<String>,
     /// With --fsdp: reshard_after_forward=False (a unit's parameters stay unsharded
     /// from its forward pass to the end of its backward pass).
-    #[arg(long, requires = "fsdp")]
+    #[arg(long, requires = "fsdp", conflicts_with = "fsdp_reshard_root")]
     fsdp_keep_unsharded: bool,
+    /// With --fsdp: the root too is resharded after forward (freed when the model's
+    /// forward returns, before the loss, and gathered again for backward), as
+    /// fully_shard(model, reshard_after_forward=True) set explicitly does; by default
+    /// (the option left unset) FSDP2 keeps the root's parameters through backward.
+    #[arg(long, requires = "fsdp")]
+    fsdp_reshard_root: bool,
     /// Layers listed in the anatomy of the predicted step (0: none).
     #[arg(long, default_value_t = 5)]
     top: usize,
@@ -158,6 +164,7 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         let fsdp = Fsdp {
             world,
             reshard_after_forward: !a.fsdp_keep_unsharded,
+            reshard_root: a.fsdp_reshard_root,
             units: a.fsdp_units.clone(),
         };
         let ranks = model.estimate_sharded(&inputs, mode, &options, &fsdp)?;

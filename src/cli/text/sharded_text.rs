@@ -35,18 +35,27 @@ pub fn sharded(ranks: &[RankEstimate], fsdp: &Fsdp) -> String {
         }
     }
     crate::report::keep_words(&mut t);
+    let units = ranks.first().map_or(&[][..], |r| &r.units[..]);
+    let unit_words = match units {
+        [] => "none but the root".to_string(),
+        [one] => format!("{one} and the root"),
+        [first, .., last] => format!("{} ({first} to {last}) and the root", units.len()),
+    };
     out.push_str(&format!(
-        "FSDP2 over {} ranks ({}; units: {}); the categories are held at allocated's peak\n",
+        "FSDP2 over {} ranks ({}); units: {unit_words}; the categories are held at allocated's peak\n",
         fsdp.world,
-        if fsdp.reshard_after_forward {
-            "resharded after forward"
-        } else {
-            "kept unsharded until backward"
+        match (fsdp.reshard_after_forward, fsdp.reshard_root) {
+            (true, true) => "resharded after forward, the root too",
+            (true, false) => "resharded after forward, the root kept",
+            _ => "kept unsharded until backward",
         },
-        fsdp.units
-            .as_deref()
-            .unwrap_or("each block of the repeated module lists"),
     ));
+    if units.is_empty() {
+        out.push_str(
+            "warning: the model has no repeated module list: it is one unit, the root, \
+             gathered whole (name units with --fsdp-units)\n",
+        );
+    }
     out.push_str(&t.to_string());
     out.push('\n');
     out.push_str(

@@ -36,6 +36,7 @@ use crate::error::{Error, Result};
 mod units;
 mod walk;
 
+pub(crate) use units::units;
 pub(crate) use walk::shard;
 
 /// How the model is sharded: FSDP2's `fully_shard` on each unit and on the root, over
@@ -49,6 +50,11 @@ pub struct Fsdp {
     /// freed when its forward pass ends and gathered again for its backward pass;
     /// `false` keeps them until its backward pass ends.
     pub reshard_after_forward: bool,
+    /// The root too (the model's parameters outside every unit): freed when the model's
+    /// forward pass returns (before the loss) and gathered again for backward, as
+    /// `fully_shard(model, reshard_after_forward=True)` set explicitly does. `false`
+    /// (default, FSDP2's when the option is left unset): kept through backward.
+    pub reshard_root: bool,
     /// The modules wrapped as units: a pattern of module paths where `*` stands for one
     /// path component or part of one (`transformer.h.*`, `layer*.*`). `None` (default):
     /// each module of the model's repeated module lists (the outermost, as people wrap
@@ -63,6 +69,7 @@ impl Fsdp {
         Fsdp {
             world,
             reshard_after_forward: true,
+            reshard_root: false,
             units: None,
         }
     }

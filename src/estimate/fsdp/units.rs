@@ -1,6 +1,6 @@
 //! FSDP2's units: the modules wrapped by `fully_shard`, found or named by a pattern.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 
@@ -30,22 +30,23 @@ pub(crate) fn units(names: &[&str], pattern: Option<&str>) -> Result<Vec<String>
                 .collect()
         }
         None => {
-            // A module list: a path whose children are numbered, two or more of them.
-            let mut lists: HashMap<String, HashSet<&str>> = HashMap::new();
+            // A module list: two or more children of one module whose names are one
+            // word and a number (`h.0`, `h.1`; `encoder_layer_0`, `encoder_layer_1`;
+            // `layer1`, `layer2`).
+            let numbered = |m: &str| -> Option<(String, String)> {
+                let (list, last) = m.rsplit_once('.').unwrap_or(("", m));
+                let word = last.trim_end_matches(|c: char| c.is_ascii_digit());
+                (word.len() < last.len()).then(|| (list.to_string(), word.to_string()))
+            };
+            let mut lists: HashMap<(String, String), usize> = HashMap::new();
             for m in &modules {
-                if let Some((list, last)) = m.rsplit_once('.') {
-                    if !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()) {
-                        lists.entry(list.to_string()).or_default().insert(last);
-                    }
+                if let Some(k) = numbered(m) {
+                    *lists.entry(k).or_default() += 1;
                 }
             }
             modules
                 .iter()
-                .filter(|m| {
-                    m.rsplit_once('.')
-                        .is_some_and(|(list, _)| lists.get(list).is_some_and(|s| s.len() >= 2))
-                        && m.bytes().last().is_some_and(|b| b.is_ascii_digit())
-                })
+                .filter(|m| numbered(m).is_some_and(|k| lists[&k] >= 2))
                 .cloned()
                 .collect()
         }
@@ -111,6 +112,24 @@ mod tests {
             units(&names, Some("transformer.h.*.attn")).unwrap(),
             ["transformer.h.0.attn", "transformer.h.1.attn"]
         );
+        // torchvision's names: the encoder's layers, not the MLP's numbered linears.
+        let vit = [
+            "conv_proj.weight",
+            "encoder.layers.encoder_layer_0.mlp.0.weight",
+            "encoder.layers.encoder_layer_0.mlp.3.weight",
+            "encoder.layers.encoder_layer_1.mlp.0.weight",
+            "encoder.layers.encoder_layer_1.mlp.3.weight",
+            "heads.head.weight",
+        ];
+        assert_eq!(
+            units(&vit, None).unwrap(),
+            [
+                "encoder.layers.encoder_layer_0",
+                "encoder.layers.encoder_layer_1"
+            ]
+        );
+        // A model without a module list: no unit but the root.
+        assert!(units(&["fc.weight", "fc.bias"], None).unwrap().is_empty());
         let e = units(&names, Some("model.layers.*"))
             .unwrap_err()
             .to_string();

@@ -35,12 +35,15 @@ struct Unit {
 
 /// Rank `rank` of `fsdp` over the dry run (`weights`, `run`) of a model with `vars` (in
 /// the order of the dry run's variable indices).
+/// `loss_scope`: the name id of the scope the dry run's loss ran in (the model's
+/// forward pass has returned at its first op).
 pub(crate) fn shard(
     weights: &[Event],
     run: &[Event],
     vars: &[Var],
     fsdp: &Fsdp,
     rank: u32,
+    loss_scope: Option<i32>,
 ) -> Result<Sharded> {
     fsdp.validate()?;
     let world = u64::from(fsdp.world);
@@ -114,6 +117,16 @@ pub(crate) fn shard(
     let mut current: Option<usize> = None;
     let mut bwd: Option<usize> = None;
     let mut entered_bwd: Vec<bool> = vec![false; units.len()];
+    // The model's forward pass has returned (its post-forward ran).
+    let mut returned = false;
+    // The last unit's post-forward, and the root's.
+    let model_returned = |w: &mut Walk, current: Option<usize>, e: &Event| {
+        if let Some(c) = current.filter(|&c| c != 0) {
+            w.post_forward(c, fsdp.reshard_after_forward, e);
+        }
+        w.free_last_gather(e);
+        w.post_forward(0, fsdp.reshard_root, e);
+    };
     // Each block of the run a name of its own (the dry run's addresses are reused), so
     // that a block's category holds for its life alone.
     let mut renamed: HashMap<u64, u64> = HashMap::new();
@@ -151,14 +164,16 @@ pub(crate) fn shard(
                     current = None;
                     bwd = None;
                     entered_bwd.iter_mut().for_each(|b| *b = false);
+                    returned = false;
                 }
                 if phase == Phase::Forward && next == Phase::Backward {
-                    // The last unit's post-forward, then the root's pre-backward, which
-                    // prefetches the last unit.
-                    if let Some(c) = current.filter(|&c| c != 0) {
-                        w.post_forward(c, fsdp.reshard_after_forward, e);
+                    // The model's post-forward (unless the loss began it), then the
+                    // root's pre-backward, which unshards the root and prefetches the
+                    // last unit.
+                    if !returned {
+                        model_returned(&mut w, current, e);
                     }
-                    w.free_last_gather(e);
+                    w.unshard(0, e);
                     if let Some(&last) = order.iter().rev().find(|&&u| u != 0) {
                         w.prefetch(last, e);
                     }
@@ -188,6 +203,18 @@ pub(crate) fn shard(
                     bwd = None;
                 }
                 phase = next;
+                w.out.push(*e);
+            }
+            EventKind::OpBegin
+                if e.phase == Phase::Forward
+                    && phase == Phase::Forward
+                    && loss_scope.is_some_and(|id| e.generation as i64 == i64::from(id) + 1) =>
+            {
+                // The loss: the model's forward pass has returned.
+                if !returned && current.is_some() {
+                    model_returned(&mut w, current, e);
+                    returned = true;
+                }
                 w.out.push(*e);
             }
             EventKind::OpBegin if e.phase == Phase::Forward && phase == Phase::Forward => {

@@ -179,6 +179,10 @@ impl Model {
                                     let (out, loss) =
                                         autocasting(options.autocast, autocast_list, || {
                                             let out = self.forward(&xs, true)?;
+                                            let _scope = self
+                                                .loss_scope
+                                                .get()
+                                                .then(|| crate::timeline::scope(super::LOSS_SCOPE));
                                             let loss = loss(&out, meta_targets)
                                                 .map_err(|e| self.failed("the loss failed", e))?;
                                             Ok((out, loss))

@@ -33,6 +33,9 @@ use crate::timeline::{VarEntry, UNKNOWN_SITE};
 pub(crate) use dry_run::DryRun;
 pub use sharded::RankEstimate;
 
+/// The scope of the dry run's loss, when [`Model::loss_scope`] asks for it.
+pub(crate) const LOSS_SCOPE: &str = "tch-memprof loss";
+
 type ForwardFn = Box<dyn Fn(&[Tensor], bool) -> Tensor>;
 
 /// How much of the predicted step a replay works out.
@@ -96,6 +99,9 @@ pub struct Model {
     /// The model is the user's tch code: the idle blocks of its dry run are located in
     /// that code (the last step's allocations keep their call stacks).
     user_code: bool,
+    /// The dry run's loss runs in a scope of its own ([`LOSS_SCOPE`]): where a sharded
+    /// estimate finds the model's forward pass ended (its root's post-forward).
+    loss_scope: std::cell::Cell<bool>,
     /// A built-in model's input (its default): an input of another rank is refused before
     /// the model runs, in words that say what the model takes.
     takes: Option<Input>,
@@ -237,6 +243,7 @@ impl Model {
             label: "tch model".to_string(),
             chain: None,
             user_code: true,
+            loss_scope: std::cell::Cell::new(false),
             takes: None,
         })
     }
@@ -355,6 +362,7 @@ impl Model {
             label: "tch model".to_string(),
             chain,
             user_code: true,
+            loss_scope: std::cell::Cell::new(false),
             takes: None,
         }
     }

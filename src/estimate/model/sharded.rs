@@ -29,6 +29,9 @@ pub struct RankEstimate {
     pub sharded_parameter_bytes: u64,
     /// See [`RankEstimate::sharded_parameter_bytes`].
     pub optimizer_state_bytes: u64,
+    /// The modules wrapped as units, in name order (the root holds the rest; none: the
+    /// whole model is one unit, the root).
+    pub units: Vec<String>,
 }
 
 impl Model {
@@ -78,7 +81,14 @@ impl Model {
             ..options.clone()
         };
         let vars = self.fsdp_vars()?;
-        let run = self.dry_run(inputs, mode, &options, false)?;
+        let names: Vec<&str> = vars.iter().map(|v| v.name.as_str()).collect();
+        let mut units = fsdp::units(&names, fsdp.units.as_deref())?;
+        units.sort_by_key(|u| natural(u));
+        self.loss_scope.set(true);
+        let run = self.dry_run(inputs, mode, &options, false);
+        self.loss_scope.set(false);
+        let run = run?;
+        let loss_scope = Some(ffi::intern(super::LOSS_SCOPE)?);
         let mut ranks = vec![0];
         if fsdp.world > 1 {
             ranks.push(fsdp.world - 1);
@@ -86,7 +96,7 @@ impl Model {
         ranks
             .into_iter()
             .map(|rank| {
-                let s = fsdp::shard(&self.weights, &run.events, &vars, fsdp, rank)?;
+                let s = fsdp::shard(&self.weights, &run.events, &vars, fsdp, rank, loss_scope)?;
                 let device = through_allocator(&s.weights, &s.events, &options.device());
                 let at_peak = at_peak(&device.events, &s.categories);
                 let world = u64::from(fsdp.world);
@@ -103,6 +113,7 @@ impl Model {
                     at_peak,
                     sharded_parameter_bytes,
                     optimizer_state_bytes,
+                    units: units.clone(),
                 })
             })
             .collect()
@@ -217,4 +228,14 @@ fn live_requested(
         }
     }
     live.values().map(|&v| v.max(0) as u64).sum()
+}
+
+/// A module path ordered as people count (`h.2` before `h.10`).
+fn natural(path: &str) -> Vec<(String, u64)> {
+    path.split('.')
+        .map(|c| {
+            let word = c.trim_end_matches(|ch: char| ch.is_ascii_digit());
+            (word.to_string(), c[word.len()..].parse().unwrap_or(0))
+        })
+        .collect()
 }
