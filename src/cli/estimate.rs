@@ -7,14 +7,14 @@ use crate::cli::text::commands::{Budget, EstimateOutput};
 use crate::cli::text::estimate_text::csv_to_stdout;
 use crate::estimate::recorded::Recording;
 use crate::estimate::{
-    parse_autocast, AllocatorConfig, Attention, Fsdp, Input, Mode, Optimizer, Options,
+    parse_autocast, AllocatorConfig, Attention, Ddp, Fsdp, Input, Mode, Optimizer, Options,
 };
 use clap::Args;
 
 use crate::cli::fail;
 use crate::cli::model_args::{gpu_and_memory, ModelArgs};
 use crate::cli::text::estimate_text::{describe_options, estimate_row, fit_thin_margin_line};
-use crate::cli::text::sharded_text::sharded;
+use crate::cli::text::sharded_text::{replicated, sharded};
 use crate::report::write_step_files;
 
 /// Arguments of `tch-memprof estimate`.
@@ -123,6 +123,15 @@ pub struct EstimateArgs {
     /// (the option left unset) FSDP2 keeps the root's parameters through backward.
     #[arg(long, requires = "fsdp")]
     fsdp_reshard_root: bool,
+    /// Replicate the model over N GPUs with PyTorch's DistributedDataParallel (its
+    /// defaults: 25 MiB gradient buckets) and print a rank's peaks, with what it holds at
+    /// its peak. The loop is PyTorch's canonical one (zero_grad(set_to_none=True) first).
+    #[arg(long, value_name = "N", conflicts_with_all = ["fsdp", "csv", "memory", "compare", "output_dir", "batch_sizes"])]
+    ddp: Option<u32>,
+    /// With --ddp: gradient_as_bucket_view=True (the gradients are views into the
+    /// buckets instead of blocks of their own).
+    #[arg(long, requires = "ddp")]
+    ddp_bucket_view: bool,
     /// Layers listed in the anatomy of the predicted step (0: none).
     #[arg(long, default_value_t = 5)]
     top: usize,
@@ -160,6 +169,20 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     options.validate(mode)?;
     let model = a.target.load(&mut inputs)?;
     let label = model.label().to_string();
+    if let Some(world) = a.ddp {
+        let ddp = Ddp {
+            world,
+            gradient_as_bucket_view: a.ddp_bucket_view,
+        };
+        let rank = model.estimate_replicated(&inputs, mode, &options, &ddp)?;
+        println!(
+            "tch-memprof estimate: {label}, {}, batch {}",
+            describe_options(&options, mode),
+            inputs[0].batch()
+        );
+        print!("{}", replicated(&rank, &ddp));
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(world) = a.fsdp {
         let fsdp = Fsdp {
             world,

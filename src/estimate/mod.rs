@@ -42,10 +42,10 @@
 //! ```
 
 mod compare;
-mod fsdp;
 mod gpu;
 mod model;
 mod options;
+mod parallel;
 mod plan;
 pub mod recorded;
 #[doc(hidden)]
@@ -68,12 +68,12 @@ pub use crate::replay::allocator::{
 };
 pub use crate::workload::Input;
 pub use compare::{Comparison, Divergence};
-pub use fsdp::{Fsdp, ShardedCategory};
 pub use gpu::Gpu;
 pub(crate) use gpu::{gpu_memory, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE};
 pub use model::{Model, RankEstimate, Segment};
 pub use options::Options;
 pub(crate) use options::{autocast_name, parse_autocast};
+pub use parallel::{Ddp, Fsdp, ShardedCategory};
 pub(crate) use plan::allocator_candidates;
 pub use plan::{breakdown, Config, Cost, Dominant, Plan, Plans};
 

@@ -3,7 +3,7 @@
 
 use comfy_table::CellAlignment;
 
-use crate::estimate::{Fsdp, RankEstimate};
+use crate::estimate::{Ddp, Fsdp, RankEstimate};
 use crate::format::bytes;
 
 /// The ranks' peaks and their categories at the peak, with what the estimate does not
@@ -21,12 +21,7 @@ pub fn sharded(ranks: &[RankEstimate], fsdp: &Fsdp) -> String {
     };
     row("peak allocated", &|r| r.peak_allocated);
     row("peak reserved", &|r| r.peak_reserved);
-    if let Some(first) = ranks.first() {
-        for (k, (cat, _)) in first.at_peak.iter().enumerate() {
-            let label = format!("  {}", cat.name());
-            row(&label, &|r| r.at_peak.get(k).map_or(0, |c| c.1));
-        }
-    }
+    categories(ranks, &mut row);
     row("sharded params (requested)", &|r| r.sharded_parameter_bytes);
     row("optimizer state (requested)", &|r| r.optimizer_state_bytes);
     for c in 1..=ranks.len() {
@@ -63,4 +58,48 @@ pub fn sharded(ranks: &[RankEstimate], fsdp: &Fsdp) -> String {
          unverified on a GPU: docs/estimate.md says what the sharded estimate was held to\n",
     );
     out
+}
+
+/// The categories at the peak, those some rank holds bytes of.
+/// A table's row: its label, and a rank's bytes.
+type Row<'a> = dyn FnMut(&str, &dyn Fn(&RankEstimate) -> u64) + 'a;
+
+fn categories(ranks: &[RankEstimate], row: &mut Row<'_>) {
+    if let Some(first) = ranks.first() {
+        for (k, (cat, _)) in first.at_peak.iter().enumerate() {
+            let bytes = |r: &RankEstimate| r.at_peak.get(k).map_or(0, |c| c.1);
+            if ranks.iter().all(|r| bytes(r) == 0) {
+                continue;
+            }
+            row(&format!("  {}", cat.name()), &bytes);
+        }
+    }
+}
+
+/// A DDP rank's peaks and what it holds at its peak.
+pub fn replicated(rank: &RankEstimate, ddp: &Ddp) -> String {
+    let mut t = crate::report::table();
+    t.set_header(vec!["", "every rank"]);
+    let ranks = std::slice::from_ref(rank);
+    let mut row = |name: &str, f: &dyn Fn(&RankEstimate) -> u64| {
+        t.add_row(vec![name.to_string(), bytes(f(rank))]);
+    };
+    row("peak allocated", &|r| r.peak_allocated);
+    row("peak reserved", &|r| r.peak_reserved);
+    categories(ranks, &mut row);
+    if let Some(col) = t.column_mut(1) {
+        col.set_cell_alignment(CellAlignment::Right);
+    }
+    crate::report::keep_words(&mut t);
+    format!(
+        "DDP over {} ranks (buckets of 25 MiB, gradients {}); the categories are held at allocated's peak\n{t}\n\
+         not counted: NCCL's own buffers (outside PyTorch's allocator; leave room for them)\n\
+         unverified on a GPU: docs/estimate.md says what the replicated estimate was held to\n",
+        ddp.world,
+        if ddp.gradient_as_bucket_view {
+            "as views into them"
+        } else {
+            "copied into them"
+        }
+    )
 }

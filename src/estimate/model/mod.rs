@@ -151,7 +151,7 @@ impl Drop for Trace {
 /// creation order; each buffer goes just before the first trainable variable of its
 /// module (tch's batch norm creates its running statistics first), and buffers of
 /// modules without trainable variables go last, by name.
-fn creation_order(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+pub(super) fn creation_order(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
     let named = vs.variables();
     let by_ptr: HashMap<usize, &String> = named
         .iter()

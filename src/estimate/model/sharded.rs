@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::Model;
 use crate::error::{Error, Result};
-use crate::estimate::fsdp::{self, Fsdp, ShardedCategory, Var};
+use crate::estimate::parallel::{self, Ddp, Fsdp, ShardedCategory, Var};
 use crate::estimate::{Input, Mode, Options};
 use crate::events::EventKind;
 use crate::ffi;
@@ -82,7 +82,7 @@ impl Model {
         };
         let vars = self.fsdp_vars()?;
         let names: Vec<&str> = vars.iter().map(|v| v.name.as_str()).collect();
-        let mut units = fsdp::units(&names, fsdp.units.as_deref())?;
+        let mut units = parallel::units(&names, fsdp.units.as_deref())?;
         units.sort_by_key(|u| natural(u));
         self.loss_scope.set(true);
         let run = self.dry_run(inputs, mode, &options, false);
@@ -96,7 +96,7 @@ impl Model {
         ranks
             .into_iter()
             .map(|rank| {
-                let s = fsdp::shard(&self.weights, &run.events, &vars, fsdp, rank, loss_scope)?;
+                let s = parallel::shard(&self.weights, &run.events, &vars, fsdp, rank, loss_scope)?;
                 let device = through_allocator(&s.weights, &s.events, &options.device());
                 let at_peak = at_peak(&device.events, &s.categories);
                 let world = u64::from(fsdp.world);
@@ -117,6 +117,61 @@ impl Model {
                 })
             })
             .collect()
+    }
+
+    /// A rank of `mode` under `ddp` (every rank holds the same), as PyTorch's canonical
+    /// loop runs it (`zero_grad(set_to_none=True)` before each forward pass): the one-GPU
+    /// dry run with DDP's gradient buckets ([`Ddp`]), through the caching allocator's
+    /// model.
+    pub fn estimate_replicated(
+        &self,
+        inputs: &[Input],
+        mode: Mode,
+        options: &Options,
+        ddp: &Ddp,
+    ) -> Result<RankEstimate> {
+        if ddp.world == 0 {
+            return Err(Error::InvalidInput {
+                name: "ddp",
+                value: "0".into(),
+                reason: "DDP replicates over at least 1 rank".into(),
+            });
+        }
+        if mode == Mode::Steps || options.accumulate > 1 || options.checkpoint.is_some() {
+            return Err(Error::InvalidInput {
+                name: "ddp",
+                value: ddp.world.to_string(),
+                reason: "DDP is modelled for the built-in loop without gradient \
+                         accumulation or checkpointing"
+                    .into(),
+            });
+        }
+        let options = Options {
+            zero_grad_first: true,
+            ..options.clone()
+        };
+        // The parameters in the order the model registered them.
+        let by_name: HashMap<String, Var> = self
+            .fsdp_vars()?
+            .into_iter()
+            .map(|v| (v.name.clone(), v))
+            .collect();
+        let vars: Vec<Var> = super::creation_order(self.var_store())
+            .into_iter()
+            .filter_map(|(name, _)| by_name.get(&name).cloned())
+            .collect();
+        let run = self.dry_run(inputs, mode, &options, false)?;
+        let s = parallel::replicate(&self.weights, &run.events, &vars, ddp);
+        let device = through_allocator(&s.weights, &s.events, &options.device());
+        Ok(RankEstimate {
+            rank: 0,
+            peak_allocated: device.stats.peak_allocated,
+            peak_reserved: device.stats.peak_reserved,
+            at_peak: at_peak(&device.events, &s.categories),
+            sharded_parameter_bytes: 0,
+            optimizer_state_bytes: live_requested(&s.events, &s.categories),
+            units: Vec::new(),
+        })
     }
 
     /// The variables in the dry run's order (by name, defined ones), with their shapes.
@@ -154,8 +209,10 @@ fn at_peak(
     categories: &HashMap<u64, ShardedCategory>,
 ) -> Vec<(ShardedCategory, u64)> {
     let all = [
+        ShardedCategory::Parameters,
         ShardedCategory::ShardedParameters,
         ShardedCategory::Buffers,
+        ShardedCategory::Buckets,
         ShardedCategory::UnshardedParameters,
         ShardedCategory::AllGather,
         ShardedCategory::UnshardedGradients,

@@ -33,8 +33,11 @@
 
 use crate::error::{Error, Result};
 
+mod ddp;
 mod units;
 mod walk;
+
+pub(crate) use ddp::replicate;
 
 pub(crate) use units::units;
 pub(crate) use walk::shard;
@@ -85,6 +88,22 @@ impl Fsdp {
         }
         Ok(())
     }
+}
+
+/// Data parallelism: PyTorch's `DistributedDataParallel` over `world` ranks with its
+/// defaults (`bucket_cap_mb=25`, `find_unused_parameters=False`), as PyTorch 2.11's
+/// reducer makes its buckets: at construction one flat bucket of every parameter; from
+/// the second iteration (rebuilt in the order the first iteration's gradients became
+/// ready) a first bucket of at least 1 MiB, then buckets of at least 25 MiB. Every rank
+/// holds the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ddp {
+    /// Ranks (GPUs).
+    pub world: u32,
+    /// `gradient_as_bucket_view=True`: the gradients are views into the buckets (no
+    /// gradient of their own); `false` (PyTorch's default): autograd's gradients, copied
+    /// into the buckets for the all-reduce.
+    pub gradient_as_bucket_view: bool,
 }
 
 /// A model variable as FSDP2 sees it.
@@ -145,6 +164,10 @@ impl Var {
 pub enum ShardedCategory {
     /// The rank's padded parameter shards.
     ShardedParameters,
+    /// Parameters, whole (DDP replicates them).
+    Parameters,
+    /// DDP's gradient buckets (the reducer's flat tensors).
+    Buckets,
     /// The model's buffers (replicated).
     Buffers,
     /// Parameters unsharded for a unit's forward or backward pass.
@@ -168,6 +191,8 @@ impl ShardedCategory {
     pub fn name(self) -> &'static str {
         match self {
             ShardedCategory::ShardedParameters => "sharded parameters",
+            ShardedCategory::Parameters => "parameters",
+            ShardedCategory::Buckets => "gradient buckets",
             ShardedCategory::Buffers => "buffers",
             ShardedCategory::UnshardedParameters => "unsharded parameters",
             ShardedCategory::AllGather => "all-gather",

@@ -127,31 +127,8 @@ pub(crate) fn shard(
         w.free_last_gather(e);
         w.post_forward(0, fsdp.reshard_root, e);
     };
-    // Each block of the run a name of its own (the dry run's addresses are reused), so
-    // that a block's category holds for its life alone.
-    let mut renamed: HashMap<u64, u64> = HashMap::new();
-    let mut next_name = RENAMED_ID;
+    let run = unique_blocks(run);
     for (i, e) in run.iter().enumerate() {
-        let mut e = *e;
-        match e.kind {
-            EventKind::Alloc { .. } => {
-                next_name += 1;
-                renamed.insert(e.ptr, next_name);
-                e.ptr = next_name;
-            }
-            EventKind::Free => {
-                if let Some(id) = renamed.remove(&e.ptr) {
-                    e.ptr = id;
-                }
-            }
-            EventKind::Read => {
-                if let Some(&id) = renamed.get(&e.ptr) {
-                    e.ptr = id;
-                }
-            }
-            _ => {}
-        }
-        let e = &e;
         match e.kind {
             EventKind::Phase => {
                 let next = e.phase;
@@ -441,6 +418,37 @@ impl Walk<'_> {
     }
 }
 
+/// The run with each block a name of its own (the dry run's addresses are reused), so
+/// that a block's category holds for its life alone; frees and reads follow.
+pub(super) fn unique_blocks(run: &[Event]) -> Vec<Event> {
+    let mut renamed: HashMap<u64, u64> = HashMap::new();
+    let mut next_name = RENAMED_ID;
+    run.iter()
+        .map(|e| {
+            let mut e = *e;
+            match e.kind {
+                EventKind::Alloc { .. } => {
+                    next_name += 1;
+                    renamed.insert(e.ptr, next_name);
+                    e.ptr = next_name;
+                }
+                EventKind::Free => {
+                    if let Some(id) = renamed.remove(&e.ptr) {
+                        e.ptr = id;
+                    }
+                }
+                EventKind::Read => {
+                    if let Some(&id) = renamed.get(&e.ptr) {
+                        e.ptr = id;
+                    }
+                }
+                _ => {}
+            }
+            e
+        })
+        .collect()
+}
+
 /// Each optimizer op's variable (by step and op): its own first variable, else the
 /// variable the next op updates (optimizers make a parameter's state, then update it).
 fn optimizer_vars(run: &[Event]) -> HashMap<(u32, i32), usize> {
@@ -472,7 +480,7 @@ fn optimizer_vars(run: &[Event]) -> HashMap<(u32, i32), usize> {
 
 /// The events (by index) of blocks born in backward and alive when it ends: the
 /// gradients autograd accumulates into the parameters.
-fn surviving_backward_births(run: &[Event]) -> HashSet<usize> {
+pub(super) fn surviving_backward_births(run: &[Event]) -> HashSet<usize> {
     let mut out = HashSet::new();
     let mut live: HashMap<u64, usize> = HashMap::new();
     let mut phase = Phase::Forward;
