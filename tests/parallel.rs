@@ -36,6 +36,8 @@ fn gpt2_by_hand_is_124_million_parameters() {
 
 #[test]
 fn sharded_weights_and_optimizer_state_are_the_padded_shard_arithmetic() {
+    // One dry run at a time in a process.
+    let _serial = common::serial();
     let model = Model::builtin("gpt2").unwrap();
     let input = Input::parse("8x1024", Some("i64")).unwrap();
     let options = Options::for_gpu(Gpu::named("h200").unwrap());
@@ -146,6 +148,8 @@ fn measured(model: &str, kind: &str) -> (u64, Vec<Case>) {
 /// +4.82%); the measured SmolLM2 has no built-in of its size.
 #[test]
 fn what_sharding_changes_is_what_an_h200_measured() {
+    // One dry run at a time in a process.
+    let _serial = common::serial();
     let mut worst = 0f64;
     let mut failures = Vec::new();
     let mut held = 0;
@@ -298,6 +302,8 @@ fn the_command_prints_rank_0_and_rank_n_minus_1() {
 /// with, the built-in's falls where they save less).
 #[test]
 fn what_ddp_changes_is_what_an_h200_measured() {
+    // One dry run at a time in a process.
+    let _serial = common::serial();
     let mut failures = Vec::new();
     let mut held = 0;
     for (measured_model, builtin, shape, dtype) in [
@@ -350,4 +356,92 @@ fn what_ddp_changes_is_what_an_h200_measured() {
         failures.is_empty(),
         "below -0.5% or above +5% of the one-GPU peak: {failures:?}"
     );
+}
+
+/// `plan --gpus 8` for Llama 3 8B with AdamW on H100s: the cheapest sharding that fits is
+/// named with its per-rank peak reserved, which is the peak `estimate --fsdp 8` gives for
+/// the same levers, within the budget; every plan listed before it is over the budget.
+#[test]
+fn plan_over_gpus_names_the_cheapest_sharding_that_fits() {
+    let base = [
+        "--model",
+        "llama3-8b",
+        "--input",
+        "1x4096:i64",
+        "--optimizer",
+        "adamw",
+    ];
+    let mut args = vec!["plan"];
+    args.extend(base);
+    args.extend(["--memory", "h100", "--gpus", "8"]);
+    let out = common::cli(&args);
+    let text = common::text(&out.stdout);
+    assert!(out.status.success(), "{text}{}", common::text(&out.stderr));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("cheapest that fits on 8 GPUs: plan "))
+        .unwrap_or_else(|| panic!("no cheapest plan named: {text}"));
+    // "plan K (X GiB per rank reserved)"
+    let k: usize = line["cheapest that fits on 8 GPUs: plan ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("│ ")
+                && l[4..]
+                    .trim_start()
+                    .starts_with(|c: char| c.is_ascii_digit())
+        })
+        .collect();
+    assert!(rows.len() >= 3, "{text}");
+    for row in &rows[..k - 1] {
+        assert!(
+            row.contains("no,"),
+            "a cheaper plan fits but is not named: {row}"
+        );
+    }
+    assert!(rows[k - 1].contains("yes,"), "{}", rows[k - 1]);
+    // Plan K's levers through estimate: the same per-rank peak reserved.
+    let named = rows[k - 1];
+    let mut est = vec!["estimate"];
+    est.extend(base);
+    est.extend(["--train", "--gpu", "h100", "--fsdp", "8"]);
+    if named.contains("kept") {
+        est.push("--fsdp-keep-unsharded");
+    }
+    if named.contains("bf16") {
+        est.extend(["--autocast", "bf16"]);
+    }
+    if named.contains("checkpointing") {
+        est.extend(["--checkpoint", "1"]);
+    }
+    let out = common::cli(&est);
+    let etext = common::text(&out.stdout);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let reserved_row = etext
+        .lines()
+        .find(|l| l.contains("peak reserved"))
+        .expect("peak reserved row");
+    let cells: Vec<&str> = reserved_row
+        .split('┆')
+        .map(|c| c.trim().trim_end_matches('│').trim())
+        .collect();
+    let biggest = cells[1..].iter().max_by(|a, b| {
+        let v = |s: &str| s.split(' ').next().unwrap().parse::<f64>().unwrap();
+        v(a).total_cmp(&v(b))
+    });
+    let biggest = biggest.unwrap();
+    assert!(
+        line.contains(&format!("({biggest} per rank reserved)")),
+        "{line} vs {reserved_row}"
+    );
+    let out = common::cli(&["plan", "--model", "gpt2", "--memory", "h100", "--gpus", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = common::text(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--gpus 0"), "{err}");
 }

@@ -8,13 +8,18 @@ use crate::cli::text::commands::{plan_recorded_text, plan_text, Budget};
 use crate::cli::text::estimate_text::csv_to_stdout;
 use crate::cli::text::replay_text;
 use crate::estimate::recorded::{Peaks, Recording};
-use crate::estimate::{allocator_candidates, parse_autocast, AllocatorConfig, Optimizer, Options};
+use crate::estimate::{
+    allocator_candidates, parse_autocast, AllocatorConfig, Mode, Optimizer, Options,
+};
 use crate::runs::ReplayRow;
 use clap::Args;
 
 use crate::cli::fail;
 use crate::cli::model_args::{gpu_and_memory, ModelArgs};
-use crate::cli::text::estimate_text::{nothing_fits, plan_rows, skipped_lines};
+use crate::cli::text::estimate_text::{
+    budget_line, describe_options, nothing_fits, plan_rows, skipped_lines,
+};
+use crate::cli::text::sharded_text::gpu_plans;
 
 /// What plan's model file may also be.
 const PATH_HELP: &str = "A model file: an exported program (.pt2, from torch.export.save) or \
@@ -52,6 +57,12 @@ pub struct PlanArgs {
     /// Print CSV to standard output, a row per plan that fits.
     #[arg(long)]
     csv: bool,
+    /// Plan over N GPUs of --memory each: DDP, FSDP2 kept unsharded or resharded after
+    /// forward, and FSDP2 with bf16 autocast or activation checkpointing, each with its
+    /// largest rank's peak reserved and the bytes it communicates; the cheapest that fits
+    /// and the fewest GPUs it fits on (exit 1 when none fits).
+    #[arg(long, value_name = "N", conflicts_with = "csv")]
+    gpus: Option<u32>,
     /// Also list each configuration left out of the search (its dry run failed) and why;
     /// by default one line counts them by reason.
     #[arg(long)]
@@ -88,6 +99,26 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         autocast,
         ..Options::default()
     };
+    if let Some(gpus) = a.gpus {
+        if gpus == 0 {
+            return Err("invalid --gpus 0: plan over at least 1 GPU".into());
+        }
+        let plans = model.plan_gpus(&inputs, optimizer, &options, memory, gpus)?;
+        println!(
+            "tch-memprof plan: {}, training with {} at batch {} on {gpus} GPUs, {}",
+            model.label(),
+            optimizer.name(),
+            inputs[0].batch(),
+            describe_options(&options, Mode::Train(optimizer))
+        );
+        println!("{}", budget_line(memory, &a.memory));
+        print!("{}", gpu_plans(&plans));
+        return Ok(if plans.cheapest.is_some() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
     let mut progress = crate::cli::progress::Progress::new("tch-memprof plan");
     let plans = model.plan_with_progress(&inputs, optimizer, &options, memory, &mut |n| {
         progress.say(&format!("searching, {n} dry run(s)"))

@@ -3,7 +3,7 @@
 
 use comfy_table::CellAlignment;
 
-use crate::estimate::{Ddp, Fsdp, RankEstimate};
+use crate::estimate::{Ddp, Fsdp, GpuPlans, RankEstimate, Sharding};
 use crate::format::bytes;
 
 /// The ranks' peaks and their categories at the peak, with what the estimate does not
@@ -102,4 +102,86 @@ pub fn replicated(rank: &RankEstimate, ddp: &Ddp) -> String {
             "copied into them"
         }
     )
+}
+
+/// `plan --gpus N`: every sharding plan, cheapest first, with its largest rank's peak
+/// reserved, whether it fits, its communication; the cheapest that fits and the fewest
+/// GPUs it fits on.
+pub fn gpu_plans(plans: &GpuPlans) -> String {
+    let mut t = crate::report::table();
+    t.set_header(vec![
+        "#",
+        "plan",
+        "peak reserved a rank",
+        "fits",
+        "cost a step",
+    ]);
+    for (i, p) in plans.plans.iter().enumerate() {
+        let mut name = match p.sharding {
+            Sharding::Ddp => "DDP".to_string(),
+            Sharding::FsdpKept => "FSDP2 kept unsharded".to_string(),
+            Sharding::Fsdp => "FSDP2".to_string(),
+        };
+        let mut cost = vec![
+            p.collectives.clone(),
+            format!("a rank sends {}", bytes(p.traffic)),
+        ];
+        if p.autocast {
+            name.push_str(" + bf16 autocast");
+            cost.push("bf16 numerics".into());
+        }
+        if p.checkpoint {
+            name.push_str(" + checkpointing");
+            cost.push("forward run twice".into());
+        }
+        let fits = if p.peak_reserved <= plans.memory {
+            format!("yes, {} left", bytes(plans.memory - p.peak_reserved))
+        } else {
+            format!("no, {} over", bytes(p.peak_reserved - plans.memory))
+        };
+        t.add_row(vec![
+            (i + 1).to_string(),
+            name,
+            bytes(p.peak_reserved),
+            fits,
+            cost.join("; "),
+        ]);
+    }
+    if let Some(col) = t.column_mut(2) {
+        col.set_cell_alignment(CellAlignment::Right);
+    }
+    crate::report::keep_words(&mut t);
+    let mut out = format!("{t}\n");
+    match (plans.cheapest, plans.fewest) {
+        (Some(i), Some(fewest)) => {
+            let p = &plans.plans[i];
+            out.push_str(&format!(
+                "cheapest that fits on {} GPUs: plan {} ({} per rank reserved); it fits on {} GPU{} or more\n",
+                plans.gpus,
+                i + 1,
+                bytes(p.peak_reserved),
+                fewest,
+                if fewest == 1 { "" } else { "s" }
+            ));
+        }
+        _ => {
+            let least = plans
+                .plans
+                .iter()
+                .map(|p| p.peak_reserved)
+                .min()
+                .unwrap_or(0);
+            out.push_str(&format!(
+                "nothing fits on {} GPUs: the smallest rank needs {} reserved, {} over the budget\n",
+                plans.gpus,
+                bytes(least),
+                bytes(least.saturating_sub(plans.memory))
+            ));
+        }
+    }
+    out.push_str(
+        "not counted: NCCL's own buffers (outside PyTorch's allocator; leave room for them); \
+         the sharded estimates are unverified on a GPU as a whole (docs/estimate.md)\n",
+    );
+    out
 }

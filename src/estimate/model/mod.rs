@@ -14,6 +14,7 @@ use crate::replay::{as_requested, peak_step, predicted_step, through_allocator, 
 mod dry_run;
 mod exported;
 mod fit;
+mod gpus;
 mod input_words;
 mod plan;
 mod script;
@@ -31,6 +32,7 @@ use crate::program::Program;
 use crate::timeline::sites::SiteNames;
 use crate::timeline::{VarEntry, UNKNOWN_SITE};
 pub(crate) use dry_run::DryRun;
+pub(crate) use gpus::{GpuPlans, Sharding};
 pub use sharded::RankEstimate;
 
 /// The scope of the dry run's loss, when [`Model::loss_scope`] asks for it.

@@ -69,13 +69,6 @@ impl Model {
                 "gradient accumulation under FSDP is not modelled yet",
             );
         }
-        if let Some(k) = options.checkpoint {
-            return refuse(
-                "checkpoint",
-                k.to_string(),
-                "activation checkpointing under FSDP is not modelled yet",
-            );
-        }
         let options = Options {
             zero_grad_first: true,
             ..options.clone()
@@ -175,7 +168,7 @@ impl Model {
     }
 
     /// The variables in the dry run's order (by name, defined ones), with their shapes.
-    fn fsdp_vars(&self) -> Result<Vec<Var>> {
+    pub(super) fn fsdp_vars(&self) -> Result<Vec<Var>> {
         let vs = self.var_store();
         let trainable = vs
             .trainable_variables()

@@ -221,16 +221,29 @@ pub(crate) fn shard(
                 fwd_unit.insert(e.op, u);
                 w.out.push(*e);
             }
-            EventKind::Link if phase == Phase::Backward => {
+            // In backward, a node's unit is its forward op's; an op reading a unit's
+            // variable (a checkpointed segment's forward pass run again) is the unit's.
+            EventKind::Link | EventKind::OpBegin if phase == Phase::Backward => {
                 w.out.push(*e);
-                let Some(&u) = fwd_unit.get(&e.aux) else {
+                let u = if e.kind == EventKind::Link {
+                    fwd_unit.get(&e.aux).copied()
+                } else {
+                    let u = usize::try_from(e.value)
+                        .ok()
+                        .and_then(|v| unit_of.get(v).copied());
+                    fwd_unit.insert(e.op, u.or(bwd).unwrap_or(0));
+                    u
+                };
+                let (Some(u), b) = (u, bwd.unwrap_or(0)) else {
                     continue;
                 };
-                let b = bwd.unwrap_or(0);
-                if u != b && u != 0 {
-                    if b != 0 {
-                        w.post_backward(b, e);
-                    }
+                if u == b {
+                    continue;
+                }
+                if b != 0 {
+                    w.post_backward(b, e);
+                }
+                if u != 0 {
                     entered_bwd[u] = true;
                     w.unshard(u, e);
                     // Prefetch the unit before it in forward order.
@@ -239,8 +252,8 @@ pub(crate) fn shard(
                             w.prefetch(prev, e);
                         }
                     }
-                    bwd = Some(u);
                 }
+                bwd = Some(u);
             }
             EventKind::Alloc { .. } if grads.contains(&i) => {
                 let u = bwd.unwrap_or(0);
