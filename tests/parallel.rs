@@ -143,9 +143,10 @@ fn measured(model: &str, kind: &str) -> (u64, Vec<Case>) {
 /// rank less its one-GPU estimate in the same loop). The one-GPU dry run of a built-in is
 /// not PyTorch's eager run (docs/estimate.md); the sharding's own change is what this
 /// holds, in shares of the measured one-GPU peak: never more than 0.5% lower than the
-/// GPU's (a rank predicted too small costs a failed run), at most 5% higher. GPT-2 small
-/// at 4x1024 (measured: +0.00% to +2.03%) and ViT-B/16 at 32x3x224x224 (+3.12% to
-/// +4.82%); the measured SmolLM2 has no built-in of its size.
+/// GPU's (a rank predicted too small costs a failed run), at most 2.5% higher. GPT-2
+/// small at 4x1024 (measured: -0.00% to +2.03%) and ViT-B/16 at 32x3x224x224 (-0.17% to
+/// -0.07%); the measured SmolLM2 has no built-in of its size. The loop is the measured
+/// one: gradients set to none after the loss.
 #[test]
 fn what_sharding_changes_is_what_an_h200_measured() {
     // One dry run at a time in a process.
@@ -166,10 +167,9 @@ fn what_sharding_changes_is_what_an_h200_measured() {
         let model = Model::builtin(builtin).unwrap();
         let inputs = [Input::parse(shape, dtype).unwrap()];
         let mode = Mode::Train(Optimizer::AdamW);
-        let options = Options {
-            zero_grad_first: true,
-            ..Options::for_gpu(Gpu::named("h200").unwrap())
-        };
+        // The measured loop: zero_grad(set_to_none=True) after the loss, before
+        // backward (scripts/gpu/ranks_truth.py), tch's placement and the default.
+        let options = Options::for_gpu(Gpu::named("h200").unwrap());
         let ours_single = model
             .estimate(&inputs, mode, &options)
             .unwrap()
@@ -200,7 +200,7 @@ fn what_sharding_changes_is_what_an_h200_measured() {
             );
             worst = worst.max(off.abs());
             held += 1;
-            if !(-0.005..=0.05).contains(&off) {
+            if !(-0.005..=0.025).contains(&off) {
                 failures.push(name);
             }
         }
@@ -208,7 +208,7 @@ fn what_sharding_changes_is_what_an_h200_measured() {
     println!("{held} ranks, worst: {:.2}%", 100.0 * worst);
     assert!(
         failures.is_empty(),
-        "below -0.5% or above +5% of the one-GPU peak: {failures:?}"
+        "below -0.5% or above +2.5% of the one-GPU peak: {failures:?}"
     );
 }
 
@@ -296,10 +296,8 @@ fn the_command_prints_rank_0_and_rank_n_minus_1() {
 
 /// DDP's buckets, held the same way: each measured rank less the measured one-GPU run,
 /// against the predicted rank less the one-GPU estimate, in shares of the measured
-/// one-GPU peak: never more than 0.5% lower, at most 5% higher. GPT-2 small (gradients
-/// copied into the buckets and as views into them: -0.03% and +0.01%) and ViT-B/16
-/// (copied: 0.00%; as views +4.6%: the eager run's peak holds gradients the views do away
-/// with, the built-in's falls where they save less).
+/// one-GPU peak: never more than 0.5% lower, at most 2.5% higher. GPT-2 small and
+/// ViT-B/16, gradients copied into the buckets and as views into them: -0.13% to +0.01%.
 #[test]
 fn what_ddp_changes_is_what_an_h200_measured() {
     // One dry run at a time in a process.
@@ -319,10 +317,9 @@ fn what_ddp_changes_is_what_an_h200_measured() {
         let model = Model::builtin(builtin).unwrap();
         let inputs = [Input::parse(shape, dtype).unwrap()];
         let mode = Mode::Train(Optimizer::AdamW);
-        let options = Options {
-            zero_grad_first: true,
-            ..Options::for_gpu(Gpu::named("h200").unwrap())
-        };
+        // The measured loop: zero_grad(set_to_none=True) after the loss, before
+        // backward (scripts/gpu/ranks_truth.py), tch's placement and the default.
+        let options = Options::for_gpu(Gpu::named("h200").unwrap());
         let ours_single = model
             .estimate(&inputs, mode, &options)
             .unwrap()
@@ -346,7 +343,7 @@ fn what_ddp_changes_is_what_an_h200_measured() {
                 100.0 * off
             );
             held += 1;
-            if !(-0.005..=0.05).contains(&off) {
+            if !(-0.005..=0.025).contains(&off) {
                 failures.push(name);
             }
         }
@@ -354,7 +351,7 @@ fn what_ddp_changes_is_what_an_h200_measured() {
     assert!(held >= 4, "{held} DDP ranks only");
     assert!(
         failures.is_empty(),
-        "below -0.5% or above +5% of the one-GPU peak: {failures:?}"
+        "below -0.5% or above +2.5% of the one-GPU peak: {failures:?}"
     );
 }
 
@@ -405,6 +402,9 @@ fn plan_over_gpus_names_the_cheapest_sharding_that_fits() {
         );
     }
     assert!(rows[k - 1].contains("yes,"), "{}", rows[k - 1]);
+    // As docs/estimate.md says: neither DDP nor FSDP2 alone (plans 1 to 3) fits, FSDP2
+    // with checkpointing does.
+    assert!(k > 3 && rows[k - 1].contains("checkpointing"), "{text}");
     // Plan K's levers through estimate: the same per-rank peak reserved.
     let named = rows[k - 1];
     let mut est = vec!["estimate"];

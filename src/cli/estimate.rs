@@ -105,8 +105,8 @@ pub struct EstimateArgs {
     compare: Option<PathBuf>,
     /// Shard the model over N GPUs with PyTorch's FSDP2 (fully_shard on each block of
     /// the model's repeated module lists and on the root) and print rank 0's and rank
-    /// N-1's peaks, with what each holds at its peak. The loop is PyTorch's canonical
-    /// one (zero_grad(set_to_none=True) first). Unverified on a GPU (docs/estimate.md).
+    /// N-1's peaks, with what each holds at its peak. The loop as --zero-grad-first
+    /// says. Unverified on a GPU as a whole (docs/estimate.md).
     #[arg(long, value_name = "N", conflicts_with_all = ["csv", "memory", "compare", "output_dir", "batch_sizes"])]
     fsdp: Option<u32>,
     /// With --fsdp: the modules wrapped as units, a pattern of module paths where `*`
@@ -125,7 +125,7 @@ pub struct EstimateArgs {
     fsdp_reshard_root: bool,
     /// Replicate the model over N GPUs with PyTorch's DistributedDataParallel (its
     /// defaults: 25 MiB gradient buckets) and print a rank's peaks, with what it holds at
-    /// its peak. The loop is PyTorch's canonical one (zero_grad(set_to_none=True) first).
+    /// its peak. The loop as --zero-grad-first says.
     #[arg(long, value_name = "N", conflicts_with_all = ["fsdp", "csv", "memory", "compare", "output_dir", "batch_sizes"])]
     ddp: Option<u32>,
     /// With --ddp: gradient_as_bucket_view=True (the gradients are views into the

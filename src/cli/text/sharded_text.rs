@@ -42,7 +42,8 @@ pub fn sharded(ranks: &[RankEstimate], fsdp: &Fsdp) -> String {
         match (fsdp.reshard_after_forward, fsdp.reshard_root) {
             (true, true) => "resharded after forward, the root too",
             (true, false) => "resharded after forward, the root kept",
-            _ => "kept unsharded until backward",
+            (false, true) => "units kept unsharded until backward, the root resharded",
+            (false, false) => "kept unsharded until backward",
         },
     ));
     if units.is_empty() {

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use super::Model;
 use crate::error::{Error, Result};
 use crate::estimate::parallel::{self, Ddp, Fsdp, ShardedCategory, Var};
-use crate::estimate::{Input, Mode, Options};
+use crate::estimate::{Input, Mode, Optimizer, Options};
 use crate::events::EventKind;
 use crate::ffi;
 use crate::replay::through_allocator;
@@ -36,8 +36,8 @@ pub struct RankEstimate {
 
 impl Model {
     /// Ranks 0 and `world - 1` (they differ where padding leaves the last rank fewer real
-    /// rows) of `mode` under `fsdp`, as PyTorch's canonical loop runs it
-    /// (`zero_grad(set_to_none=True)` before each forward pass): the one-GPU dry run with
+    /// rows) of `mode` under `fsdp`, in the loop `options` say (gradients set to none
+    /// after the loss, or first with [`Options::zero_grad_first`]): the one-GPU dry run with
     /// FSDP2's shards and buffers on their streams ([`Fsdp`]), through the caching
     /// allocator's model.
     pub fn estimate_sharded(
@@ -69,16 +69,12 @@ impl Model {
                 "gradient accumulation under FSDP is not modelled yet",
             );
         }
-        let options = Options {
-            zero_grad_first: true,
-            ..options.clone()
-        };
         let vars = self.fsdp_vars()?;
         let names: Vec<&str> = vars.iter().map(|v| v.name.as_str()).collect();
         let mut units = parallel::units(&names, fsdp.units.as_deref())?;
         units.sort_by_key(|u| natural(u));
         self.loss_scope.set(true);
-        let run = self.dry_run(inputs, mode, &options, false);
+        let run = self.dry_run(inputs, mode, options, false);
         self.loss_scope.set(false);
         let run = run?;
         let loss_scope = Some(ffi::intern(super::LOSS_SCOPE)?);
@@ -89,14 +85,25 @@ impl Model {
         ranks
             .into_iter()
             .map(|rank| {
-                let s = parallel::shard(&self.weights, &run.events, &vars, fsdp, rank, loss_scope)?;
+                let s = parallel::shard(
+                    &self.weights,
+                    &run.events,
+                    &vars,
+                    fsdp,
+                    rank,
+                    loss_scope,
+                    foreach_set(mode),
+                )?;
                 let device = through_allocator(&s.weights, &s.events, &options.device());
                 let at_peak = at_peak(&device.events, &s.categories);
-                let world = u64::from(fsdp.world);
-                let sharded_parameter_bytes = vars
+                let sharded_parameter_bytes = s
+                    .weights
                     .iter()
-                    .filter(|v| v.trainable)
-                    .map(|v| v.padded_shard_bytes(world))
+                    .filter(|e| {
+                        e.is_alloc()
+                            && s.categories.get(&e.ptr) == Some(&ShardedCategory::ShardedParameters)
+                    })
+                    .map(|e| e.value.max(0) as u64)
                     .sum();
                 let optimizer_state_bytes = live_requested(&s.events, &s.categories);
                 Ok(RankEstimate {
@@ -112,8 +119,8 @@ impl Model {
             .collect()
     }
 
-    /// A rank of `mode` under `ddp` (every rank holds the same), as PyTorch's canonical
-    /// loop runs it (`zero_grad(set_to_none=True)` before each forward pass): the one-GPU
+    /// A rank of `mode` under `ddp` (every rank holds the same), in the loop `options`
+    /// say (gradients set to none after the loss, or first): the one-GPU
     /// dry run with DDP's gradient buckets ([`Ddp`]), through the caching allocator's
     /// model.
     pub fn estimate_replicated(
@@ -139,10 +146,6 @@ impl Model {
                     .into(),
             });
         }
-        let options = Options {
-            zero_grad_first: true,
-            ..options.clone()
-        };
         // The parameters in the order the model registered them.
         let by_name: HashMap<String, Var> = self
             .fsdp_vars()?
@@ -153,8 +156,8 @@ impl Model {
             .into_iter()
             .filter_map(|(name, _)| by_name.get(&name).cloned())
             .collect();
-        let run = self.dry_run(inputs, mode, &options, false)?;
-        let s = parallel::replicate(&self.weights, &run.events, &vars, ddp);
+        let run = self.dry_run(inputs, mode, options, false)?;
+        let s = parallel::replicate(&self.weights, &run.events, &vars, ddp, foreach_set(mode));
         let device = through_allocator(&s.weights, &s.events, &options.device());
         Ok(RankEstimate {
             rank: 0,
@@ -288,4 +291,10 @@ fn natural(path: &str) -> Vec<(String, u64)> {
             (word.to_string(), c[word.len()..].parse().unwrap_or(0))
         })
         .collect()
+}
+
+/// Whether the step's optimizer is one PyTorch runs as foreach by default with a
+/// state-sized set made at once (Adam, AdamW).
+fn foreach_set(mode: Mode) -> bool {
+    matches!(mode, Mode::Train(Optimizer::Adam | Optimizer::AdamW))
 }

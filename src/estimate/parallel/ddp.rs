@@ -44,7 +44,15 @@ pub(crate) fn rebuilt_buckets(params: &[u64]) -> Vec<u64> {
 
 /// A rank of `ddp` over the dry run (`weights`, `run`) of a model whose variables are
 /// `vars`, in the order the model registered them.
-pub(crate) fn replicate(weights: &[Event], run: &[Event], vars: &[Var], ddp: &Ddp) -> Sharded {
+/// `foreach_set`: the optimizer's step makes one parameter-sized set at once (PyTorch's
+/// foreach Adam and AdamW).
+pub(crate) fn replicate(
+    weights: &[Event],
+    run: &[Event],
+    vars: &[Var],
+    ddp: &Ddp,
+    foreach_set: bool,
+) -> Sharded {
     let mut categories: HashMap<u64, ShardedCategory> = HashMap::new();
     let trainable: HashSet<u64> = vars.iter().filter(|v| v.trainable).map(|v| v.ptr).collect();
     let params: Vec<u64> = vars
@@ -81,8 +89,8 @@ pub(crate) fn replicate(weights: &[Event], run: &[Event], vars: &[Var], ddp: &Dd
     };
     // At construction: one bucket of every parameter.
     let mut live: Vec<u64> = Vec::new();
+    let total: u64 = params.iter().sum();
     if let Some(last) = weights.last() {
-        let total: u64 = params.iter().sum();
         if total > 0 {
             let id = bucket(total, last, &mut out_weights);
             categories.insert(id, ShardedCategory::Buckets);
@@ -91,19 +99,45 @@ pub(crate) fn replicate(weights: &[Event], run: &[Event], vars: &[Var], ddp: &Dd
     }
     let run = unique_blocks(run);
     let grads = surviving_backward_births(&run);
+    // With bucket views: autograd's gradients, freed when their op returns (the reducer
+    // copies each into its bucket's view and points the parameter's gradient there).
+    let mut copied: HashMap<i32, Vec<u64>> = HashMap::new();
     let mut dropped: HashSet<u64> = HashSet::new();
+    let mut foreach_temp: Option<u64> = None;
     let mut out = Vec::with_capacity(run.len() + 64);
     let mut step = 0;
     let mut rebuilt = false;
     for (i, e) in run.iter().enumerate() {
         match e.kind {
             EventKind::Phase => {
+                if let Some(id) = foreach_temp.take() {
+                    out.push(Event {
+                        kind: EventKind::Free,
+                        ptr: id,
+                        value: 0,
+                        aux: 0,
+                        ..*e
+                    });
+                }
                 step = step.max(e.generation);
                 out.push(*e);
             }
+            EventKind::OpEnd if copied.contains_key(&e.op) => {
+                out.push(*e);
+                for ptr in copied.remove(&e.op).unwrap_or_default() {
+                    dropped.insert(ptr);
+                    out.push(Event {
+                        kind: EventKind::Free,
+                        ptr,
+                        value: 0,
+                        aux: 0,
+                        ..*e
+                    });
+                }
+            }
             // The second iteration's forward pass rebuilds the buckets, in the order the
-            // gradients became ready: the reverse of the parameters' order, as a
-            // module's are used.
+            // gradients became ready, taken as the reverse of the order the model
+            // registered its parameters (the order a model's forward pass uses them).
             EventKind::OpBegin if step >= 2 && !rebuilt && e.phase == Phase::Forward => {
                 rebuilt = true;
                 for id in live.drain(..) {
@@ -124,15 +158,19 @@ pub(crate) fn replicate(weights: &[Event], run: &[Event], vars: &[Var], ddp: &Dd
                 out.push(*e);
             }
             EventKind::Alloc { .. } if grads.contains(&i) => {
+                categories.insert(e.ptr, ShardedCategory::UnshardedGradients);
+                out.push(*e);
                 if ddp.gradient_as_bucket_view {
-                    // A view into its bucket: no block of its own.
-                    dropped.insert(e.ptr);
-                } else {
-                    categories.insert(e.ptr, ShardedCategory::UnshardedGradients);
-                    out.push(*e);
+                    copied.entry(e.op).or_default().push(e.ptr);
                 }
             }
             EventKind::Alloc { .. } if e.phase == Phase::Optimizer => {
+                if foreach_set && foreach_temp.is_none() && total > 0 {
+                    // PyTorch's foreach step: one more parameter-sized set, for the step.
+                    let id = bucket(total, e, &mut out);
+                    categories.insert(id, ShardedCategory::OptimizerState);
+                    foreach_temp = Some(id);
+                }
                 categories.insert(e.ptr, ShardedCategory::OptimizerState);
                 out.push(*e);
             }

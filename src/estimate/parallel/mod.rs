@@ -22,9 +22,10 @@
 //!   ends: its parameters freed, the previous reduce-scatter input freed, a reduce-scatter
 //!   input of its padded unsharded bytes made, its unsharded gradients freed, and the
 //!   reduce-scatter output (the sharded gradients, `Σ c·r` elements) made on the
-//!   reduce-scatter stream, which lives until `zero_grad(set_to_none=True)`;
+//!   reduce-scatter stream, which lives until the loop's `zero_grad(set_to_none=True)`;
 //! - **optimizer state**: the *unpadded* local shard (rank `k`: `clamp(d − k·c, 0, c)·r`
-//!   elements) per state tensor, and the step's temporaries at the same size.
+//!   elements) per state tensor, and the step's temporaries at the same size; Adam's and
+//!   AdamW's foreach step (PyTorch's default) makes one more state-sized set at once.
 //!
 //! `units.rs` finds the units, `walk.rs` shards a dry run's events.
 //!
@@ -43,8 +44,9 @@ pub(crate) use units::units;
 pub(crate) use walk::shard;
 
 /// How the model is sharded: FSDP2's `fully_shard` on each unit and on the root, over
-/// `world` ranks, as PyTorch's canonical loop runs it (`zero_grad(set_to_none=True)`
-/// before each step's forward pass).
+/// `world` ranks, in the loop the estimate's options say (`zero_grad(set_to_none=True)`
+/// after the forward pass and the loss, or before the forward pass with
+/// `Options::zero_grad_first`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fsdp {
     /// Ranks (GPUs) the parameters are sharded over (at least 1).

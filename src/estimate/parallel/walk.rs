@@ -15,7 +15,9 @@ const FSDP_ID: u64 = 0x5D00_0000_0000_0000;
 /// The run's blocks, renamed one name a block.
 const RENAMED_ID: u64 = 0x5E00_0000_0000_0000;
 
-/// Streams of FSDP2's buffers, by index in the replay (0 is the default stream).
+/// Streams of FSDP2's buffers, by index in the replay (0 is the default stream): the
+/// all-gather copy-in stream (where the all-gather outputs are made) and the
+/// reduce-scatter stream.
 const ALL_GATHER_STREAM: u32 = 1;
 const REDUCE_SCATTER_STREAM: u32 = 2;
 
@@ -36,7 +38,10 @@ struct Unit {
 /// Rank `rank` of `fsdp` over the dry run (`weights`, `run`) of a model with `vars` (in
 /// the order of the dry run's variable indices).
 /// `loss_scope`: the name id of the scope the dry run's loss ran in (the model's
-/// forward pass has returned at its first op).
+/// forward pass has returned at its first op). `foreach_set`: the optimizer is PyTorch's
+/// foreach Adam or AdamW, whose step makes one more state-sized set at once
+/// (`_foreach_sqrt(exp_avg_sqs)`), where the dry run's optimizer makes one parameter's at
+/// a time.
 pub(crate) fn shard(
     weights: &[Event],
     run: &[Event],
@@ -44,6 +49,7 @@ pub(crate) fn shard(
     fsdp: &Fsdp,
     rank: u32,
     loss_scope: Option<i32>,
+    foreach_set: bool,
 ) -> Result<Sharded> {
     fsdp.validate()?;
     let world = u64::from(fsdp.world);
@@ -91,6 +97,20 @@ pub(crate) fn shard(
         })
         .collect();
 
+    // Only a parameter says which unit runs: a buffer or a shared variable read inside a
+    // unit does not end it.
+    let unit_of_op = |value: i64| -> Option<usize> {
+        usize::try_from(value)
+            .ok()
+            .filter(|&v| vars.get(v).is_some_and(|v| v.trainable))
+            .map(|v| unit_of[v])
+    };
+    let local_set: u64 = vars
+        .iter()
+        .filter(|v| v.trainable)
+        .map(|v| v.local_shard_bytes(world, rank))
+        .sum();
+    let mut foreach_temp: Option<u64> = None;
     let opt_var = optimizer_vars(run);
     let grads = surviving_backward_births(run);
 
@@ -116,7 +136,8 @@ pub(crate) fn shard(
     let mut fwd_unit: HashMap<i32, usize> = HashMap::new();
     let mut current: Option<usize> = None;
     let mut bwd: Option<usize> = None;
-    let mut entered_bwd: Vec<bool> = vec![false; units.len()];
+    // Units reduce-scattered this step.
+    let mut reduced: Vec<bool> = vec![false; units.len()];
     // The model's forward pass has returned (its post-forward ran).
     let mut returned = false;
     // The last unit's post-forward, and the root's.
@@ -132,16 +153,23 @@ pub(crate) fn shard(
         match e.kind {
             EventKind::Phase => {
                 let next = e.phase;
+                if let Some(id) = foreach_temp.take() {
+                    w.free(id, e);
+                }
                 if e.generation > step {
-                    // A new step: zero_grad(set_to_none=True) freed the gradient shards.
+                    // A new step (its gradient shards live until the loop's zero_grad,
+                    // where the dry run frees its gradients).
                     step = e.generation;
-                    w.free_sharded_grads(e);
                     order.clear();
                     fwd_unit.clear();
                     current = None;
                     bwd = None;
-                    entered_bwd.iter_mut().for_each(|b| *b = false);
+                    reduced.iter_mut().for_each(|r| *r = false);
                     returned = false;
+                }
+                if next == Phase::Backward && phase != Phase::Backward {
+                    // Gradients a loop never set to none are reduce-scattered anew.
+                    w.free_sharded_grads(e);
                 }
                 if phase == Phase::Forward && next == Phase::Backward {
                     // The model's post-forward (unless the loss began it), then the
@@ -157,26 +185,21 @@ pub(crate) fn shard(
                     bwd = Some(0);
                 }
                 if phase == Phase::Backward && next != Phase::Backward {
-                    // The end of backward: every unit not yet reduced, the root last.
-                    let mut rest: Vec<usize> = order
-                        .iter()
-                        .rev()
-                        .copied()
-                        .filter(|&u| u != 0 && entered_bwd[u])
-                        .collect();
-                    if let Some(b) = bwd.filter(|&b| b != 0) {
-                        rest.retain(|&u| u != b);
-                        rest.insert(0, b);
-                    }
+                    // The final callback: every unit not yet reduced (the one running
+                    // first, the root last), prefetches that found no use dropped.
+                    let mut rest: Vec<usize> = bwd.filter(|&b| b != 0).into_iter().collect();
+                    rest.extend(order.iter().rev().copied().filter(|&u| u != 0));
+                    rest.extend((1..units.len()).filter(|u| !order.contains(u)));
+                    rest.push(0);
                     for u in rest {
-                        if w.params[u].is_empty() && w.grads[u].is_empty() {
-                            continue;
+                        if !reduced[u] {
+                            reduced[u] = true;
+                            w.post_backward(u, e);
                         }
-                        w.post_backward(u, e);
                     }
-                    w.post_backward(0, e);
                     w.free_rs_input(e);
                     w.free_last_gather(e);
+                    w.drop_prefetches(e);
                     bwd = None;
                 }
                 phase = next;
@@ -201,10 +224,7 @@ pub(crate) fn shard(
                     order.push(0);
                     current = Some(0);
                 }
-                let u = usize::try_from(e.value)
-                    .ok()
-                    .and_then(|v| unit_of.get(v).copied())
-                    .unwrap_or(current.unwrap_or(0));
+                let u = unit_of_op(e.value).unwrap_or(current.unwrap_or(0));
                 let c = current.unwrap_or(0);
                 if u != c {
                     if c != 0 {
@@ -228,9 +248,7 @@ pub(crate) fn shard(
                 let u = if e.kind == EventKind::Link {
                     fwd_unit.get(&e.aux).copied()
                 } else {
-                    let u = usize::try_from(e.value)
-                        .ok()
-                        .and_then(|v| unit_of.get(v).copied());
+                    let u = unit_of_op(e.value);
                     fwd_unit.insert(e.op, u.or(bwd).unwrap_or(0));
                     u
                 };
@@ -240,11 +258,11 @@ pub(crate) fn shard(
                 if u == b {
                     continue;
                 }
-                if b != 0 {
+                if b != 0 && !reduced[b] {
+                    reduced[b] = true;
                     w.post_backward(b, e);
                 }
-                if u != 0 {
-                    entered_bwd[u] = true;
+                if u != 0 && !reduced[u] {
                     w.unshard(u, e);
                     // Prefetch the unit before it in forward order.
                     if let Some(k) = order.iter().position(|&x| x == u) {
@@ -263,6 +281,10 @@ pub(crate) fn shard(
                 w.out.push(*e);
             }
             EventKind::Alloc { .. } if e.phase == Phase::Optimizer => {
+                if foreach_set && foreach_temp.is_none() && local_set > 0 {
+                    // PyTorch's foreach step: one more state-sized set, for the step.
+                    foreach_temp = Some(w.alloc(local_set, 0, ShardedCategory::OptimizerState, e));
+                }
                 let sized = opt_var
                     .get(&(step, e.op))
                     .map(|&v| &vars[v])
@@ -274,7 +296,8 @@ pub(crate) fn shard(
                 w.categories.insert(e.ptr, ShardedCategory::OptimizerState);
                 w.out.push(Event { value, ..*e });
             }
-            EventKind::Free if w.freed_early.remove(&e.ptr) => {}
+            // The loop's zero_grad: the dry run frees its gradients, FSDP2's shards go.
+            EventKind::Free if w.freed_early.remove(&e.ptr) => w.free_sharded_grads(e),
             _ => w.out.push(*e),
         }
     }
@@ -371,6 +394,15 @@ impl Walk<'_> {
             self.last_gather = gathered;
         } else if let Some(g) = gathered {
             self.free(g, at);
+        }
+    }
+
+    /// All-gather outputs prefetched and never copied out.
+    fn drop_prefetches(&mut self, at: &Event) {
+        for u in 0..self.gathered.len() {
+            if let Some(g) = self.gathered[u].take() {
+                self.free(g, at);
+            }
         }
     }
 
