@@ -223,7 +223,7 @@ fn bad_sharding_is_refused_in_one_line() {
             &["--fsdp", "2", "--fsdp-units", "model.layers.*"][..],
             "model.layers.*",
         ),
-        (&["--fsdp", "2", "--csv"][..], "--csv"),
+        (&["--fsdp", "2", "--memory", "h100"][..], "--memory"),
         (&["--fsdp-keep-unsharded"][..], "--fsdp"),
         (&["--fsdp", "2", "--ddp", "2"][..], "--ddp"),
         (&["--ddp", "0"][..], "0"),
@@ -444,4 +444,44 @@ fn plan_over_gpus_names_the_cheapest_sharding_that_fits() {
     let err = common::text(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("--gpus 0"), "{err}");
+}
+
+/// `--csv` with `--fsdp` or `--ddp`: a row per rank (0 and N-1; DDP's one), the peaks,
+/// and the categories at the peak, which add up to the peak allocated.
+#[test]
+fn ranks_as_csv_add_up_to_their_peaks() {
+    for (flag, ranks) in [("--fsdp", vec!["0", "7"]), ("--ddp", vec!["0"])] {
+        let out = common::cli(&[
+            "estimate",
+            "--model",
+            "gpt2",
+            "--input",
+            "2x128:i64",
+            "--train",
+            flag,
+            "8",
+            "--csv",
+        ]);
+        assert!(out.status.success(), "{}", common::text(&out.stderr));
+        let text = common::text(&out.stdout);
+        let mut reader = csv::Reader::from_reader(text.as_bytes());
+        let headers = reader.headers().unwrap().clone();
+        let col = |name: &str| headers.iter().position(|h| h == name).expect(name);
+        let mut seen = Vec::new();
+        for row in reader.records() {
+            let row = row.unwrap();
+            assert_eq!(&row[col("parallel")], &flag[2..], "{text}");
+            assert_eq!(&row[col("world")], "8");
+            seen.push(row[col("rank")].to_string());
+            let value = |name: &str| -> u64 { row[col(name)].parse().unwrap() };
+            let sum: u64 = headers
+                .iter()
+                .filter(|h| h.ends_with("_bytes") && !h.starts_with("peak_"))
+                .map(value)
+                .sum();
+            assert_eq!(sum, value("peak_allocated_bytes"), "{text}");
+            assert!(value("peak_reserved_bytes") >= value("peak_allocated_bytes"));
+        }
+        assert_eq!(seen, ranks, "{text}");
+    }
 }

@@ -14,7 +14,7 @@ use clap::Args;
 use crate::cli::fail;
 use crate::cli::model_args::{gpu_and_memory, ModelArgs};
 use crate::cli::text::estimate_text::{describe_options, estimate_row, fit_thin_margin_line};
-use crate::cli::text::sharded_text::{replicated, sharded};
+use crate::cli::text::sharded_text::{rank_row, replicated, sharded};
 use crate::report::write_step_files;
 
 /// Arguments of `tch-memprof estimate`.
@@ -107,7 +107,7 @@ pub struct EstimateArgs {
     /// the model's repeated module lists and on the root) and print rank 0's and rank
     /// N-1's peaks, with what each holds at its peak. The loop as --zero-grad-first
     /// says. Unverified on a GPU as a whole (docs/estimate.md).
-    #[arg(long, value_name = "N", conflicts_with_all = ["csv", "memory", "compare", "output_dir", "batch_sizes"])]
+    #[arg(long, value_name = "N", conflicts_with_all = ["memory", "compare", "output_dir", "batch_sizes"])]
     fsdp: Option<u32>,
     /// With --fsdp: the modules wrapped as units, a pattern of module paths where `*`
     /// stands for one path component or part of one (transformer.h.*, layer*.*).
@@ -126,7 +126,7 @@ pub struct EstimateArgs {
     /// Replicate the model over N GPUs with PyTorch's DistributedDataParallel (its
     /// defaults: 25 MiB gradient buckets) and print a rank's peaks, with what it holds at
     /// its peak. The loop as --zero-grad-first says.
-    #[arg(long, value_name = "N", conflicts_with_all = ["fsdp", "csv", "memory", "compare", "output_dir", "batch_sizes"])]
+    #[arg(long, value_name = "N", conflicts_with_all = ["fsdp", "memory", "compare", "output_dir", "batch_sizes"])]
     ddp: Option<u32>,
     /// With --ddp: gradient_as_bucket_view=True (the gradients are views into the
     /// buckets instead of blocks of their own).
@@ -175,6 +175,11 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             gradient_as_bucket_view: a.ddp_bucket_view,
         };
         let rank = model.estimate_replicated(&inputs, mode, &options, &ddp)?;
+        if a.csv {
+            csv_to_stdout([rank_row(&rank, &label, mode, "ddp", world)])
+                .map_err(|e| format!("writing CSV to standard output: {e}"))?;
+            return Ok(ExitCode::SUCCESS);
+        }
         println!(
             "tch-memprof estimate: {label}, {}, batch {}",
             describe_options(&options, mode),
@@ -191,6 +196,15 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             units: a.fsdp_units.clone(),
         };
         let ranks = model.estimate_sharded(&inputs, mode, &options, &fsdp)?;
+        if a.csv {
+            csv_to_stdout(
+                ranks
+                    .iter()
+                    .map(|r| rank_row(r, &label, mode, "fsdp", world)),
+            )
+            .map_err(|e| format!("writing CSV to standard output: {e}"))?;
+            return Ok(ExitCode::SUCCESS);
+        }
         println!(
             "tch-memprof estimate: {label}, {}, batch {}",
             describe_options(&options, mode),

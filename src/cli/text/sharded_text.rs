@@ -3,7 +3,7 @@
 
 use comfy_table::CellAlignment;
 
-use crate::estimate::{Ddp, Fsdp, GpuPlans, RankEstimate, Sharding};
+use crate::estimate::{Ddp, Fsdp, GpuPlans, RankEstimate, ShardedCategory, Sharding};
 use crate::format::bytes;
 
 /// The ranks' peaks and their categories at the peak, with what the estimate does not
@@ -185,4 +185,65 @@ pub fn gpu_plans(plans: &GpuPlans) -> String {
          the sharded estimates are unverified on a GPU as a whole (docs/estimate.md)\n",
     );
     out
+}
+
+/// A row of `estimate --fsdp N --csv` or `--ddp N --csv`: a rank's peaks, and what it
+/// holds at its peak allocated by category (the bytes the caching allocator charges).
+#[derive(serde::Serialize)]
+pub(crate) struct RankRow<'a> {
+    model: &'a str,
+    mode: String,
+    /// `fsdp` or `ddp`.
+    parallel: &'static str,
+    world: u32,
+    rank: u32,
+    peak_allocated_bytes: u64,
+    peak_reserved_bytes: u64,
+    parameters_bytes: u64,
+    sharded_parameters_bytes: u64,
+    buffers_bytes: u64,
+    gradient_buckets_bytes: u64,
+    unsharded_parameters_bytes: u64,
+    all_gather_bytes: u64,
+    unsharded_gradients_bytes: u64,
+    reduce_scatter_bytes: u64,
+    sharded_gradients_bytes: u64,
+    optimizer_state_bytes: u64,
+    other_bytes: u64,
+}
+
+/// `r`'s CSV row.
+pub(crate) fn rank_row<'a>(
+    r: &RankEstimate,
+    model: &'a str,
+    mode: crate::estimate::Mode,
+    parallel: &'static str,
+    world: u32,
+) -> RankRow<'a> {
+    let at = |c: ShardedCategory| {
+        r.at_peak
+            .iter()
+            .find(|(k, _)| *k == c)
+            .map_or(0, |(_, b)| *b)
+    };
+    RankRow {
+        model,
+        mode: mode.label(),
+        parallel,
+        world,
+        rank: r.rank,
+        peak_allocated_bytes: r.peak_allocated,
+        peak_reserved_bytes: r.peak_reserved,
+        parameters_bytes: at(ShardedCategory::Parameters),
+        sharded_parameters_bytes: at(ShardedCategory::ShardedParameters),
+        buffers_bytes: at(ShardedCategory::Buffers),
+        gradient_buckets_bytes: at(ShardedCategory::Buckets),
+        unsharded_parameters_bytes: at(ShardedCategory::UnshardedParameters),
+        all_gather_bytes: at(ShardedCategory::AllGather),
+        unsharded_gradients_bytes: at(ShardedCategory::UnshardedGradients),
+        reduce_scatter_bytes: at(ShardedCategory::ReduceScatter),
+        sharded_gradients_bytes: at(ShardedCategory::ShardedGradients),
+        optimizer_state_bytes: at(ShardedCategory::OptimizerState),
+        other_bytes: at(ShardedCategory::Other),
+    }
 }
