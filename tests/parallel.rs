@@ -228,6 +228,15 @@ fn bad_sharding_is_refused_in_one_line() {
         (&["--fsdp", "2", "--ddp", "2"][..], "--ddp"),
         (&["--ddp", "0"][..], "0"),
         (
+            &["--ddp", "2", "--fsdp-keep-unsharded"][..],
+            "--fsdp-keep-unsharded",
+        ),
+        (
+            &["--fsdp", "2", "--ddp-bucket-view"][..],
+            "--ddp-bucket-view",
+        ),
+        (&["--ddp", "2", "--checkpoint", "1"][..], "checkpoint"),
+        (
             &[
                 "--fsdp",
                 "2",

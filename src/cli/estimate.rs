@@ -111,17 +111,22 @@ pub struct EstimateArgs {
     fsdp: Option<u32>,
     /// With --fsdp: the modules wrapped as units, a pattern of module paths where `*`
     /// stands for one path component or part of one (transformer.h.*, layer*.*).
-    #[arg(long, value_name = "PATTERN", requires = "fsdp")]
+    #[arg(
+        long,
+        value_name = "PATTERN",
+        requires = "fsdp",
+        conflicts_with = "ddp"
+    )]
     fsdp_units: Option<String>,
     /// With --fsdp: reshard_after_forward=False (a unit's parameters stay unsharded
     /// from its forward pass to the end of its backward pass).
-    #[arg(long, requires = "fsdp", conflicts_with = "fsdp_reshard_root")]
+    #[arg(long, requires = "fsdp", conflicts_with_all = ["fsdp_reshard_root", "ddp"])]
     fsdp_keep_unsharded: bool,
     /// With --fsdp: the root too is resharded after forward (freed when the model's
     /// forward returns, before the loss, and gathered again for backward), as
     /// fully_shard(model, reshard_after_forward=True) set explicitly does; by default
     /// (the option left unset) FSDP2 keeps the root's parameters through backward.
-    #[arg(long, requires = "fsdp")]
+    #[arg(long, requires = "fsdp", conflicts_with = "ddp")]
     fsdp_reshard_root: bool,
     /// Replicate the model over N GPUs with PyTorch's DistributedDataParallel (its
     /// defaults: 25 MiB gradient buckets) and print a rank's peaks, with what it holds at
@@ -130,7 +135,7 @@ pub struct EstimateArgs {
     ddp: Option<u32>,
     /// With --ddp: gradient_as_bucket_view=True (the gradients are views into the
     /// buckets instead of blocks of their own).
-    #[arg(long, requires = "ddp")]
+    #[arg(long, requires = "ddp", conflicts_with = "fsdp")]
     ddp_bucket_view: bool,
     /// Layers listed in the anatomy of the predicted step (0: none).
     #[arg(long, default_value_t = 5)]

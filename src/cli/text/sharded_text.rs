@@ -157,7 +157,7 @@ pub fn gpu_plans(plans: &GpuPlans) -> String {
         (Some(i), Some(fewest)) => {
             let p = &plans.plans[i];
             out.push_str(&format!(
-                "cheapest that fits on {} GPUs: plan {} ({} per rank reserved); it fits on {} GPU{} or more\n",
+                "cheapest that fits on {} GPUs: plan {} ({} per rank reserved); of the powers of two tried, it fits on {} GPU{} or more\n",
                 plans.gpus,
                 i + 1,
                 bytes(p.peak_reserved),

@@ -137,14 +137,23 @@ impl Model {
                 reason: "DDP replicates over at least 1 rank".into(),
             });
         }
-        if mode == Mode::Steps || options.accumulate > 1 || options.checkpoint.is_some() {
-            return Err(Error::InvalidInput {
-                name: "ddp",
-                value: ddp.world.to_string(),
+        let refuse = |name: &'static str, value: String| {
+            Err(Error::InvalidInput {
+                name,
+                value,
                 reason: "DDP is modelled for the built-in loop without gradient \
                          accumulation or checkpointing"
                     .into(),
-            });
+            })
+        };
+        if mode == Mode::Steps {
+            return refuse("mode", mode.label());
+        }
+        if options.accumulate > 1 {
+            return refuse("accumulate", options.accumulate.to_string());
+        }
+        if let Some(k) = options.checkpoint {
+            return refuse("checkpoint", k.to_string());
         }
         // The parameters in the order the model registered them.
         let by_name: HashMap<String, Var> = self
