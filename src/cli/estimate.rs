@@ -174,6 +174,13 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     options.validate(mode)?;
     let model = a.target.load(&mut inputs)?;
     let label = model.label().to_string();
+    let header = || {
+        println!(
+            "tch-memprof estimate: {label}, {}, batch {}",
+            describe_options(&options, mode),
+            inputs[0].batch()
+        )
+    };
     if let Some(world) = a.ddp {
         let ddp = Ddp {
             world,
@@ -185,11 +192,7 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 .map_err(|e| format!("writing CSV to standard output: {e}"))?;
             return Ok(ExitCode::SUCCESS);
         }
-        println!(
-            "tch-memprof estimate: {label}, {}, batch {}",
-            describe_options(&options, mode),
-            inputs[0].batch()
-        );
+        header();
         print!("{}", replicated(&rank, &ddp));
         return Ok(ExitCode::SUCCESS);
     }
@@ -210,11 +213,7 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             .map_err(|e| format!("writing CSV to standard output: {e}"))?;
             return Ok(ExitCode::SUCCESS);
         }
-        println!(
-            "tch-memprof estimate: {label}, {}, batch {}",
-            describe_options(&options, mode),
-            inputs[0].batch()
-        );
+        header();
         print!("{}", sharded(&ranks, &fsdp));
         return Ok(ExitCode::SUCCESS);
     }

@@ -1,7 +1,6 @@
 //! A model on the meta device and its dry run: the meta trace of its weights, of an
 //! inference or of training steps.
 
-use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -9,7 +8,7 @@ use tch::nn;
 use tch::{Device, Kind, Tensor};
 
 use crate::models::{self, Chain};
-use crate::replay::{as_requested, peak_step, predicted_step, through_allocator, ModelVars};
+use crate::replay::{as_requested, peak_step, predicted_step, through_allocator};
 
 mod dry_run;
 mod exported;
@@ -20,17 +19,18 @@ mod plan;
 mod script;
 mod sharded;
 mod steps;
+mod variables;
 use super::compare::Comparison;
 use super::recorded::{Peaks, Recording};
 use super::{Estimate, Input, Mode, Options, NOT_MODELLED};
 use crate::error::{catching, torch_message, Error, Result};
 use crate::events::Event;
 use crate::ffi;
-use crate::names::{layer_of, Names, MISSING};
+use crate::names::{Names, MISSING};
 use crate::phase::Phase;
 use crate::program::Program;
 use crate::timeline::sites::SiteNames;
-use crate::timeline::{VarEntry, UNKNOWN_SITE};
+use crate::timeline::UNKNOWN_SITE;
 pub(crate) use dry_run::DryRun;
 pub(crate) use gpus::{GpuPlans, Sharding};
 pub use sharded::RankEstimate;
@@ -149,46 +149,6 @@ impl Drop for Trace {
     }
 }
 
-/// The variables of `vs` in the order tch created them: trainable variables keep their
-/// creation order; each buffer goes just before the first trainable variable of its
-/// module (tch's batch norm creates its running statistics first), and buffers of
-/// modules without trainable variables go last, by name.
-pub(super) fn creation_order(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
-    let named = vs.variables();
-    let by_ptr: HashMap<usize, &String> = named
-        .iter()
-        .filter(|(_, t)| t.numel() > 0)
-        .map(|(n, t)| (t.data_ptr() as usize, n))
-        .collect();
-    let trainable: Vec<String> = vs
-        .trainable_variables()
-        .iter()
-        .filter(|t| t.numel() > 0)
-        .filter_map(|t| by_ptr.get(&(t.data_ptr() as usize)).map(|n| (*n).clone()))
-        .collect();
-    let parent = |n: &str| n.rsplit_once('.').map_or("", |(p, _)| p).to_string();
-    let mut buffers: Vec<&String> = named.keys().filter(|n| !trainable.contains(n)).collect();
-    buffers.sort();
-    let mut order: Vec<String> = Vec::with_capacity(named.len());
-    for t in &trainable {
-        let p = parent(t);
-        buffers.retain(|b| {
-            if parent(b) == p {
-                order.push((*b).clone());
-                false
-            } else {
-                true
-            }
-        });
-        order.push(t.clone());
-    }
-    order.extend(buffers.into_iter().cloned());
-    order
-        .into_iter()
-        .filter_map(|n| named.get(&n).map(|t| (n.clone(), t.shallow_clone())))
-        .collect()
-}
-
 /// `build` run on a VarStore whose variables are made on the meta device, under a meta
 /// trace: the VarStore, what `build` made, and the weights' trace.
 fn meta_build<T>(build: impl FnOnce(&nn::Path) -> T) -> Result<(nn::VarStore, T, Vec<Event>)> {
@@ -228,7 +188,7 @@ impl Model {
                     .into(),
             });
         }
-        let vars = creation_order(&vs);
+        let vars = variables::creation_order(&vs);
         let trace = Trace::begin()?;
         for (_, t) in &vars {
             ffi::meta_convert(t)?;
@@ -483,35 +443,6 @@ impl Model {
                 ffi::meta_empty(&i.shape, &like)
             })
             .collect()
-    }
-
-    /// The model's variables as the dry run's op recorder and its replay see them: each
-    /// named variable's layer, bytes and block, and which blocks are trainable.
-    fn vars(&self) -> Result<ModelVars> {
-        let vs = self.var_store();
-        let trainable = vs
-            .trainable_variables()
-            .iter()
-            .map(|t| ffi::tensor_block(t, false).map(|b| b.base))
-            .collect::<Result<HashSet<u64>>>()?;
-        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut vars = ModelVars {
-            trainable,
-            ..ModelVars::default()
-        };
-        for (name, t) in &named {
-            let b = ffi::tensor_block(t, false)?;
-            if !b.defined {
-                continue;
-            }
-            vars.entries.push(VarEntry {
-                layer: layer_of(name),
-                bytes: b.bytes,
-            });
-            vars.ptrs.push(b.base);
-        }
-        Ok(vars)
     }
 
     /// A dry run's events through the allocator under `options`, and as much of the

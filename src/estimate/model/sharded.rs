@@ -1,7 +1,7 @@
 //! A rank's estimate under FSDP2: the dry run of one GPU, sharded (`estimate::fsdp`),
 //! through the one replay on its streams.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use super::Model;
 use crate::error::{Error, Result};
@@ -161,7 +161,7 @@ impl Model {
             .into_iter()
             .map(|v| (v.name.clone(), v))
             .collect();
-        let vars: Vec<Var> = super::creation_order(self.var_store())
+        let vars: Vec<Var> = super::variables::creation_order(self.var_store())
             .into_iter()
             .filter_map(|(name, _)| by_name.get(&name).cloned())
             .collect();
@@ -177,33 +177,6 @@ impl Model {
             optimizer_state_bytes: live_requested(&s.events, &s.categories),
             units: Vec::new(),
         })
-    }
-
-    /// The variables in the dry run's order (by name, defined ones), with their shapes.
-    pub(super) fn fsdp_vars(&self) -> Result<Vec<Var>> {
-        let vs = self.var_store();
-        let trainable = vs
-            .trainable_variables()
-            .iter()
-            .map(|t| ffi::tensor_block(t, false).map(|b| b.base))
-            .collect::<Result<HashSet<u64>>>()?;
-        let mut named: Vec<(String, tch::Tensor)> = vs.variables().into_iter().collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut vars = Vec::new();
-        for (name, t) in named {
-            let b = ffi::tensor_block(&t, false)?;
-            if !b.defined {
-                continue;
-            }
-            vars.push(Var {
-                name,
-                ptr: b.base,
-                shape: t.size(),
-                elem: t.kind().elt_size_in_bytes() as u64,
-                trainable: trainable.contains(&b.base),
-            });
-        }
-        Ok(vars)
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::walk::{surviving_backward_births, unique_blocks, Sharded};
+use super::walk::{freed, surviving_backward_births, unique_blocks, Sharded};
 use super::{Ddp, ShardedCategory, Var};
 use crate::events::{Event, EventKind};
 use crate::phase::Phase;
@@ -111,13 +111,7 @@ pub(crate) fn replicate(
         match e.kind {
             EventKind::Phase => {
                 if let Some(id) = foreach_temp.take() {
-                    out.push(Event {
-                        kind: EventKind::Free,
-                        ptr: id,
-                        value: 0,
-                        aux: 0,
-                        ..*e
-                    });
+                    out.push(freed(id, e));
                 }
                 step = step.max(e.generation);
                 out.push(*e);
@@ -126,13 +120,7 @@ pub(crate) fn replicate(
                 out.push(*e);
                 for ptr in copied.remove(&e.op).unwrap_or_default() {
                     dropped.insert(ptr);
-                    out.push(Event {
-                        kind: EventKind::Free,
-                        ptr,
-                        value: 0,
-                        aux: 0,
-                        ..*e
-                    });
+                    out.push(freed(ptr, e));
                 }
             }
             // The second iteration's forward pass rebuilds the buckets, in the order the
@@ -141,13 +129,7 @@ pub(crate) fn replicate(
             EventKind::OpBegin if step >= 2 && !rebuilt && e.phase == Phase::Forward => {
                 rebuilt = true;
                 for id in live.drain(..) {
-                    out.push(Event {
-                        kind: EventKind::Free,
-                        ptr: id,
-                        value: 0,
-                        aux: 0,
-                        ..*e
-                    });
+                    out.push(freed(id, e));
                 }
                 let ready: Vec<u64> = params.iter().rev().copied().collect();
                 for b in rebuilt_buckets(&ready) {

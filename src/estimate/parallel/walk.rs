@@ -348,13 +348,7 @@ impl Walk<'_> {
     }
 
     fn free(&mut self, id: u64, at: &Event) {
-        self.out.push(Event {
-            kind: EventKind::Free,
-            ptr: id,
-            value: 0,
-            aux: 0,
-            ..*at
-        });
+        self.out.push(freed(id, at));
     }
 
     /// The unit's all-gather output, on the all-gather stream (issued, not copied out).
@@ -460,6 +454,17 @@ impl Walk<'_> {
         for id in std::mem::take(&mut self.sharded_grads) {
             self.free(id, at);
         }
+    }
+}
+
+/// The block `id` freed where `at` happens.
+pub(super) fn freed(id: u64, at: &Event) -> Event {
+    Event {
+        kind: EventKind::Free,
+        ptr: id,
+        value: 0,
+        aux: 0,
+        ..*at
     }
 }
 
