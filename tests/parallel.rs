@@ -41,15 +41,26 @@ fn sharded_weights_and_optimizer_state_are_the_padded_shard_arithmetic() {
     let model = Model::builtin("gpt2").unwrap();
     let input = Input::parse("8x1024", Some("i64")).unwrap();
     let options = Options::for_gpu(Gpu::named("h200").unwrap());
-    let ranks = model
-        .estimate_sharded(
-            &[input],
-            Mode::Train(Optimizer::AdamW),
-            &options,
-            &Fsdp::over(8),
-        )
-        .unwrap();
-    assert_eq!(ranks.iter().map(|r| r.rank).collect::<Vec<_>>(), [0, 7]);
+    // FSDP2's defaults, and bf16 mixed precision, which leaves the shards and the
+    // optimizer state in the parameters' f32.
+    let mixed = Fsdp {
+        param_dtype: Some(tch::Kind::BFloat16),
+        reduce_dtype: Some(tch::Kind::Float),
+        ..Fsdp::over(8)
+    };
+    let mut ranks = Vec::new();
+    for fsdp in [Fsdp::over(8), mixed] {
+        let these = model
+            .estimate_sharded(
+                std::slice::from_ref(&input),
+                Mode::Train(Optimizer::AdamW),
+                &options,
+                &fsdp,
+            )
+            .unwrap();
+        assert_eq!(these.iter().map(|r| r.rank).collect::<Vec<_>>(), [0, 7]);
+        ranks.extend(these);
+    }
     // FSDP2: dim 0 split in ceil(d / 8) rows, every rank holding the padded shard; AdamW's
     // two moments the unpadded local shard (rank 7 of the 50257 vocabulary rows: 6276).
     // Whichever way a weight is laid out, only the vocabulary's 50257 rows do not divide
@@ -262,6 +273,12 @@ fn bad_sharding_is_refused_in_one_line() {
             ][..],
             "--fsdp-reshard-root",
         ),
+        (&["--fsdp", "2", "--fsdp-param-dtype", "int8"][..], "int8"),
+        (&["--fsdp-reduce-dtype", "f32"][..], "--fsdp"),
+        (
+            &["--ddp", "2", "--fsdp-param-dtype", "bf16"][..],
+            "--fsdp-param-dtype",
+        ),
     ] {
         let args: Vec<&str> = base.iter().chain(extra).copied().collect();
         let out = common::cli(&args);
@@ -387,8 +404,11 @@ fn plan_over_gpus_names_the_cheapest_sharding_that_fits() {
     }
     assert!(rows[k - 1].contains("yes,"), "{}", rows[k - 1]);
     // As docs/estimate.md says: neither DDP nor FSDP2 alone (plans 1 to 3) fits, FSDP2
-    // with checkpointing does.
-    assert!(k > 3 && rows[k - 1].contains("checkpointing"), "{text}");
+    // with bf16 mixed precision does.
+    assert!(
+        k > 3 && rows[k - 1].contains("bf16 mixed precision"),
+        "{text}"
+    );
     // Plan K's levers through estimate: the same per-rank peak reserved.
     let named = rows[k - 1];
     let mut est = vec!["estimate"];
@@ -398,7 +418,7 @@ fn plan_over_gpus_names_the_cheapest_sharding_that_fits() {
         est.push("--fsdp-keep-unsharded");
     }
     if named.contains("bf16") {
-        est.extend(["--autocast", "bf16"]);
+        est.extend(["--fsdp-param-dtype", "bf16", "--fsdp-reduce-dtype", "f32"]);
     }
     if named.contains("checkpointing") {
         est.extend(["--checkpoint", "1"]);
@@ -468,4 +488,169 @@ fn ranks_as_csv_add_up_to_their_peaks() {
         }
         assert_eq!(seen, ranks, "{text}");
     }
+}
+
+/// Every row of the H200's ranks file for `model` (the script's name), by column.
+fn measured_rows(model: &str) -> Vec<HashMap<String, String>> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/gpu-truth/h200-2026-12-04/ranks/measured.csv");
+    let mut reader = csv::Reader::from_path(&path).expect("measured.csv");
+    let headers = reader.headers().unwrap().clone();
+    reader
+        .records()
+        .map(|r| {
+            let r = r.unwrap();
+            headers
+                .iter()
+                .zip(r.iter())
+                .map(|(h, v)| (h.to_string(), v.to_string()))
+                .collect::<HashMap<_, _>>()
+        })
+        .filter(|r| r["model"] == model)
+        .collect()
+}
+
+/// FSDP2 as a measured case ran it: `fully_shard` on each block and on the root with the
+/// case's `reshard_after_forward` (the script passed it to the root too), and for
+/// `bf16` `MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`.
+fn fsdp_of(row: &HashMap<String, String>) -> Fsdp {
+    let reshard = row["reshard"] == "reshard";
+    let bf16 = row["precision"] == "bf16";
+    Fsdp {
+        reshard_after_forward: reshard,
+        reshard_root: reshard,
+        param_dtype: bf16.then_some(tch::Kind::BFloat16),
+        reduce_dtype: bf16.then_some(tch::Kind::Float),
+        ..Fsdp::over(row["world"].parse().unwrap())
+    }
+}
+
+/// ViT-B/16 (torchvision's architecture; the measured model is transformers' ViT, the
+/// same layers) at 32x3x224x224 with AdamW: every rank the H200 measured (one GPU; FSDP2
+/// at N = 2, 4, 8, ranks 0 and N-1, f32 and bf16 mixed precision, resharded and kept;
+/// DDP at N = 4), each rank's own predicted peaks against the measured ones: allocated
+/// within 2%, reserved within 3%, as the issue asks of a sharded estimate. Measured with
+/// this version: allocated -0.0% to +0.5%, reserved -1.3% to +1.8%.
+#[test]
+fn vit_ranks_are_what_an_h200_measured() {
+    let _serial = common::serial();
+    let model = Model::builtin("vit-b16").unwrap();
+    let inputs = [Input::parse("32x3x224x224", None).unwrap()];
+    let options = Options::for_gpu(Gpu::named("h200").unwrap());
+    let mode = Mode::Train(Optimizer::AdamW);
+    let mut failures = Vec::new();
+    let mut held = 0;
+    for row in measured_rows("hf_vit_base") {
+        let (alloc, reserved) = match row["kind"].as_str() {
+            "single" => {
+                let e = model.estimate(&inputs, mode, &options).unwrap();
+                (e.peak_allocated, e.peak_reserved)
+            }
+            "fsdp2" => {
+                let rank: u32 = row["rank"].parse().unwrap();
+                let ranks = model
+                    .estimate_sharded(&inputs, mode, &options, &fsdp_of(&row))
+                    .unwrap();
+                let r = ranks
+                    .iter()
+                    .find(|r| r.rank == rank)
+                    .expect("rank 0 or N-1");
+                (r.peak_allocated, r.peak_reserved)
+            }
+            "ddp" => {
+                let ddp = Ddp {
+                    world: row["world"].parse().unwrap(),
+                    gradient_as_bucket_view: row["reshard"] == "view",
+                };
+                let r = model
+                    .estimate_replicated(&inputs, mode, &options, &ddp)
+                    .unwrap();
+                (r.peak_allocated, r.peak_reserved)
+            }
+            other => panic!("a case of kind {other}"),
+        };
+        let off = |ours: u64, theirs: &str| {
+            let theirs: f64 = theirs.parse().unwrap();
+            (ours as f64 - theirs) / theirs
+        };
+        let (a, r) = (
+            off(alloc, &row["measured_allocated"]),
+            off(reserved, &row["measured_reserved"]),
+        );
+        println!(
+            "{}: allocated {:+.2}%, reserved {:+.2}%",
+            row["case"],
+            100.0 * a,
+            100.0 * r
+        );
+        held += 1;
+        if a.abs() > 0.02 || r.abs() > 0.03 {
+            failures.push(row["case"].clone());
+        }
+    }
+    assert!(held >= 12, "{held} cases only");
+    assert!(
+        failures.is_empty(),
+        "allocated off by more than 2% or reserved by more than 3%: {failures:?}"
+    );
+}
+
+/// GPT-2 under bf16 mixed precision: the built-in GPT-2's activations are not eager
+/// transformers' (docs/estimate.md), and mixed precision halves them, so what is held is
+/// what the world size changes between the resharded bf16 ranks the H200 measured (N = 2
+/// and 8, ranks 0 and N-1: the shards, gradient shards and AdamW state in f32, the rest
+/// the same): each less the measured rank 0 of N = 8, against the same predicted, in
+/// shares of the measured one-GPU peak, within -0.5% to +2.5% as the f32 ranks are.
+/// Measured with this version: 0.00% to +0.01%. The one kept case (N = 4) is not held
+/// here: its peak and the resharded ranks' are at different places (the measured
+/// resharded ranks peak in eager's loss, with the root resharded; docs/estimate.md).
+#[test]
+fn what_sharding_changes_under_mixed_precision_is_what_an_h200_measured() {
+    let _serial = common::serial();
+    let model = Model::builtin("gpt2").unwrap();
+    let inputs = [Input::parse("4x1024", Some("i64")).unwrap()];
+    let options = Options::for_gpu(Gpu::named("h200").unwrap());
+    let mode = Mode::Train(Optimizer::AdamW);
+    let rows = measured_rows("hf_gpt2");
+    let single: f64 = rows.iter().find(|r| r["kind"] == "single").unwrap()["measured_allocated"]
+        .parse()
+        .unwrap();
+    let predict = |row: &HashMap<String, String>| -> (f64, f64) {
+        let rank: u32 = row["rank"].parse().unwrap();
+        let ranks = model
+            .estimate_sharded(&inputs, mode, &options, &fsdp_of(row))
+            .unwrap();
+        let ours = ranks
+            .iter()
+            .find(|r| r.rank == rank)
+            .unwrap()
+            .peak_allocated;
+        (ours as f64, row["measured_allocated"].parse().unwrap())
+    };
+    let bf16: Vec<_> = rows
+        .iter()
+        .filter(|r| r["kind"] == "fsdp2" && r["precision"] == "bf16" && r["reshard"] == "reshard")
+        .collect();
+    let base = bf16
+        .iter()
+        .find(|r| r["world"] == "8" && r["rank"] == "0")
+        .expect("the bf16 rank 0 of N = 8");
+    let (ours_base, theirs_base) = predict(base);
+    let mut failures = Vec::new();
+    for row in bf16.iter().filter(|r| r["case"] != base["case"]) {
+        let (ours, theirs) = predict(row);
+        let off = ((ours - ours_base) - (theirs - theirs_base)) / single;
+        println!(
+            "{}: measured {:+.3} GiB from N = 8's rank 0, predicted {:+.3} GiB ({:+.2}%)",
+            row["case"],
+            (theirs - theirs_base) / 2f64.powi(30),
+            (ours - ours_base) / 2f64.powi(30),
+            100.0 * off
+        );
+        if !(-0.005..=0.025).contains(&off) {
+            failures.push(row["case"].clone());
+        }
+    }
+    assert!(bf16.len() >= 4, "{} bf16 cases only", bf16.len());
+    assert!(failures.is_empty(), "{failures:?}");
 }

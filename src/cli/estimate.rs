@@ -7,7 +7,8 @@ use crate::cli::text::commands::{Budget, EstimateOutput};
 use crate::cli::text::estimate_text::csv_to_stdout;
 use crate::estimate::recorded::Recording;
 use crate::estimate::{
-    parse_autocast, AllocatorConfig, Attention, Ddp, Fsdp, Input, Mode, Optimizer, Options,
+    parse_autocast, parse_mixed_dtype, AllocatorConfig, Attention, Ddp, Fsdp, Input, Mode,
+    Optimizer, Options,
 };
 use clap::Args;
 
@@ -128,6 +129,15 @@ pub struct EstimateArgs {
     /// (the option left unset) FSDP2 keeps the root's parameters through backward.
     #[arg(long, requires = "fsdp", conflicts_with = "ddp")]
     fsdp_reshard_root: bool,
+    /// With --fsdp: MixedPrecisionPolicy(param_dtype=...), bf16 or f16: the units
+    /// gathered and computed in it, the floating-point inputs cast to it; the shards,
+    /// the gradient shards and the optimizer state stay in the parameters' dtype.
+    #[arg(long, value_name = "DTYPE", requires = "fsdp", conflicts_with = "ddp")]
+    fsdp_param_dtype: Option<String>,
+    /// With --fsdp: MixedPrecisionPolicy(reduce_dtype=...), f32, bf16 or f16: the
+    /// gradients reduce-scattered in it (by default in --fsdp-param-dtype's).
+    #[arg(long, value_name = "DTYPE", requires = "fsdp", conflicts_with = "ddp")]
+    fsdp_reduce_dtype: Option<String>,
     /// Replicate the model over N GPUs with PyTorch's DistributedDataParallel (its
     /// defaults: 25 MiB gradient buckets) and print a rank's peaks, with what it holds at
     /// its peak. The loop as --zero-grad-first says.
@@ -202,6 +212,16 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             reshard_after_forward: !a.fsdp_keep_unsharded,
             reshard_root: a.fsdp_reshard_root,
             units: a.fsdp_units.clone(),
+            param_dtype: a
+                .fsdp_param_dtype
+                .as_deref()
+                .map(|d| parse_mixed_dtype("fsdp-param-dtype", d))
+                .transpose()?,
+            reduce_dtype: a
+                .fsdp_reduce_dtype
+                .as_deref()
+                .map(|d| parse_mixed_dtype("fsdp-reduce-dtype", d))
+                .transpose()?,
         };
         let ranks = model.estimate_sharded(&inputs, mode, &options, &fsdp)?;
         if a.csv {

@@ -58,7 +58,8 @@ pub struct PlanArgs {
     #[arg(long)]
     csv: bool,
     /// Plan over N GPUs of --memory each: DDP, FSDP2 kept unsharded or resharded after
-    /// forward, and FSDP2 with bf16 autocast or activation checkpointing, each with its
+    /// forward, and FSDP2 with bf16 mixed precision (MixedPrecisionPolicy: parameters
+    /// gathered in bf16, gradients reduced in f32) or activation checkpointing, each with its
     /// largest rank's peak reserved and the bytes it communicates; the cheapest that fits
     /// and the fewest GPUs it fits on (exit 1 when none fits).
     #[arg(long, value_name = "N", conflicts_with = "csv")]

@@ -74,6 +74,7 @@ pub(crate) use model::{GpuPlans, Sharding};
 pub use model::{Model, RankEstimate, Segment};
 pub use options::Options;
 pub(crate) use options::{autocast_name, parse_autocast};
+pub(crate) use parallel::{mixed_dtype_name, parse_mixed_dtype};
 pub use parallel::{Ddp, Fsdp, ShardedCategory};
 pub(crate) use plan::allocator_candidates;
 pub use plan::{breakdown, Config, Cost, Dominant, Plan, Plans};

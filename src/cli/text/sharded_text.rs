@@ -3,7 +3,9 @@
 
 use comfy_table::CellAlignment;
 
-use crate::estimate::{Ddp, Fsdp, GpuPlans, RankEstimate, ShardedCategory, Sharding};
+use crate::estimate::{
+    mixed_dtype_name, Ddp, Fsdp, GpuPlans, RankEstimate, ShardedCategory, Sharding,
+};
 use crate::format::bytes;
 
 /// The ranks' peaks and their categories at the peak, with what the estimate does not
@@ -46,6 +48,19 @@ pub fn sharded(ranks: &[RankEstimate], fsdp: &Fsdp) -> String {
             (false, false) => "kept unsharded until backward",
         },
     ));
+    if let Some(k) = fsdp.param_dtype {
+        out.push_str(&format!(
+            "mixed precision: units gathered and computed in {}, gradients reduced in {}; \
+             shards and optimizer state in the parameters' dtype\n",
+            mixed_dtype_name(k),
+            mixed_dtype_name(fsdp.reduce_dtype.unwrap_or(k)),
+        ));
+    } else if let Some(k) = fsdp.reduce_dtype {
+        out.push_str(&format!(
+            "mixed precision: gradients reduced in {}\n",
+            mixed_dtype_name(k)
+        ));
+    }
     if units.is_empty() {
         out.push_str(
             "warning: the model has no repeated module list: it is one unit, the root, \
@@ -56,7 +71,8 @@ pub fn sharded(ranks: &[RankEstimate], fsdp: &Fsdp) -> String {
     out.push('\n');
     out.push_str(
         "not counted: NCCL's own buffers (outside PyTorch's allocator; leave room for them)\n\
-         unverified on a GPU: docs/estimate.md says what the sharded estimate was held to\n",
+         held to an H200 (docs/estimate.md): what sharding adds; the rest of a rank's peak is the \
+         one-GPU estimate's, as close to your model's run as that is\n",
     );
     out
 }
@@ -95,7 +111,8 @@ pub fn replicated(rank: &RankEstimate, ddp: &Ddp) -> String {
     format!(
         "DDP over {} ranks (buckets of 25 MiB, gradients {}); the categories are held at allocated's peak\n{t}\n\
          not counted: NCCL's own buffers (outside PyTorch's allocator; leave room for them)\n\
-         unverified on a GPU: docs/estimate.md says what the replicated estimate was held to\n",
+         held to an H200 (docs/estimate.md): what DDP adds; the rest of a rank's peak is the \
+         one-GPU estimate's, as close to your model's run as that is\n",
         ddp.world,
         if ddp.gradient_as_bucket_view {
             "as views into them"
@@ -127,8 +144,8 @@ pub fn gpu_plans(plans: &GpuPlans) -> String {
             p.collectives.clone(),
             format!("a rank sends {}", bytes(p.traffic)),
         ];
-        if p.autocast {
-            name.push_str(" + bf16 autocast");
+        if p.mixed {
+            name.push_str(" + bf16 mixed precision");
             cost.push("bf16 numerics".into());
         }
         if p.checkpoint {
@@ -182,7 +199,8 @@ pub fn gpu_plans(plans: &GpuPlans) -> String {
     }
     out.push_str(
         "not counted: NCCL's own buffers (outside PyTorch's allocator; leave room for them); \
-         the sharded estimates are unverified on a GPU as a whole (docs/estimate.md)\n",
+         what sharding adds is held to an H200, the rest of a rank's peak is the one-GPU \
+         estimate's (docs/estimate.md)\n",
     );
     out
 }

@@ -163,8 +163,9 @@ impl Model {
                                 // Forward and backward in one call, which marks where
                                 // backward begins; it keeps no output.
                                 Some(c) => {
+                                    let x = self.cast_inputs(&xs[..1])?.remove(0);
                                     let loss = catching(|| {
-                                        c.forward_backward(&xs[0], |out| {
+                                        c.forward_backward(&x, |out| {
                                             loss(out, meta_targets)
                                                 .unwrap_or_else(|e| panic!("the loss failed: {e}"))
                                         })
@@ -180,9 +181,9 @@ impl Model {
                                         autocasting(options.autocast, autocast_list, || {
                                             let out = self.forward(&xs, true)?;
                                             let _scope = self
-                                                .loss_scope
+                                                .sharded_run
                                                 .get()
-                                                .then(|| crate::timeline::scope(super::LOSS_SCOPE));
+                                                .map(|_| crate::timeline::scope(super::LOSS_SCOPE));
                                             let loss = loss(&out, meta_targets)
                                                 .map_err(|e| self.failed("the loss failed", e))?;
                                             Ok((out, loss))

@@ -37,7 +37,7 @@ impl Model {
             label: crate::fs::file_label(path),
             chain: None,
             user_code: false,
-            loss_scope: std::cell::Cell::new(false),
+            sharded_run: std::cell::Cell::new(None),
             takes: None,
         })
     }

@@ -1,4 +1,4 @@
-//! `plan --gpus N`: the sharding levers (DDP, FSDP2 kept or resharded, with mixed precision
+//! `plan --gpus N`: the sharding levers (DDP, FSDP2 kept or resharded, with bf16 mixed precision
 //! and activation checkpointing) over N GPUs, cheapest first, and the smallest N that fits.
 
 use super::Model;
@@ -22,8 +22,9 @@ pub(crate) enum Sharding {
 #[derive(Clone, Debug)]
 pub(crate) struct GpuPlan {
     pub sharding: Sharding,
-    /// bf16 autocast (forward and loss).
-    pub autocast: bool,
+    /// FSDP2's bf16 mixed precision (`MixedPrecisionPolicy(param_dtype=bfloat16,
+    /// reduce_dtype=float32)`).
+    pub mixed: bool,
     /// Activation checkpointing of every block.
     pub checkpoint: bool,
     /// The largest rank's peak reserved (rank 0 or N-1).
@@ -73,41 +74,49 @@ impl Model {
         let mut plans = Vec::new();
         let levers = [(false, false), (true, false), (false, true), (true, true)];
         for sharding in [Sharding::Ddp, Sharding::FsdpKept, Sharding::Fsdp] {
-            for (autocast, checkpoint) in levers {
+            for (mixed, checkpoint) in levers {
                 // Mixed precision and checkpointing cost compute: only the resharded
                 // FSDP2, the one that needs them last, takes them.
-                if (autocast || checkpoint) && sharding != Sharding::Fsdp {
+                if (mixed || checkpoint) && sharding != Sharding::Fsdp {
                     continue;
                 }
                 let o = Options {
-                    autocast: autocast.then_some(tch::Kind::BFloat16).or(options.autocast),
                     checkpoint: checkpoint.then_some(1),
                     ..options.clone()
                 };
-                let peak_reserved = self.gpu_peak(inputs, mode, &o, &sharding, gpus)?;
+                let peak_reserved = self.gpu_peak(inputs, mode, &o, &sharding, mixed, gpus)?;
+                // Mixed precision gathers the parameters in bf16 (half their f32
+                // bytes) and reduce-scatters in f32.
+                let gathered = if mixed {
+                    parameter_bytes / 2
+                } else {
+                    parameter_bytes
+                };
                 let (traffic, collectives) = match sharding {
                     Sharding::Ddp => (
                         2 * share(parameter_bytes),
                         format!("all-reduce {}", words(parameter_bytes)),
                     ),
                     Sharding::FsdpKept => (
-                        2 * share(parameter_bytes),
+                        share(gathered) + share(parameter_bytes),
                         format!(
-                            "all-gather {b}, reduce-scatter {b}",
-                            b = words(parameter_bytes)
+                            "all-gather {}, reduce-scatter {}",
+                            words(gathered),
+                            words(parameter_bytes)
                         ),
                     ),
                     Sharding::Fsdp => (
-                        3 * share(parameter_bytes),
+                        2 * share(gathered) + share(parameter_bytes),
                         format!(
-                            "all-gather 2 x {b}, reduce-scatter {b}",
-                            b = words(parameter_bytes)
+                            "all-gather 2 x {}, reduce-scatter {}",
+                            words(gathered),
+                            words(parameter_bytes)
                         ),
                     ),
                 };
                 plans.push(GpuPlan {
                     sharding: sharding.clone(),
-                    autocast,
+                    mixed,
                     checkpoint,
                     peak_reserved,
                     traffic,
@@ -121,17 +130,13 @@ impl Model {
             Some(i) => {
                 let p = &plans[i];
                 let o = Options {
-                    autocast: p
-                        .autocast
-                        .then_some(tch::Kind::BFloat16)
-                        .or(options.autocast),
                     checkpoint: p.checkpoint.then_some(1),
                     ..options.clone()
                 };
                 let mut fewest = gpus;
                 let mut world = 1;
                 while world < gpus {
-                    if self.gpu_peak(inputs, mode, &o, &p.sharding, world)? <= memory {
+                    if self.gpu_peak(inputs, mode, &o, &p.sharding, p.mixed, world)? <= memory {
                         fewest = world;
                         break;
                     }
@@ -149,13 +154,15 @@ impl Model {
         })
     }
 
-    /// The largest rank's peak reserved (rank 0 or N-1) of `sharding` over `world` GPUs.
+    /// The largest rank's peak reserved (rank 0 or N-1) of `sharding` over `world` GPUs,
+    /// FSDP2 with bf16 mixed precision if `mixed`.
     fn gpu_peak(
         &self,
         inputs: &[Input],
         mode: Mode,
         options: &Options,
         sharding: &Sharding,
+        mixed: bool,
         world: u32,
     ) -> Result<u64> {
         let ranks = match sharding {
@@ -174,6 +181,8 @@ impl Model {
                 options,
                 &Fsdp {
                     reshard_after_forward: *sharding == Sharding::Fsdp,
+                    param_dtype: mixed.then_some(tch::Kind::BFloat16),
+                    reduce_dtype: mixed.then_some(tch::Kind::Float),
                     ..Fsdp::over(world)
                 },
             )?,

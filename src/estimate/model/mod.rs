@@ -35,8 +35,16 @@ pub(crate) use dry_run::DryRun;
 pub(crate) use gpus::{GpuPlans, Sharding};
 pub use sharded::RankEstimate;
 
-/// The scope of the dry run's loss, when [`Model::loss_scope`] asks for it.
+/// The scope of the dry run's loss, when [`Model::sharded_run`] asks for it.
 pub(crate) const LOSS_SCOPE: &str = "tch-memprof loss";
+
+/// What a sharded estimate's dry run does beyond a one-GPU one.
+#[derive(Clone, Copy, Debug, Default)]
+struct ShardedRun {
+    /// FSDP2's `cast_forward_inputs`: the floating-point inputs cast to this dtype as
+    /// the model's forward pass begins (its root's pre-forward).
+    inputs_in: Option<Kind>,
+}
 
 type ForwardFn = Box<dyn Fn(&[Tensor], bool) -> Tensor>;
 
@@ -101,9 +109,10 @@ pub struct Model {
     /// The model is the user's tch code: the idle blocks of its dry run are located in
     /// that code (the last step's allocations keep their call stacks).
     user_code: bool,
-    /// The dry run's loss runs in a scope of its own ([`LOSS_SCOPE`]): where a sharded
-    /// estimate finds the model's forward pass ended (its root's post-forward).
-    loss_scope: std::cell::Cell<bool>,
+    /// A sharded estimate's dry run: its loss runs in a scope of its own
+    /// ([`LOSS_SCOPE`]), where the model's forward pass is found ended (its root's
+    /// post-forward), and its inputs are cast as [`ShardedRun`] says.
+    sharded_run: std::cell::Cell<Option<ShardedRun>>,
     /// A built-in model's input (its default): an input of another rank is refused before
     /// the model runs, in words that say what the model takes.
     takes: Option<Input>,
@@ -205,7 +214,7 @@ impl Model {
             label: "tch model".to_string(),
             chain: None,
             user_code: true,
-            loss_scope: std::cell::Cell::new(false),
+            sharded_run: std::cell::Cell::new(None),
             takes: None,
         })
     }
@@ -324,7 +333,7 @@ impl Model {
             label: "tch model".to_string(),
             chain,
             user_code: true,
-            loss_scope: std::cell::Cell::new(false),
+            sharded_run: std::cell::Cell::new(None),
             takes: None,
         }
     }
@@ -391,13 +400,28 @@ impl Model {
                 ));
             }
         }
-        self.forward_as_given(xs, train).map_err(|e| match e {
+        let cast = self.cast_inputs(xs)?;
+        self.forward_as_given(&cast, train).map_err(|e| match e {
             Error::DryRun { model, reason } => Error::DryRun {
                 reason: input_words::input_type_words(&reason, xs).unwrap_or(reason),
                 model,
             },
             other => other,
         })
+    }
+
+    /// The inputs as the model's forward pass gets them: under a sharded run with mixed
+    /// precision, the floating-point ones cast as FSDP2's root casts them.
+    fn cast_inputs(&self, xs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let into = self.sharded_run.get().and_then(|r| r.inputs_in);
+        xs.iter()
+            .map(|x| match into {
+                Some(k) if x.is_floating_point() && x.kind() != k => x
+                    .f_to_kind(k)
+                    .map_err(|e| self.failed("casting the input", torch_message(&e.to_string()))),
+                _ => Ok(x.shallow_clone()),
+            })
+            .collect()
     }
 
     fn forward_as_given(&self, xs: &[Tensor], train: bool) -> Result<Tensor> {

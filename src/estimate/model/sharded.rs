@@ -73,9 +73,15 @@ impl Model {
         let names: Vec<&str> = vars.iter().map(|v| v.name.as_str()).collect();
         let mut units = parallel::units(&names, fsdp.units.as_deref())?;
         units.sort_by_key(|u| natural(u));
-        self.loss_scope.set(true);
+        // Mixed precision: the step computes with the parameters and the inputs in
+        // param_dtype (the shards keep the parameters' dtype: `vars` was taken before).
+        let cast = self.cast_parameters(fsdp.param_dtype)?;
+        self.sharded_run.set(Some(super::ShardedRun {
+            inputs_in: fsdp.param_dtype,
+        }));
         let run = self.dry_run(inputs, mode, options, false);
-        self.loss_scope.set(false);
+        self.sharded_run.set(None);
+        drop(cast);
         let run = run?;
         let loss_scope = Some(ffi::intern(super::LOSS_SCOPE)?);
         let mut ranks = vec![0];

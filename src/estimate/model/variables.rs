@@ -3,10 +3,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use tch::{nn, Tensor};
+use tch::{nn, Kind, Tensor};
 
 use super::Model;
-use crate::error::Result;
+use crate::error::{torch_message, Error, Result};
 use crate::estimate::parallel::Var;
 use crate::ffi::{self, TensorBlock};
 use crate::names::layer_of;
@@ -65,10 +65,56 @@ impl Model {
                 name,
                 ptr: b.base,
                 shape: t.size(),
-                elem: t.kind().elt_size_in_bytes() as u64,
+                kind: t.kind(),
                 trainable: trainable.contains(&b.base),
             })
             .collect())
+    }
+}
+
+/// The model's trainable variables in another dtype until dropped: a sharded dry run
+/// under FSDP2's mixed precision computes with its parameters cast to `param_dtype`.
+/// Each keeps its own block aside and gets it back (its address, which the weights'
+/// trace names, unchanged).
+pub(super) struct CastParameters {
+    kept: Vec<(Tensor, Tensor)>,
+}
+
+impl Model {
+    /// The trainable floating-point variables cast to `kind` until the value returned is
+    /// dropped (none cast without a `kind`, or of it already).
+    pub(super) fn cast_parameters(&self, kind: Option<Kind>) -> Result<CastParameters> {
+        let mut cast = CastParameters { kept: Vec::new() };
+        let Some(kind) = kind else {
+            return Ok(cast);
+        };
+        tch::no_grad(|| {
+            for mut t in self.var_store().trainable_variables() {
+                if !t.is_floating_point() || t.kind() == kind {
+                    continue;
+                }
+                let own = t.detach();
+                let other = t.f_to_kind(kind).map_err(|e| {
+                    Error::Native(format!(
+                        "casting the parameters to {kind:?}: {}",
+                        torch_message(&e.to_string())
+                    ))
+                })?;
+                t.set_data(&other);
+                cast.kept.push((t, own));
+            }
+            Ok(cast)
+        })
+    }
+}
+
+impl Drop for CastParameters {
+    fn drop(&mut self) {
+        tch::no_grad(|| {
+            for (t, own) in &mut self.kept {
+                t.set_data(own);
+            }
+        });
     }
 }
 

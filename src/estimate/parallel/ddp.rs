@@ -58,7 +58,7 @@ pub(crate) fn replicate(
     let params: Vec<u64> = vars
         .iter()
         .filter(|v| v.trainable)
-        .map(|v| v.bytes())
+        .map(|v| v.bytes_in(v.kind))
         .collect();
     let mut out_weights: Vec<Event> = Vec::with_capacity(weights.len() + 1);
     for e in weights {

@@ -29,8 +29,23 @@
 //!
 //! `units.rs` finds the units, `walk.rs` shards a dry run's events.
 //!
-//! What is not modelled: mixed precision's casts, CPU offload, explicit prefetching,
-//! NCCL's own buffers (outside the caching allocator).
+//! **Mixed precision** (`MixedPrecisionPolicy(param_dtype, reduce_dtype)`, as
+//! `_fsdp_param.py` clamps them: a `param_dtype` equal to the parameter's is none, a
+//! `reduce_dtype` equal to the `param_dtype` is none): the dry run computes with the
+//! parameters in `param_dtype` and the model's floating-point inputs cast to it
+//! (`cast_forward_inputs`, at the root's pre-forward); the shards, the gradient shards
+//! and the optimizer state stay in the parameters' own dtype. A unit's all-gather first
+//! copies its shards into one flat input in `param_dtype` (`_get_param_all_gather_inputs`'
+//! foreach copy), freed once copied into the output; the all-gather output and the
+//! unsharded parameters are in `param_dtype`, and so are the gradients autograd makes;
+//! the reduce-scatter input and output are in `reduce_dtype` (else the gradients'), and
+//! an output in another dtype than the parameters' is cast to theirs on the
+//! reduce-scatter stream (`_to_dtype_if_needed(reduce_output, orig_dtype)`).
+//!
+//! What is not modelled: CPU offload, explicit prefetching, NCCL's own buffers (outside
+//! the caching allocator).
+
+use tch::Kind;
 
 use crate::error::{Error, Result};
 
@@ -65,6 +80,13 @@ pub struct Fsdp {
     /// each module of the model's repeated module lists (the outermost, as people wrap
     /// blocks: `transformer.h.0`, `transformer.h.1`, ...).
     pub units: Option<String>,
+    /// `MixedPrecisionPolicy(param_dtype=...)`: the dtype the units are gathered and
+    /// computed in (`Kind::BFloat16`, `Kind::Half`); `None` (default): the parameters'
+    /// own.
+    pub param_dtype: Option<Kind>,
+    /// `MixedPrecisionPolicy(reduce_dtype=...)`: the dtype gradients are
+    /// reduce-scattered in; `None` (default): the gradients' (the `param_dtype`).
+    pub reduce_dtype: Option<Kind>,
 }
 
 impl Fsdp {
@@ -76,10 +98,13 @@ impl Fsdp {
             reshard_after_forward: true,
             reshard_root: false,
             units: None,
+            param_dtype: None,
+            reduce_dtype: None,
         }
     }
 
-    /// Refuses a world of 0 ranks.
+    /// Refuses a world of 0 ranks and a mixed precision that is not of floating-point
+    /// dtypes.
     pub(crate) fn validate(&self) -> Result<()> {
         if self.world == 0 {
             return Err(Error::InvalidInput {
@@ -88,8 +113,58 @@ impl Fsdp {
                 reason: "FSDP shards over at least 1 rank".into(),
             });
         }
+        for (name, kind) in [
+            ("fsdp-param-dtype", self.param_dtype),
+            ("fsdp-reduce-dtype", self.reduce_dtype),
+        ] {
+            if let Some(k) = kind.filter(|k| !MIXED_DTYPES.iter().any(|(_, m)| m == k)) {
+                return Err(Error::InvalidInput {
+                    name,
+                    value: format!("{k:?}"),
+                    reason: "mixed precision is of f32, bf16 or f16".into(),
+                });
+            }
+        }
         Ok(())
     }
+
+    /// The dtype a parameter of dtype `orig` is gathered and computed in.
+    pub(crate) fn param_kind(&self, orig: Kind) -> Kind {
+        self.param_dtype.unwrap_or(orig)
+    }
+
+    /// The dtype a parameter of dtype `orig`'s gradients are reduce-scattered in.
+    pub(crate) fn reduce_kind(&self, orig: Kind) -> Kind {
+        self.reduce_dtype.unwrap_or(self.param_kind(orig))
+    }
+}
+
+/// The dtypes of FSDP2's mixed precision, by their names on the command line.
+pub(crate) const MIXED_DTYPES: [(&str, Kind); 3] = [
+    ("f32", Kind::Float),
+    ("bf16", Kind::BFloat16),
+    ("f16", Kind::Half),
+];
+
+/// A dtype of [`MIXED_DTYPES`] by its name (`bf16`), or why not, in one line.
+pub(crate) fn parse_mixed_dtype(flag: &'static str, name: &str) -> Result<Kind> {
+    MIXED_DTYPES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, k)| *k)
+        .ok_or_else(|| Error::InvalidInput {
+            name: flag,
+            value: name.to_string(),
+            reason: "FSDP2's mixed precision is one of f32, bf16, f16".into(),
+        })
+}
+
+/// The name of a dtype of [`MIXED_DTYPES`] (`bf16`).
+pub(crate) fn mixed_dtype_name(kind: Kind) -> &'static str {
+    MIXED_DTYPES
+        .iter()
+        .find(|(_, k)| *k == kind)
+        .map_or("?", |(n, _)| n)
 }
 
 /// Data parallelism: PyTorch's `DistributedDataParallel` over `world` ranks with its
@@ -117,8 +192,8 @@ pub(crate) struct Var {
     pub ptr: u64,
     /// Its sizes.
     pub shape: Vec<i64>,
-    /// Bytes of one element.
-    pub elem: u64,
+    /// Its dtype.
+    pub kind: Kind,
     /// A parameter (sharded); else a buffer (replicated on every rank).
     pub trainable: bool,
 }
@@ -140,25 +215,36 @@ impl Var {
 
     /// Bytes of its padded shard, which every rank holds.
     pub fn padded_shard_bytes(&self, world: u64) -> u64 {
-        self.shard_rows(world) * self.rows_and_row().1 * self.elem
+        self.padded_shard_numel(world) * elem_bytes(self.kind)
+    }
+
+    /// Elements of its padded shard.
+    pub(super) fn padded_shard_numel(&self, world: u64) -> u64 {
+        self.shard_rows(world) * self.rows_and_row().1
     }
 
     /// Bytes of rank `rank`'s real rows (the optimizer state's size).
     pub fn local_shard_bytes(&self, world: u64, rank: u64) -> u64 {
         let (d, r) = self.rows_and_row();
         let c = self.shard_rows(world);
-        d.saturating_sub(rank * c).min(c) * r * self.elem
+        d.saturating_sub(rank * c).min(c) * r * elem_bytes(self.kind)
     }
 
-    /// Bytes unsharded: the padded shard times the world.
-    pub(super) fn unsharded_bytes(&self, world: u64) -> u64 {
-        world * self.padded_shard_bytes(world)
+    /// Bytes unsharded in `kind`: the padded shard times the world.
+    pub(super) fn unsharded_bytes_in(&self, world: u64, kind: Kind) -> u64 {
+        world * self.padded_shard_numel(world) * elem_bytes(kind)
     }
 
-    pub(super) fn bytes(&self) -> u64 {
+    /// Bytes of the whole variable in `kind`.
+    pub(super) fn bytes_in(&self, kind: Kind) -> u64 {
         let (d, r) = self.rows_and_row();
-        d * r * self.elem
+        d * r * elem_bytes(kind)
     }
+}
+
+/// Bytes of one element of `kind`.
+pub(super) fn elem_bytes(kind: Kind) -> u64 {
+    kind.elt_size_in_bytes() as u64
 }
 
 /// What a block of a sharded rank is, for the breakdown at its peak.
@@ -216,7 +302,7 @@ mod tests {
             name: name.into(),
             ptr: 0,
             shape: shape.to_vec(),
-            elem: 4,
+            kind: Kind::Float,
             trainable: true,
         }
     }

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::units::units;
-use super::{Fsdp, ShardedCategory, Var};
+use super::{elem_bytes, Fsdp, ShardedCategory, Var};
 use crate::error::Result;
 use crate::events::{Event, EventKind};
 use crate::phase::Phase;
@@ -31,8 +31,17 @@ pub(crate) struct Sharded {
 
 struct Unit {
     params: Vec<usize>,
-    /// Padded shard bytes of the unit (Σ c·r·b).
+    /// Padded shard bytes of the unit (Σ c·r·b) in the parameters' dtype: the gradient
+    /// shards'.
     shard: u64,
+    /// The same in `param_dtype`: what each rank puts into the all-gather.
+    gather: u64,
+    /// The same in `reduce_dtype`: each rank's reduce-scatter output.
+    reduce: u64,
+    /// The shards are cast to `param_dtype` before the all-gather.
+    cast: bool,
+    /// The reduce-scatter output is cast to the parameters' dtype.
+    recast: bool,
 }
 
 /// Rank `rank` of `fsdp` over the dry run (`weights`, `run`) of a model with `vars` (in
@@ -62,6 +71,10 @@ pub(crate) fn shard(
         .map(|_| Unit {
             params: Vec::new(),
             shard: 0,
+            gather: 0,
+            reduce: 0,
+            cast: false,
+            recast: false,
         })
         .collect();
     for (i, v) in vars.iter().enumerate() {
@@ -71,8 +84,14 @@ pub(crate) fn shard(
             .map_or(0, |p| p + 1);
         unit_of[i] = u;
         if v.trainable {
-            units[u].params.push(i);
-            units[u].shard += v.padded_shard_bytes(world);
+            let numel = v.padded_shard_numel(world);
+            let unit = &mut units[u];
+            unit.params.push(i);
+            unit.shard += v.padded_shard_bytes(world);
+            unit.gather += numel * elem_bytes(fsdp.param_kind(v.kind));
+            unit.reduce += numel * elem_bytes(fsdp.reduce_kind(v.kind));
+            unit.cast |= fsdp.param_kind(v.kind) != v.kind;
+            unit.recast |= fsdp.reduce_kind(v.kind) != v.kind;
         }
     }
     let by_ptr: HashMap<u64, usize> = vars.iter().enumerate().map(|(i, v)| (v.ptr, i)).collect();
@@ -119,6 +138,7 @@ pub(crate) fn shard(
         categories,
         next_id: FSDP_ID,
         world,
+        fsdp,
         units: &units,
         vars,
         params: vec![Vec::new(); units.len()],
@@ -285,10 +305,9 @@ pub(crate) fn shard(
                     // PyTorch's foreach step: one more state-sized set, for the step.
                     foreach_temp = Some(w.alloc(local_set, 0, ShardedCategory::OptimizerState, e));
                 }
-                let sized = opt_var
-                    .get(&(step, e.op))
-                    .map(|&v| &vars[v])
-                    .filter(|v| v.trainable && e.value == v.bytes() as i64);
+                let sized = opt_var.get(&(step, e.op)).map(|&v| &vars[v]).filter(|v| {
+                    v.trainable && e.value == v.bytes_in(fsdp.param_kind(v.kind)) as i64
+                });
                 let value = match sized {
                     Some(v) => v.local_shard_bytes(world, rank) as i64,
                     None => e.value,
@@ -314,6 +333,7 @@ struct Walk<'a> {
     categories: HashMap<u64, ShardedCategory>,
     next_id: u64,
     world: u64,
+    fsdp: &'a Fsdp,
     units: &'a [Unit],
     vars: &'a [Var],
     /// Each unit's unsharded parameters (empty: sharded).
@@ -357,8 +377,20 @@ impl Walk<'_> {
         if unit.params.is_empty() || !self.params[u].is_empty() || self.gathered[u].is_some() {
             return;
         }
-        let bytes = self.world * unit.shard;
-        let id = self.alloc(bytes, ALL_GATHER_STREAM, ShardedCategory::AllGather, at);
+        let (gather, cast) = (unit.gather, unit.cast);
+        // Mixed precision: the shards copied into one flat input in param_dtype first,
+        // freed once copied into the output.
+        let input =
+            cast.then(|| self.alloc(gather, ALL_GATHER_STREAM, ShardedCategory::AllGather, at));
+        let id = self.alloc(
+            self.world * gather,
+            ALL_GATHER_STREAM,
+            ShardedCategory::AllGather,
+            at,
+        );
+        if let Some(input) = input {
+            self.free(input, at);
+        }
         self.gathered[u] = Some(id);
     }
 
@@ -378,7 +410,8 @@ impl Walk<'_> {
             .clone()
             .into_iter()
             .map(|p| {
-                let bytes = self.vars[p].unsharded_bytes(self.world);
+                let v = &self.vars[p];
+                let bytes = v.unsharded_bytes_in(self.world, self.fsdp.param_kind(v.kind));
                 self.alloc(bytes, 0, ShardedCategory::UnshardedParameters, at)
             })
             .collect();
@@ -424,23 +457,35 @@ impl Walk<'_> {
         if let Some(g) = self.gathered[u].take() {
             self.free(g, at);
         }
-        let shard = self.units[u].shard;
+        let unit = &self.units[u];
+        let (shard, reduce, recast) = (unit.shard, unit.reduce, unit.recast);
         if shard == 0 {
             return;
         }
         self.free_rs_input(at);
-        let input = self.alloc(self.world * shard, 0, ShardedCategory::ReduceScatter, at);
+        let input = self.alloc(self.world * reduce, 0, ShardedCategory::ReduceScatter, at);
         self.rs_input = Some(input);
         for g in std::mem::take(&mut self.grads[u]) {
             self.free(g, at);
             self.freed_early.insert(g);
         }
-        let output = self.alloc(
-            shard,
+        let mut output = self.alloc(
+            reduce,
             REDUCE_SCATTER_STREAM,
             ShardedCategory::ShardedGradients,
             at,
         );
+        if recast {
+            // Reduced in another dtype than the parameters': cast to theirs.
+            let cast = self.alloc(
+                shard,
+                REDUCE_SCATTER_STREAM,
+                ShardedCategory::ShardedGradients,
+                at,
+            );
+            self.free(output, at);
+            output = cast;
+        }
         self.sharded_grads.push(output);
     }
 
