@@ -13,6 +13,7 @@
 //!             [--optimizer adamw] [--batch B] [--gpu h100] [--autocast bf16] [--csv]
 //! tch-memprof profile MODEL.pt2|MODEL.pt --input 1x3x224x224 [--train] [--device cpu|cuda]
 //! tch-memprof replay SNAPSHOT.pickle... [--alloc-conf CONF]... [--memory 24GB|h100] [--csv]
+//! tch-memprof watch [DIR] [--run NAME] [--memory 24GB|h100] [--snapshot 120x30]
 //! ```
 //!
 //! A `.pt2` file (torch.export.save) is told from a TorchScript file by its contents;
@@ -34,6 +35,7 @@ mod replay;
 mod report;
 mod run_args;
 pub(crate) mod text;
+mod watch;
 
 use std::process::ExitCode;
 
@@ -83,6 +85,10 @@ enum Command {
     /// allocator settings: the peaks of each, and which fit --memory. Several snapshots
     /// (or a folder): a job's ranks side by side, and the rank that peaked highest.
     Replay(replay::ReplayArgs),
+    /// Watch a run as the profiler writes it (.csv(true)), from another terminal: memory
+    /// over iterations, each category, an iteration's breakdown and largest variables,
+    /// the epochs with their leak verdicts. A finished run opens the same way.
+    Watch(watch::WatchArgs),
 }
 
 /// The command: parses the arguments, runs the subcommand, and says how it ended.
@@ -102,6 +108,7 @@ pub fn main() -> ExitCode {
         Command::Plan(args) => plan::run(&args),
         Command::Profile(args) => profile::run(&args),
         Command::Replay(args) => replay::run(&args),
+        Command::Watch(args) => watch::run(&args),
     }
 }
 

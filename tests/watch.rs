@@ -1,0 +1,326 @@
+//! `tch-memprof watch` on a real run's files: the quickstart example trains on the CPU
+//! and writes its CSV; the screen (printed with `--snapshot`, and read from tmux panes
+//! of 60 and 120 columns while the run goes on and after it ends) shows the CSV's
+//! numbers; `q` and Ctrl-C quit and give the terminal back.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Bytes as a person reads them, written here apart from the crate: binary units, two
+/// decimals (`16.72 MiB`, `768 B`).
+fn human(n: u64) -> String {
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let units = ["KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.2} {}", units[u])
+}
+
+fn quickstart() -> Option<PathBuf> {
+    let exe = std::env::current_exe().unwrap();
+    let example = exe.parent()?.parent()?.join("examples/quickstart");
+    if example.exists() {
+        Some(example)
+    } else {
+        common::cannot_run(&format!(
+            "watch on the quickstart's files: {} is not built (a whole `cargo test` builds it)",
+            example.display()
+        ));
+        None
+    }
+}
+
+/// Starts the quickstart on the CPU in `dir` (it writes `memory_csv_data/` there).
+fn start_quickstart(example: &Path, dir: &Path, epochs: &str, iterations: &str) -> Child {
+    Command::new(example)
+        .args([
+            "--device",
+            "cpu",
+            "--epochs",
+            epochs,
+            "--iterations",
+            iterations,
+        ])
+        .current_dir(dir)
+        .env("OMP_NUM_THREADS", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts the quickstart")
+}
+
+/// The rows of the run's `suffix` file in `dir/memory_csv_data`, by column.
+fn rows(dir: &Path, suffix: &str) -> Vec<csv::StringRecord> {
+    let folder = dir.join("memory_csv_data");
+    let file = std::fs::read_dir(&folder)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(suffix))
+        .unwrap_or_else(|| panic!("no *{suffix} in {}", folder.display()));
+    let mut r = csv::Reader::from_path(file).unwrap();
+    let headers = r.headers().unwrap().clone();
+    let mut out = vec![headers];
+    out.extend(r.records().map(|r| r.unwrap()));
+    out
+}
+
+fn cell(rows: &[csv::StringRecord], row: &csv::StringRecord, column: &str) -> u64 {
+    let i = rows[0].iter().position(|h| h == column).expect(column);
+    row[i].parse().unwrap()
+}
+
+#[test]
+fn the_screen_shows_a_real_runs_csv() {
+    let Some(example) = quickstart() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = start_quickstart(&example, dir.path(), "2", "20")
+        .wait_with_output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let summary = rows(dir.path(), "_summary.csv");
+    let last = summary.last().unwrap();
+    let epochs = rows(dir.path(), "_epochs.csv");
+    for (size, narrow) in [("60x24", true), ("120x30", false)] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tch-memprof"))
+            .args(["watch", "--snapshot", size])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let screen = common::text(&out.stdout);
+        assert!(out.status.success(), "{}", common::text(&out.stderr));
+        let (cols, lines) = size.split_once('x').unwrap();
+        assert_eq!(screen.lines().count(), lines.parse::<usize>().unwrap());
+        assert!(screen
+            .lines()
+            .all(|l| l.chars().count() <= cols.parse().unwrap()));
+        let step = cell(&summary, last, "step");
+        let title = if narrow {
+            format!("epoch 2 it 20 · step {step}")
+        } else {
+            format!("epoch 2 iteration 20 (step {step})")
+        };
+        assert!(screen.contains(&title), "{title}:\n{screen}");
+        for column in [
+            "allocated_bytes",
+            "peak_allocated_bytes",
+            "resident_bytes",
+            "weights_bytes",
+            "gradients_bytes",
+            "optimizer_state_bytes",
+            "feature_maps_bytes",
+        ] {
+            let shown = human(cell(&summary, last, column));
+            assert!(screen.contains(&shown), "{column} {shown}:\n{screen}");
+        }
+        for e in &epochs[1..] {
+            let shown = human(cell(&epochs, e, "peak_allocated_bytes"));
+            assert!(screen.contains(&shown), "epoch peak {shown}:\n{screen}");
+        }
+        let peak = summary[1..]
+            .iter()
+            .map(|r| cell(&summary, r, "peak_allocated_bytes"))
+            .max()
+            .unwrap();
+        assert!(
+            screen.contains(&format!("run's peak {}", human(peak))),
+            "{screen}"
+        );
+        if !narrow {
+            // The largest variable of the CNN: fc1's 4096 x 256 f32 weight.
+            assert!(screen.contains("fc1.weight"), "{screen}");
+        }
+    }
+    // Bad input: a folder without a run, in one line, exit 2.
+    let empty = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tch-memprof"))
+        .args(["watch", &empty.path().to_string_lossy()])
+        .output()
+        .unwrap();
+    let err = common::text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("holds no run"), "{err}");
+    // Not a terminal and no --snapshot: said, not drawn.
+    let out = Command::new(env!("CARGO_BIN_EXE_tch-memprof"))
+        .args(["watch"])
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(common::text(&out.stderr).contains("--snapshot"));
+}
+
+/// A tmux server of this test's own, on a socket of its own.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux")
+            .args(["-L", &self.socket])
+            .args(args)
+            .output()
+            .expect("runs tmux");
+        common::text(&out.stdout)
+    }
+
+    fn screen(&self, session: &str) -> String {
+        self.run(&["capture-pane", "-p", "-t", session])
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        self.run(&["kill-server"]);
+    }
+}
+
+/// The step the screen's title shows (`· step 40` narrow, `(step 40)` wide).
+fn step_shown(screen: &str) -> Option<u64> {
+    let title = screen.lines().next()?;
+    let at = title.rfind("step ")?;
+    title[at + 5..]
+        .trim_end_matches(')')
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn watch_follows_a_running_quickstart_in_tmux() {
+    let Some(example) = quickstart() else { return };
+    if Command::new("tmux").arg("-V").output().is_err() {
+        common::cannot_run("watch in tmux: tmux is not installed (.ci/run installs it)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start_quickstart(&example, dir.path(), "3", "60");
+    // The run's summary exists once its profiler is built.
+    let start = Instant::now();
+    let has_summary = || {
+        std::fs::read_dir(dir.path().join("memory_csv_data"))
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().ends_with("_summary.csv"))
+            })
+            .unwrap_or(false)
+    };
+    while !has_summary() {
+        assert!(start.elapsed() < Duration::from_secs(60), "no summary file");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let tmux = Tmux {
+        socket: format!("tch-memprof-watch-{}", std::process::id()),
+    };
+    let exe = env!("CARGO_BIN_EXE_tch-memprof");
+    for (name, cols, rows) in [("narrow", "60", "24"), ("wide", "120", "30")] {
+        // After watch: its exit status, and the terminal's modes (raw mode undone).
+        let script = format!(
+            "cd '{}' && '{exe}' watch; echo $? > {name}.exit; stty -a > {name}.stty; sleep 30",
+            dir.path().display()
+        );
+        tmux.run(&[
+            "new-session",
+            "-d",
+            "-s",
+            name,
+            "-x",
+            cols,
+            "-y",
+            rows,
+            "sh",
+            "-c",
+            &script,
+        ]);
+    }
+    // Rows appear while the run goes on.
+    let mut seen: Vec<u64> = Vec::new();
+    let mut last_screen = String::new();
+    while run.try_wait().unwrap().is_none() {
+        let screen = tmux.screen("narrow");
+        if let Some(s) = step_shown(&screen) {
+            if !seen.contains(&s) {
+                seen.push(s);
+            }
+        }
+        last_screen = screen;
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "the quickstart did not end"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(run.wait().unwrap().success());
+    assert!(
+        seen.len() >= 2,
+        "the screen showed steps {seen:?} while the run went on:\n{last_screen}"
+    );
+    // After it ends, both widths show its last row.
+    let summary = rows(dir.path(), "_summary.csv");
+    let final_step = cell(&summary, summary.last().unwrap(), "step");
+    let waited = Instant::now();
+    for session in ["narrow", "wide"] {
+        let screen = loop {
+            let s = tmux.screen(session);
+            if step_shown(&s) == Some(final_step) || waited.elapsed() > Duration::from_secs(10) {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(
+            step_shown(&screen),
+            Some(final_step),
+            "{session}:\n{screen}"
+        );
+        let width = if session == "narrow" { 60 } else { 120 };
+        assert!(
+            screen.lines().all(|l| l.chars().count() <= width),
+            "{screen}"
+        );
+        assert!(screen.contains("epochs"), "{screen}");
+        let peak = human(cell(
+            &summary,
+            summary.last().unwrap(),
+            "peak_allocated_bytes",
+        ));
+        assert!(screen.contains(&peak), "{session}: {peak}\n{screen}");
+    }
+    // q quits one, Ctrl-C the other; each gives the terminal back.
+    tmux.run(&["send-keys", "-t", "narrow", "q"]);
+    tmux.run(&["send-keys", "-t", "wide", "C-c"]);
+    for name in ["narrow", "wide"] {
+        let exit = dir.path().join(format!("{name}.exit"));
+        let waited = Instant::now();
+        while !exit.exists() || std::fs::read_to_string(&exit).unwrap().is_empty() {
+            assert!(
+                waited.elapsed() < Duration::from_secs(10),
+                "{name}: watch did not quit"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            std::fs::read_to_string(&exit).unwrap().trim(),
+            "0",
+            "{name}"
+        );
+        let stty = std::fs::read_to_string(dir.path().join(format!("{name}.stty"))).unwrap();
+        let modes: Vec<&str> = stty.split_whitespace().collect();
+        for mode in ["icanon", "echo", "isig"] {
+            assert!(modes.contains(&mode), "{name}: {mode} not restored: {stty}");
+        }
+    }
+}
