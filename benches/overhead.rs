@@ -119,6 +119,9 @@ enum Mode {
     Core,
     /// The default profiler (with leak hunting).
     Profiled,
+    /// The default profiler writing its CSV files (a row per iteration: what `tch-memprof
+    /// watch` reads), without printing.
+    Csv,
     /// The default profiler with the step timeline.
     Timeline,
     /// The baseline again, in a process of its own: two identical modes' ratio is what
@@ -126,10 +129,11 @@ enum Mode {
     Control,
 }
 
-const MODES: [Mode; 5] = [
+const MODES: [Mode; 6] = [
     Mode::Baseline,
     Mode::Core,
     Mode::Profiled,
+    Mode::Csv,
     Mode::Timeline,
     Mode::Control,
 ];
@@ -140,6 +144,7 @@ impl Mode {
             Mode::Baseline => "baseline",
             Mode::Core => "core",
             Mode::Profiled => "profiled",
+            Mode::Csv => "csv",
             Mode::Timeline => "timeline",
             Mode::Control => "control",
         }
@@ -150,6 +155,7 @@ impl Mode {
             Mode::Baseline => "baseline (no tracking allocator, no profiler)",
             Mode::Core => "profiler without leak hunting",
             Mode::Profiled => "profiler, default settings (leak hunting on)",
+            Mode::Csv => "profiler, default settings, CSV written (watch)",
             Mode::Timeline => "profiler + step timeline",
             Mode::Control => "control (the baseline again)",
         }
@@ -361,9 +367,13 @@ fn child(mode: Mode, steps: usize, dev: Device) {
             nn::Sgd::default().build(&vs, 1e-3).unwrap()
         }
     };
+    // The CSV mode's files, in a folder of the child's own, removed when it ends.
+    let csv_dir = std::env::temp_dir().join(format!("tch-memprof-overhead-{}", std::process::id()));
     let mut profiler = profiled.then(|| {
         tch_memprof::MemoryProfiler::builder(&vs)
             .print(false)
+            .csv(mode == Mode::Csv)
+            .csv_dir(&csv_dir)
             .timeline(mode == Mode::Timeline)
             .leak_check(mode != Mode::Core)
             .build()
@@ -418,6 +428,7 @@ fn child(mode: Mode, steps: usize, dev: Device) {
     if let Some(p) = profiler {
         assert_eq!(p.failures(), 0);
     }
+    let _ = std::fs::remove_dir_all(&csv_dir);
 }
 
 fn median(v: &mut [f64]) -> f64 {

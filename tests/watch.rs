@@ -83,7 +83,7 @@ fn cell(rows: &[csv::StringRecord], row: &csv::StringRecord, column: &str) -> u6
 fn the_screen_shows_a_real_runs_csv() {
     let Some(example) = quickstart() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let out = start_quickstart(&example, dir.path(), "2", "20")
+    let out = start_quickstart(&example, dir.path(), "3", "20")
         .wait_with_output()
         .unwrap();
     assert!(out.status.success(), "{}", common::text(&out.stderr));
@@ -105,9 +105,9 @@ fn the_screen_shows_a_real_runs_csv() {
             .all(|l| l.chars().count() <= cols.parse().unwrap()));
         let step = cell(&summary, last, "step");
         let title = if narrow {
-            format!("epoch 2 it 20 · step {step}")
+            format!("epoch 3 it 20 · step {step}")
         } else {
-            format!("epoch 2 iteration 20 (step {step})")
+            format!("epoch 3 iteration 20 (step {step})")
         };
         assert!(screen.contains(&title), "{title}:\n{screen}");
         for column in [
@@ -138,6 +138,8 @@ fn the_screen_shows_a_real_runs_csv() {
         if !narrow {
             // The largest variable of the CNN: fc1's 4096 x 256 f32 weight.
             assert!(screen.contains("fc1.weight"), "{screen}");
+        } else {
+            docs_block_is(&screen);
         }
     }
     // Bad input: a folder without a run, in one line, exit 2.
@@ -159,6 +161,106 @@ fn the_screen_shows_a_real_runs_csv() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(common::text(&out.stderr).contains("--snapshot"));
+}
+
+/// `line` with the first figure after `from` (`16.72 MiB`, `+12.26 MiB`, `768 B`) as
+/// `<bytes>`, the columns kept.
+fn mask_after(line: &str, from: usize) -> String {
+    let units = [" B", " KiB", " MiB", " GiB"];
+    let rest = &line[from..];
+    let Some(start) = rest.find(|c: char| c.is_ascii_digit()) else {
+        return line.to_string();
+    };
+    let start = if rest[..start].ends_with(['+', '-']) {
+        start - 1
+    } else {
+        start
+    };
+    let tail = &rest[start..];
+    let num = tail
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(tail.len());
+    let Some(unit) = units.iter().find(|u| tail[num..].starts_with(**u)) else {
+        return line.to_string();
+    };
+    let end = from + start + num + unit.len();
+    let width = line[from + start..end].chars().count();
+    format!(
+        "{}{:<width$}{}",
+        &line[..from + start],
+        "<bytes>",
+        &line[end..]
+    )
+}
+
+/// A 60-column screen with what moves from machine to machine masked: the run's stem,
+/// the chart (its lines and scale follow the resident memory), the resident memory and
+/// the peaks allocated (which hold the CPU's convolution temporaries), the status line.
+fn steady(screen: &str) -> Vec<String> {
+    let lines: Vec<&str> = screen.lines().collect();
+    let axis = lines
+        .iter()
+        .position(|l| l.starts_with("│      └"))
+        .unwrap_or(1);
+    let mut in_epochs = false;
+    lines
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut l = l.to_string();
+            if l.starts_with("┌ epochs") {
+                in_epochs = true;
+            }
+            if i == 0 {
+                return l
+                    .split_once(" on ")
+                    .map_or(l.clone(), |(_, rest)| format!("RUN on {rest}"));
+            }
+            if i + 1 == lines.len() {
+                return "<status>".into();
+            }
+            if i > 1 && i < axis {
+                return "<chart>".into();
+            }
+            for word in ["run's peak", "peak allocated", "resident"] {
+                if let Some(at) = l.find(word) {
+                    l = mask_after(&l, at + word.len());
+                }
+            }
+            let digit_row = l
+                .strip_prefix('│')
+                .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()));
+            if in_epochs && digit_row {
+                // An epoch's row: its peak allocated.
+                l = mask_after(&l, '│'.len_utf8() + 1);
+            }
+            l
+        })
+        .collect()
+}
+
+/// The screen docs/watch.md shows is this one, but for what moves with the machine.
+fn docs_block_is(screen: &str) {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/watch.md"))
+        .unwrap();
+    let block = doc
+        .split_once("<!-- screen watch")
+        .and_then(|(_, rest)| rest.split_once("```text\n"))
+        .and_then(|(_, rest)| rest.split_once("```\n<!-- end watch -->"))
+        .map(|(block, _)| block)
+        .expect("docs/watch.md: the screen between its markers");
+    let (theirs, ours) = (steady(block), steady(screen));
+    assert_eq!(theirs.len(), ours.len(), "{block}\n{screen}");
+    for (a, b) in theirs.iter().zip(&ours) {
+        assert_eq!(
+            a, b,
+            "docs/watch.md's screen differs:\n{block}\nthis run's:\n{screen}"
+        );
+    }
+    // What stays held: the breakdown's other numbers and the epochs' changes.
+    assert!(ours.iter().any(|l| l.contains("16.72 MiB")), "{ours:?}");
+    assert!(ours.iter().any(|l| l.contains("+12.26 MiB")), "{ours:?}");
+    assert!(ours.iter().any(|l| l.contains("8.17 MiB")), "{ours:?}");
 }
 
 /// A tmux server of this test's own, on a socket of its own.
@@ -207,25 +309,11 @@ fn watch_follows_a_running_quickstart_in_tmux() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut run = start_quickstart(&example, dir.path(), "3", "60");
-    // The run's summary exists once its profiler is built.
-    let start = Instant::now();
-    let has_summary = || {
-        std::fs::read_dir(dir.path().join("memory_csv_data"))
-            .map(|d| {
-                d.flatten()
-                    .any(|e| e.file_name().to_string_lossy().ends_with("_summary.csv"))
-            })
-            .unwrap_or(false)
-    };
-    while !has_summary() {
-        assert!(start.elapsed() < Duration::from_secs(60), "no summary file");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let tmux = Tmux {
         socket: format!("tch-memprof-watch-{}", std::process::id()),
     };
     let exe = env!("CARGO_BIN_EXE_tch-memprof");
+    // Started before the training: it waits for the run's first file.
     for (name, cols, rows) in [("narrow", "60", "24"), ("wide", "120", "30")] {
         // After watch: its exit status, and the terminal's modes (raw mode undone).
         let script = format!(
@@ -246,6 +334,19 @@ fn watch_follows_a_running_quickstart_in_tmux() {
             &script,
         ]);
     }
+    let start = Instant::now();
+    loop {
+        let screen = tmux.screen("narrow");
+        if screen.contains("waiting for a run in memory_csv_data") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not waiting:\n{screen}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut run = start_quickstart(&example, dir.path(), "3", "60");
     // Rows appear while the run goes on.
     let mut seen: Vec<u64> = Vec::new();
     let mut last_screen = String::new();

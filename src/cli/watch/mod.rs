@@ -58,25 +58,31 @@ fn watch(a: &WatchArgs) -> Result<(), String> {
         Some(m) => gpu_and_memory(None, Some(m))?.1,
         None => None,
     };
-    let stem = find_run(&a.dir, a.run.as_deref())?;
-    let mut watched = Watched::open(&stem)?;
+    let terminal_out = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    // On a terminal, a folder without a run yet is waited on (watch started before the
+    // training); elsewhere it is the error.
+    let mut watched = match find_run(&a.dir, a.run.as_deref()) {
+        Ok(stem) => Some(Watched::open(&stem)?),
+        Err(e) if a.snapshot.is_some() || !terminal_out => return Err(e),
+        Err(_) => None,
+    };
     let mut ui = Ui::new(budget);
-    if let Some(size) = &a.snapshot {
+    if let (Some(size), Some(w)) = (&a.snapshot, &watched) {
         let (cols, rows) = parse_size(size)?;
-        print!("{}", screen(&watched, &ui, cols, rows, SystemTime::now()));
+        print!("{}", screen(w, &ui, cols, rows, SystemTime::now()));
         return Ok(());
     }
-    if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+    if !terminal_out {
         return Err(
             "watch draws on a terminal and its output is not one: run it in a terminal, \
-                    or print one screen with --snapshot 120x30"
+             or print one screen with --snapshot 120x30"
                 .into(),
         );
     }
     let mut terminal =
         ratatui::try_init().map_err(|e| format!("cannot take over the terminal: {e}"))?;
     // The terminal is given back however the loop ends (ratatui's panic hook covers a
-    // panic).
+    // panic), before an error is printed.
     struct Restore;
     impl Drop for Restore {
         fn drop(&mut self) {
@@ -84,14 +90,28 @@ fn watch(a: &WatchArgs) -> Result<(), String> {
         }
     }
     let _restore = Restore;
+    let waiting = match &a.run {
+        Some(name) => format!("waiting for the run {name} in {}", a.dir.display()),
+        None => format!("waiting for a run in {}", a.dir.display()),
+    };
     let mut polled = Instant::now();
     loop {
         if !ui.paused && polled.elapsed() >= POLL {
             polled = Instant::now();
-            ui.problem = watched.poll().err();
+            match &mut watched {
+                Some(w) => ui.problem = w.poll().err(),
+                None => {
+                    if let Ok(stem) = find_run(&a.dir, a.run.as_deref()) {
+                        watched = Some(Watched::open(&stem)?);
+                    }
+                }
+            }
         }
         terminal
-            .draw(|f| view::draw(f, &watched, &ui, SystemTime::now()))
+            .draw(|f| match &watched {
+                Some(w) => view::draw(f, w, &ui, SystemTime::now()),
+                None => view::draw_waiting(f, &waiting),
+            })
             .map_err(|e| format!("cannot draw on the terminal: {e}"))?;
         let ready = event::poll(POLL).map_err(|e| format!("cannot read the keyboard: {e}"))?;
         if !ready {
@@ -104,7 +124,9 @@ fn watch(a: &WatchArgs) -> Result<(), String> {
                 if ctrl_c || matches!(k.code, KeyCode::Char('q') | KeyCode::Esc) {
                     break;
                 }
-                key(&mut ui, &watched, k.code);
+                if let Some(w) = &watched {
+                    key(&mut ui, w, k.code);
+                }
             }
             _ => {}
         }

@@ -104,6 +104,19 @@ pub(super) fn draw(f: &mut Frame, w: &Watched, ui: &Ui, now: SystemTime) {
     f.render_widget(status_line(w, ui, now, narrow), status);
 }
 
+/// The screen before the run's first file: what it waits for, how to quit.
+pub(super) fn draw_waiting(f: &mut Frame, waiting: &str) {
+    let text = format!(
+        "{waiting} (a *_summary.csv: the profiler writes one with .csv(true) when it is built)\n\nq quits"
+    );
+    f.render_widget(
+        Paragraph::new(text)
+            .wrap(ratatui::widgets::Wrap { trim: true })
+            .block(Block::bordered().title(" tch-memprof watch ")),
+        f.area(),
+    );
+}
+
 fn title_line(w: &Watched, ui: &Ui, narrow: bool) -> Line<'static> {
     let mut spans = Vec::new();
     if !narrow {
