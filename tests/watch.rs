@@ -399,6 +399,26 @@ fn watch_follows_a_running_quickstart_in_tmux() {
         ));
         assert!(screen.contains(&peak), "{session}: {peak}\n{screen}");
     }
+    // A run started later in the folder is followed from then on.
+    let first = tmux.screen("narrow");
+    let first_run = first.split(" on ").next().unwrap().to_string();
+    let out = start_quickstart(&example, dir.path(), "1", "10")
+        .wait_with_output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let waited = Instant::now();
+    loop {
+        let screen = tmux.screen("narrow");
+        let run = screen.split(" on ").next().unwrap();
+        if run != first_run && step_shown(&screen) == Some(10) {
+            break;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(15),
+            "the second run is not shown:\n{screen}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // q quits one, Ctrl-C the other; each gives the terminal back.
     tmux.run(&["send-keys", "-t", "narrow", "q"]);
     tmux.run(&["send-keys", "-t", "wide", "C-c"]);

@@ -25,6 +25,8 @@ use view::{ChartKind, Ui};
 
 /// How often the files are read.
 const POLL: Duration = Duration::from_millis(250);
+/// How often the folder is looked at for a newer run.
+const NEWER_RUN: Duration = Duration::from_secs(2);
 
 #[derive(Args)]
 pub struct WatchArgs {
@@ -95,6 +97,7 @@ fn watch(a: &WatchArgs) -> Result<(), String> {
         None => format!("waiting for a run in {}", a.dir.display()),
     };
     let mut polled = Instant::now();
+    let mut looked = Instant::now();
     loop {
         if !ui.paused && polled.elapsed() >= POLL {
             polled = Instant::now();
@@ -103,6 +106,17 @@ fn watch(a: &WatchArgs) -> Result<(), String> {
                 None => {
                     if let Ok(stem) = find_run(&a.dir, a.run.as_deref()) {
                         watched = Some(Watched::open(&stem)?);
+                    }
+                }
+            }
+            // A newer run in the folder (the training started again) is followed, unless
+            // --run named one.
+            if a.run.is_none() && a.dir.is_dir() && looked.elapsed() >= NEWER_RUN {
+                looked = Instant::now();
+                if let (Ok(stem), Some(w)) = (find_run(&a.dir, None), &watched) {
+                    if stem != w.stem {
+                        watched = Some(Watched::open(&stem)?);
+                        ui.cursor = None;
                     }
                 }
             }
