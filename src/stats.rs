@@ -54,6 +54,14 @@ impl std::ops::Deref for VariableList {
     }
 }
 
+impl VariableList {
+    /// The same shared list (kept by the profiler while no variable changed): equal
+    /// without comparing a variable.
+    pub(crate) fn same_list(&self, other: &VariableList) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 impl<'a> IntoIterator for &'a VariableList {
     type Item = &'a VariableStats;
     type IntoIter = std::slice::Iter<'a, VariableStats>;

@@ -21,7 +21,7 @@ use crate::runs::schema::{
     EpochRow, LayerRow, LeakRow, MetaRow, ParameterRow, SummaryRow, TimelineRow, IDLE,
     RESIDENT_COLUMNS, STEP_FILES,
 };
-use crate::stats::{EpochStats, IterationStats};
+use crate::stats::{EpochStats, IterationStats, VariableList};
 use crate::timeline::{Category, StepFiles, StepKind, StepProfile};
 
 use super::plot::plot_step;
@@ -95,6 +95,14 @@ impl CsvFile {
         &mut self,
         write: impl FnOnce(&mut csv::Writer<File>) -> csv::Result<()>,
     ) -> Result<()> {
+        self.append_fresh(|w, _| write(w))
+    }
+
+    /// [`CsvFile::append`], `write` told whether the file is new (no header written yet).
+    fn append_fresh(
+        &mut self,
+        write: impl FnOnce(&mut csv::Writer<File>, bool) -> csv::Result<()>,
+    ) -> Result<()> {
         let vanished = self.writer.is_some() && !self.path.exists();
         let mut created = false;
         if vanished {
@@ -113,7 +121,7 @@ impl CsvFile {
             path: self.path.clone(),
             source,
         };
-        write(w).map_err(csv_err)?;
+        write(w, created).map_err(csv_err)?;
         if created && !self.renames.is_empty() {
             self.rename_header()?;
         }
@@ -146,6 +154,11 @@ pub(crate) struct CsvReport {
     wide: Option<CsvFile>,
     /// Wide layout columns, fixed at its first row.
     wide_columns: Vec<String>,
+    /// The parameter rows of the last variable list written, each encoded from its
+    /// `parameter` column on: a list that stays the same (the same shared list, which
+    /// the profiler keeps while no variable changes) is written again with only the
+    /// timestamp, epoch and iteration new.
+    parameter_tails: Option<(VariableList, Vec<u8>)>,
     /// The sink writes the profiled steps' files (`false`: the caller writes them under
     /// their plain names, [`STEP_FILES`]).
     step_files: bool,
@@ -198,6 +211,7 @@ impl CsvReport {
             leaks: file("leaks"),
             wide: wide.then(|| file("wide")),
             wide_columns: Vec::new(),
+            parameter_tails: None,
             step_files: true,
         }
     }
@@ -308,27 +322,33 @@ impl Report for CsvReport {
         };
         let mut first_error = self.summary.append(|w| w.serialize(&row)).err();
 
-        let result = self.parameters.append(|w| {
-            for v in &s.variables {
-                let dtype = v.dtype.as_str();
-                let shape = format::shape(&v.shape);
-                let mut row = ParameterRow {
-                    timestamp: ts.clone(),
-                    epoch: s.epoch,
-                    iteration: s.iteration,
-                    parameter: v.name.clone(),
-                    kind: v.kind.as_str().to_string(),
-                    dtype: dtype.to_string(),
-                    shape,
-                    bytes: v.bytes,
-                };
-                w.serialize(&row)?;
-                if let Some(g) = v.grad_bytes {
-                    row.kind = "gradient".to_string();
-                    row.bytes = g;
-                    w.serialize(&row)?;
-                }
+        let tails = match &self.parameter_tails {
+            Some((list, tails)) if list.same_list(&s.variables) => tails,
+            _ => {
+                let tails = parameter_tails(s).map_err(|source| Error::Csv {
+                    path: self.parameters.path.clone(),
+                    source,
+                })?;
+                &self.parameter_tails.insert((s.variables.clone(), tails)).1
             }
+        };
+        let result = self.parameters.append_fresh(|w, fresh| {
+            if fresh {
+                // A new file: its header, from the row type.
+                w.write_record(&parameter_header()?)?;
+            }
+            // Each row: its timestamp, epoch and iteration, then its encoded tail (the
+            // timestamp's format and the numbers need no quoting).
+            let mut block = Vec::with_capacity(tails.len() + 64 * s.variables.len());
+            let lead = format!("{ts},{},{},", s.epoch, s.iteration);
+            for line in tails.split_inclusive(|&b| b == b'\n') {
+                block.extend_from_slice(lead.as_bytes());
+                block.extend_from_slice(line);
+            }
+            // The writer's own buffer first, then the block, straight to the file.
+            w.flush()?;
+            let mut file: &File = w.get_ref();
+            std::io::Write::write_all(&mut file, &block)?;
             Ok(())
         });
         first_error = first_error.or(result.err());
@@ -580,9 +600,59 @@ fn write_summary(path: &Path, p: &StepProfile) -> std::io::Result<()> {
     f.flush()
 }
 
+/// The parameter rows of `s`'s variables (each variable, then its gradient), encoded as
+/// the CSV writer encodes a [`ParameterRow`], from the `parameter` column on: one line
+/// each.
+fn parameter_tails(s: &IterationStats) -> csv::Result<Vec<u8>> {
+    let mut w = csv::WriterBuilder::new()
+        .has_headers(false)
+        .from_writer(Vec::new());
+    for v in s.variables.iter() {
+        let mut row = ParameterRow {
+            timestamp: String::new(),
+            epoch: 0,
+            iteration: 0,
+            parameter: v.name.clone(),
+            kind: v.kind.as_str().to_string(),
+            dtype: v.dtype.clone(),
+            shape: format::shape(&v.shape),
+            bytes: v.bytes,
+        };
+        w.serialize(&row)?;
+        if let Some(g) = v.grad_bytes {
+            row.kind = "gradient".to_string();
+            row.bytes = g;
+            w.serialize(&row)?;
+        }
+    }
+    let rows = w.into_inner().map_err(|e| e.into_error())?;
+    // Each line less the empty timestamp and the zero epoch and iteration: `,0,0,`.
+    let lead = b",0,0,";
+    let mut tails = Vec::with_capacity(rows.len());
+    for line in rows.split_inclusive(|&b| b == b'\n') {
+        let tail = line.strip_prefix(lead).ok_or_else(|| {
+            csv::Error::from(std::io::Error::other(
+                "a parameter row did not begin with its timestamp, epoch and iteration",
+            ))
+        })?;
+        tails.extend_from_slice(tail);
+    }
+    Ok(tails)
+}
+
+/// `<run>_parameters.csv`'s header: [`ParameterRow`]'s fields, as serde names them.
+fn parameter_header() -> csv::Result<csv::StringRecord> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.serialize(ParameterRow::default())?;
+    let bytes = w.into_inner().map_err(|e| e.into_error())?;
+    let mut r = csv::Reader::from_reader(&bytes[..]);
+    Ok(r.headers()?.clone())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stats::{VariableKind, VariableStats};
 
     fn stats(device: &str, cuda: Option<crate::cuda::CudaStats>) -> IterationStats {
         let mut s = crate::report::terminal::tests::stats(0);
@@ -599,6 +669,79 @@ mod tests {
         let h = rd.headers().unwrap().iter().map(String::from).collect();
         let row = rd.records().next().unwrap().unwrap();
         (h, row.iter().map(String::from).collect())
+    }
+
+    /// The parameter rows written from the encoded tails of the last list are the rows
+    /// serde writes of each iteration, byte for byte: a list kept across iterations
+    /// (only the timestamp, epoch and iteration new), then a new list (a new gradient, a
+    /// shape and a name that need quoting).
+    #[test]
+    fn parameter_rows_are_what_the_row_type_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = CsvReport::new(dir.path(), "run", false, true);
+        let mut s = stats("cpu", None);
+        s.variables = s
+            .variables
+            .iter()
+            .cloned()
+            .chain([VariableStats {
+                name: "odd, \"quoted\" name".into(),
+                kind: VariableKind::Weight,
+                dtype: "BFloat16".into(),
+                shape: vec![256, 4096],
+                bytes: 2 << 20,
+                grad_bytes: None,
+            }])
+            .collect();
+        let mut iterations = Vec::new();
+        for i in 1..=3u64 {
+            s.iteration = i;
+            if i == 3 {
+                let mut v: Vec<VariableStats> = s.variables.to_vec();
+                v[0].grad_bytes = Some(77);
+                s.variables = v.into();
+            }
+            r.iteration(&s).unwrap();
+            iterations.push(s.clone());
+        }
+        let written = std::fs::read(dir.path().join("run_parameters.csv")).unwrap();
+        // The timestamps written, one a row, in order.
+        let mut rd = csv::Reader::from_reader(&written[..]);
+        let stamps: Vec<String> = rd
+            .deserialize::<ParameterRow>()
+            .map(|r| r.unwrap().timestamp)
+            .collect();
+        let mut expected = csv::Writer::from_writer(Vec::new());
+        let mut k = 0;
+        for s in &iterations {
+            for v in s.variables.iter() {
+                let mut row = ParameterRow {
+                    timestamp: stamps[k].clone(),
+                    epoch: s.epoch,
+                    iteration: s.iteration,
+                    parameter: v.name.clone(),
+                    kind: v.kind.as_str().into(),
+                    dtype: v.dtype.clone(),
+                    shape: format::shape(&v.shape),
+                    bytes: v.bytes,
+                };
+                expected.serialize(&row).unwrap();
+                k += 1;
+                if let Some(g) = v.grad_bytes {
+                    row.timestamp = stamps[k].clone();
+                    row.kind = "gradient".into();
+                    row.bytes = g;
+                    expected.serialize(&row).unwrap();
+                    k += 1;
+                }
+            }
+        }
+        assert_eq!(k, stamps.len());
+        let expected = expected.into_inner().unwrap();
+        assert_eq!(
+            String::from_utf8(written).unwrap(),
+            String::from_utf8(expected).unwrap()
+        );
     }
 
     #[test]

@@ -143,7 +143,11 @@ fn keys_scroll_pause_switch_and_follow_again() {
     key(&mut ui, &w, KeyCode::Right);
     assert_eq!(ui.cursor, None, "back at the newest, it follows again");
     key(&mut ui, &w, KeyCode::PageUp);
-    assert_eq!(ui.selected(&w).unwrap().0, 0, "ten back, at most to the first");
+    assert_eq!(
+        ui.selected(&w).unwrap().0,
+        0,
+        "ten back, at most to the first"
+    );
     key(&mut ui, &w, KeyCode::PageDown);
     assert_eq!(ui.cursor, None, "ten on, past the newest: following");
     key(&mut ui, &w, KeyCode::Home);
