@@ -154,6 +154,9 @@ truth_cases() {
   return $rc
 }
 step "quickstart on cuda" 60 ./quickstart --device cuda --epochs 2 --iterations 5
+# watch on a CUDA run's files: the reserved column (not resident), the caching
+# allocator's columns read, the screen as a terminal of 120 columns shows it.
+step "watch of the CUDA quickstart's files" 20 ./tch-memprof watch memory_csv_data --snapshot 120x30
 step "optimizations on cuda" 120 ./optimizations --device cuda --output out/comparison.csv
 for leak in "" --graph --outputs --cache; do
   step "leak_hunt ${leak:-clean} on cuda" 60 ./leak_hunt --device cuda $leak
