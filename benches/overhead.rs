@@ -58,8 +58,9 @@
 //! for GPT-2), `--image N` (the ResNets', default 64 and 224: the input is Nx3xIxI) and
 //! `--tokens N` (GPT-2's, default 1024). A small input keeps every op and allocation of the step but little
 //! of its arithmetic, so that the profiler's share shows. A child run by hand (without
-//! `--lockstep`) runs its warm-up and `--steps` steps and prints each step's time, in
-//! microseconds, a line each; so it runs under `valgrind --tool=callgrind` in minutes:
+//! `--lockstep`) runs its warm-up and `--steps` steps and prints each step's time in
+//! microseconds and its `record_stats` call's in nanoseconds (0 without a profiler), a
+//! line each; so it runs under `valgrind --tool=callgrind` in minutes:
 //! `TCH_MEMPROF_BENCH_MODE=profiled valgrind --tool=callgrind <this bench's binary>
 //! --batch 1 --image 16 --steps 2`.
 
@@ -387,13 +388,17 @@ fn child(mode: Mode, steps: usize, dev: Device) {
         opt.zero_grad();
         loss.backward();
         opt.step();
+        // record_stats on its own, in nanoseconds (0 without a profiler).
+        let mut record = 0;
         if let Some(p) = profiler.as_mut() {
+            let t = Instant::now();
             p.record_stats();
+            record = t.elapsed().as_nanos();
         }
         if let Device::Cuda(i) = dev {
             tch::Cuda::synchronize(i as i64);
         }
-        t0.elapsed().as_micros()
+        (t0.elapsed().as_micros(), record)
     };
     for _ in 0..WARMUP {
         step();
@@ -405,8 +410,8 @@ fn child(mode: Mode, steps: usize, dev: Device) {
         out.flush().unwrap();
         for line in std::io::stdin().lines() {
             line.unwrap();
-            let us = step();
-            writeln!(out, "{us}").unwrap();
+            let (us, record) = step();
+            writeln!(out, "{us} {record}").unwrap();
             out.flush().unwrap();
         }
     } else if std::env::args().any(|a| a == "--count") {
@@ -421,8 +426,8 @@ fn child(mode: Mode, steps: usize, dev: Device) {
         writeln!(out, "count {ops} {allocs}").unwrap();
     } else {
         for _ in 0..steps {
-            let us = step();
-            writeln!(out, "{us}").unwrap();
+            let (us, record) = step();
+            writeln!(out, "{us} {record}").unwrap();
         }
     }
     if let Some(p) = profiler {
@@ -458,6 +463,8 @@ fn main() {
     // its cycle, per mode.
     let mut times: Vec<Vec<Vec<f64>>> = vec![Vec::new(); MODES.len()];
     let mut paired: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+    // Each mode's record_stats calls, in microseconds.
+    let mut records: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
     for round in 0..rounds {
         for t in times.iter_mut() {
             t.push(Vec::new());
@@ -493,10 +500,17 @@ fn main() {
                 writeln!(stdin).unwrap();
                 stdin.flush().unwrap();
                 let line = read_line(stdout, MODES[m], &mut children[m]);
-                let us: f64 = line
-                    .parse()
-                    .unwrap_or_else(|_| panic!("{}: not a step time: {line}", MODES[m].name()));
+                let (us, record) = line
+                    .split_once(' ')
+                    .and_then(|(a, b)| Some((a.parse::<f64>().ok()?, b.parse::<f64>().ok()?)))
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "{}: not a step time and record_stats time: {line}",
+                            MODES[m].name()
+                        )
+                    });
                 step_ms[m] = us / 1000.0;
+                records[m].push(record / 1000.0);
             }
             for m in 0..MODES.len() {
                 times[m].last_mut().unwrap().push(step_ms[m]);
@@ -560,8 +574,8 @@ fn main() {
         "  a step: {ops} ops (the step timeline's: outermost ops and autograd nodes), {allocs} allocations"
     );
     println!(
-        "  {:<48} {:>10} {:>10} {:>10}",
-        "extra a step", "us", "ns an op", "ns an alloc"
+        "  {:<48} {:>10} {:>10} {:>10} {:>16}",
+        "extra a step", "us", "ns an op", "ns an alloc", "record_stats us"
     );
     for (m, mode) in MODES.iter().enumerate().skip(1) {
         let extra_us = (median(&mut paired[m].clone()) - 1.0) * medians[0] * 1000.0;
@@ -572,12 +586,19 @@ fn main() {
                 format!("{:.0}", extra_us * 1000.0 / n as f64)
             }
         };
+        // The part of it that is record_stats on its own (median of its calls).
+        let record = if records[m].iter().any(|&r| r > 0.0) {
+            format!("{:.1}", median(&mut records[m].clone()))
+        } else {
+            "-".to_string()
+        };
         println!(
-            "  {:<48} {:>10.1} {:>10} {:>10}",
+            "  {:<48} {:>10.1} {:>10} {:>10} {:>16}",
             mode.describe(),
             extra_us,
             per(ops),
-            per(allocs)
+            per(allocs),
+            record
         );
     }
 }

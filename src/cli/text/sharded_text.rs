@@ -39,8 +39,8 @@ pub fn sharded(ranks: &[RankEstimate], fsdp: &Fsdp) -> String {
         [first, .., last] => format!("{} ({first} to {last}) and the root", units.len()),
     };
     out.push_str(&format!(
-        "FSDP2 over {} ranks ({}); units: {unit_words}; the categories are held at allocated's peak\n",
-        fsdp.world,
+        "FSDP2 over {} ({}); units: {unit_words}; the categories are held at allocated's peak\n",
+        ranks_words(fsdp.world),
         match (fsdp.reshard_after_forward, fsdp.reshard_root) {
             (true, true) => "resharded after forward, the root too",
             (true, false) => "resharded after forward, the root kept",
@@ -109,11 +109,11 @@ pub fn replicated(rank: &RankEstimate, ddp: &Ddp) -> String {
     }
     crate::report::keep_words(&mut t);
     format!(
-        "DDP over {} ranks (buckets of 25 MiB, gradients {}); the categories are held at allocated's peak\n{t}\n\
+        "DDP over {} (buckets of 25 MiB, gradients {}); the categories are held at allocated's peak\n{t}\n\
          not counted: NCCL's own buffers (outside PyTorch's allocator; leave room for them)\n\
          held to an H200 (docs/estimate.md): what DDP adds; the rest of a rank's peak is the \
          one-GPU estimate's, as close to your model's run as that is\n",
-        ddp.world,
+        ranks_words(ddp.world),
         if ddp.gradient_as_bucket_view {
             "as views into them"
         } else {
@@ -263,5 +263,13 @@ pub(crate) fn rank_row<'a>(
         sharded_gradients_bytes: at(ShardedCategory::ShardedGradients),
         optimizer_state_bytes: at(ShardedCategory::OptimizerState),
         other_bytes: at(ShardedCategory::Other),
+    }
+}
+
+/// `1 rank`, `8 ranks`.
+fn ranks_words(world: u32) -> String {
+    match world {
+        1 => "1 rank".to_string(),
+        n => format!("{n} ranks"),
     }
 }
