@@ -101,6 +101,8 @@ pub(crate) struct VarTable {
     frees: Option<ffi::WatchedFrees>,
     /// Scratch buffers of a read.
     scratch: (Vec<TensorBlock>, Vec<TensorBlock>),
+    /// The native read's own buffers, kept: a steady refresh allocates nothing.
+    reader: ffi::BlockReader,
 }
 
 impl VarTable {
@@ -127,9 +129,13 @@ impl VarTable {
         let same_set = self.same_set(vars);
         // Until this read succeeds, the next refresh reads everything again.
         self.frees = None;
-        let tensors: Vec<&Tensor> = vars.named_variables.values().collect();
         let (mut blocks, mut grads) = std::mem::take(&mut self.scratch);
-        let frees = ffi::tensor_blocks(&tensors, Some(&mut blocks), &mut grads, true)?;
+        let frees = self.reader.read(
+            vars.named_variables.values(),
+            Some(&mut blocks),
+            &mut grads,
+            true,
+        )?;
         if !same_blocks(&blocks, &self.blocks) || !same_blocks(&grads, &self.grads) {
             self.version += 1;
         }
@@ -146,6 +152,7 @@ impl VarTable {
             });
         let rebuilt = !facts_hold;
         if rebuilt {
+            let tensors: Vec<&Tensor> = vars.named_variables.values().collect();
             self.rebuild(vars, &tensors)?;
         }
         self.frees = Some(frees);
@@ -156,9 +163,10 @@ impl VarTable {
     /// where they were when the count of their frees was `variables`).
     fn read_grads(&mut self, vars: &Variables, variables: u64) -> Result<()> {
         self.frees = None;
-        let tensors: Vec<&Tensor> = vars.named_variables.values().collect();
         let mut grads = std::mem::take(&mut self.scratch.1);
-        let frees = ffi::tensor_blocks(&tensors, None, &mut grads, true)?;
+        let frees = self
+            .reader
+            .read(vars.named_variables.values(), None, &mut grads, true)?;
         if !same_blocks(&grads, &self.grads) {
             self.version += 1;
         }
@@ -174,12 +182,12 @@ impl VarTable {
 
     /// The positions a watched free would not reveal a change of.
     fn find_unwatched(&mut self) {
-        self.unwatched = (0..self.blocks.len())
-            .filter(|&i| {
-                let (b, g) = (&self.blocks[i], &self.grads[i]);
-                (b.defined && !b.watched) || !g.defined || !g.watched
-            })
-            .collect();
+        let (blocks, grads) = (&self.blocks, &self.grads);
+        self.unwatched.clear();
+        self.unwatched.extend((0..blocks.len()).filter(|&i| {
+            let (b, g) = (&blocks[i], &grads[i]);
+            (b.defined && !b.watched) || !g.defined || !g.watched
+        }));
     }
 
     /// The same tensors under the same names, and the same trainable list, as at the
@@ -206,18 +214,21 @@ impl VarTable {
             return Ok(true);
         }
         let mut want = self.unwatched.iter().copied().peekable();
-        let mut tensors = Vec::with_capacity(self.unwatched.len());
-        for (pos, t) in vars.named_variables.values().enumerate() {
-            if want.peek() == Some(&pos) {
-                tensors.push(t);
-                want.next();
-                if want.peek().is_none() {
-                    break;
+        let tensors = vars
+            .named_variables
+            .values()
+            .enumerate()
+            .filter(|(pos, _)| {
+                let wanted = want.peek() == Some(pos);
+                if wanted {
+                    want.next();
                 }
-            }
-        }
+                wanted
+            })
+            .map(|(_, t)| t);
         let (mut blocks, mut grads) = std::mem::take(&mut self.scratch);
-        ffi::tensor_blocks(&tensors, Some(&mut blocks), &mut grads, false)?;
+        self.reader
+            .read(tensors, Some(&mut blocks), &mut grads, false)?;
         let same = self
             .unwatched
             .iter()

@@ -258,51 +258,71 @@ pub(crate) fn tensor_blocks(
     grads: &mut Vec<TensorBlock>,
     watch: bool,
 ) -> Result<WatchedFrees> {
-    let handles: Vec<*const c_void> = tensors
-        .iter()
-        .map(|t| t.as_ptr() as *const c_void)
-        .collect();
-    let n = handles.len();
-    let mut flags = if watch { native::BLOCKS_WATCH } else { 0 };
-    if blocks.is_none() {
-        flags |= native::BLOCKS_GRADS_ONLY;
+    BlockReader::default().read(tensors.iter().copied(), blocks, grads, watch)
+}
+
+/// [`tensor_blocks`] with its buffers kept from one read to the next: the read that
+/// `record_stats` makes every step allocates nothing once they have their room.
+#[derive(Debug, Default)]
+pub(crate) struct BlockReader {
+    /// The tensors' handles (`at::Tensor*`, as [`tensor_handle`] gives them).
+    handles: Vec<usize>,
+    raw_blocks: Vec<MpBlock>,
+    raw_grads: Vec<MpBlock>,
+}
+
+impl BlockReader {
+    /// [`tensor_blocks`] of the tensors `tensors` yields.
+    pub(crate) fn read<'a>(
+        &mut self,
+        tensors: impl Iterator<Item = &'a Tensor>,
+        blocks: Option<&mut Vec<TensorBlock>>,
+        grads: &mut Vec<TensorBlock>,
+        watch: bool,
+    ) -> Result<WatchedFrees> {
+        self.handles.clear();
+        self.handles.extend(tensors.map(tensor_handle));
+        let n = self.handles.len();
+        let mut flags = if watch { native::BLOCKS_WATCH } else { 0 };
+        if blocks.is_none() {
+            flags |= native::BLOCKS_GRADS_ONLY;
+        }
+        if blocks.is_some() {
+            buffer(&mut self.raw_blocks, n)?;
+        }
+        buffer(&mut self.raw_grads, n)?;
+        let blocks_ptr = if blocks.is_some() {
+            self.raw_blocks.as_mut_ptr()
+        } else {
+            std::ptr::null_mut()
+        };
+        let mut frees = [0u64; 2];
+        // SAFETY: every handle is `Tensor::as_ptr` of a tensor the caller lends for this
+        // call (an at::Tensor that outlives it), read as the `const void*` it is;
+        // `raw_grads`, and `raw_blocks` unless null (then the callee reads the .grad
+        // blocks only), hold `n` initialised MpBlocks each, and the callee writes exactly
+        // that many; `frees` has the two slots the callee writes.
+        check(unsafe {
+            memprof_tensor_blocks(
+                self.handles.as_ptr() as *const *const c_void,
+                n,
+                blocks_ptr,
+                self.raw_grads.as_mut_ptr(),
+                flags,
+                frees.as_mut_ptr(),
+            )
+        })?;
+        if let Some(b) = blocks {
+            b.clear();
+            b.extend(self.raw_blocks.iter().map(TensorBlock::from));
+        }
+        grads.clear();
+        grads.extend(self.raw_grads.iter().map(TensorBlock::from));
+        Ok(WatchedFrees {
+            variables: frees[0],
+            grads: frees[1],
+        })
     }
-    let mut raw_blocks: Vec<MpBlock> = Vec::new();
-    if blocks.is_some() {
-        buffer(&mut raw_blocks, n)?;
-    }
-    let mut raw_grads: Vec<MpBlock> = Vec::new();
-    buffer(&mut raw_grads, n)?;
-    let blocks_ptr = if blocks.is_some() {
-        raw_blocks.as_mut_ptr()
-    } else {
-        std::ptr::null_mut()
-    };
-    let mut frees = [0u64; 2];
-    // SAFETY: every handle points to an at::Tensor that outlives this call (we hold the
-    // `&Tensor`s); `raw_grads`, and `raw_blocks` unless null (then the callee reads the
-    // .grad blocks only), hold `n` initialised MpBlocks each, and the callee writes
-    // exactly that many; `frees` has the two slots the callee writes.
-    check(unsafe {
-        memprof_tensor_blocks(
-            handles.as_ptr(),
-            n,
-            blocks_ptr,
-            raw_grads.as_mut_ptr(),
-            flags,
-            frees.as_mut_ptr(),
-        )
-    })?;
-    if let Some(b) = blocks {
-        b.clear();
-        b.extend(raw_blocks.iter().map(TensorBlock::from));
-    }
-    grads.clear();
-    grads.extend(raw_grads.iter().map(TensorBlock::from));
-    Ok(WatchedFrees {
-        variables: frees[0],
-        grads: frees[1],
-    })
 }
 
 /// How many watched blocks (see [`tensor_blocks`]) were freed since the process started,

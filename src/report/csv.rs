@@ -103,7 +103,12 @@ impl CsvFile {
         &mut self,
         write: impl FnOnce(&mut csv::Writer<File>, bool) -> csv::Result<()>,
     ) -> Result<()> {
-        let vanished = self.writer.is_some() && !self.path.exists();
+        // Unlinked (the file or its folder deleted): no links left to the open file, as
+        // its descriptor tells without walking the path again.
+        let vanished = self.writer.as_ref().is_some_and(|w| {
+            use std::os::unix::fs::MetadataExt;
+            w.get_ref().metadata().is_ok_and(|m| m.nlink() == 0)
+        });
         let mut created = false;
         if vanished {
             self.writer = None;
@@ -162,6 +167,7 @@ pub(crate) struct CsvReport {
     /// The sink writes the profiled steps' files (`false`: the caller writes them under
     /// their plain names, [`STEP_FILES`]).
     step_files: bool,
+    clock: Clock,
 }
 
 /// The run's file-name stem: `YYYYmmdd-HHMMSS`, `-rank<R>` when RANK is set, and
@@ -213,6 +219,7 @@ impl CsvReport {
             wide_columns: Vec::new(),
             parameter_tails: None,
             step_files: true,
+            clock: Clock::default(),
         }
     }
 
@@ -274,16 +281,51 @@ pub(crate) fn write_meta(path: &Path, m: &RunMeta<'_>) -> Result<()> {
 
 /// The machine's local time as spreadsheets read a date and time
 /// (`2026-11-26 20:31:07.123`; the run's UTC offset is in `<run>_run.csv`'s `started`).
-fn now() -> String {
-    chrono::Local::now().format(TIMESTAMP_FORMAT).to_string()
+/// The rows' timestamps ([`TIMESTAMP_FORMAT`], local time): the date and time to the
+/// second formatted by chrono once a second, the milliseconds appended at each row.
+/// chrono's local time at every row cost a time-zone conversion and a format, 3 us of a
+/// `record_stats` that writes CSV (a launch-bound step's whole budget is a few).
+#[derive(Debug, Default)]
+struct Clock {
+    /// The second the prefix is of (seconds since the Unix epoch), and the prefix.
+    second: Option<u64>,
+    prefix: String,
 }
 
-/// The `timestamp` column's format (chrono's strftime).
-pub(crate) const TIMESTAMP_FORMAT: &str = "%Y-%m-%d %H:%M:%S%.3f";
+impl Clock {
+    fn now(&mut self) -> String {
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.at(since_epoch)
+    }
+
+    /// The timestamp of the instant `since_epoch` after the Unix epoch.
+    fn at(&mut self, since_epoch: std::time::Duration) -> String {
+        use chrono::TimeZone;
+        let secs = since_epoch.as_secs();
+        if self.second != Some(secs) {
+            self.prefix = i64::try_from(secs)
+                .ok()
+                .and_then(|s| chrono::Local.timestamp_opt(s, 0).single())
+                .map(|t| t.format(SECOND_FORMAT).to_string())
+                .unwrap_or_default();
+            self.second = Some(secs);
+        }
+        format!("{}.{:03}", self.prefix, since_epoch.subsec_millis())
+    }
+}
+
+/// The `timestamp` column's format (chrono's strftime): [`SECOND_FORMAT`] and the
+/// milliseconds.
+#[cfg(test)]
+const TIMESTAMP_FORMAT: &str = "%Y-%m-%d %H:%M:%S%.3f";
+/// The `timestamp` column to the second.
+const SECOND_FORMAT: &str = "%Y-%m-%d %H:%M:%S";
 
 impl Report for CsvReport {
     fn iteration(&mut self, s: &IterationStats) -> Result<()> {
-        let ts = now();
+        let ts = self.clock.now();
         // CUDA runs always have the columns (empty where the statistics could not be
         // read), so that every row of the file has the same fields.
         let on_cuda = s.device.starts_with("cuda");
@@ -388,7 +430,7 @@ impl Report for CsvReport {
     }
 
     fn epoch(&mut self, e: &EpochStats) -> Result<()> {
-        let ts = now();
+        let ts = self.clock.now();
         self.epochs.append(|w| {
             w.serialize(EpochRow {
                 timestamp: ts,
@@ -653,6 +695,46 @@ fn parameter_header() -> csv::Result<csv::StringRecord> {
 mod tests {
     use super::*;
     use crate::stats::{VariableKind, VariableStats};
+
+    /// The cached clock writes what chrono writes for the same instant, within a
+    /// second, across seconds, and back in time (the wall clock can be set back).
+    #[test]
+    fn the_rows_clock_is_chronos_local_time() {
+        use chrono::TimeZone;
+        use std::time::Duration;
+        let mut clock = Clock::default();
+        let base = 1_780_000_000u64; // 2026-05-28, UTC
+        for (secs, nanos) in [
+            (base, 0),
+            (base, 999_999_999),
+            (base, 5_000_000),
+            (base + 1, 1_000_000),
+            (base + 3_600 * 24 * 180, 123_456_789),
+            (base - 1, 999_000_000),
+            (0, 1),
+        ] {
+            let chrono = chrono::Local
+                .timestamp_opt(secs as i64, nanos)
+                .single()
+                .unwrap()
+                .format(TIMESTAMP_FORMAT)
+                .to_string();
+            assert_eq!(
+                clock.at(Duration::new(secs, nanos)),
+                chrono,
+                "{secs} s {nanos} ns"
+            );
+        }
+        // Now, between two of chrono's own reads (the format sorts as time does).
+        let chrono_now = || chrono::Local::now().format(TIMESTAMP_FORMAT).to_string();
+        let before = chrono_now();
+        let ours = Clock::default().now();
+        let after = chrono_now();
+        assert!(
+            before <= ours && ours <= after,
+            "{before} <= {ours} <= {after}"
+        );
+    }
 
     fn stats(device: &str, cuda: Option<crate::cuda::CudaStats>) -> IterationStats {
         let mut s = crate::report::terminal::tests::stats(0);

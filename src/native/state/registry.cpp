@@ -385,8 +385,10 @@ void fill_block(const at::Tensor& t0, bool grad, MpBlock* out, bool watch) {
   if (!t0.defined()) {
     return;
   }
-  // References, not copies: no reference-count traffic on every variable's tensor.
-  const at::Tensor& t = grad ? t0.grad() : t0;
+  // References, not copies: no reference-count traffic on every variable's tensor. The
+  // gradient straight from the TensorImpl: Tensor::grad() also asks whether the tensor
+  // is a leaf that retains its gradient, only to warn, at every variable of every step.
+  const at::Tensor& t = grad ? t0.unsafeGetTensorImpl()->grad() : t0;
   if (!t.defined() || !t.has_storage()) {
     return;
   }
