@@ -450,6 +450,74 @@ fn plan_over_gpus_names_the_cheapest_sharding_that_fits() {
     assert!(err.contains("--gpus 0"), "{err}");
 }
 
+/// `plan --gpus N` where nothing fits says how many GPUs would do: the leanest plan on N
+/// GPUs (the smallest peak) fits on the world it names, with the peak it names (`plan
+/// --gpus W` lists that plan as fitting, at that peak), and not on half of it; and where
+/// no world up to 1024 would do (a rank's activations stay), it says so, and `plan --gpus
+/// 1024` agrees.
+#[test]
+fn plan_over_too_few_gpus_says_how_many_would_do() {
+    let plan = |batch: &str, gpus: u32| {
+        let input = format!("{batch}x4096:i64");
+        let gpus = gpus.to_string();
+        let out = common::cli(&[
+            "plan",
+            "--model",
+            "llama3-8b",
+            "--input",
+            &input,
+            "--optimizer",
+            "adamw",
+            "--memory",
+            "24GiB",
+            "--gpus",
+            &gpus,
+        ]);
+        (out.status.code(), common::text(&out.stdout))
+    };
+    // Row `k` of a plan table: its peak reserved and whether it fits.
+    let row = |text: &str, k: usize| -> (String, bool) {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("│ {k} ┆")))
+            .unwrap_or_else(|| panic!("no plan {k}: {text}"));
+        let cells: Vec<&str> = line.split('┆').map(str::trim).collect();
+        (cells[2].to_string(), cells[3].starts_with("yes"))
+    };
+    let (code, text) = plan("1", 2);
+    assert_eq!(code, Some(1), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("with more GPUs: plan "))
+        .unwrap_or_else(|| panic!("no world named: {text}"));
+    // "with more GPUs: plan K fits on W (X GiB per rank reserved; ..."
+    let words: Vec<&str> = line.split(' ').collect();
+    let k: usize = words[4].parse().unwrap();
+    assert_eq!(words[5..7], ["fits", "on"], "{line}");
+    let world: u32 = words[7].parse().unwrap();
+    let peak = line.split('(').nth(1).unwrap().split(" per rank").next().unwrap();
+    assert!(world > 2 && world.is_power_of_two(), "{line}");
+    let (there, fits) = row(&plan("1", world).1, k);
+    assert!(fits, "plan {k} on {world} GPUs does not fit: {there}");
+    assert_eq!(there, peak, "{line}");
+    if world / 2 > 2 {
+        let (half, fits) = row(&plan("1", world / 2).1, k);
+        assert!(!fits, "plan {k} fits on {} GPUs already: {half}", world / 2);
+    }
+
+    let (code, text) = plan("64", 8);
+    assert_eq!(code, Some(1), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("with more GPUs: plan "))
+        .unwrap_or_else(|| panic!("no world named: {text}"));
+    assert!(line.contains("does not fit on up to 1024"), "{line}");
+    let k: usize = line.split(' ').nth(4).unwrap().parse().unwrap();
+    let (code, most) = plan("64", 1024);
+    assert_eq!(code, Some(1), "{most}");
+    assert!(!row(&most, k).1, "{most}");
+}
+
 /// `--csv` with `--fsdp` or `--ddp`: a row per rank (0 and N-1; DDP's one), the peaks,
 /// and the categories at the peak, which add up to the peak allocated.
 #[test]

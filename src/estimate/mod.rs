@@ -70,7 +70,7 @@ pub use crate::workload::Input;
 pub use compare::{Comparison, Divergence};
 pub use gpu::Gpu;
 pub(crate) use gpu::{gpu_memory, CONTEXT_ALLOWANCE, CUBLASLT_WORKSPACE};
-pub(crate) use model::{GpuPlans, Sharding};
+pub(crate) use model::{GpuPlans, Sharding, MOST_GPUS};
 pub use model::{Model, RankEstimate, Segment};
 pub use options::Options;
 pub(crate) use options::{autocast_name, parse_autocast};

@@ -4,7 +4,7 @@
 use comfy_table::CellAlignment;
 
 use crate::estimate::{
-    mixed_dtype_name, Ddp, Fsdp, GpuPlans, RankEstimate, ShardedCategory, Sharding,
+    mixed_dtype_name, Ddp, Fsdp, GpuPlans, RankEstimate, ShardedCategory, Sharding, MOST_GPUS,
 };
 use crate::format::bytes;
 
@@ -195,6 +195,21 @@ pub fn gpu_plans(plans: &GpuPlans) -> String {
                 bytes(least),
                 bytes(least.saturating_sub(plans.memory))
             ));
+            let lean = plans
+                .plans
+                .iter()
+                .position(|p| p.peak_reserved == least)
+                .map_or(0, |i| i + 1);
+            match plans.more {
+                Some(Some((world, peak))) => out.push_str(&format!(
+                    "with more GPUs: plan {lean} fits on {world} ({} per rank reserved; of the powers of two tried); rerun with --gpus {world} for the cheapest there\n",
+                    bytes(peak)
+                )),
+                Some(None) => out.push_str(&format!(
+                    "with more GPUs: plan {lean} does not fit on up to {MOST_GPUS} either (a rank's activations do not shrink with more GPUs): a smaller --batch or --input\n"
+                )),
+                None => {}
+            }
         }
     }
     out.push_str(

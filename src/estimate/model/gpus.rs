@@ -49,7 +49,14 @@ pub(crate) struct GpuPlans {
     pub cheapest: Option<usize>,
     /// The fewest GPUs the cheapest plan fits on.
     pub fewest: Option<u32>,
+    /// When no plan fits on `gpus`: the leanest plan there (the smallest peak) tried
+    /// over twice, four times, ... as many GPUs, up to [`MOST_GPUS`]; the first world it
+    /// fits in, with its peak there (`None` inside: not within [`MOST_GPUS`]).
+    pub more: Option<Option<(u32, u64)>>,
 }
+
+/// The most GPUs `plan --gpus` looks for when nothing fits on the GPUs asked for.
+pub(crate) const MOST_GPUS: u32 = 1024;
 
 impl Model {
     /// The sharding plans of a training step with `optimizer` over `gpus` GPUs of
@@ -145,12 +152,42 @@ impl Model {
                 Some(fewest)
             }
         };
+        // Nothing fits: how many GPUs the leanest plan needs. A rank's activations do
+        // not shrink with the world (its batch stays), so there may be no such number.
+        let more = match cheapest {
+            Some(_) => None,
+            None => {
+                let lean = plans.iter().min_by_key(|p| p.peak_reserved);
+                match lean {
+                    None => None,
+                    Some(p) => {
+                        let o = Options {
+                            checkpoint: p.checkpoint.then_some(1),
+                            ..options.clone()
+                        };
+                        let mut found = None;
+                        let mut world = gpus.saturating_mul(2);
+                        while world <= MOST_GPUS && world > gpus {
+                            let peak =
+                                self.gpu_peak(inputs, mode, &o, &p.sharding, p.mixed, world)?;
+                            if peak <= memory {
+                                found = Some((world, peak));
+                                break;
+                            }
+                            world = world.saturating_mul(2);
+                        }
+                        Some(found)
+                    }
+                }
+            }
+        };
         Ok(GpuPlans {
             gpus,
             memory,
             plans,
             cheapest,
             fewest,
+            more,
         })
     }
 

@@ -32,7 +32,7 @@ use crate::program::Program;
 use crate::timeline::sites::SiteNames;
 use crate::timeline::UNKNOWN_SITE;
 pub(crate) use dry_run::DryRun;
-pub(crate) use gpus::{GpuPlans, Sharding};
+pub(crate) use gpus::{GpuPlans, Sharding, MOST_GPUS};
 pub use sharded::RankEstimate;
 
 /// The scope of the dry run's loss, when [`Model::sharded_run`] asks for it.
