@@ -495,7 +495,13 @@ fn plan_over_too_few_gpus_says_how_many_would_do() {
     let k: usize = words[4].parse().unwrap();
     assert_eq!(words[5..7], ["fits", "on"], "{line}");
     let world: u32 = words[7].parse().unwrap();
-    let peak = line.split('(').nth(1).unwrap().split(" per rank").next().unwrap();
+    let peak = line
+        .split('(')
+        .nth(1)
+        .unwrap()
+        .split(" per rank")
+        .next()
+        .unwrap();
     assert!(world > 2 && world.is_power_of_two(), "{line}");
     let (there, fits) = row(&plan("1", world).1, k);
     assert!(fits, "plan {k} on {world} GPUs does not fit: {there}");

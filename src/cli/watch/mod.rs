@@ -63,10 +63,15 @@ fn watch(a: &WatchArgs) -> Result<(), String> {
     let terminal_out = std::io::IsTerminal::is_terminal(&std::io::stdout());
     // On a terminal, a folder without a run yet is waited on (watch started before the
     // training); elsewhere it is the error.
+    // Why there is no run yet, shown while waiting.
+    let mut why = None;
     let mut watched = match find_run(&a.dir, a.run.as_deref()) {
         Ok(stem) => Some(Watched::open(&stem)?),
         Err(e) if a.snapshot.is_some() || !terminal_out => return Err(e),
-        Err(_) => None,
+        Err(e) => {
+            why = Some(e);
+            None
+        }
     };
     let mut ui = Ui::new(budget);
     if let (Some(size), Some(w)) = (&a.snapshot, &watched) {
@@ -103,11 +108,10 @@ fn watch(a: &WatchArgs) -> Result<(), String> {
             polled = Instant::now();
             match &mut watched {
                 Some(w) => ui.problem = w.poll().err(),
-                None => {
-                    if let Ok(stem) = find_run(&a.dir, a.run.as_deref()) {
-                        watched = Some(Watched::open(&stem)?);
-                    }
-                }
+                None => match find_run(&a.dir, a.run.as_deref()) {
+                    Ok(stem) => watched = Some(Watched::open(&stem)?),
+                    Err(e) => why = Some(e),
+                },
             }
             // A newer run in the folder (the training started again) is followed, unless
             // --run named one.
@@ -124,7 +128,7 @@ fn watch(a: &WatchArgs) -> Result<(), String> {
         terminal
             .draw(|f| match &watched {
                 Some(w) => view::draw(f, w, &ui, SystemTime::now()),
-                None => view::draw_waiting(f, &waiting),
+                None => view::draw_waiting(f, &waiting, why.as_deref()),
             })
             .map_err(|e| format!("cannot draw on the terminal: {e}"))?;
         let ready = event::poll(POLL).map_err(|e| format!("cannot read the keyboard: {e}"))?;
@@ -187,9 +191,13 @@ fn parse_size(text: &str) -> Result<(u16, u16), String> {
 
 /// The view drawn at `cols` x `rows`, as text (one line a row, trailing spaces cut).
 fn screen(w: &Watched, ui: &Ui, cols: u16, rows: u16, now: SystemTime) -> String {
+    render(cols, rows, |f| view::draw(f, w, ui, now))
+}
+
+/// What `draw` puts on a screen of `cols` x `rows`, as text.
+fn render(cols: u16, rows: u16, draw: impl FnOnce(&mut ratatui::Frame)) -> String {
     let mut t = Terminal::new(TestBackend::new(cols, rows)).expect("a test backend");
-    t.draw(|f| view::draw(f, w, ui, now))
-        .expect("a test backend draws");
+    t.draw(draw).expect("a test backend draws");
     let buffer = t.backend().buffer();
     let mut out = String::new();
     for y in 0..rows {

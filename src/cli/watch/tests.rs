@@ -8,7 +8,7 @@ use ratatui::crossterm::event::KeyCode;
 
 use super::follow::{find_run, Watched};
 use super::view::{ChartKind, Ui, QUIET};
-use super::{key, parse_size, screen};
+use super::{key, parse_size, render, screen, view};
 use crate::format::bytes;
 use crate::runs::{EpochRow, LeakRow, ParameterRow, SummaryRow};
 
@@ -185,6 +185,17 @@ fn a_quiet_run_a_small_terminal_and_bad_input_are_said() {
     );
     let err = find_run(&dir.path().join("missing"), None).unwrap_err();
     assert!(err.starts_with("no run at "), "{err}");
+    // Waited on, a mistyped folder says so on the screen, at 60 columns too.
+    let shown = render(60, 16, |f| {
+        view::draw_waiting(f, "waiting for a run in missing", Some(&err))
+    });
+    let words = shown
+        .split(|c: char| c.is_whitespace() || c == '│')
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(words.contains("not yet: no run at "), "{shown}");
+    assert!(words.contains("(memory_csv_data by default)"), "{shown}");
     std::fs::write(empty.path().join("x_summary.csv"), "when,value\n1,2\n").unwrap();
     let stem = find_run(empty.path(), None).unwrap();
     let err = Watched::open(&stem).err().unwrap();

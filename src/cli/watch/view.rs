@@ -104,10 +104,12 @@ pub(super) fn draw(f: &mut Frame, w: &Watched, ui: &Ui, now: SystemTime) {
     f.render_widget(status_line(w, ui, now, narrow), status);
 }
 
-/// The screen before the run's first file: what it waits for, how to quit.
-pub(super) fn draw_waiting(f: &mut Frame, waiting: &str) {
+/// The screen before the run's first file: what it waits for, what is there instead
+/// (`why`: a mistyped folder waits visibly, not silently), how to quit.
+pub(super) fn draw_waiting(f: &mut Frame, waiting: &str, why: Option<&str>) {
+    let why = why.map(|w| format!("\n\nnot yet: {w}")).unwrap_or_default();
     let text = format!(
-        "{waiting} (a *_summary.csv: the profiler writes one with .csv(true) when it is built)\n\nq quits"
+        "{waiting} (a *_summary.csv: the profiler writes one with .csv(true) when it is built){why}\n\nq quits"
     );
     f.render_widget(
         Paragraph::new(text)
