@@ -163,11 +163,13 @@ pub(crate) struct CsvReport {
     /// `parameter` column on: a list that stays the same (the same shared list, which
     /// the profiler keeps while no variable changes) is written again with only the
     /// timestamp, epoch and iteration new.
-    parameter_tails: Option<(VariableList, Vec<u8>)>,
+    parameter_tails: Option<(VariableList, Tails)>,
     /// The sink writes the profiled steps' files (`false`: the caller writes them under
     /// their plain names, [`STEP_FILES`]).
     step_files: bool,
     clock: Clock,
+    /// The parameter rows of the step being written.
+    parameter_block: Vec<u8>,
 }
 
 /// The run's file-name stem: `YYYYmmdd-HHMMSS`, `-rank<R>` when RANK is set, and
@@ -220,6 +222,7 @@ impl CsvReport {
             parameter_tails: None,
             step_files: true,
             clock: Clock::default(),
+            parameter_block: Vec::new(),
         }
     }
 
@@ -374,6 +377,9 @@ impl Report for CsvReport {
                 &self.parameter_tails.insert((s.variables.clone(), tails)).1
             }
         };
+        // The rows' bytes, in a buffer kept from one row to the next: a block of this
+        // size allocated at every step made glibc consolidate the step's freed chunks.
+        let block = &mut self.parameter_block;
         let result = self.parameters.append_fresh(|w, fresh| {
             if fresh {
                 // A new file: its header, from the row type.
@@ -381,16 +387,16 @@ impl Report for CsvReport {
             }
             // Each row: its timestamp, epoch and iteration, then its encoded tail (the
             // timestamp's format and the numbers need no quoting).
-            let mut block = Vec::with_capacity(tails.len() + 64 * s.variables.len());
+            block.clear();
             let lead = format!("{ts},{},{},", s.epoch, s.iteration);
-            for line in tails.split_inclusive(|&b| b == b'\n') {
+            for line in tails.lines() {
                 block.extend_from_slice(lead.as_bytes());
                 block.extend_from_slice(line);
             }
             // The writer's own buffer first, then the block, straight to the file.
             w.flush()?;
             let mut file: &File = w.get_ref();
-            std::io::Write::write_all(&mut file, &block)?;
+            std::io::Write::write_all(&mut file, block)?;
             Ok(())
         });
         first_error = first_error.or(result.err());
@@ -645,7 +651,23 @@ fn write_summary(path: &Path, p: &StepProfile) -> std::io::Result<()> {
 /// The parameter rows of `s`'s variables (each variable, then its gradient), encoded as
 /// the CSV writer encodes a [`ParameterRow`], from the `parameter` column on: one line
 /// each.
-fn parameter_tails(s: &IterationStats) -> csv::Result<Vec<u8>> {
+/// The parameter rows' encoded tails, one after another, and where each ends: a step's
+/// rows are copied line by line without scanning every byte for line ends again.
+#[derive(Debug, Default)]
+struct Tails {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Tails {
+    /// Each row's tail, its line end included.
+    fn lines(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts.zip(&self.ends).map(|(a, &b)| &self.bytes[a..b])
+    }
+}
+
+fn parameter_tails(s: &IterationStats) -> csv::Result<Tails> {
     let mut w = csv::WriterBuilder::new()
         .has_headers(false)
         .from_writer(Vec::new());
@@ -670,14 +692,18 @@ fn parameter_tails(s: &IterationStats) -> csv::Result<Vec<u8>> {
     let rows = w.into_inner().map_err(|e| e.into_error())?;
     // Each line less the empty timestamp and the zero epoch and iteration: `,0,0,`.
     let lead = b",0,0,";
-    let mut tails = Vec::with_capacity(rows.len());
+    let mut tails = Tails {
+        bytes: Vec::with_capacity(rows.len()),
+        ends: Vec::new(),
+    };
     for line in rows.split_inclusive(|&b| b == b'\n') {
         let tail = line.strip_prefix(lead).ok_or_else(|| {
             csv::Error::from(std::io::Error::other(
                 "a parameter row did not begin with its timestamp, epoch and iteration",
             ))
         })?;
-        tails.extend_from_slice(tail);
+        tails.bytes.extend_from_slice(tail);
+        tails.ends.push(tails.bytes.len());
     }
     Ok(tails)
 }
