@@ -20,11 +20,18 @@ extern "C" {
     fn memprof_site(id: u64, out: *mut MpSite) -> i32;
 }
 
-/// One birth (+bytes) or death (-bytes) of a block during backward, in the native
-/// layout (`MpLogEvent`): the log is read straight into a reused vector of these, so a
-/// steady iteration's read allocates nothing.
+/// `MpLogEvent`: the native layout of a [`BackwardEvent`].
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct MpLogEvent {
+    pub(super) ptr: u64,
+    pub(super) delta: i64,
+    pub(super) generation: u32,
+    pub(super) device: u32,
+}
+
+/// One birth (+bytes) or death (-bytes) of a block during backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BackwardEvent {
     /// The block's address.
     pub ptr: u64,
@@ -36,8 +43,16 @@ pub(crate) struct BackwardEvent {
     pub device: u32,
 }
 
-/// `MpLogEvent`, as the native layer names it.
-pub(super) type MpLogEvent = BackwardEvent;
+impl From<&MpLogEvent> for BackwardEvent {
+    fn from(e: &MpLogEvent) -> Self {
+        BackwardEvent {
+            ptr: e.ptr,
+            delta: e.delta,
+            generation: e.generation,
+            device: e.device,
+        }
+    }
+}
 
 /// `MpSite`: the call stack of one allocation of the detailed step, innermost first.
 #[repr(C)]
@@ -187,20 +202,32 @@ pub(crate) fn step_log_start() -> Result<StepLogStart> {
     })
 }
 
-/// The backward events logged in this iteration, into `into` (its room kept from one
-/// call to the next: a steady iteration allocates nothing here, where a fresh buffer
-/// each call cost a quarter of `record_stats`, glibc consolidating the step's freed
-/// chunks to serve it); returns whether the log overflowed.
-pub(crate) fn read_log(into: &mut Vec<BackwardEvent>) -> Result<bool> {
-    let st = super::raw_state()?;
-    let n = st.log_len.min(st.log_capacity) as usize;
-    buffer(into, n)?;
-    let mut total = 0u64;
-    // SAFETY: `into` holds `n` initialised events in the native layout (`MpLogEvent`
-    // is `BackwardEvent`, `repr(C)`); the callee copies at most `n` and writes `total`.
-    check(unsafe { memprof_read_log(into.as_mut_ptr(), n as u64, &mut total) })?;
-    into.truncate((total.min(st.log_capacity) as usize).min(n));
-    Ok(total > st.log_capacity)
+/// Reads the backward events logged in this iteration, with its native buffer kept from
+/// one read to the next: a steady iteration allocates nothing here, where a fresh buffer
+/// each call cost a quarter of `record_stats` (glibc consolidating the step's freed
+/// chunks to serve it).
+#[derive(Debug, Default)]
+pub(crate) struct LogReader {
+    raw: Vec<MpLogEvent>,
+}
+
+impl LogReader {
+    /// The backward events logged in this iteration, into `into` (its room kept too);
+    /// returns whether the log overflowed.
+    pub(crate) fn read(&mut self, into: &mut Vec<BackwardEvent>) -> Result<bool> {
+        let st = super::raw_state()?;
+        let n = st.log_len.min(st.log_capacity) as usize;
+        buffer(&mut self.raw, n)?;
+        let mut total = 0u64;
+        // SAFETY: `raw` holds `n` initialised MpLogEvents; the callee copies at most `n`
+        // and writes `total`.
+        check(unsafe { memprof_read_log(self.raw.as_mut_ptr(), n as u64, &mut total) })?;
+        self.raw
+            .truncate((total.min(st.log_capacity) as usize).min(n));
+        into.clear();
+        into.extend(self.raw.iter().map(BackwardEvent::from));
+        Ok(total > st.log_capacity)
+    }
 }
 /// This iteration's step log, decoded; returns whether it overflowed (events were
 /// dropped).

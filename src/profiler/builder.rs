@@ -362,6 +362,7 @@ impl MemoryProfilerBuilder {
             epochs: Vec::new(),
             failures: 0,
             log: Vec::new(),
+            log_reader: crate::ffi::LogReader::default(),
             recorder,
             params,
             table,

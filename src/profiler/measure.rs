@@ -36,7 +36,7 @@ impl MemoryProfiler {
     pub(super) fn measure(&mut self) -> Result<IterationStats> {
         let ds = ffi::device_stats(self.slot)?;
         let state = ffi::state()?;
-        let overflow = ffi::read_log(&mut self.log)?;
+        let overflow = self.log_reader.read(&mut self.log)?;
 
         self.table.refresh(&vars::lock(&self.variables))?;
         if self.hunter.is_some() && self.recorder.is_none() {

@@ -131,6 +131,8 @@ pub struct MemoryProfiler {
     epochs: Vec<EpochStats>,
     failures: u64,
     log: Vec<BackwardEvent>,
+    /// The backward log's reader, its buffer kept.
+    log_reader: ffi::LogReader,
     recorder: Option<Recorder>,
     params: ParamSync,
     /// The variables, kept between calls, and the sums over their blocks.
