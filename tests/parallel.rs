@@ -484,12 +484,16 @@ fn plan_over_too_few_gpus_says_how_many_would_do() {
         let cells: Vec<&str> = line.split('┆').map(str::trim).collect();
         (cells[2].to_string(), cells[3].starts_with("yes"))
     };
-    let (code, text) = plan("1", 2);
-    assert_eq!(code, Some(1), "{text}");
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("with more GPUs: plan "))
-        .unwrap_or_else(|| panic!("no world named: {text}"));
+    // The "with more GPUs" line of a plan where nothing fits (exit status 1).
+    let more = |batch: &str, gpus: u32| -> String {
+        let (code, text) = plan(batch, gpus);
+        assert_eq!(code, Some(1), "{text}");
+        text.lines()
+            .find(|l| l.starts_with("with more GPUs: plan "))
+            .unwrap_or_else(|| panic!("no world named: {text}"))
+            .to_string()
+    };
+    let line = more("1", 2);
     // "with more GPUs: plan K fits on W (X GiB per rank reserved; ..."
     let words: Vec<&str> = line.split(' ').collect();
     let k: usize = words[4].parse().unwrap();
@@ -511,12 +515,7 @@ fn plan_over_too_few_gpus_says_how_many_would_do() {
         assert!(!fits, "plan {k} fits on {} GPUs already: {half}", world / 2);
     }
 
-    let (code, text) = plan("64", 8);
-    assert_eq!(code, Some(1), "{text}");
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("with more GPUs: plan "))
-        .unwrap_or_else(|| panic!("no world named: {text}"));
+    let line = more("64", 8);
     assert!(line.contains("does not fit on up to 1024"), "{line}");
     let k: usize = line.split(' ').nth(4).unwrap().parse().unwrap();
     let (code, most) = plan("64", 1024);

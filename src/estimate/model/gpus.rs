@@ -154,32 +154,26 @@ impl Model {
         };
         // Nothing fits: how many GPUs the leanest plan needs. A rank's activations do
         // not shrink with the world (its batch stays), so there may be no such number.
-        let more = match cheapest {
-            Some(_) => None,
-            None => {
-                let lean = plans.iter().min_by_key(|p| p.peak_reserved);
-                match lean {
-                    None => None,
-                    Some(p) => {
-                        let o = Options {
-                            checkpoint: p.checkpoint.then_some(1),
-                            ..options.clone()
-                        };
-                        let mut found = None;
-                        let mut world = gpus.saturating_mul(2);
-                        while world <= MOST_GPUS && world > gpus {
-                            let peak =
-                                self.gpu_peak(inputs, mode, &o, &p.sharding, p.mixed, world)?;
-                            if peak <= memory {
-                                found = Some((world, peak));
-                                break;
-                            }
-                            world = world.saturating_mul(2);
-                        }
-                        Some(found)
+        let lean = plans.iter().min_by_key(|p| p.peak_reserved);
+        let more = match (cheapest, lean) {
+            (None, Some(p)) => {
+                let o = Options {
+                    checkpoint: p.checkpoint.then_some(1),
+                    ..options.clone()
+                };
+                let mut found = None;
+                let mut world = gpus.saturating_mul(2);
+                while world <= MOST_GPUS && world > gpus {
+                    let peak = self.gpu_peak(inputs, mode, &o, &p.sharding, p.mixed, world)?;
+                    if peak <= memory {
+                        found = Some((world, peak));
+                        break;
                     }
+                    world = world.saturating_mul(2);
                 }
+                Some(found)
             }
+            _ => None,
         };
         Ok(GpuPlans {
             gpus,
