@@ -15,6 +15,7 @@
 //! - `snapshot`: memory snapshots in the pickle format of PyTorch's memory viewer;
 //! - `oom_files`: the report and snapshot files of an out-of-memory error.
 
+mod clock;
 pub(crate) mod csv;
 mod fit_text;
 pub(crate) mod html_page;
