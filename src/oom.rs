@@ -125,7 +125,9 @@ pub(crate) struct OomState {
     pub device: String,
     pub step: u64,
     pub weights: FxHashSet<u64>,
-    pub grads: rustc_hash::FxHashMap<u64, u32>,
+    /// The gradients' block addresses (a list: copied at every iteration whose
+    /// gradients moved, searched only when a report is written).
+    pub grads: Vec<u64>,
     pub weights_by_layer: HashMap<String, u64>,
     pub weight_bytes: u64,
     /// Events of the memory history included in the snapshot (0: none).
@@ -208,10 +210,11 @@ fn summarize(
     names: &mut Names,
 ) -> OomReport {
     let allocated = e.allocated.max(0) as u64;
+    let grads: FxHashSet<u64> = st.grads.iter().copied().collect();
     let category = |b: &RegisteredBlock| -> OomCategory {
         if st.weights.contains(&b.ptr) {
             OomCategory::Weights
-        } else if st.grads.contains_key(&b.ptr) {
+        } else if grads.contains(&b.ptr) {
             OomCategory::Gradients
         } else {
             match b.phase {

@@ -89,6 +89,9 @@ pub(crate) struct VarTable {
     /// Bumped at each rebuild and at each read that found a block or gradient block
     /// other than before.
     version: u64,
+    /// Bumped at each rebuild and at each read that found a variable's own block other
+    /// than before (not its gradient's).
+    blocks_version: u64,
     /// The last read's blocks and gradient blocks, in map order.
     blocks: Vec<TensorBlock>,
     grads: Vec<TensorBlock>,
@@ -136,8 +139,12 @@ impl VarTable {
             &mut grads,
             true,
         )?;
-        if !same_blocks(&blocks, &self.blocks) || !same_blocks(&grads, &self.grads) {
+        let same_variables = same_blocks(&blocks, &self.blocks);
+        if !same_variables || !same_blocks(&grads, &self.grads) {
             self.version += 1;
+        }
+        if !same_variables {
+            self.blocks_version += 1;
         }
         self.scratch = (
             std::mem::replace(&mut self.blocks, blocks),
@@ -289,6 +296,7 @@ impl VarTable {
             .collect();
         self.generation += 1;
         self.version += 1;
+        self.blocks_version += 1;
         Ok(())
     }
 
@@ -300,6 +308,18 @@ impl VarTable {
     /// Bumped at each rebuild and each time a block or gradient block changed.
     pub(crate) fn version(&self) -> u64 {
         self.version
+    }
+
+    /// Bumped at each rebuild and each time a variable's own block changed (a gradient
+    /// block's change aside).
+    pub(crate) fn blocks_version(&self) -> u64 {
+        self.blocks_version
+    }
+
+    /// The defined variables' gradient blocks, by name (as [`rows`](Self::rows) gives
+    /// them), without copying the rest of each row.
+    pub(crate) fn grad_blocks(&self) -> impl Iterator<Item = &TensorBlock> + '_ {
+        self.entries.iter().map(|e| &self.grads[e.pos])
     }
 
     /// The defined variables by name, with their block and gradient block as read by
@@ -320,14 +340,15 @@ impl VarTable {
 #[derive(Debug, Default)]
 pub(crate) struct ParamSync {
     ptrs: Vec<u64>,
-    /// The table's version the native table was last checked against.
+    /// The table's blocks version the native table was last checked against (only
+    /// the variables' own blocks matter here: not every gradient change).
     version: Option<u64>,
 }
 
 impl ParamSync {
     /// Replaces the native table if the variables' storages changed since the last call.
     pub(crate) fn sync(&mut self, table: &VarTable) -> Result<()> {
-        if self.version == Some(table.version()) {
+        if self.version == Some(table.blocks_version()) {
             return Ok(());
         }
         if table.len() == self.ptrs.len()
@@ -336,7 +357,7 @@ impl ParamSync {
                 .zip(&self.ptrs)
                 .all(|((_, b, _), p)| b.base == *p)
         {
-            self.version = Some(table.version());
+            self.version = Some(table.blocks_version());
             return Ok(());
         }
         let ptrs: Vec<u64> = table.rows().map(|(_, b, _)| b.base).collect();
@@ -347,7 +368,7 @@ impl ParamSync {
             .collect();
         ffi::set_params(ffi::Target::Step, &ptrs, &ids, &layers)?;
         self.ptrs = ptrs;
-        self.version = Some(table.version());
+        self.version = Some(table.blocks_version());
         Ok(())
     }
 }

@@ -61,7 +61,8 @@ impl MemoryProfiler {
                 }
             }
             if grads_changed {
-                o.grads.clone_from(&sums.grad_set);
+                o.grads.clear();
+                o.grads.extend(sums.grads.iter().map(|b| b.base));
             }
         });
 
@@ -134,8 +135,8 @@ impl MemoryProfiler {
                     || (list.len() == self.table.len()
                         && list
                             .iter()
-                            .zip(self.table.rows())
-                            .all(|(v, (_, _, g))| v.grad_bytes == g.defined.then_some(g.bytes)))
+                            .zip(self.table.grad_blocks())
+                            .all(|(v, g)| v.grad_bytes == g.defined.then_some(g.bytes)))
             });
         if !kept {
             self.sums.variables = Some(
@@ -198,6 +199,8 @@ pub(super) struct Sums {
     buffer_bytes: u64,
     /// Every defined gradient's block (by name), their addresses and distinct bytes.
     grads: Vec<BlockInfo>,
+    /// The previous iteration's `grads`, kept for its room.
+    spare_grads: Vec<BlockInfo>,
     /// Their distinct addresses, each with an index of its own.
     grad_set: accounting::GradIndex,
     grad_bytes: u64,
@@ -237,28 +240,17 @@ impl Sums {
             return false;
         }
         self.grads_version = Some(table.version());
-        let mut now = table
-            .rows()
-            .filter(|(_, _, g)| g.defined)
-            .map(|(_, _, g)| info(&g));
-        let mut n = 0;
-        let same = now.by_ref().zip(&self.grads).all(|(a, b)| {
-            n += 1;
-            a == *b
-        }) && n == self.grads.len()
-            && now.next().is_none();
-        if same {
+        // Read into the spare vector and compared there: gradients set to none by
+        // `zero_grad` often come back at the same addresses, and then nothing below
+        // changes. Both vectors keep their room from one iteration to the next.
+        let mut now = std::mem::take(&mut self.spare_grads);
+        now.clear();
+        now.extend(table.grad_blocks().filter(|g| g.defined).map(info));
+        if now == self.grads {
+            self.spare_grads = now;
             return false;
         }
-        // Usually every gradient is new at each iteration (libtorch's optimizers set
-        // them to none in zero_grad): the vector and the map keep their room.
-        self.grads.clear();
-        self.grads.extend(
-            table
-                .rows()
-                .filter(|(_, _, g)| g.defined)
-                .map(|(_, _, g)| info(&g)),
-        );
+        self.spare_grads = std::mem::replace(&mut self.grads, now);
         // The distinct blocks' bytes (gradients that share storage count once) and
         // their index, in one pass.
         self.grad_set.clear();
