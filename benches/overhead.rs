@@ -20,17 +20,22 @@
 //! the baseline is the bench's resolution in that run, what it cannot tell from no
 //! cost at all.
 //!
-//! **Interleaved step by step.** Each round starts one child of every mode; each builds
-//! its model, runs its warm-up steps and waits. The bench then has them take turns, one
-//! step each (a line on the child's stdin starts a step, the child answers with its
-//! time), in an order that rotates every step: a baseline step and a profiled step are
-//! at most four steps apart, so a slow phase of a shared machine hits every mode
-//! alike (on a 2-core AMD EPYC, the baseline's round medians spread from 165.8 to
-//! 196.9 ms in one run, and every mode's moved with them). The children are new every
+//! **Interleaved turn by turn.** Each round starts one child of every mode; each builds
+//! its model, runs its warm-up steps and waits. The bench then has them take turns, of
+//! two steps each by default (a line on the child's stdin starts a turn, the child
+//! answers with the time of its last step), in an order that rotates every turn: a
+//! baseline step and a profiled step are at most a few steps apart, so a slow phase of a
+//! shared machine hits every mode alike (on a 2-core AMD EPYC, the baseline's round
+//! medians spread from 165.8 to 196.9 ms in one run, and every mode's moved with them).
+//! Only a turn's last step is timed: it runs right after a step of its own process, as
+//! a step of a training loop does, with the caches holding what that loop leaves in
+//! them. With `--turn 1` each timed step runs right after the other children's, with
+//! cold caches: every step then pays misses a training loop does not, the profiler's
+//! included ([the figures](../docs/in-a-training-run.md)). The children are new every
 //! round: where a process's memory falls moves its step time for the whole process
 //! (on that machine a mode's round median was up to 5% above or below its round's
 //! baseline, in either direction), so a mode's figure is taken over many processes:
-//! the defaults are many short rounds (30 of 10 steps, about 6 minutes there).
+//! the defaults are many short rounds (30 of 10 steps).
 //!
 //! Three ratios to the baseline are printed side by side: of the medians of all timed
 //! steps, of the fastest rounds' medians, and the median of each step's ratio to the
@@ -51,7 +56,8 @@
 //! costs.
 //!
 //! Options (after `--`): `--rounds N` (default 30), `--steps N` timed steps per child
-//! and round (default 10), `--threads N` libtorch's threads in each child (default 1),
+//! and round (default 10), `--turn N` steps a child runs a turn, the last one timed
+//! (default 2), `--threads N` libtorch's threads in each child (default 1),
 //! `--device cpu|cuda` (default cpu), `--model resnet18|mlp|attention|resnet50|gpt2`
 //! (the last two: GPU-bound steps on CUDA, ResNet-50 with SGD and GPT-2 small with
 //! AdamW), `--batch N` (default 8, 16 for the MLP, 2 for attention, 64 for ResNet-50, 8
@@ -408,9 +414,15 @@ fn child(mode: Mode, steps: usize, dev: Device) {
         // One step for each line on stdin, until it closes.
         writeln!(out, "ready").unwrap();
         out.flush().unwrap();
+        // A line of N: N steps, the last one's times answered (the others warm the
+        // caches, as the step before does in a training loop).
         for line in std::io::stdin().lines() {
-            line.unwrap();
-            let (us, record) = step();
+            let turn: usize = line.unwrap().trim().parse().unwrap_or(1).max(1);
+            let mut timed = step();
+            for _ in 1..turn {
+                timed = step();
+            }
+            let (us, record) = timed;
             writeln!(out, "{us} {record}").unwrap();
             out.flush().unwrap();
         }
@@ -458,6 +470,11 @@ fn main() {
         return;
     }
     let rounds = arg("--rounds", 30);
+    let turn = arg("--turn", 2);
+    if turn == 0 {
+        eprintln!("overhead: --turn 0: a turn is at least the one step it times");
+        std::process::exit(2);
+    }
     let exe = std::env::current_exe().unwrap();
     // Step times in ms, per mode and round; each step's ratio to the baseline step of
     // its cycle, per mode.
@@ -497,7 +514,7 @@ fn main() {
             for k in 0..MODES.len() {
                 let m = (k + s + round) % MODES.len();
                 let (stdin, stdout) = &mut pipes[m];
-                writeln!(stdin).unwrap();
+                writeln!(stdin, "{turn}").unwrap();
                 stdin.flush().unwrap();
                 let line = read_line(stdout, MODES[m], &mut children[m]);
                 let (us, record) = line
@@ -546,8 +563,13 @@ fn main() {
         _ => "CPU",
     };
     println!(
-        "{on} {}, {rounds} rounds x {steps} steps per mode, interleaved step by step",
-        model().describe()
+        "{on} {}, {rounds} rounds x {steps} steps per mode, interleaved {}",
+        model().describe(),
+        if turn == 1 {
+            "step by step (cold caches)".to_string()
+        } else {
+            format!("in turns of {turn} steps, the last one timed")
+        }
     );
     println!("  {:<48} {:>10} {:>10}", "mode", "median ms", "fastest ms");
     for ((mode, m), f) in MODES.iter().zip(&medians).zip(&fastest) {

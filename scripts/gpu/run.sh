@@ -74,7 +74,8 @@ step() {
 }
 mkdir -p out
 # First: the profiler's cost on the GPU (benches/overhead.rs), the modes taking turns
-# step by step, 20 rounds of 20 steps each (enough to see 1%: the control child's ratio
+# of two steps (the last one timed, after a step of its own process as in a training
+# loop), 20 rounds of 20 timed steps each (enough to see 1%: the control child's ratio
 # says what the run cannot tell from none): the launch-bound MLP proxy (a small step:
 # the CPU only launches, so the profiler's per-op and per-allocation cost shows in
 # full), then two GPU-bound steps, ResNet-50 at 64x3x224x224 with SGD and GPT-2 small at
@@ -117,9 +118,11 @@ perf_small_step() {
 }
 step "perf stat of the launch-bound step on cuda" 60 perf_small_step
 # The GPU-bound steps in fewer rounds (the GPU's time varies little from step to step,
-# and one session's GPU time is 15 minutes): ResNet-50 8 rounds of 8 steps, GPT-2 6 of 6.
-step "overhead on cuda, ResNet-50 64x3x224x224 SGD" 100 ./overhead --device cuda --model resnet50 --rounds 8 --steps 8
-step "overhead on cuda, GPT-2 small 8x1024 AdamW" 130 ./overhead --device cuda --model gpt2 --rounds 6 --steps 6
+# and one session's GPU time is 15 minutes): ResNet-50 8 rounds of 8 steps, GPT-2 6 of 6,
+# step by step (`--turn 1`: a GPU-bound step's time is the GPU's, whatever the CPU's
+# caches hold, and two steps a turn would double the step's device time).
+step "overhead on cuda, ResNet-50 64x3x224x224 SGD" 100 ./overhead --device cuda --model resnet50 --rounds 8 --steps 8 --turn 1
+step "overhead on cuda, GPT-2 small 8x1024 AdamW" 130 ./overhead --device cuda --model gpt2 --rounds 6 --steps 6 --turn 1
 step "allocated == allocator counter, calls, snapshots, OOM" 60 ./cuda_test --include-ignored --nocapture --test-threads 1
 step "CUDA-style accounting of blocks made before the session (CPU)" 60 ./cuda_accounting_test --nocapture
 weights_shown() {
@@ -130,7 +133,7 @@ weights_shown() {
 }
 step "step timeline on cuda shows the weights" 120 weights_shown
 # The earlier versions' measurement (ResNet-18 at 8x3x64x64, Adam), for comparison.
-step "overhead of each profiler mode on cuda (ResNet-18 step)" 180 ./overhead --device cuda --rounds 6 --steps 40
+step "overhead of each profiler mode on cuda (ResNet-18 step)" 180 ./overhead --device cuda --rounds 6 --steps 40 --turn 1
 step "deployment table on cuda (a clean allocator per model)" 120 ./deployment_peak --device cuda --explain --output out/deployment_peak.csv
 
 # The GPU truth cases: the models traced here as they were measured (gpu_truth.py, on
