@@ -34,7 +34,7 @@ pub fn intermediate_peak(
         if e.device != device {
             continue;
         }
-        if let Some(&k) = grads.get(&e.ptr) {
+        if let Some(k) = grads.get(e.ptr) {
             let k = k as usize;
             if !decided[k] {
                 decided[k] = true;
@@ -62,8 +62,69 @@ pub fn intermediate_peak(
     peak.max(0) as u64
 }
 
-/// The weight gradients' block addresses, each with an index of its own (0, 1, ...).
-pub type GradIndex = FxHashMap<u64, u32>;
+/// The weight gradients' block addresses, each with an index of its own (0, 1, ...),
+/// and a filter of 4,096 bits over them: most events of a backward log are at other
+/// addresses (the activations' gradients), and the filter turns those away in a few
+/// instructions, without a look-up in the map.
+#[derive(Debug, Clone)]
+pub(crate) struct GradIndex {
+    map: FxHashMap<u64, u32>,
+    filter: [u64; FILTER_WORDS],
+}
+
+const FILTER_WORDS: usize = 64;
+
+impl Default for GradIndex {
+    fn default() -> Self {
+        GradIndex {
+            map: FxHashMap::default(),
+            filter: [0; FILTER_WORDS],
+        }
+    }
+}
+
+impl GradIndex {
+    /// The filter's word and bit for `ptr`: the top 12 bits of a multiplicative hash
+    /// (block addresses share their low bits, their alignment).
+    fn bit(ptr: u64) -> (usize, u64) {
+        let h = ptr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52;
+        ((h >> 6) as usize, 1 << (h & 63))
+    }
+
+    /// Empties it, keeping the map's room.
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+        self.filter = [0; FILTER_WORDS];
+    }
+
+    /// Adds `ptr` with the next index; false if it was there already.
+    pub(crate) fn insert(&mut self, ptr: u64) -> bool {
+        let next = self.map.len() as u32;
+        match self.map.entry(ptr) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(next);
+                let (w, b) = Self::bit(ptr);
+                self.filter[w] |= b;
+                true
+            }
+        }
+    }
+
+    /// How many addresses it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The index of `ptr`, if it is a gradient's address.
+    pub(crate) fn get(&self, ptr: u64) -> Option<u32> {
+        let (w, b) = Self::bit(ptr);
+        if self.filter[w] & b == 0 {
+            return None;
+        }
+        self.map.get(&ptr).copied()
+    }
+}
 
 /// What [`intermediate_peak`] reuses between calls.
 #[derive(Debug, Default)]
@@ -116,11 +177,10 @@ mod tests {
     use super::*;
 
     fn peak(events: &[BackwardEvent], device: u32, grads: &[u64]) -> u64 {
-        let index: GradIndex = grads
-            .iter()
-            .enumerate()
-            .map(|(i, g)| (*g, i as u32))
-            .collect();
+        let mut index = GradIndex::default();
+        for g in grads {
+            index.insert(*g);
+        }
         intermediate_peak(events, device, &index, &mut PeakScratch::default())
     }
 
@@ -176,6 +236,32 @@ mod tests {
         };
         assert_eq!(peak(&[e], 0, &[]), 0);
         assert_eq!(peak(&[e], 1, &[]), 100);
+    }
+
+    #[test]
+    fn the_gradient_index_finds_what_it_holds_and_nothing_else() {
+        let mut index = GradIndex::default();
+        // CPU blocks are 64-byte aligned and CUDA's 512: addresses alike in their low
+        // bits, many of them, as a large model's gradients are.
+        let held: Vec<u64> = (0..5000u64).map(|i| 0x7f00_0000_0000 + i * 512).collect();
+        for &p in &held {
+            assert!(index.insert(p));
+        }
+        assert!(
+            !index.insert(held[7]),
+            "a second insert of an address adds nothing"
+        );
+        assert_eq!(index.len(), held.len());
+        for (i, &p) in held.iter().enumerate() {
+            assert_eq!(index.get(p), Some(i as u32));
+        }
+        for i in 0..5000u64 {
+            assert_eq!(index.get(0x7f00_0000_0000 + i * 512 + 64), None);
+            assert_eq!(index.get(0x5500_0000_0000 + i * 64), None);
+        }
+        index.clear();
+        assert_eq!(index.len(), 0);
+        assert_eq!(index.get(held[0]), None);
     }
 
     #[test]

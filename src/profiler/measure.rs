@@ -256,9 +256,7 @@ impl Sums {
         self.grad_set.clear();
         self.grad_bytes = 0;
         for b in &self.grads {
-            let next = self.grad_set.len() as u32;
-            if let std::collections::hash_map::Entry::Vacant(v) = self.grad_set.entry(b.base) {
-                v.insert(next);
+            if self.grad_set.insert(b.base) {
                 self.grad_bytes += b.bytes;
             }
         }
