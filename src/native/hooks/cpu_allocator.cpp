@@ -5,6 +5,8 @@
 // [base ... header (kHeader bytes, holds the tag) | data ...]. The header size is the
 // alignment c10 would use, so the data keeps c10's alignment.
 
+#include <algorithm>
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -78,9 +80,14 @@ struct TrackingCpuAllocator final : public c10::Allocator {
     if (n == 0) {
       return {nullptr, nullptr, &tracked_delete, c10::Device(c10::DeviceType::CPU)};
     }
-    size_t head = c10::c10_compute_alignment(n);
-    if (head < 64) {
-      head = 64;
+    // c10 aligns a block to 64 bytes (gAlignment) below its transparent-huge-page
+    // threshold (gAlloc_threshold_thp, 2 MiB), whatever C10_THP_MEM_ALLOC_ENABLE says;
+    // only larger blocks ask c10 (a call into libc10 at every allocation of a step of
+    // small ops, most of them well below it).
+    constexpr size_t kThpThreshold = size_t(2) << 20;
+    size_t head = 64;
+    if (n >= kThpThreshold) {
+      head = std::max<size_t>(c10::c10_compute_alignment(n), 64);
     }
     void* base = nullptr;
     try {
