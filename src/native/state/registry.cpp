@@ -377,27 +377,20 @@ int device_slot(const c10::Device& dev) {
 }
 }  // namespace
 
-// The block behind `t0` (or behind its .grad): what memprof_tensor_block(s) report.
-void fill_block(const at::Tensor& t0, bool grad, MpBlock* out, bool watch) {
-  const uint32_t kind = !watch ? MP_WATCH_NONE : grad ? MP_WATCH_GRAD : MP_WATCH_VARIABLE;
+namespace {
+// The block of storage `st` (null: none), watched as `kind`: the second half of
+// fill_block, which fill_blocks calls with the gradients' storages it already walked to.
+void fill_storage(const c10::StorageImpl* st, uint32_t kind, MpBlock* out) {
   std::memset(out, 0, sizeof(MpBlock));
   out->device = -1;
-  if (!t0.defined()) {
+  if (!st) {
     return;
   }
-  // References, not copies: no reference-count traffic on every variable's tensor. The
-  // gradient straight from the TensorImpl: Tensor::grad() also asks whether the tensor
-  // is a leaf that retains its gradient, only to warn, at every variable of every step.
-  const at::Tensor& t = grad ? t0.unsafeGetTensorImpl()->grad() : t0;
-  if (!t.defined() || !t.has_storage()) {
-    return;
-  }
-  const c10::Storage& st = t.storage();
-  const c10::DataPtr& dp = st.data_ptr();
+  const c10::DataPtr& dp = st->data_ptr();
   out->defined = 1;
   out->device = device_slot(dp.device());
   out->base = uint64_t(dp.get());
-  out->bytes = int64_t(st.nbytes());
+  out->bytes = int64_t(st->nbytes());
   if (dp.device().is_cpu()) {
     int64_t size = 0;
     uint32_t gen = 0;
@@ -410,7 +403,7 @@ void fill_block(const at::Tensor& t0, bool grad, MpBlock* out, bool watch) {
       out->phase = phase;
     }
   } else if (dp.device().is_cuda()) {
-    out->bytes = cuda_round(int64_t(st.nbytes()));
+    out->bytes = cuda_round(int64_t(st->nbytes()));
     uint64_t tag = 0;
     if (table_find(g_cuda_blocks, out->base, &tag)) {
       out->tracked = 1;
@@ -422,6 +415,23 @@ void fill_block(const at::Tensor& t0, bool grad, MpBlock* out, bool watch) {
       out->phase = slot_phase(tag);
     }
   }
+}
+
+}  // namespace
+
+// The block behind `t0` (or behind its .grad): what memprof_tensor_block(s) report.
+void fill_block(const at::Tensor& t0, bool grad, MpBlock* out, bool watch) {
+  const uint32_t kind = !watch ? MP_WATCH_NONE : grad ? MP_WATCH_GRAD : MP_WATCH_VARIABLE;
+  if (!t0.defined()) {
+    fill_storage(nullptr, kind, out);
+    return;
+  }
+  // References, not copies: no reference-count traffic on every variable's tensor. The
+  // gradient straight from the TensorImpl: Tensor::grad() also asks whether the tensor
+  // is a leaf that retains its gradient, only to warn, at every variable of every step.
+  const at::Tensor& t = grad ? t0.unsafeGetTensorImpl()->grad() : t0;
+  const bool stored = t.defined() && t.has_storage();
+  fill_storage(stored ? t.storage().unsafeGetStorageImpl() : nullptr, kind, out);
 }
 
 namespace {
@@ -495,7 +505,8 @@ void fill_blocks(const void* const* tensors, size_t n, MpBlock* blocks, MpBlock*
       if (!grads_only) {
         fill_block(t, false, &blocks[b0 + i], watch);
       }
-      fill_block(t, true, &grads[b0 + i], watch);
+      // The gradient's storage, walked to above (null: no gradient, or none stored).
+      fill_storage(st[i], watch ? MP_WATCH_GRAD : MP_WATCH_NONE, &grads[b0 + i]);
     }
   }
 }
