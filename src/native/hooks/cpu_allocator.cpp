@@ -81,7 +81,7 @@ struct TrackingCpuAllocator final : public c10::Allocator {
       return {nullptr, nullptr, &tracked_delete, c10::Device(c10::DeviceType::CPU)};
     }
     // c10 aligns a block to 64 bytes (gAlignment) below its transparent-huge-page
-    // threshold (gAlloc_threshold_thp, 2 MiB), whatever C10_THP_MEM_ALLOC_ENABLE says;
+    // threshold (gAlloc_threshold_thp, 2 MiB), whether huge pages are enabled or not;
     // only larger blocks ask c10 (a call into libc10 at every allocation of a step of
     // small ops, most of them well below it).
     constexpr size_t kThpThreshold = size_t(2) << 20;
