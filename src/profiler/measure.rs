@@ -240,9 +240,9 @@ impl Sums {
             return false;
         }
         self.grads_version = Some(table.version());
-        // Read into the spare vector and compared there: gradients set to none by
-        // `zero_grad` often come back at the same addresses, and then nothing below
-        // changes. Both vectors keep their room from one iteration to the next.
+        // Read into the spare vector and compared there: gradients that kept their
+        // blocks (or came back at the same addresses after `zero_grad` set them to
+        // none) change nothing below. Both vectors keep their room between iterations.
         let mut now = std::mem::take(&mut self.spare_grads);
         now.clear();
         now.extend(table.grad_blocks().filter(|g| g.defined).map(info));
