@@ -68,7 +68,9 @@
 //!   feature_maps_bytes, intermediate_gradients_bytes, optimizer_state_bytes,
 //!   other_bytes, step, backward_passes`;
 //! - `<run>_parameters.csv`: `timestamp, epoch, iteration, parameter, kind
-//!   (weight|buffer|gradient), dtype, shape, bytes`, one row per variable and gradient;
+//!   (weight|buffer|gradient), dtype, shape, bytes`, one row per variable and gradient,
+//!   the whole set written at the first report, at each epoch's first and whenever a
+//!   variable or gradient changed (an iteration without rows has the latest set's);
 //! - `<run>_epochs.csv`: one row per `epoch_end`;
 //! - `<run>_wide.csv` with `.wide_csv(true)`: one column per variable and per gradient.
 //!

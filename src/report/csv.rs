@@ -1,7 +1,8 @@
 //! CSV files under the CSV folder, one set per run, named by the run's start time.
 //!
 //! - `<run>_summary.csv`: one row per reported iteration (fixed columns).
-//! - `<run>_parameters.csv`: long form, one row per variable and gradient per report.
+//! - `<run>_parameters.csv`: long form, one row per variable and gradient, the whole set
+//!   written at a report where it changed and at an epoch's first report.
 //! - `<run>_epochs.csv`: one row per `epoch_end`.
 //! - `<run>_leaks.csv`: one row per leak suspect per `epoch_end`, only once there is one.
 //! - `<run>_wide.csv` (option): one column per variable and per gradient, as the
@@ -99,6 +100,16 @@ impl CsvFile {
         self.append_fresh(|w, _| write(w))
     }
 
+    /// Whether the next row starts the file anew: never opened, or unlinked since (the
+    /// file or its folder deleted: no links left to the open file, as its descriptor
+    /// tells without walking the path again).
+    fn gone(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        self.writer.as_ref().map_or(true, |w| {
+            w.get_ref().metadata().is_ok_and(|m| m.nlink() == 0)
+        })
+    }
+
     /// [`CsvFile::append`], `write` told whether the file is new (no header written yet).
     fn append_fresh(
         &mut self,
@@ -160,11 +171,13 @@ pub(crate) struct CsvReport {
     wide: Option<CsvFile>,
     /// Wide layout columns, fixed at its first row.
     wide_columns: Vec<String>,
-    /// The parameter rows of the last variable list written, each encoded from its
+    /// The parameter rows of the last variable list reported, each encoded from its
     /// `parameter` column on: a list that stays the same (the same shared list, which
-    /// the profiler keeps while no variable changes) is written again with only the
-    /// timestamp, epoch and iteration new.
+    /// the profiler keeps while no variable changes) is not encoded again.
     parameter_tails: Option<(VariableList, Tails)>,
+    /// The epoch of the last report that wrote the parameter rows, `None` before the
+    /// first or after a failed write (the next report writes them).
+    parameters_written_epoch: Option<u64>,
     /// The sink writes the profiled steps' files (`false`: the caller writes them under
     /// their plain names, [`STEP_FILES`]).
     step_files: bool,
@@ -221,6 +234,7 @@ impl CsvReport {
             wide: wide.then(|| file("wide")),
             wide_columns: Vec::new(),
             parameter_tails: None,
+            parameters_written_epoch: None,
             step_files: true,
             clock: Clock::default(),
             parameter_block: Vec::new(),
@@ -326,39 +340,60 @@ impl Report for CsvReport {
         };
         let mut first_error = self.summary.append(|w| w.serialize(&row)).err();
 
-        let tails = match &self.parameter_tails {
-            Some((list, tails)) if list.same_list(&s.variables) => tails,
-            _ => {
-                let tails = parameter_tails(s).map_err(|source| Error::Csv {
-                    path: self.parameters.path.clone(),
-                    source,
-                })?;
-                &self.parameter_tails.insert((s.variables.clone(), tails)).1
-            }
-        };
-        // The rows' bytes, in a buffer kept from one row to the next: a block of this
-        // size allocated at every step made glibc consolidate the step's freed chunks.
-        let block = &mut self.parameter_block;
-        let result = self.parameters.append_fresh(|w, fresh| {
-            if fresh {
-                // A new file: its header, from the row type.
-                w.write_record(&parameter_header()?)?;
-            }
-            // Each row: its timestamp, epoch and iteration, then its encoded tail (the
-            // timestamp's format and the numbers need no quoting).
-            block.clear();
-            let lead = format!("{ts},{},{},", s.epoch, s.iteration);
-            for line in tails.lines() {
-                block.extend_from_slice(lead.as_bytes());
-                block.extend_from_slice(line);
-            }
-            // The writer's own buffer first, then the block, straight to the file.
-            w.flush()?;
-            let mut file: &File = w.get_ref();
-            std::io::Write::write_all(&mut file, block)?;
-            Ok(())
-        });
-        first_error = first_error.or(result.err());
+        // The parameter rows: the whole set when it differs from the set last written
+        // (a variable or gradient appeared, went, or changed its dtype, shape or
+        // bytes), at an epoch's first report, and when the file is new or vanished;
+        // an iteration without rows has those of the latest set before it. Rows that
+        // would repeat the last set at every step made the file grow by every variable
+        // a step, and writing them was most of what the CSV cost a step.
+        let same_list = matches!(&self.parameter_tails,
+            Some((list, _)) if list.same_list(&s.variables));
+        let mut changed = false;
+        if !same_list {
+            let tails = parameter_tails(s).map_err(|source| Error::Csv {
+                path: self.parameters.path.clone(),
+                source,
+            })?;
+            // A new list of the same rows (a gradient that went and came back as it
+            // was) changes nothing in the file.
+            changed = self
+                .parameter_tails
+                .as_ref()
+                .map_or(true, |(_, old)| old.bytes != tails.bytes);
+            self.parameter_tails = Some((s.variables.clone(), tails));
+        }
+        let due =
+            changed || self.parameters_written_epoch != Some(s.epoch) || self.parameters.gone();
+        if due {
+            let tails = &self.parameter_tails.as_ref().expect("set above").1;
+            // The rows' bytes, in a buffer kept from one set to the next: a block of this
+            // size allocated each time made glibc consolidate the step's freed chunks.
+            let block = &mut self.parameter_block;
+            let result = self.parameters.append_fresh(|w, fresh| {
+                if fresh {
+                    // A new file: its header, from the row type.
+                    w.write_record(&parameter_header()?)?;
+                }
+                // Each row: its timestamp, epoch and iteration, then its encoded tail
+                // (the timestamp's format and the numbers need no quoting).
+                block.clear();
+                let lead = format!("{ts},{},{},", s.epoch, s.iteration);
+                for line in tails.lines() {
+                    block.extend_from_slice(lead.as_bytes());
+                    block.extend_from_slice(line);
+                }
+                // The writer's own buffer first, then the block, straight to the file.
+                w.flush()?;
+                let mut file: &File = w.get_ref();
+                std::io::Write::write_all(&mut file, block)?;
+                Ok(())
+            });
+            // Written: the next report need not write them again. After an error
+            // (a failed write, or a vanished file recreated) the next report writes the
+            // set again.
+            self.parameters_written_epoch = result.is_ok().then_some(s.epoch);
+            first_error = first_error.or(result.err());
+        }
 
         if let Some(wide) = self.wide.as_mut() {
             let write_header = self.wide_columns.is_empty();

@@ -21,9 +21,9 @@ fn summary(s: &IterationStats) -> (Vec<String>, Vec<String>) {
 }
 
 /// The parameter rows written from the encoded tails of the last list are the rows
-/// serde writes of each iteration, byte for byte: a list kept across iterations
-/// (only the timestamp, epoch and iteration new), then a new list (a new gradient, a
-/// shape and a name that need quoting).
+/// serde writes of the iterations that write them, byte for byte: the first, not the
+/// second (the same list kept), the third (a new gradient; a shape and a name that
+/// need quoting).
 #[test]
 fn parameter_rows_are_what_the_row_type_writes() {
     let dir = tempfile::tempdir().unwrap();
@@ -62,7 +62,7 @@ fn parameter_rows_are_what_the_row_type_writes() {
         .collect();
     let mut expected = csv::Writer::from_writer(Vec::new());
     let mut k = 0;
-    for s in &iterations {
+    for s in iterations.iter().filter(|s| s.iteration != 2) {
         for v in s.variables.iter() {
             let mut row = ParameterRow {
                 timestamp: stamps[k].clone(),
@@ -91,6 +91,91 @@ fn parameter_rows_are_what_the_row_type_writes() {
         String::from_utf8(written).unwrap(),
         String::from_utf8(expected).unwrap()
     );
+}
+
+/// The (epoch, iteration) of each set of parameter rows in `dir`'s run, in order, with
+/// its row count.
+fn parameter_sets(dir: &std::path::Path) -> Vec<((u64, u64), usize)> {
+    let mut rd = csv::Reader::from_path(dir.join("run_parameters.csv")).unwrap();
+    let mut sets: Vec<((u64, u64), usize)> = Vec::new();
+    for r in rd.deserialize::<ParameterRow>() {
+        let r = r.unwrap();
+        match sets.last_mut() {
+            Some((key, n)) if *key == (r.epoch, r.iteration) => *n += 1,
+            _ => sets.push(((r.epoch, r.iteration), 1)),
+        }
+    }
+    sets
+}
+
+/// The whole set of parameter rows is written at the first report, when a variable or
+/// gradient changes, at an epoch's first report and when the file vanished; not when a
+/// report repeats the last set (the same list, or a new list of the same rows). Each
+/// set is whole, so the runs' reader's "last iteration's rows" are the latest set.
+#[test]
+fn parameter_rows_are_written_when_they_change_and_at_each_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = CsvReport::new(dir.path(), "run", false, true);
+    // Three variables: a buffer, two weights with gradients; five rows a set.
+    let mut s = crate::report::terminal::tests::stats(3);
+    let per_set = 5;
+    let mut report = |s: &mut IterationStats, epoch: u64, iteration: u64| {
+        s.epoch = epoch;
+        s.iteration = iteration;
+        r.iteration(s)
+    };
+    // Epoch 1: the same list three times; then a new list of the same rows.
+    for i in 1..=3 {
+        report(&mut s, 1, i).unwrap();
+    }
+    s.variables = s.variables.to_vec().into();
+    report(&mut s, 1, 4).unwrap();
+    assert_eq!(parameter_sets(dir.path()), [((1, 1), per_set)]);
+    // A gradient that went: a set of one row fewer, kept while nothing changes.
+    let mut v = s.variables.to_vec();
+    assert_eq!(v[2].name, "layer3.weight");
+    v[2].grad_bytes = None;
+    s.variables = v.into();
+    report(&mut s, 1, 5).unwrap();
+    report(&mut s, 1, 6).unwrap();
+    // Epoch 2's first report writes the set, its second does not.
+    report(&mut s, 2, 1).unwrap();
+    report(&mut s, 2, 2).unwrap();
+    assert_eq!(
+        parameter_sets(dir.path()),
+        [
+            ((1, 1), per_set),
+            ((1, 5), per_set - 1),
+            ((2, 1), per_set - 1)
+        ]
+    );
+    // The file deleted: recreated with its header and the whole set (the report says
+    // the earlier rows are lost).
+    std::fs::remove_file(dir.path().join("run_parameters.csv")).unwrap();
+    assert!(report(&mut s, 2, 3).is_err());
+    assert_eq!(parameter_sets(dir.path()), [((2, 3), per_set - 1)]);
+    report(&mut s, 2, 4).unwrap();
+    report(&mut s, 2, 5).unwrap();
+    // A changed gradient's bytes: a new set, the latest the runs' reader takes.
+    let mut v = s.variables.to_vec();
+    v[1].grad_bytes = Some(4096);
+    s.variables = v.into();
+    report(&mut s, 2, 6).unwrap();
+    report(&mut s, 2, 7).unwrap();
+    assert_eq!(
+        parameter_sets(dir.path()),
+        [
+            ((2, 3), per_set - 1),
+            ((2, 4), per_set - 1),
+            ((2, 6), per_set - 1)
+        ]
+    );
+    let run = crate::runs::Run::open(dir.path().join("run")).unwrap();
+    let last = run.last_parameters();
+    assert_eq!(last.len(), per_set - 1);
+    assert_eq!(last["layer2.weight grad"], 4096);
+    assert_eq!(last["layer3.weight"], 3 * 1024);
+    assert!(!last.contains_key("layer3.weight grad"));
 }
 
 #[test]

@@ -40,7 +40,8 @@ pub struct Run {
     pub summary: Vec<SummaryRow>,
     /// The epoch rows.
     pub epochs: Vec<EpochRow>,
-    /// The parameter rows (every variable and gradient per reported iteration).
+    /// The parameter rows (every variable and gradient, a set at each report where
+    /// they changed and at each epoch's first report; each set whole).
     pub parameters: Vec<ParameterRow>,
     /// Empty without the timeline.
     pub layers: Vec<LayerRow>,

@@ -12,7 +12,8 @@ use crate::phase::Phase;
 pub const SUMMARY: &str = "_summary.csv";
 /// `<run>_epochs.csv`: one row per `epoch_end`.
 pub const EPOCHS: &str = "_epochs.csv";
-/// `<run>_parameters.csv`: every variable and gradient per reported iteration.
+/// `<run>_parameters.csv`: every variable and gradient, the whole set at each report where
+/// it changed and at each epoch's first report.
 pub const PARAMETERS: &str = "_parameters.csv";
 /// `<run>_layers.csv`: the profiled step's layers (with the step timeline on).
 pub const LAYERS: &str = "_layers.csv";
@@ -124,7 +125,8 @@ pub const RESIDENT_COLUMNS: [(&str, &str); 2] = [
     ("peak_reserved_bytes", "peak_resident_bytes"),
 ];
 
-/// A row of `<run>_parameters.csv`: one variable, or its gradient, at one report.
+/// A row of `<run>_parameters.csv`: one variable, or its gradient, from the report that
+/// wrote it until the next set.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ParameterRow {

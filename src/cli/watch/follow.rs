@@ -2,7 +2,7 @@
 //! read stopped, complete lines only (a row being written is read once its line ends),
 //! and the state `watch` draws.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use crate::runs::schema::{EPOCHS, LEAKS, META, PARAMETERS, SUMMARY};
 use crate::runs::{EpochRow, LeakRow, MetaRow, ParameterRow, SummaryRow};
 
-/// Variables kept per reported iteration for the view's list, largest first.
+/// Variables kept per set of parameter rows for the view's list, largest first.
 pub(super) const TOP_VARIABLES: usize = 12;
 
 /// One CSV file followed: the bytes read so far, a line not yet ended, its header.
@@ -131,8 +131,10 @@ pub(super) struct Watched {
     pub summary: Vec<SummaryRow>,
     pub epochs: Vec<EpochRow>,
     pub leaks: Vec<LeakRow>,
-    /// The largest variables of each reported iteration, by (epoch, iteration).
-    pub top: HashMap<(u64, u64), Vec<VarBytes>>,
+    /// The largest variables of each set of parameter rows, by the (epoch, iteration)
+    /// that wrote it: an iteration's are those of the latest set at or before it
+    /// ([`Watched::variables_at`]).
+    pub top: BTreeMap<(u64, u64), Vec<VarBytes>>,
     /// When the summary file was last written.
     pub written: Option<SystemTime>,
     tails: [Tail; 5],
@@ -153,7 +155,7 @@ impl Watched {
             summary: Vec::new(),
             epochs: Vec::new(),
             leaks: Vec::new(),
-            top: HashMap::new(),
+            top: BTreeMap::new(),
             written: None,
             tails: [
                 file(SUMMARY),
@@ -190,6 +192,17 @@ impl Watched {
             .and_then(|m| m.modified())
             .ok();
         Ok(new)
+    }
+
+    /// The variables at `(epoch, iteration)`, largest first: those of the latest set of
+    /// parameter rows written at or before it (the profiler writes the set when it
+    /// changes and at an epoch's first report, not at every report).
+    pub fn variables_at(&self, epoch: u64, iteration: u64) -> Vec<VarBytes> {
+        self.top
+            .range(..=(epoch, iteration))
+            .next_back()
+            .map(|(_, v)| largest(v))
+            .unwrap_or_default()
     }
 
     /// The run's name: its label, else its stem's file name.
@@ -237,7 +250,7 @@ fn take<T>(rows: &mut Vec<T>, polled: Polled<T>) -> bool {
 
 /// Each reported iteration's variables, largest first (weight and gradient together),
 /// the first [`TOP_VARIABLES`] kept.
-fn add_variables(top: &mut HashMap<(u64, u64), Vec<VarBytes>>, rows: Vec<ParameterRow>) -> bool {
+fn add_variables(top: &mut BTreeMap<(u64, u64), Vec<VarBytes>>, rows: Vec<ParameterRow>) -> bool {
     let any = !rows.is_empty();
     let mut touched = Vec::new();
     for r in rows {

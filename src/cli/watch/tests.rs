@@ -43,7 +43,14 @@ fn write_run(dir: &Path, name: &str, epochs: u64, iterations: u64) -> std::path:
                     ..SummaryRow::default()
                 })
                 .unwrap();
-            for (p, w) in [("fc1.weight", 3u64 << 20), ("fc2.weight", 1 << 20)] {
+            // The variables' rows as the profiler writes them: the whole set at an
+            // epoch's first report (and when one changes, which none does here).
+            let set: &[(&str, u64)] = if iteration == 1 {
+                &[("fc1.weight", 3 << 20), ("fc2.weight", 1 << 20)]
+            } else {
+                &[]
+            };
+            for &(p, w) in set {
                 for kind in ["weight", "gradient"] {
                     params
                         .serialize(ParameterRow {
@@ -122,6 +129,60 @@ fn the_screen_shows_the_files_numbers_at_60_and_120_columns() {
             assert!(text.contains("fc1.weight"), "{text}");
         }
     }
+}
+
+/// An iteration's variables are those of the latest set of parameter rows at or before
+/// it; before the first set, none.
+#[test]
+fn an_iterations_variables_are_the_latest_set_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let stem = write_run(dir.path(), "r", 2, 3);
+    // A changed set at epoch 1 iteration 3 (fc2's gradient went).
+    let mut params = csv::WriterBuilder::new().has_headers(false).from_writer(
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("r_parameters.csv"))
+            .unwrap(),
+    );
+    for (p, kind, b) in [
+        ("fc1.weight", "weight", 3u64 << 20),
+        ("fc1.weight", "gradient", 3 << 20),
+        ("fc2.weight", "weight", 1 << 20),
+    ] {
+        params
+            .serialize(ParameterRow {
+                epoch: 1,
+                iteration: 3,
+                parameter: p.into(),
+                kind: kind.into(),
+                bytes: b,
+                ..ParameterRow::default()
+            })
+            .unwrap();
+    }
+    drop(params);
+    let w = Watched::open(&stem).unwrap();
+    let at = |e, i| -> Vec<(String, u64, u64)> {
+        w.variables_at(e, i)
+            .into_iter()
+            .map(|v| (v.name, v.weight, v.gradient))
+            .collect()
+    };
+    let first = vec![
+        ("fc1.weight".to_string(), 3 << 20, 3 << 20),
+        ("fc2.weight".to_string(), 1 << 20, 1 << 20),
+    ];
+    let changed = vec![
+        ("fc1.weight".to_string(), 3 << 20, 3 << 20),
+        ("fc2.weight".to_string(), 1 << 20, 0),
+    ];
+    assert_eq!(at(0, 9), vec![]);
+    assert_eq!(at(1, 1), first);
+    assert_eq!(at(1, 2), first);
+    assert_eq!(at(1, 3), changed);
+    // Epoch 2's first report wrote the set again (write_run's order puts it before the
+    // appended rows in the file; the key, not the file's order, decides).
+    assert_eq!(at(2, 3), first);
 }
 
 #[test]

@@ -13,7 +13,7 @@ use ratatui::widgets::{
 };
 use ratatui::Frame;
 
-use super::follow::{largest, Watched};
+use super::follow::Watched;
 use crate::format::{bytes, signed_bytes};
 use crate::runs::SummaryRow;
 
@@ -389,11 +389,7 @@ fn draw_side(f: &mut Frame, area: Rect, w: &Watched, ui: &Ui, narrow: bool) {
     if vars.height < 3 {
         return;
     }
-    let list = w
-        .top
-        .get(&(r.epoch, r.iteration))
-        .map(|v| largest(v))
-        .unwrap_or_default();
+    let list = w.variables_at(r.epoch, r.iteration);
     let width = vars.width.saturating_sub(2 + 10 + 10 + 2) as usize;
     let var_rows: Vec<Row> = list
         .iter()
