@@ -1,6 +1,7 @@
 //! The CSV sink's tests (a child module of `report/csv.rs`, kept in a file of its own).
 
 use super::*;
+use crate::runs::schema::ParameterRow;
 use crate::stats::{VariableKind, VariableStats};
 
 fn stats(device: &str, cuda: Option<crate::cuda::CudaStats>) -> IterationStats {

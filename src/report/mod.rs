@@ -21,6 +21,7 @@ mod fit_text;
 pub(crate) mod html_page;
 mod idle_text;
 pub(crate) mod oom_files;
+mod parameter_rows;
 pub(crate) mod plot;
 pub(crate) mod snapshot;
 pub(crate) mod terminal;
