@@ -99,7 +99,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         match name.rsplit('_').next().unwrap_or("") {
             "epochs.csv" => "open first: one row an epoch, its peaks",
             "summary.csv" => "one row a report, every category",
-            "parameters.csv" => "one row a variable a report",
+            "parameters.csv" => "every variable's row, again when one changes or an epoch begins",
             "run.csv" => "versions and settings",
             _ => "",
         }
