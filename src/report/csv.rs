@@ -101,16 +101,6 @@ impl CsvFile {
         self.append_fresh(|w, _| write(w))
     }
 
-    /// Whether the next row starts the file anew: never opened, or unlinked since (the
-    /// file or its folder deleted: no links left to the open file, as its descriptor
-    /// tells without walking the path again).
-    fn gone(&self) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        self.writer.as_ref().map_or(true, |w| {
-            w.get_ref().metadata().is_ok_and(|m| m.nlink() == 0)
-        })
-    }
-
     /// [`CsvFile::append`], `write` told whether the file is new (no header written yet).
     fn append_fresh(
         &mut self,
@@ -363,8 +353,13 @@ impl Report for CsvReport {
                 .map_or(true, |(_, old)| old.bytes != tails.bytes);
             self.parameter_tails = Some((s.variables.clone(), tails));
         }
-        let due =
-            changed || self.parameters_written_epoch != Some(s.epoch) || self.parameters.gone();
+        // A file (or folder) deleted during the run shows in the summary's write, which
+        // checks at every report; the parameters file is not checked apart (a system
+        // call a report), so its rows come back with the summary's or the next set.
+        let due = changed
+            || self.parameters_written_epoch != Some(s.epoch)
+            || self.parameters.writer.is_none()
+            || first_error.is_some();
         if due {
             let tails = &self.parameter_tails.as_ref().expect("set above").1;
             // The rows' bytes, in a buffer kept from one set to the next: a block of this
