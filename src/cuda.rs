@@ -7,6 +7,8 @@
 //! error that says why, and a device index beyond the machine's devices is refused by
 //! name, never a crash.
 
+use std::time::{Duration, Instant};
+
 use crate::error::Result;
 use crate::ffi;
 
@@ -20,10 +22,23 @@ pub fn status() -> std::result::Result<(), String> {
 
 /// The caching allocator's statistics of `cuda:index` (aggregate pool): allocated,
 /// reserved, active and requested bytes, current and peak; allocation retries; OOMs;
-/// free and total device memory.
-/// Zero everywhere before the first CUDA tensor (free and total device memory too:
-/// asking the driver would create a CUDA context).
+/// free and total device memory, asked of the driver now.
+/// Zero everywhere before the first CUDA tensor. Free and total device memory are zero
+/// too where the device's allocator holds no memory: asking the driver would create a
+/// CUDA context on that device (hundreds of MiB of it), which a process training on
+/// another GPU must not do.
 pub fn stats(index: usize) -> Result<CudaStats> {
+    check_index(index)?;
+    let mut s = ffi::cuda_stats(index)?;
+    if s.reserved_current > 0 {
+        (s.free_bytes, s.total_bytes) = ffi::cuda_memory_info(index)?;
+    }
+    Ok(s)
+}
+
+/// [`stats`] without the driver's free and total memory (left 0): the allocator's own
+/// counters only, no driver call.
+pub(crate) fn allocator_stats(index: usize) -> Result<CudaStats> {
     check_index(index)?;
     ffi::cuda_stats(index)
 }
@@ -74,11 +89,159 @@ pub fn blas_workspaces() -> Result<Vec<BlasWorkspace>> {
     ffi::cuda_workspaces()
 }
 
-/// Statistics of every CUDA device whose allocator holds memory, with its index.
+/// Statistics of every CUDA device whose allocator holds memory, with its index (the
+/// driver asked for the free and total memory of those only: see [`stats`]).
 pub fn devices_in_use() -> Vec<(usize, CudaStats)> {
-    let n = tch::Cuda::device_count().max(0) as usize;
-    (0..n)
-        .filter_map(|i| stats(i).ok().map(|s| (i, s)))
-        .filter(|(_, s)| s.reserved_current > 0)
-        .collect()
+    DeviceMemory::default().devices_in_use()
+}
+
+/// How long the driver's free and total memory of a device are taken as read (unless
+/// the device's reserved bytes changed since): what [`DeviceMemory`] gives each
+/// `record_stats`.
+pub(crate) const MEMORY_INFO_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// The profiler's reads of the CUDA devices' statistics at each `record_stats`. The
+/// allocator's counters are read every time (a copy under the allocator's lock); the
+/// driver's free and total memory (`cudaMemGetInfo` behind a switch to the device: a few
+/// microseconds, milliseconds on some machines, at every step) only when the device's
+/// reserved bytes changed since the last read or [`MEMORY_INFO_MAX_AGE`] passed, and
+/// never for a device whose allocator holds nothing (the call would create a CUDA
+/// context there).
+#[derive(Debug, Default)]
+pub(crate) struct DeviceMemory {
+    /// By device index: the last read of the driver's memory, with the reserved bytes
+    /// and the time it was read at.
+    reads: Vec<Option<MemoryRead>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct MemoryRead {
+    reserved: i64,
+    at: Instant,
+    free: i64,
+    total: i64,
+}
+
+impl DeviceMemory {
+    /// `cuda:index`'s statistics, its free and total memory as of the last read that
+    /// still holds.
+    pub(crate) fn stats(&mut self, index: usize) -> Result<CudaStats> {
+        let mut s = ffi::cuda_stats(index)?;
+        self.fill(index, &mut s, Instant::now(), ffi::cuda_memory_info);
+        Ok(s)
+    }
+
+    /// [`devices_in_use`], through the reads this keeps.
+    pub(crate) fn devices_in_use(&mut self) -> Vec<(usize, CudaStats)> {
+        let n = tch::Cuda::device_count().max(0) as usize;
+        (0..n)
+            .filter_map(|i| self.stats(i).ok().map(|s| (i, s)))
+            .filter(|(_, s)| s.reserved_current > 0)
+            .collect()
+    }
+
+    /// Puts `index`'s free and total memory into `s`: the last read where it holds (the
+    /// same reserved bytes, younger than [`MEMORY_INFO_MAX_AGE`] at `now`), else what
+    /// `ask` reads now; zeros where the allocator holds nothing or `ask` fails (asked
+    /// again next time).
+    fn fill(
+        &mut self,
+        index: usize,
+        s: &mut CudaStats,
+        now: Instant,
+        ask: impl FnOnce(usize) -> Result<(i64, i64)>,
+    ) {
+        (s.free_bytes, s.total_bytes) = (0, 0);
+        if s.reserved_current <= 0 {
+            return;
+        }
+        if self.reads.len() <= index {
+            self.reads.resize(index + 1, None);
+        }
+        let holds = |r: &MemoryRead| {
+            r.reserved == s.reserved_current
+                && now.saturating_duration_since(r.at) < MEMORY_INFO_MAX_AGE
+        };
+        if !self.reads[index].as_ref().is_some_and(holds) {
+            self.reads[index] = ask(index).ok().map(|(free, total)| MemoryRead {
+                reserved: s.reserved_current,
+                at: now,
+                free,
+                total,
+            });
+        }
+        if let Some(r) = self.reads[index] {
+            (s.free_bytes, s.total_bytes) = (r.free, r.total);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reserved(bytes: i64) -> CudaStats {
+        CudaStats {
+            reserved_current: bytes,
+            ..CudaStats::default()
+        }
+    }
+
+    /// The driver is asked at the first read, again when the reserved bytes change or
+    /// the read is a second old, and never for a device whose allocator holds nothing;
+    /// a failed read gives zeros and is asked again.
+    #[test]
+    fn the_driver_is_asked_when_reserved_changes_or_a_second_passed() {
+        let mut m = DeviceMemory::default();
+        let t0 = Instant::now();
+        let mut asked = Vec::new();
+        let mut read = |m: &mut DeviceMemory, index: usize, r: i64, at: Duration, free: i64| {
+            let mut s = reserved(r);
+            m.fill(index, &mut s, t0 + at, |i| {
+                asked.push((i, at));
+                if free < 0 {
+                    Err(crate::error::Error::Run("no driver".into()))
+                } else {
+                    Ok((free, 80 << 30))
+                }
+            });
+            (s.free_bytes, s.total_bytes)
+        };
+        let ms = Duration::from_millis;
+        // A device whose allocator holds nothing: not asked, zeros.
+        assert_eq!(read(&mut m, 1, 0, ms(0), 5), (0, 0));
+        // cuda:0 read once, then taken as read while its reserved stays and under 1 s.
+        assert_eq!(
+            read(&mut m, 0, 2 << 20, ms(0), 70 << 30),
+            (70 << 30, 80 << 30)
+        );
+        assert_eq!(read(&mut m, 0, 2 << 20, ms(999), 1), (70 << 30, 80 << 30));
+        // Reserved changed: asked now.
+        assert_eq!(
+            read(&mut m, 0, 4 << 20, ms(1000), 69 << 30),
+            (69 << 30, 80 << 30)
+        );
+        assert_eq!(read(&mut m, 0, 4 << 20, ms(1500), 1), (69 << 30, 80 << 30));
+        // A second after the last read: asked again, though reserved stayed.
+        assert_eq!(
+            read(&mut m, 0, 4 << 20, ms(2000), 68 << 30),
+            (68 << 30, 80 << 30)
+        );
+        // A read that fails: zeros, and the next one asks again.
+        assert_eq!(read(&mut m, 2, 1 << 20, ms(2000), -1), (0, 0));
+        assert_eq!(read(&mut m, 2, 1 << 20, ms(2001), 7), (7, 80 << 30));
+        // Its allocator emptied: zeros without asking; then it holds memory again.
+        assert_eq!(read(&mut m, 2, 0, ms(2002), 9), (0, 0));
+        assert_eq!(read(&mut m, 2, 1 << 20, ms(2003), 9), (7, 80 << 30));
+        assert_eq!(
+            asked,
+            [
+                (0, ms(0)),
+                (0, ms(1000)),
+                (0, ms(2000)),
+                (2, ms(2000)),
+                (2, ms(2001)),
+            ]
+        );
+    }
 }

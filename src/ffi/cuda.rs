@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 
 extern "C" {
     fn memprof_cuda_stats(index: i32, out: *mut MpCudaStats) -> i32;
+    fn memprof_cuda_memory_info(index: i32, free_bytes: *mut i64, total_bytes: *mut i64) -> i32;
     fn memprof_cuda_history(on: i32, max_entries: i64) -> i32;
     fn memprof_cuda_snapshot(path: *const c_char) -> i32;
     fn memprof_cuda_control(index: i32, what: i32) -> i32;
@@ -161,12 +162,22 @@ impl From<&MpCudaStats> for CudaStats {
     }
 }
 
-/// CUDA allocator statistics of `cuda:index`; an error (never a crash) without CUDA.
+/// CUDA allocator statistics of `cuda:index`, free and total memory left 0 (the
+/// driver's: [`cuda_memory_info`]); an error (never a crash) without CUDA.
 pub(crate) fn cuda_stats(index: usize) -> Result<CudaStats> {
     let mut s = MpCudaStats::default();
     // SAFETY: `s` is a valid, writable MpCudaStats with the C layout.
     check(unsafe { memprof_cuda_stats(index as i32, &mut s) })?;
     Ok(CudaStats::from(&s))
+}
+
+/// The driver's free and total memory of `cuda:index` (0 and 0 before the first CUDA
+/// tensor). A driver call; on a device without a CUDA context it creates one.
+pub(crate) fn cuda_memory_info(index: usize) -> Result<(i64, i64)> {
+    let (mut free, mut total) = (0i64, 0i64);
+    // SAFETY: both pointers are valid, writable i64s.
+    check(unsafe { memprof_cuda_memory_info(index as i32, &mut free, &mut total) })?;
+    Ok((free, total))
 }
 
 /// CUDA: starts or stops the caching allocator's own history.

@@ -396,6 +396,18 @@ int memprof_cuda_stats(int32_t index, MpCudaStats* out) noexcept {
   });
 }
 
+int memprof_cuda_memory_info(int32_t index, int64_t* free_bytes, int64_t* total_bytes) noexcept {
+  return guarded("memprof_cuda_memory_info", [&]() -> int {
+    if (!given(free_bytes, "memprof_cuda_memory_info") ||
+        !given(total_bytes, "memprof_cuda_memory_info")) {
+      return -1;
+    }
+    *free_bytes = 0;
+    *total_bytes = 0;
+    return cuda_memory_info(index, free_bytes, total_bytes);
+  });
+}
+
 int memprof_cuda_history(int32_t on, int64_t max_entries) noexcept {
   return guarded("memprof_cuda_history", [&]() -> int { return cuda_history(on != 0, max_entries); });
 }

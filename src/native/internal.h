@@ -551,6 +551,7 @@ void load_cuda();
 void push_cuda_reporter();
 void pop_cuda_reporter();
 int cuda_stats(int32_t index, MpCudaStats* out);
+int cuda_memory_info(int32_t index, int64_t* free_bytes, int64_t* total_bytes);
 int cuda_history(bool on, int64_t max_entries);
 int cuda_snapshot(const char* path);
 int cuda_control(int32_t index, int32_t what);

@@ -465,6 +465,9 @@ int memprof_process_memory(int64_t* resident, int64_t* peak_resident) MP_NOEXCEP
 // CUDA: allocator statistics, history, snapshot, peak reset and cache emptying. Each
 // fails softly (an error, never a crash) without CUDA.
 int memprof_cuda_stats(int32_t index, MpCudaStats* out) MP_NOEXCEPT;
+// The driver's free and total memory of cuda:index (cudaMemGetInfo): a driver call, and
+// on a device without a CUDA context it creates one; memprof_cuda_stats leaves them 0.
+int memprof_cuda_memory_info(int32_t index, int64_t* free_bytes, int64_t* total_bytes) MP_NOEXCEPT;
 int memprof_cuda_history(int32_t on, int64_t max_entries) MP_NOEXCEPT;
 int memprof_cuda_snapshot(const char* path) MP_NOEXCEPT;
 int memprof_cuda_control(int32_t index, int32_t what) MP_NOEXCEPT;

@@ -367,6 +367,7 @@ impl MemoryProfilerBuilder {
             params,
             table,
             sums: Default::default(),
+            device_memory: Default::default(),
             hunter: self
                 .leak_check
                 .then(|| LeakHunter::new(slot, self.leak_threshold, self.leak_warmup_epochs)),

@@ -24,7 +24,7 @@ impl MemoryProfiler {
     pub(super) fn allocated_now(&self) -> Result<u64> {
         let ds = ffi::device_stats(self.slot)?;
         let cuda = match self.device {
-            Device::Cuda(i) => crate::cuda::stats(i).ok(),
+            Device::Cuda(i) => crate::cuda::allocator_stats(i).ok(),
             _ => None,
         };
         Ok(allocated_bytes(self.device, &ds, cuda.as_ref()))
@@ -87,7 +87,7 @@ impl MemoryProfiler {
 
         let (allocated, peak_allocated, reserved, peak_reserved, cuda) = match self.device {
             Device::Cuda(i) => {
-                let cuda = crate::cuda::stats(i).ok();
+                let cuda = self.device_memory.stats(i).ok();
                 let allocated = allocated_bytes(self.device, &ds, cuda.as_ref());
                 let reserved = cuda
                     .map(|c| c.reserved_current)
@@ -181,7 +181,7 @@ impl MemoryProfiler {
             variables,
             cuda,
             cuda_devices: match self.device {
-                Device::Cuda(_) => crate::cuda::devices_in_use(),
+                Device::Cuda(_) => self.device_memory.devices_in_use(),
                 _ => Vec::new(),
             },
         })

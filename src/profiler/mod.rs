@@ -138,6 +138,9 @@ pub struct MemoryProfiler {
     /// The variables, kept between calls, and the sums over their blocks.
     table: VarTable,
     sums: measure::Sums,
+    /// The CUDA devices' statistics as each report reads them (the driver's free memory
+    /// asked for only when it may have moved).
+    device_memory: crate::cuda::DeviceMemory,
     hunter: Option<LeakHunter>,
     last_leaks: Option<LeakReport>,
     history_entries: usize,
@@ -361,7 +364,7 @@ impl MemoryProfiler {
             .map(|b| b.base)
             .collect();
         let cuda = match self.device {
-            Device::Cuda(i) => crate::cuda::stats(i)
+            Device::Cuda(i) => crate::cuda::allocator_stats(i)
                 .ok()
                 .map(|c| (c.allocated_current, c.reserved_current)),
             _ => None,

@@ -317,9 +317,29 @@ int cuda_stats(int32_t index, MpCudaStats* out) {
   out->requested_peak = s.requested_bytes[A].peak;
   out->alloc_retries = s.num_alloc_retries;
   out->ooms = s.num_ooms;
+  // Free and total memory are the driver's (cuda_memory_info), asked for apart.
+  out->free_bytes = 0;
+  out->total_bytes = 0;
+  return 0;
+}
+
+int cuda_memory_info(int32_t index, int64_t* free_bytes, int64_t* total_bytes) {
+  bool uninitialized = false;
+  auto* alloc = cuda_allocator(&uninitialized);
+  if (!alloc) {
+    if (uninitialized) {
+      *free_bytes = 0;
+      *total_bytes = 0;
+      return 0;
+    }
+    return -1;
+  }
+  // cudaMemGetInfo behind a switch to the device (PyTorch's CUDAAllocator): on a device
+  // without a context it would create one, so the callers ask only where the allocator
+  // holds memory.
   auto info = alloc->getMemoryInfo(c10::DeviceIndex(index));
-  out->free_bytes = int64_t(info.first);
-  out->total_bytes = int64_t(info.second);
+  *free_bytes = int64_t(info.first);
+  *total_bytes = int64_t(info.second);
   return 0;
 }
 
