@@ -110,7 +110,9 @@ fn every_third_iteration_is_reported_and_the_files_parse_back() {
         );
     }
 
-    // Long form: 4 weights + 4 gradients per report.
+    // Long form: a set of 4 weights + 4 gradients at each report, both reports here
+    // being their epoch's first (a set is not written again within an epoch while the
+    // variables stay: src/report/csv_tests.rs, tests/killed_process.rs).
     let (h, rows) = read_csv(&file(&paths, "_parameters.csv"));
     assert_eq!(
         h.join(","),

@@ -101,6 +101,16 @@ impl CsvFile {
         self.append_fresh(|w, _| write(w))
     }
 
+    /// Whether the next row starts the file anew: never opened, or unlinked since (the
+    /// file or its folder deleted: no links left to the open file, as its descriptor
+    /// tells without walking the path again; one system call).
+    fn gone(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        self.writer.as_ref().map_or(true, |w| {
+            w.get_ref().metadata().is_ok_and(|m| m.nlink() == 0)
+        })
+    }
+
     /// [`CsvFile::append`], `write` told whether the file is new (no header written yet).
     fn append_fresh(
         &mut self,
@@ -353,18 +363,14 @@ impl Report for CsvReport {
                 .map_or(true, |(_, old)| old.bytes != tails.bytes);
             self.parameter_tails = Some((s.variables.clone(), tails));
         }
-        // A file (or folder) deleted during the run shows in the summary's write, which
-        // checks at every report; the parameters file is not checked apart (a system
-        // call a report), so its rows come back with the summary's or the next set.
-        let due = changed
-            || self.parameters_written_epoch != Some(s.epoch)
-            || self.parameters.writer.is_none()
-            || first_error.is_some();
+        let due =
+            changed || self.parameters_written_epoch != Some(s.epoch) || self.parameters.gone();
         if due {
             let tails = &self.parameter_tails.as_ref().expect("set above").1;
             // The rows' bytes, in a buffer kept from one set to the next: a block of this
             // size allocated each time made glibc consolidate the step's freed chunks.
             let block = &mut self.parameter_block;
+            let mut wrote = false;
             let result = self.parameters.append_fresh(|w, fresh| {
                 if fresh {
                     // A new file: its header, from the row type.
@@ -382,12 +388,13 @@ impl Report for CsvReport {
                 w.flush()?;
                 let mut file: &File = w.get_ref();
                 std::io::Write::write_all(&mut file, block)?;
+                wrote = true;
                 Ok(())
             });
-            // Written: the next report need not write them again. After an error
-            // (a failed write, or a vanished file recreated) the next report writes the
-            // set again.
-            self.parameters_written_epoch = result.is_ok().then_some(s.epoch);
+            // In the file (a vanished file's too, recreated, whose error says the
+            // earlier rows are lost): the next report need not write them again. A
+            // failed write is tried again at the next report.
+            self.parameters_written_epoch = wrote.then_some(s.epoch);
             first_error = first_error.or(result.err());
         }
 

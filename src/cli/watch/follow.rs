@@ -19,6 +19,8 @@ pub(super) const TOP_VARIABLES: usize = 12;
 /// One CSV file followed: the bytes read so far, a line not yet ended, its header.
 struct Tail {
     path: PathBuf,
+    /// The file read (device and inode): another at the path is a file made anew.
+    id: Option<(u64, u64)>,
     offset: u64,
     pending: Vec<u8>,
     headers: Option<csv::StringRecord>,
@@ -28,7 +30,8 @@ struct Tail {
 enum Polled<T> {
     /// Rows after those read before.
     More(Vec<T>),
-    /// The file is shorter than what was read: rewritten; these are all its rows.
+    /// The file was made anew (another file at the path, or shorter than what was
+    /// read): these are all its rows.
     Again(Vec<T>),
 }
 
@@ -36,6 +39,7 @@ impl Tail {
     fn new(path: PathBuf) -> Tail {
         Tail {
             path,
+            id: None,
             offset: 0,
             pending: Vec::new(),
             headers: None,
@@ -51,11 +55,18 @@ impl Tail {
             }
             Err(e) => return Err(format!("cannot read {}: {e}", self.path.display())),
         };
-        let len = file
+        let meta = file
             .metadata()
-            .map_err(|e| format!("cannot read {}: {e}", self.path.display()))?
-            .len();
-        let again = len < self.offset;
+            .map_err(|e| format!("cannot read {}: {e}", self.path.display()))?;
+        let len = meta.len();
+        // Made anew: another file at the path (a run folder deleted and recreated, whose
+        // parameters file may come back as long as it was), or a shorter one.
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            (meta.dev(), meta.ino())
+        };
+        let again = len < self.offset || self.id.is_some_and(|old| old != id);
+        self.id = Some(id);
         if again {
             self.offset = 0;
             self.pending.clear();
@@ -433,6 +444,28 @@ mod tests {
                 }]
             ),
             Polled::More(r) => panic!("not seen as rewritten: {r:?}"),
+        }
+        // Deleted and made anew, longer than what was read (a run folder deleted and
+        // recreated): another file, read from its start.
+        // (Made beside it and renamed over it, so that it cannot take the old inode.)
+        let new = dir.path().join("new.csv");
+        std::fs::write(&new, b"a,b\n4,four\n5,five\n").unwrap();
+        std::fs::rename(&new, &path).unwrap();
+        match tail.poll::<Row>().unwrap() {
+            Polled::Again(r) => assert_eq!(
+                r,
+                [
+                    Row {
+                        a: 4,
+                        b: "four".into()
+                    },
+                    Row {
+                        a: 5,
+                        b: "five".into()
+                    }
+                ]
+            ),
+            Polled::More(r) => panic!("not seen as made anew: {r:?}"),
         }
     }
 
