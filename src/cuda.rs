@@ -24,16 +24,23 @@ pub fn status() -> std::result::Result<(), String> {
 /// reserved, active and requested bytes, current and peak; allocation retries; OOMs;
 /// free and total device memory, asked of the driver now.
 /// Zero everywhere before the first CUDA tensor. Free and total device memory are zero
-/// too where the device's allocator holds no memory: asking the driver would create a
-/// CUDA context on that device (hundreds of MiB of it), which a process training on
-/// another GPU must not do.
+/// too where the device's allocator holds no memory and has held none since its peaks
+/// were last reset: asking the driver would create a CUDA context on that device
+/// (hundreds of MiB of it), which a process training on another GPU must not do.
 pub fn stats(index: usize) -> Result<CudaStats> {
     check_index(index)?;
     let mut s = ffi::cuda_stats(index)?;
-    if s.reserved_current > 0 {
+    if has_context(&s) {
         (s.free_bytes, s.total_bytes) = ffi::cuda_memory_info(index)?;
     }
     Ok(s)
+}
+
+/// Whether the device's allocator holds memory or has held some (its reserved peak):
+/// it took that memory from the driver, so the device has a CUDA context, and asking
+/// the driver about it creates none.
+fn has_context(s: &CudaStats) -> bool {
+    s.reserved_current > 0 || s.reserved_peak > 0
 }
 
 /// [`stats`] without the driver's free and total memory (left 0): the allocator's own
@@ -105,8 +112,8 @@ pub(crate) const MEMORY_INFO_MAX_AGE: Duration = Duration::from_secs(1);
 /// driver's free and total memory (`cudaMemGetInfo` behind a switch to the device: a few
 /// microseconds, milliseconds on some machines, at every step) only when the device's
 /// reserved bytes changed since the last read or [`MEMORY_INFO_MAX_AGE`] passed, and
-/// never for a device whose allocator holds nothing (the call would create a CUDA
-/// context there).
+/// never for a device whose allocator holds nothing and held nothing (the call would
+/// create a CUDA context there).
 #[derive(Debug, Default)]
 pub(crate) struct DeviceMemory {
     /// By device index: the last read of the driver's memory, with the reserved bytes
@@ -142,8 +149,8 @@ impl DeviceMemory {
 
     /// Puts `index`'s free and total memory into `s`: the last read where it holds (the
     /// same reserved bytes, younger than [`MEMORY_INFO_MAX_AGE`] at `now`), else what
-    /// `ask` reads now; zeros where the allocator holds nothing or `ask` fails (asked
-    /// again next time).
+    /// `ask` reads now; zeros where the allocator holds and held nothing, or where `ask`
+    /// fails (asked again next time).
     fn fill(
         &mut self,
         index: usize,
@@ -152,11 +159,12 @@ impl DeviceMemory {
         ask: impl FnOnce(usize) -> Result<(i64, i64)>,
     ) {
         (s.free_bytes, s.total_bytes) = (0, 0);
-        if s.reserved_current <= 0 {
-            return;
-        }
         if self.reads.len() <= index {
             self.reads.resize(index + 1, None);
+        }
+        if !has_context(s) {
+            self.reads[index] = None;
+            return;
         }
         let holds = |r: &MemoryRead| {
             r.reserved == s.reserved_current
@@ -180,16 +188,21 @@ impl DeviceMemory {
 mod tests {
     use super::*;
 
+    /// Statistics of `bytes` reserved, the peak `bytes` too but for a device emptied
+    /// (`bytes` 0 after a peak of 1 MiB: `EMPTIED`).
     fn reserved(bytes: i64) -> CudaStats {
         CudaStats {
-            reserved_current: bytes,
+            reserved_current: bytes.max(0),
+            reserved_peak: if bytes == EMPTIED { 1 << 20 } else { bytes },
             ..CudaStats::default()
         }
     }
+    const EMPTIED: i64 = -1;
 
     /// The driver is asked at the first read, again when the reserved bytes change or
-    /// the read is a second old, and never for a device whose allocator holds nothing;
-    /// a failed read gives zeros and is asked again.
+    /// the read is a second old, and never for a device whose allocator holds and held
+    /// nothing; a device emptied to 0 reserved is still asked; a failed read gives zeros
+    /// and is asked again.
     #[test]
     fn the_driver_is_asked_when_reserved_changes_or_a_second_passed() {
         let mut m = DeviceMemory::default();
@@ -230,9 +243,14 @@ mod tests {
         // A read that fails: zeros, and the next one asks again.
         assert_eq!(read(&mut m, 2, 1 << 20, ms(2000), -1), (0, 0));
         assert_eq!(read(&mut m, 2, 1 << 20, ms(2001), 7), (7, 80 << 30));
-        // Its allocator emptied: zeros without asking; then it holds memory again.
-        assert_eq!(read(&mut m, 2, 0, ms(2002), 9), (0, 0));
-        assert_eq!(read(&mut m, 2, 1 << 20, ms(2003), 9), (7, 80 << 30));
+        // Its allocator emptied (its context stays): asked, reserved having changed;
+        // then holding memory again, asked again.
+        assert_eq!(read(&mut m, 2, EMPTIED, ms(2002), 9), (9, 80 << 30));
+        assert_eq!(read(&mut m, 2, 1 << 20, ms(2003), 8), (8, 80 << 30));
+        // Statistics of nothing held ever (peaks reset too): zeros, not asked, and the
+        // last read forgotten.
+        assert_eq!(read(&mut m, 2, 0, ms(2004), 6), (0, 0));
+        assert_eq!(read(&mut m, 2, 1 << 20, ms(2005), 5), (5, 80 << 30));
         assert_eq!(
             asked,
             [
@@ -241,6 +259,9 @@ mod tests {
                 (0, ms(2000)),
                 (2, ms(2000)),
                 (2, ms(2001)),
+                (2, ms(2002)),
+                (2, ms(2003)),
+                (2, ms(2005)),
             ]
         );
     }

@@ -137,9 +137,12 @@ pub struct CudaStats {
     pub alloc_retries: i64,
     /// Out-of-memory errors raised by the allocator.
     pub ooms: i64,
-    /// Free device memory as the driver reports it.
+    /// Free device memory as the driver reports it: asked now by [`crate::cuda::stats`];
+    /// in the profiler's reports, read when the reserved bytes changed or at most a
+    /// second before. 0 where the device's allocator holds and held no memory (asking
+    /// would create a CUDA context there).
     pub free_bytes: i64,
-    /// Total device memory.
+    /// Total device memory (0 where `free_bytes` is).
     pub total_bytes: i64,
 }
 

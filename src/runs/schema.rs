@@ -106,7 +106,8 @@ pub struct SummaryRow {
     /// Out-of-memory errors the allocator raised.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda_ooms: Option<Option<i64>>,
-    /// The device's free memory (`cudaMemGetInfo`).
+    /// The device's free memory (`cudaMemGetInfo`, read when the reserved bytes changed or
+    /// at most a second before the row).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda_device_free_bytes: Option<Option<i64>>,
     /// The device's total memory.
