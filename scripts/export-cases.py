@@ -15,11 +15,16 @@ DIR/custom.pt2: a module calling a custom op (torch.library.custom_op "memprof_t
 DIR/autocast.pt2: a module that turns autocast on inside its forward;
 DIR/causal.pt2: attention with a causal mask filled with -inf (the float the schema
     writes as the string "-Infinity");
-DIR/views.pt2: buffers that view one storage: a slice at an offset and a transpose.
+DIR/views.pt2: buffers that view one storage: a slice at an offset and a transpose;
+DIR/lora.pt2: a linear layer with a low-rank adapter beside it, the layer frozen
+    (requires_grad False, as a fine-tune freezes its base weights); DIR/lora-trained.pt2
+    the same module with nothing frozen; DIR/lora.json: the bytes of its trainable and
+    frozen parameters, as PyTorch counts them.
 Run with the Python of the torch wheel that scripts/with-libtorch.sh installs, with the
 packages of scripts/corpus-env.sh.
 """
 
+import json
 import os
 import sys
 import warnings
@@ -109,6 +114,19 @@ class Views(torch.nn.Module):
         return self.fc(x @ self.table_t[:, :8]) + self.tail.sum()
 
 
+class Lora(torch.nn.Module):
+    """A linear layer and a rank-8 adapter beside it (LoRA's shape, without its scaling)."""
+
+    def __init__(self):
+        super().__init__()
+        self.base = torch.nn.Linear(256, 256)
+        self.lora_a = torch.nn.Linear(256, 8, bias=False)
+        self.lora_b = torch.nn.Linear(8, 256, bias=False)
+
+    def forward(self, x):
+        return self.base(x) + self.lora_b(self.lora_a(x))
+
+
 def save(ep, path, core=False):
     torch.export.save(ep.run_decompositions({}) if core else ep, path)
 
@@ -156,6 +174,18 @@ def main(argv):
         save(ep, os.path.join(out, name + ".pt2"))
     ep = torch.export.export(Causal().eval(), (torch.randn(2, 10, 16),))
     save(ep, os.path.join(out, "causal.pt2"))
+
+    lora = Lora()
+    x = torch.randn(4, 256)
+    save(torch.export.export(lora, (x,)), os.path.join(out, "lora-trained.pt2"))
+    lora.base.requires_grad_(False)
+    save(torch.export.export(lora, (x,)), os.path.join(out, "lora.pt2"))
+    nbytes = lambda ps: sum(p.numel() * p.element_size() for p in ps)  # noqa: E731
+    with open(os.path.join(out, "lora.json"), "w") as f:
+        json.dump({
+            "trainable": [nbytes([p]) for p in lora.parameters() if p.requires_grad],
+            "frozen": [nbytes([p]) for p in lora.parameters() if not p.requires_grad],
+        }, f)
     return 0
 
 

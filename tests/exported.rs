@@ -6,7 +6,8 @@
 //! are refused in one line with exit status 2; `profile` runs a real training step of a
 //! program on the CPU, as of the same model's TorchScript file; infinite floats, weights
 //! that view one storage, and the largest batch searched within a program's range (a
-//! static program's one batch never called the largest that fits).
+//! static program's one batch never called the largest that fits); parameters saved
+//! frozen take no gradient and no optimizer state.
 
 mod common;
 
@@ -96,6 +97,66 @@ fn both_forms_torch_export_writes_estimate_alike() {
     let pt2 = estimate(&dir.join("resnet18.pt2"), &[]).unwrap();
     assert_eq!(pt.0, pt2.0);
     assert!(within(pt2.1, pt.1, 0.05), "{pt:?} {pt2:?}");
+}
+
+/// The largest bytes each category holds over the predicted step of `estimate FILE
+/// ARGS... --output-dir` (its timeline's columns, in the bytes the allocator charges).
+fn category_maxima(file: &Path, args: &[&str]) -> std::collections::HashMap<String, u64> {
+    let out = tempfile::tempdir().unwrap();
+    let mut all = vec!["estimate", file.to_str().unwrap(), "--output-dir"];
+    all.push(out.path().to_str().unwrap());
+    all.extend(args);
+    let run = common::cli(&all);
+    assert!(run.status.success(), "{}", common::text(&run.stderr));
+    let mut rd = csv::Reader::from_path(out.path().join("timeline.csv")).unwrap();
+    let h = rd.headers().unwrap().clone();
+    let mut max = std::collections::HashMap::new();
+    for r in rd.records() {
+        let r = r.unwrap();
+        for (name, v) in h.iter().zip(r.iter()) {
+            if let (true, Ok(v)) = (name.ends_with("_bytes"), v.parse::<u64>()) {
+                let m = max.entry(name.to_string()).or_insert(0);
+                *m = v.max(*m);
+            }
+        }
+    }
+    max
+}
+
+/// A parameter saved with requires_grad False (a fine-tune's frozen base weights) takes
+/// no gradient and no optimizer state in a training step, as in PyTorch's: the estimate
+/// of a linear layer with a rank-8 adapter beside it, the layer frozen, holds gradients
+/// of the adapter's bytes and AdamW's two states of them; the same module with nothing
+/// frozen, of every parameter's. The bytes are PyTorch's count (lora.json; each a
+/// multiple of the allocator's 512-byte blocks).
+#[test]
+fn frozen_parameters_take_no_gradient_and_no_optimizer_state() {
+    let Some(dir) = cases() else { return };
+    let counts: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("lora.json")).unwrap()).unwrap();
+    let sum = |k: &str| -> u64 {
+        counts[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .sum()
+    };
+    let (trainable, frozen) = (sum("trainable"), sum("frozen"));
+    assert!(trainable > 0 && frozen > trainable, "{counts}");
+    let train = ["--input", "4x256", "--train", "--optimizer", "adamw"];
+    let tuned = category_maxima(&dir.join("lora.pt2"), &train);
+    let whole = category_maxima(&dir.join("lora-trained.pt2"), &train);
+    println!("frozen base: {tuned:?}\nnothing frozen: {whole:?}");
+    assert_eq!(tuned["grad_bytes"], trainable);
+    assert_eq!(tuned["opt_bytes"], 2 * trainable);
+    assert_eq!(whole["grad_bytes"], trainable + frozen);
+    assert_eq!(whole["opt_bytes"], 2 * (trainable + frozen));
+    // Held all the same: the trainable parameters as parameters, the frozen ones with
+    // the buffers (no gradient, no state).
+    assert_eq!(tuned["param_bytes"], trainable);
+    assert_eq!(tuned["buffer_bytes"], frozen);
+    assert_eq!(whole["param_bytes"], trainable + frozen);
 }
 
 #[test]

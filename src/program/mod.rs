@@ -427,6 +427,10 @@ impl Program {
                     )));
                 }
             }
+            let kind = match (kind, meta.requires_grad) {
+                (WeightKind::Parameter, Some(false)) => WeightKind::FrozenParameter,
+                _ => kind,
+            };
             weights.push(Weight {
                 name: name.clone(),
                 kind,

@@ -179,6 +179,10 @@ pub(crate) struct TensorMeta {
     #[serde(default)]
     pub storage_offset: Option<SymInt>,
     pub layout: i32,
+    /// Whether the tensor requires grad: a parameter saved with `False` is frozen (a
+    /// fine-tune's base weights). Absent in some records: a parameter then trains.
+    #[serde(default)]
+    pub requires_grad: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -14,6 +14,9 @@ use crate::error::{torch_message, Error, Result};
 pub(crate) enum WeightKind {
     /// A parameter: trained (requires grad in a training step).
     Parameter,
+    /// A parameter saved with `requires_grad=False` (frozen: a fine-tune's base
+    /// weights): no gradient and no optimizer state, as PyTorch's training step gives it.
+    FrozenParameter,
     /// A buffer (batch norm's running statistics).
     Buffer,
     /// A tensor constant: a non-persistent buffer or a tensor the forward pass made
@@ -179,7 +182,7 @@ pub(crate) fn add_to_var_store(vs: &nn::VarStore, weights: &[Weight], tensors: &
             WeightKind::Parameter => {
                 crate::vars::add_dotted(&vs.root(), &w.name, t.shallow_clone(), true)
             }
-            WeightKind::Buffer => {
+            WeightKind::Buffer | WeightKind::FrozenParameter => {
                 crate::vars::add_dotted(&vs.root(), &w.name, t.shallow_clone(), false)
             }
             WeightKind::Constant => {}
