@@ -19,7 +19,7 @@ DIR/views.pt2: buffers that view one storage: a slice at an offset and a transpo
 DIR/lora.pt2: a linear layer with a low-rank adapter beside it, the layer frozen
     (requires_grad False, as a fine-tune freezes its base weights); DIR/lora-trained.pt2
     the same module with nothing frozen; DIR/lora.json: the bytes of its trainable and
-    frozen parameters, as PyTorch counts them.
+    frozen parameters (shape and bytes), as PyTorch gives them.
 Run with the Python of the torch wheel that scripts/with-libtorch.sh installs, with the
 packages of scripts/corpus-env.sh.
 """
@@ -180,12 +180,11 @@ def main(argv):
     save(torch.export.export(lora, (x,)), os.path.join(out, "lora-trained.pt2"))
     lora.base.requires_grad_(False)
     save(torch.export.export(lora, (x,)), os.path.join(out, "lora.pt2"))
-    nbytes = lambda ps: sum(p.numel() * p.element_size() for p in ps)  # noqa: E731
+    def described(trains):
+        return [{"shape": list(p.shape), "bytes": p.numel() * p.element_size()}
+                for p in lora.parameters() if p.requires_grad == trains]
     with open(os.path.join(out, "lora.json"), "w") as f:
-        json.dump({
-            "trainable": [nbytes([p]) for p in lora.parameters() if p.requires_grad],
-            "frozen": [nbytes([p]) for p in lora.parameters() if not p.requires_grad],
-        }, f)
+        json.dump({"trainable": described(True), "frozen": described(False)}, f)
     return 0
 
 

@@ -123,6 +123,91 @@ fn category_maxima(file: &Path, args: &[&str]) -> std::collections::HashMap<Stri
     max
 }
 
+/// lora.json: the trainable and the frozen parameters of lora.pt2, each `([rows, row],
+/// bytes)` (dim 0, then the rest), as PyTorch gives them.
+type Described = Vec<([u64; 2], u64)>;
+fn lora_parameters(dir: &Path) -> (Described, Described) {
+    let counts: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("lora.json")).unwrap()).unwrap();
+    let read = |k: &str| -> Described {
+        counts[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                let shape: Vec<u64> = p["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap())
+                    .collect();
+                let rows = shape.first().copied().unwrap_or(1);
+                let row: u64 = shape.iter().skip(1).product();
+                ([rows, row], p["bytes"].as_u64().unwrap())
+            })
+            .collect()
+    };
+    (read("trainable"), read("frozen"))
+}
+
+/// Under FSDP2 (`fully_shard` shards every parameter of a module, whatever its
+/// requires_grad) the frozen layer is sharded like the adapter: each rank holds every
+/// parameter's padded shard (dim 0 in ceil(d / N) rows), and AdamW's two states of the
+/// adapter's local shards only; the arithmetic by hand from PyTorch's shapes.
+#[test]
+fn frozen_parameters_are_sharded_with_no_gradient_or_state() {
+    use tch_memprof::estimate::{Fsdp, Gpu, Mode, Model, Optimizer, Options};
+    let Some(dir) = cases() else { return };
+    let _serial = common::serial();
+    let (trainable, frozen) = lora_parameters(dir);
+    let model = Model::from_file(&dir.join("lora.pt2")).unwrap();
+    let input = Input::parse("4x256", None).unwrap();
+    let options = Options::for_gpu(Gpu::named("h200").unwrap());
+    let ranks = model
+        .estimate_sharded(
+            std::slice::from_ref(&input),
+            Mode::Train(Optimizer::AdamW),
+            &options,
+            &Fsdp::over(4),
+        )
+        .unwrap();
+    assert_eq!(ranks.iter().map(|r| r.rank).collect::<Vec<_>>(), [0, 3]);
+    let f32 = 4;
+    let padded = |ps: &Described| -> u64 {
+        ps.iter()
+            .map(|([rows, row], _)| rows.div_ceil(4) * row * f32)
+            .sum()
+    };
+    let local = |ps: &Described, rank: u64| -> u64 {
+        ps.iter()
+            .map(|([rows, row], _)| {
+                let per = rows.div_ceil(4);
+                rows.saturating_sub(rank * per).min(per) * row * f32
+            })
+            .sum()
+    };
+    for r in &ranks {
+        println!(
+            "rank {}: sharded parameters {} B, optimizer state {} B, peak {} B",
+            r.rank, r.sharded_parameter_bytes, r.optimizer_state_bytes, r.peak_allocated
+        );
+        assert_eq!(
+            r.sharded_parameter_bytes,
+            padded(&trainable) + padded(&frozen),
+            "rank {}",
+            r.rank
+        );
+        assert_eq!(
+            r.optimizer_state_bytes,
+            2 * local(&trainable, u64::from(r.rank)),
+            "rank {}",
+            r.rank
+        );
+        let sum: u64 = r.at_peak.iter().map(|(_, b)| b).sum();
+        assert_eq!(sum, r.peak_allocated, "rank {}", r.rank);
+    }
+}
+
 /// A parameter saved with requires_grad False (a fine-tune's frozen base weights) takes
 /// no gradient and no optimizer state in a training step, as in PyTorch's: the estimate
 /// of a linear layer with a rank-8 adapter beside it, the layer frozen, holds gradients
@@ -132,18 +217,10 @@ fn category_maxima(file: &Path, args: &[&str]) -> std::collections::HashMap<Stri
 #[test]
 fn frozen_parameters_take_no_gradient_and_no_optimizer_state() {
     let Some(dir) = cases() else { return };
-    let counts: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("lora.json")).unwrap()).unwrap();
-    let sum = |k: &str| -> u64 {
-        counts[k]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|b| b.as_u64().unwrap())
-            .sum()
-    };
-    let (trainable, frozen) = (sum("trainable"), sum("frozen"));
-    assert!(trainable > 0 && frozen > trainable, "{counts}");
+    let (trainable, frozen) = lora_parameters(dir);
+    let sum = |ps: &[([u64; 2], u64)]| -> u64 { ps.iter().map(|(_, b)| b).sum() };
+    let (trainable, frozen) = (sum(&trainable), sum(&frozen));
+    assert!(trainable > 0 && frozen > trainable);
     let train = ["--input", "4x256", "--train", "--optimizer", "adamw"];
     let tuned = category_maxima(&dir.join("lora.pt2"), &train);
     let whole = category_maxima(&dir.join("lora-trained.pt2"), &train);

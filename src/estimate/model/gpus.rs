@@ -70,12 +70,17 @@ impl Model {
         gpus: u32,
     ) -> Result<GpuPlans> {
         let mode = Mode::Train(optimizer);
-        let parameter_bytes: u64 = self
-            .fsdp_vars()?
-            .iter()
-            .filter(|v| v.trainable)
-            .map(|v| v.padded_shard_bytes(1))
-            .sum();
+        // What trains is all-reduced or reduce-scattered; FSDP2 all-gathers every
+        // parameter, frozen ones too.
+        let vars = self.fsdp_vars()?;
+        let bytes_of = |keep: fn(&crate::estimate::parallel::Var) -> bool| -> u64 {
+            vars.iter()
+                .filter(|v| keep(v))
+                .map(|v| v.padded_shard_bytes(1))
+                .sum()
+        };
+        let parameter_bytes = bytes_of(|v| v.trainable);
+        let sharded_bytes = bytes_of(|v| v.sharded());
         let n = u64::from(gpus);
         let share = |bytes: u64| bytes * (n - 1) / n.max(1);
         let mut plans = Vec::new();
@@ -95,9 +100,9 @@ impl Model {
                 // Mixed precision gathers the parameters in bf16 (half their f32
                 // bytes) and reduce-scatters in f32.
                 let gathered = if mixed {
-                    parameter_bytes / 2
+                    sharded_bytes / 2
                 } else {
-                    parameter_bytes
+                    sharded_bytes
                 };
                 let (traffic, collectives) = match sharding {
                     Sharding::Ddp => (

@@ -59,9 +59,11 @@ impl Model {
     /// The variables in the dry run's order (by name, defined ones), with their shapes.
     pub(super) fn fsdp_vars(&self) -> Result<Vec<Var>> {
         let (named, trainable) = self.named_blocks()?;
+        let frozen = self.frozen_parameters();
         Ok(named
             .into_iter()
             .map(|(name, t, b)| Var {
+                frozen: frozen.contains(&name),
                 name,
                 ptr: b.base,
                 shape: t.size(),
@@ -69,6 +71,21 @@ impl Model {
                 trainable: trainable.contains(&b.base),
             })
             .collect())
+    }
+
+    /// The names of an exported program's parameters saved without `requires_grad` (in
+    /// the VarStore as variables without gradients, as buffers are): FSDP2 shards them
+    /// all the same. None for other models (tch's own have no such parameters).
+    pub(super) fn frozen_parameters(&self) -> HashSet<String> {
+        match &self.runner {
+            super::Runner::Program { program, .. } => program
+                .weights()
+                .iter()
+                .filter(|w| w.kind == crate::program::WeightKind::FrozenParameter)
+                .map(|w| w.name.clone())
+                .collect(),
+            _ => HashSet::new(),
+        }
     }
 }
 
@@ -81,15 +98,26 @@ pub(super) struct CastParameters {
 }
 
 impl Model {
-    /// The trainable floating-point variables cast to `kind` until the value returned is
-    /// dropped (none cast without a `kind`, or of it already).
+    /// The parameters (trainable, and an exported program's frozen ones: FSDP2
+    /// all-gathers every parameter in `param_dtype`) of a floating-point dtype cast to
+    /// `kind` until the value returned is dropped (none cast without a `kind`, or of it
+    /// already).
     pub(super) fn cast_parameters(&self, kind: Option<Kind>) -> Result<CastParameters> {
         let mut cast = CastParameters { kept: Vec::new() };
         let Some(kind) = kind else {
             return Ok(cast);
         };
+        let frozen = self.frozen_parameters();
+        let vs = self.var_store();
+        let mut parameters = vs.trainable_variables();
+        parameters.extend(
+            vs.variables()
+                .into_iter()
+                .filter(|(name, _)| frozen.contains(name))
+                .map(|(_, t)| t),
+        );
         tch::no_grad(|| {
-            for mut t in self.var_store().trainable_variables() {
+            for mut t in parameters {
                 if !t.is_floating_point() || t.kind() == kind {
                     continue;
                 }

@@ -194,11 +194,22 @@ pub(crate) struct Var {
     pub shape: Vec<i64>,
     /// Its dtype.
     pub kind: Kind,
-    /// A parameter (sharded); else a buffer (replicated on every rank).
+    /// A parameter that trains (sharded; a gradient, reduce-scattered, and optimizer
+    /// state on its shard).
     pub trainable: bool,
+    /// A parameter saved without `requires_grad` (a fine-tune's frozen base weights):
+    /// sharded and all-gathered like the others, no gradient, no optimizer state. A
+    /// variable neither trainable nor frozen is a buffer (replicated on every rank).
+    pub frozen: bool,
 }
 
 impl Var {
+    /// A parameter, frozen or not: FSDP2 shards it (`fully_shard` shards every
+    /// parameter of the module, whatever its `requires_grad`).
+    pub(crate) fn sharded(&self) -> bool {
+        self.trainable || self.frozen
+    }
+
     fn rows_and_row(&self) -> (u64, u64) {
         let numel: u64 = self.shape.iter().map(|&s| s.max(0) as u64).product();
         let d = self.shape.first().map_or(1, |&d| d.max(0) as u64);
@@ -304,6 +315,7 @@ mod tests {
             shape: shape.to_vec(),
             kind: Kind::Float,
             trainable: true,
+            frozen: false,
         }
     }
 

@@ -31,12 +31,13 @@ pub(crate) struct Sharded {
 
 struct Unit {
     params: Vec<usize>,
-    /// Padded shard bytes of the unit (Σ c·r·b) in the parameters' dtype: the gradient
-    /// shards'.
+    /// Padded shard bytes of the unit's trainable parameters (Σ c·r·b) in their dtype:
+    /// the gradient shards'.
     shard: u64,
-    /// The same in `param_dtype`: what each rank puts into the all-gather.
+    /// Every parameter's (frozen ones too) in `param_dtype`: what each rank puts into the
+    /// all-gather.
     gather: u64,
-    /// The same in `reduce_dtype`: each rank's reduce-scatter output.
+    /// The trainable parameters' in `reduce_dtype`: each rank's reduce-scatter output.
     reduce: u64,
     /// The shards are cast to `param_dtype` before the all-gather.
     cast: bool,
@@ -83,15 +84,18 @@ pub(crate) fn shard(
             .position(|m| v.name.starts_with(&format!("{m}.")))
             .map_or(0, |p| p + 1);
         unit_of[i] = u;
-        if v.trainable {
+        if v.sharded() {
+            // Every parameter all-gathered; only those that train reduce-scattered.
             let numel = v.padded_shard_numel(world);
             let unit = &mut units[u];
             unit.params.push(i);
-            unit.shard += v.padded_shard_bytes(world);
             unit.gather += numel * elem_bytes(fsdp.param_kind(v.kind));
-            unit.reduce += numel * elem_bytes(fsdp.reduce_kind(v.kind));
             unit.cast |= fsdp.param_kind(v.kind) != v.kind;
-            unit.recast |= fsdp.reduce_kind(v.kind) != v.kind;
+            if v.trainable {
+                unit.shard += v.padded_shard_bytes(world);
+                unit.reduce += numel * elem_bytes(fsdp.reduce_kind(v.kind));
+                unit.recast |= fsdp.reduce_kind(v.kind) != v.kind;
+            }
         }
     }
     let by_ptr: HashMap<u64, usize> = vars.iter().enumerate().map(|(i, v)| (v.ptr, i)).collect();
@@ -101,7 +105,7 @@ pub(crate) fn shard(
     let weights: Vec<Event> = weights
         .iter()
         .map(|e| match (e.kind, by_ptr.get(&e.ptr)) {
-            (EventKind::Alloc { .. }, Some(&i)) if vars[i].trainable => {
+            (EventKind::Alloc { .. }, Some(&i)) if vars[i].sharded() => {
                 categories.insert(e.ptr, ShardedCategory::ShardedParameters);
                 Event {
                     value: vars[i].padded_shard_bytes(world) as i64,
@@ -116,12 +120,12 @@ pub(crate) fn shard(
         })
         .collect();
 
-    // Only a parameter says which unit runs: a buffer or a shared variable read inside a
-    // unit does not end it.
+    // Only a parameter (frozen or not) says which unit runs: a buffer or a shared
+    // variable read inside a unit does not end it.
     let unit_of_op = |value: i64| -> Option<usize> {
         usize::try_from(value)
             .ok()
-            .filter(|&v| vars.get(v).is_some_and(|v| v.trainable))
+            .filter(|&v| vars.get(v).is_some_and(|v| v.sharded()))
             .map(|v| unit_of[v])
     };
     let local_set: u64 = vars
