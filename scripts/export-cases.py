@@ -19,7 +19,8 @@ DIR/views.pt2: buffers that view one storage: a slice at an offset and a transpo
 DIR/lora.pt2: a linear layer with a low-rank adapter beside it, the layer frozen
     (requires_grad False, as a fine-tune freezes its base weights); DIR/lora-trained.pt2
     the same module with nothing frozen; DIR/lora.json: the bytes of its trainable and
-    frozen parameters (shape and bytes), as PyTorch gives them.
+    frozen parameters (shape and bytes), as PyTorch gives them; DIR/lora-inference.pt2 the
+    same module with every parameter frozen (as a module exported for inference).
 Run with the Python of the torch wheel that scripts/with-libtorch.sh installs, with the
 packages of scripts/corpus-env.sh.
 """
@@ -185,6 +186,8 @@ def main(argv):
                 for p in lora.parameters() if p.requires_grad == trains]
     with open(os.path.join(out, "lora.json"), "w") as f:
         json.dump({"trainable": described(True), "frozen": described(False)}, f)
+    lora.requires_grad_(False)
+    save(torch.export.export(lora, (x,)), os.path.join(out, "lora-inference.pt2"))
     return 0
 
 

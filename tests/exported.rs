@@ -186,6 +186,22 @@ fn frozen_parameters_are_sharded_with_no_gradient_or_state() {
             })
             .sum()
     };
+    // Under bf16 mixed precision the frozen layer is gathered in bf16 with the adapter
+    // (the dry run computes with both cast); the shards and the state stay f32.
+    let mixed = Fsdp {
+        param_dtype: Some(tch::Kind::BFloat16),
+        ..Fsdp::over(4)
+    };
+    let bf16 = model
+        .estimate_sharded(
+            std::slice::from_ref(&input),
+            Mode::Train(Optimizer::AdamW),
+            &options,
+            &mixed,
+        )
+        .unwrap();
+    let mut ranks = ranks;
+    ranks.extend(bf16);
     for r in &ranks {
         println!(
             "rank {}: sharded parameters {} B, optimizer state {} B, peak {} B",
@@ -229,6 +245,20 @@ fn frozen_parameters_take_no_gradient_and_no_optimizer_state() {
     assert_eq!(tuned["opt_bytes"], 2 * trainable);
     assert_eq!(whole["grad_bytes"], trainable + frozen);
     assert_eq!(whole["opt_bytes"], 2 * (trainable + frozen));
+    // Every parameter frozen (a module exported for inference): a training estimate
+    // trains them all, as of the same module with nothing frozen, and says so.
+    let inference = dir.join("lora-inference.pt2");
+    assert_eq!(category_maxima(&inference, &train), whole);
+    let mut all = vec!["estimate", inference.to_str().unwrap(), "--csv"];
+    all.extend(train);
+    let out = common::cli(&all);
+    let stderr = common::text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("every parameter of lora-inference.pt2 was saved with requires_grad=False")
+            && stderr.lines().count() == 1,
+        "{stderr}"
+    );
     // Held all the same: the trainable parameters as parameters, the frozen ones with
     // the buffers (no gradient, no state).
     assert_eq!(tuned["param_bytes"], trainable);

@@ -183,6 +183,11 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     };
     options.validate(mode)?;
     let model = a.target.load(&mut inputs)?;
+    if a.train {
+        if let Some(line) = crate::cli::text::estimate_text::all_frozen_line(&model) {
+            eprintln!("{line}");
+        }
+    }
     let label = model.label().to_string();
     let header = || {
         println!(

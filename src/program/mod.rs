@@ -80,6 +80,9 @@ pub(crate) struct Program {
     /// The first user output's graph value.
     output: String,
     ranges: HashMap<String, (Option<i64>, Option<i64>)>,
+    /// Every parameter was saved with `requires_grad=False` (a program exported for
+    /// inference): they are all read as parameters that train, and this says so.
+    all_frozen: bool,
 }
 
 impl std::fmt::Debug for Program {
@@ -427,8 +430,10 @@ impl Program {
                     )));
                 }
             }
-            let kind = match (kind, meta.requires_grad) {
-                (WeightKind::Parameter, Some(false)) => WeightKind::FrozenParameter,
+            // Frozen as its archive record says (the weights config's metadata; a graph
+            // placeholder's is not taken for it).
+            let kind = match (kind, meta.requires_grad, &record) {
+                (WeightKind::Parameter, Some(false), Some(_)) => WeightKind::FrozenParameter,
                 _ => kind,
             };
             weights.push(Weight {
@@ -465,6 +470,20 @@ impl Program {
             .into_iter()
             .map(|(s, r)| (s, (r.min_val, r.max_val)))
             .collect();
+        // Nothing trains: a program exported for inference (its parameters frozen for
+        // it). A training estimate of it trains them all, as before the archives'
+        // requires_grad was read; the estimate says so.
+        let all_frozen = weights
+            .iter()
+            .any(|w| w.kind == WeightKind::FrozenParameter)
+            && !weights.iter().any(|w| w.kind == WeightKind::Parameter);
+        if all_frozen {
+            for w in &mut weights {
+                if w.kind == WeightKind::FrozenParameter {
+                    w.kind = WeightKind::Parameter;
+                }
+            }
+        }
         Ok(Program {
             path: path.to_path_buf(),
             graph,
@@ -473,7 +492,14 @@ impl Program {
             user_inputs,
             output,
             ranges,
+            all_frozen,
         })
+    }
+
+    /// Every parameter was saved with `requires_grad=False`, and all are read as
+    /// parameters that train (a training estimate of a program exported for inference).
+    pub(crate) fn all_frozen(&self) -> bool {
+        self.all_frozen
     }
 
     /// The program's weights: parameters, buffers and tensor constants, in the order of

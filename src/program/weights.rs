@@ -174,8 +174,10 @@ fn from_storage(bytes: &[u8], kind: Kind, sizes: &[i64]) -> std::result::Result<
         .map_err(|e| torch_message(&e.to_string()))
 }
 
-/// The program's parameters (trainable) and buffers in `vs` under their names; its
-/// tensor constants stay out (they are not variables of the model).
+/// The program's parameters in `vs` under their names, those that train as trainable
+/// variables, frozen ones (saved with `requires_grad=False`) as variables without
+/// gradients, with its buffers; its tensor constants stay out (they are not variables
+/// of the model).
 pub(crate) fn add_to_var_store(vs: &nn::VarStore, weights: &[Weight], tensors: &[Tensor]) {
     for (w, t) in weights.iter().zip(tensors) {
         match w.kind {

@@ -247,6 +247,17 @@ pub(crate) fn describe_options(o: &Options, mode: Mode) -> String {
     )
 }
 
+/// A warning in one line where a training step of an exported program trains
+/// parameters it was saved with frozen: all of them were (exported for inference).
+pub(crate) fn all_frozen_line(m: &Model) -> Option<String> {
+    m.all_parameters_frozen().then(|| {
+        format!(
+            "warning: every parameter of {} was saved with requires_grad=False (exported              for inference?): the training step trains them all; for a fine-tune, export              it with the parameters that train requiring grad",
+            m.label()
+        )
+    })
+}
+
 /// A warning in one line where the file was traced on the CPU and names it as a
 /// device ([`Model::cpu_device_ops`]): a GPU run of it stops.
 pub(crate) fn cpu_device_line(m: &Model) -> Option<String> {

@@ -42,6 +42,12 @@ impl Model {
         })
     }
 
+    /// An exported program whose parameters were all saved with `requires_grad=False`
+    /// (exported for inference): a training step trains them all.
+    pub(crate) fn all_parameters_frozen(&self) -> bool {
+        matches!(&self.runner, Runner::Program { program, .. } if program.all_frozen())
+    }
+
     /// A model file: an exported program (`.pt2`, [`Model::exported`]) or a TorchScript
     /// file ([`Model::torchscript`]), told apart by their contents.
     pub fn from_file(path: &Path) -> Result<Model> {
