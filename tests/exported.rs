@@ -233,9 +233,9 @@ fn frozen_parameters_are_sharded_with_no_gradient_or_state() {
 #[test]
 fn frozen_parameters_take_no_gradient_and_no_optimizer_state() {
     let Some(dir) = cases() else { return };
-    let (trainable, frozen) = lora_parameters(dir);
+    let (trainable_ps, frozen_ps) = lora_parameters(dir);
     let sum = |ps: &[([u64; 2], u64)]| -> u64 { ps.iter().map(|(_, b)| b).sum() };
-    let (trainable, frozen) = (sum(&trainable), sum(&frozen));
+    let (trainable, frozen) = (sum(&trainable_ps), sum(&frozen_ps));
     assert!(trainable > 0 && frozen > trainable);
     let train = ["--input", "4x256", "--train", "--optimizer", "adamw"];
     let tuned = category_maxima(&dir.join("lora.pt2"), &train);
@@ -245,6 +245,21 @@ fn frozen_parameters_take_no_gradient_and_no_optimizer_state() {
     assert_eq!(tuned["opt_bytes"], 2 * trainable);
     assert_eq!(whole["grad_bytes"], trainable + frozen);
     assert_eq!(whole["opt_bytes"], 2 * (trainable + frozen));
+    // The frozen ones named in a note on standard error: how many and their bytes.
+    let lora = dir.join("lora.pt2");
+    let mut all = vec!["estimate", lora.to_str().unwrap(), "--csv"];
+    all.extend(train);
+    let out = common::cli(&all);
+    let stderr = common::text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let kib = format!("{:.2} KiB", frozen as f64 / 1024.0);
+    assert!(
+        stderr.contains(&format!(
+            "note: {} parameter(s) of lora.pt2 ({kib}) were saved with requires_grad=False",
+            frozen_ps.len()
+        )) && stderr.lines().count() == 1,
+        "{stderr}"
+    );
     // Every parameter frozen (a module exported for inference): a training estimate
     // trains them all, as of the same module with nothing frozen, and says so.
     let inference = dir.join("lora-inference.pt2");

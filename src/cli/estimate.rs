@@ -184,7 +184,8 @@ fn estimate(a: &EstimateArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     options.validate(mode)?;
     let model = a.target.load(&mut inputs)?;
     if a.train {
-        if let Some(line) = crate::cli::text::estimate_text::all_frozen_line(&model) {
+        use crate::cli::text::estimate_text::{all_frozen_line, frozen_line};
+        if let Some(line) = all_frozen_line(&model).or_else(|| frozen_line(&model)) {
             eprintln!("{line}");
         }
     }

@@ -90,8 +90,11 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         return plan_recorded(a, path, memory);
     }
     let model = a.target.load(&mut inputs)?;
-    if let Some(line) = crate::cli::text::estimate_text::all_frozen_line(&model) {
-        eprintln!("{line}");
+    {
+        use crate::cli::text::estimate_text::{all_frozen_line, frozen_line};
+        if let Some(line) = all_frozen_line(&model).or_else(|| frozen_line(&model)) {
+            eprintln!("{line}");
+        }
     }
     if let Some(b) = a.batch {
         inputs = inputs.iter().map(|i| i.with_batch(b)).collect();

@@ -44,6 +44,12 @@ pub(crate) struct Weight {
 }
 
 impl Weight {
+    /// The bytes of the tensor itself (its sizes in its dtype).
+    pub(crate) fn tensor_bytes(&self) -> u64 {
+        let numel: u64 = self.sizes.iter().map(|&d| d.max(0) as u64).product();
+        numel * self.kind_dtype.elt_size_in_bytes() as u64
+    }
+
     /// Whether the tensor is its record's whole storage, laid out contiguously.
     fn is_whole_record(&self) -> bool {
         let numel = self

@@ -247,6 +247,21 @@ pub(crate) fn describe_options(o: &Options, mode: Mode) -> String {
     )
 }
 
+/// A note in one line where a training step holds an exported program's frozen
+/// parameters (a fine-tune's base weights) without gradients: so the user sees they were
+/// told apart.
+pub(crate) fn frozen_line(m: &Model) -> Option<String> {
+    m.frozen_parameter_bytes().map(|(n, bytes)| {
+        format!(
+            "note: {n} parameter(s) of {} ({}) were saved with requires_grad=False: held \
+             without gradient or optimizer state (counted with the buffers), sharded like \
+             the others under --fsdp",
+            m.label(),
+            crate::format::bytes(bytes)
+        )
+    })
+}
+
 /// A warning in one line where a training step of an exported program trains
 /// parameters it was saved with frozen: all of them were (exported for inference).
 pub(crate) fn all_frozen_line(m: &Model) -> Option<String> {

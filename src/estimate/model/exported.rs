@@ -42,6 +42,21 @@ impl Model {
         })
     }
 
+    /// An exported program's parameters saved with `requires_grad=False` (frozen): how
+    /// many, and their bytes. None for other models, or where none is.
+    pub(crate) fn frozen_parameter_bytes(&self) -> Option<(usize, u64)> {
+        let Runner::Program { program, .. } = &self.runner else {
+            return None;
+        };
+        let frozen: Vec<u64> = program
+            .weights()
+            .iter()
+            .filter(|w| w.kind == crate::program::WeightKind::FrozenParameter)
+            .map(|w| w.tensor_bytes())
+            .collect();
+        (!frozen.is_empty()).then(|| (frozen.len(), frozen.iter().sum()))
+    }
+
     /// An exported program whose parameters were all saved with `requires_grad=False`
     /// (exported for inference): a training step trains them all.
     pub(crate) fn all_parameters_frozen(&self) -> bool {
