@@ -20,7 +20,10 @@ DIR/lora.pt2: a linear layer with a low-rank adapter beside it, the layer frozen
     (requires_grad False, as a fine-tune freezes its base weights); DIR/lora-trained.pt2
     the same module with nothing frozen; DIR/lora.json: the bytes of its trainable and
     frozen parameters (shape and bytes), as PyTorch gives them; DIR/lora-inference.pt2 the
-    same module with every parameter frozen (as a module exported for inference).
+    same module with every parameter frozen (as a module exported for inference);
+DIR/lora-stack.pt2: three such blocks in a module list (layers.0 .. layers.2), each
+    block's linear layer frozen and block 1's adapter too (a unit with nothing to train);
+    DIR/lora-stack.json its trainable and frozen parameters (shape and bytes).
 Run with the Python of the torch wheel that scripts/with-libtorch.sh installs, with the
 packages of scripts/corpus-env.sh.
 """
@@ -128,6 +131,19 @@ class Lora(torch.nn.Module):
         return self.base(x) + self.lora_b(self.lora_a(x))
 
 
+class LoraStack(torch.nn.Module):
+    """Three `Lora` blocks one after another, in a module list."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([Lora() for _ in range(3)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
 def save(ep, path, core=False):
     torch.export.save(ep.run_decompositions({}) if core else ep, path)
 
@@ -181,13 +197,21 @@ def main(argv):
     save(torch.export.export(lora, (x,)), os.path.join(out, "lora-trained.pt2"))
     lora.base.requires_grad_(False)
     save(torch.export.export(lora, (x,)), os.path.join(out, "lora.pt2"))
-    def described(trains):
+    def described(trains, module=None):
         return [{"shape": list(p.shape), "bytes": p.numel() * p.element_size()}
-                for p in lora.parameters() if p.requires_grad == trains]
+                for p in (lora if module is None else module).parameters()
+                if p.requires_grad == trains]
     with open(os.path.join(out, "lora.json"), "w") as f:
         json.dump({"trainable": described(True), "frozen": described(False)}, f)
     lora.requires_grad_(False)
     save(torch.export.export(lora, (x,)), os.path.join(out, "lora-inference.pt2"))
+    stack = LoraStack()
+    for block in stack.layers:
+        block.base.requires_grad_(False)
+    stack.layers[1].requires_grad_(False)
+    save(torch.export.export(stack, (x,)), os.path.join(out, "lora-stack.pt2"))
+    with open(os.path.join(out, "lora-stack.json"), "w") as f:
+        json.dump({"trainable": described(True, stack), "frozen": described(False, stack)}, f)
     return 0
 
 

@@ -127,8 +127,13 @@ fn category_maxima(file: &Path, args: &[&str]) -> std::collections::HashMap<Stri
 /// bytes)` (dim 0, then the rest), as PyTorch gives them.
 type Described = Vec<([u64; 2], u64)>;
 fn lora_parameters(dir: &Path) -> (Described, Described) {
+    described(&dir.join("lora.json"))
+}
+
+/// The trainable and the frozen parameters a fixture's JSON describes.
+fn described(json: &Path) -> (Described, Described) {
     let counts: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("lora.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
     let read = |k: &str| -> Described {
         counts[k]
             .as_array()
@@ -221,6 +226,69 @@ fn frozen_parameters_are_sharded_with_no_gradient_or_state() {
         );
         let sum: u64 = r.at_peak.iter().map(|(_, b)| b).sum();
         assert_eq!(sum, r.peak_allocated, "rank {}", r.rank);
+    }
+}
+
+/// Three blocks in a module list, each one's linear layer frozen and block 1's adapter
+/// too: each block is a unit (block 1 one with nothing to train: all-gathered, never
+/// reduce-scattered); each rank holds every parameter's padded shard and AdamW's states
+/// of the trainable ones' local shards, by hand from PyTorch's shapes.
+#[test]
+fn a_unit_with_nothing_to_train_is_sharded_all_the_same() {
+    use tch_memprof::estimate::{Fsdp, Gpu, Mode, Model, Optimizer, Options, ShardedCategory};
+    let Some(dir) = cases() else { return };
+    let _serial = common::serial();
+    let (trainable, frozen) = described(&dir.join("lora-stack.json"));
+    assert_eq!((trainable.len(), frozen.len()), (4, 8));
+    let model = Model::from_file(&dir.join("lora-stack.pt2")).unwrap();
+    let input = Input::parse("4x256", None).unwrap();
+    let options = Options::for_gpu(Gpu::named("h200").unwrap());
+    let ranks = model
+        .estimate_sharded(
+            std::slice::from_ref(&input),
+            Mode::Train(Optimizer::AdamW),
+            &options,
+            &Fsdp::over(4),
+        )
+        .unwrap();
+    let f32 = 4;
+    let padded = |ps: &Described| -> u64 {
+        ps.iter()
+            .map(|([rows, row], _)| rows.div_ceil(4) * row * f32)
+            .sum()
+    };
+    let local = |ps: &Described, rank: u64| -> u64 {
+        ps.iter()
+            .map(|([rows, row], _)| {
+                let per = rows.div_ceil(4);
+                rows.saturating_sub(rank * per).min(per) * row * f32
+            })
+            .sum()
+    };
+    for r in &ranks {
+        println!(
+            "rank {}: units {:?}, sharded parameters {} B, optimizer state {} B, at the peak {:?}",
+            r.rank, r.units, r.sharded_parameter_bytes, r.optimizer_state_bytes, r.at_peak
+        );
+        assert_eq!(r.units, ["layers.0", "layers.1", "layers.2"]);
+        assert_eq!(
+            r.sharded_parameter_bytes,
+            padded(&trainable) + padded(&frozen)
+        );
+        assert_eq!(
+            r.optimizer_state_bytes,
+            2 * local(&trainable, u64::from(r.rank))
+        );
+        let sum: u64 = r.at_peak.iter().map(|(_, b)| b).sum();
+        assert_eq!(sum, r.peak_allocated, "rank {}", r.rank);
+        // A reduce-scatter live at the peak is a trainable block's: the world times its
+        // adapter's padded shards (the frozen layer's are all-gathered, never reduced).
+        let at = |c: ShardedCategory| r.at_peak.iter().find(|(k, _)| *k == c).unwrap().1;
+        let rs = at(ShardedCategory::ReduceScatter);
+        assert!(
+            rs == 0 || rs == 4 * padded(&trainable[..2].to_vec()),
+            "{rs}"
+        );
     }
 }
 
