@@ -130,6 +130,24 @@ fn lora_parameters(dir: &Path) -> (Described, Described) {
     described(&dir.join("lora.json"))
 }
 
+/// FSDP2's padded shards of f32 parameters over `world` ranks, by hand: dim 0 split
+/// in ceil(d / world) rows, every rank holding that many.
+fn padded_shards(ps: &Described, world: u64) -> u64 {
+    ps.iter()
+        .map(|([rows, row], _)| rows.div_ceil(world) * row * 4)
+        .sum()
+}
+
+/// Rank `rank`'s unpadded local shards of the same (what the optimizer's state is of).
+fn local_shards(ps: &Described, world: u64, rank: u64) -> u64 {
+    ps.iter()
+        .map(|([rows, row], _)| {
+            let per = rows.div_ceil(world);
+            rows.saturating_sub(rank * per).min(per) * row * 4
+        })
+        .sum()
+}
+
 /// The trainable and the frozen parameters a fixture's JSON describes.
 fn described(json: &Path) -> (Described, Described) {
     let counts: serde_json::Value =
@@ -177,20 +195,8 @@ fn frozen_parameters_are_sharded_with_no_gradient_or_state() {
         )
         .unwrap();
     assert_eq!(ranks.iter().map(|r| r.rank).collect::<Vec<_>>(), [0, 3]);
-    let f32 = 4;
-    let padded = |ps: &Described| -> u64 {
-        ps.iter()
-            .map(|([rows, row], _)| rows.div_ceil(4) * row * f32)
-            .sum()
-    };
-    let local = |ps: &Described, rank: u64| -> u64 {
-        ps.iter()
-            .map(|([rows, row], _)| {
-                let per = rows.div_ceil(4);
-                rows.saturating_sub(rank * per).min(per) * row * f32
-            })
-            .sum()
-    };
+    let padded = |ps: &Described| padded_shards(ps, 4);
+    let local = |ps: &Described, rank: u64| local_shards(ps, 4, rank);
     // Under bf16 mixed precision the frozen layer is gathered in bf16 with the adapter
     // (the dry run computes with both cast); the shards and the state stay f32.
     let mixed = Fsdp {
@@ -251,20 +257,8 @@ fn a_unit_with_nothing_to_train_is_sharded_all_the_same() {
             &Fsdp::over(4),
         )
         .unwrap();
-    let f32 = 4;
-    let padded = |ps: &Described| -> u64 {
-        ps.iter()
-            .map(|([rows, row], _)| rows.div_ceil(4) * row * f32)
-            .sum()
-    };
-    let local = |ps: &Described, rank: u64| -> u64 {
-        ps.iter()
-            .map(|([rows, row], _)| {
-                let per = rows.div_ceil(4);
-                rows.saturating_sub(rank * per).min(per) * row * f32
-            })
-            .sum()
-    };
+    let padded = |ps: &Described| padded_shards(ps, 4);
+    let local = |ps: &Described, rank: u64| local_shards(ps, 4, rank);
     for r in &ranks {
         println!(
             "rank {}: units {:?}, sharded parameters {} B, optimizer state {} B, at the peak {:?}",
@@ -286,7 +280,7 @@ fn a_unit_with_nothing_to_train_is_sharded_all_the_same() {
         let at = |c: ShardedCategory| r.at_peak.iter().find(|(k, _)| *k == c).unwrap().1;
         let rs = at(ShardedCategory::ReduceScatter);
         assert!(
-            rs == 0 || rs == 4 * padded(&trainable[..2].to_vec()),
+            rs == 0 || rs == 4 * padded_shards(&trainable[..2].to_vec(), 4),
             "{rs}"
         );
     }

@@ -8,9 +8,9 @@ use std::collections::{HashMap, HashSet};
 
 use tch::Tensor;
 
+use super::dtypes::{c10_layout, c10_memory_format, c10_scalar_type};
 use super::schema::{Argument, Float, Graph, Node, OptionalTensorArgument, SymArgument};
 use super::symbolic::{is_symbolic, symbolic, Val};
-use super::{c10_layout, c10_memory_format, c10_scalar_type};
 use crate::error::{torch_message, Error, Result};
 use crate::ffi::{self, Arg, Returned};
 
