@@ -109,8 +109,8 @@ pub(crate) const MEMORY_INFO_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// The profiler's reads of the CUDA devices' statistics at each `record_stats`. The
 /// allocator's counters are read every time (a copy under the allocator's lock); the
-/// driver's free and total memory (`cudaMemGetInfo` behind a switch to the device: a few
-/// microseconds, milliseconds on some machines, at every step) only when the device's
+/// driver's free and total memory (`cudaMemGetInfo` behind a switch to the device: a
+/// driver call, which every step need not make) only when the device's
 /// reserved bytes changed since the last read or [`MEMORY_INFO_MAX_AGE`] passed, and
 /// never for a device whose allocator holds nothing and held nothing (the call would
 /// create a CUDA context there).
