@@ -232,6 +232,11 @@ pub mod __private {
     pub fn records_every_op() -> bool {
         crate::ffi::state().is_ok_and(|s| s.op_records)
     }
+    /// Whether the hooks read the autograd engine's graph task of a thread from libtorch's
+    /// thread-local itself (found once in libtorch's code), not by a call each time.
+    pub fn graph_task_read_direct() -> bool {
+        crate::ffi::state().is_ok_and(|s| s.graph_task_direct)
+    }
     /// Whether the tracking CPU allocator is installed.
     pub fn cpu_tracking_installed() -> bool {
         crate::ffi::state().is_ok_and(|s| s.cpu_installed)

@@ -66,7 +66,7 @@ pub(super) struct MpState {
     pub(super) hook_reentries: i64,
     pub(super) cuda_untracked: i64,
     pub(super) op_records: i32,
-    pub(super) pad: i32,
+    pub(super) graph_task_direct: i32,
 }
 
 /// The session's global state.
@@ -88,6 +88,9 @@ pub(crate) struct SessionState {
     pub hook_reentries: i64,
     /// CUDA frees of blocks not in the block table.
     pub cuda_untracked: i64,
+    /// Whether a thread's graph task is read from libtorch's thread-local itself, not
+    /// through a call into libtorch (its code was the expected one).
+    pub graph_task_direct: bool,
 }
 
 /// Starts the profiling session on the calling thread (the training thread);
@@ -131,6 +134,7 @@ pub(crate) fn state() -> Result<SessionState> {
         op_records: s.op_records != 0,
         hook_reentries: s.hook_reentries,
         cuda_untracked: s.cuda_untracked,
+        graph_task_direct: s.graph_task_direct != 0,
     })
 }
 

@@ -195,6 +195,9 @@ bool transition(uint32_t from, uint32_t to);
 // nodes of a backward pass (gradients summed in input buffers, broadcast gradients
 // reduced), where no node's record is open.
 bool in_autograd_task();
+// Whether in_autograd_task reads libtorch's thread-local graph task itself (found in
+// libtorch's code once), not through get_current_graph_task_id().
+bool graph_task_read_direct();
 
 // Whether this thread runs an estimator's dry run (dryrun/trace.cpp): its backward is
 // the dry run's, not the profiled step's.
@@ -215,6 +218,19 @@ inline bool backward_if_in_task(uint64_t gp) {
     return true;
   }
   return false;
+}
+
+// c10::GradMode::is_enabled(), without its two calls (into libc10, then __tls_get_addr)
+// at every allocation of the optimizer phase: the thread's AutogradState, whose address
+// libc10 gives and which lives as long as the thread, asked once a thread.
+extern thread_local c10::AutogradState* tls_autograd_state;
+inline bool grad_mode_enabled() {
+  c10::AutogradState* s = tls_autograd_state;
+  if (s == nullptr) {
+    s = &c10::AutogradState::get_tls_state();
+    tls_autograd_state = s;
+  }
+  return s->get_grad_mode();
 }
 
 // Called on every free of a tracked block, before it is counted.
@@ -238,7 +254,7 @@ inline uint64_t phase_for_alloc() {
       transition(kBackward, kOptimizer);
       gp = g_genphase.load(std::memory_order_acquire);
     }
-    if (cur_phase(gp) == kOptimizer && c10::GradMode::is_enabled()) {
+    if (cur_phase(gp) == kOptimizer && grad_mode_enabled()) {
       transition(kOptimizer, kForward);
       gp = g_genphase.load(std::memory_order_acquire);
     }

@@ -28,6 +28,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
@@ -281,7 +282,14 @@ inline int32_t current_op() {
   return g_last_op.load(std::memory_order_relaxed);
 }
 
-void hist_append(int dev, uint64_t ptr, int64_t delta);
+void hist_append_on(int dev, uint64_t ptr, int64_t delta);
+// Appends to the memory history when it is on (a check inline: a call at every
+// allocation and free of every session otherwise).
+inline void hist_append(int dev, uint64_t ptr, int64_t delta) {
+  if (g_hist_on.load(std::memory_order_relaxed)) {
+    hist_append_on(dev, ptr, delta);
+  }
+}
 
 // ---------------------------------------------------------------------------------
 // Live-block registry (registry.cpp).
@@ -303,9 +311,18 @@ extern std::atomic<bool> g_origin_on;
 extern std::atomic<uint32_t> g_iter;
 extern std::atomic<uint32_t> g_session_id;
 
-// Registers a block born now; returns its entry or kNoReg.
-uint32_t reg_add(uint64_t ptr, int64_t size, uint32_t phase, int dev);
-void reg_remove(uint32_t idx);
+uint32_t reg_add_on(uint64_t ptr, int64_t size, uint32_t phase, int dev);
+void reg_remove_entry(uint32_t idx);
+// Registers a block born now; returns its entry or kNoReg. The checks that leave most
+// allocations and frees of a session without leak hunting here are inline.
+inline uint32_t reg_add(uint64_t ptr, int64_t size, uint32_t phase, int dev) {
+  return g_origin_on.load(std::memory_order_relaxed) ? reg_add_on(ptr, size, phase, dev) : kNoReg;
+}
+inline void reg_remove(uint32_t idx) {
+  if (idx < kRegCapacity) {
+    reg_remove_entry(idx);
+  }
+}
 
 // CUDA block table: block pointer -> birth tag (pack(gen, phase, bytes)) and registry
 // entry. Lock-free open addressing (linear probing, bounded), safe with several

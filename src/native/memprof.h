@@ -184,7 +184,7 @@ typedef struct MpState {
   int64_t hook_reentries;   // a hook entered while it ran on the same thread (must stay 0)
   int64_t cuda_untracked;   // CUDA births the block table had no room for
   int32_t op_records;       // 1 while libtorch runs op callbacks for every op, not only nodes
-  int32_t pad;
+  int32_t graph_task_direct;  // 1 where the graph task is read from libtorch's TLS itself
 } MpState;
 
 // One birth (+size) or death (-size) of a block during backward.

@@ -71,7 +71,7 @@ std::atomic<bool> g_hist_on{false};
 std::atomic<uint64_t> g_hist_len{0};
 std::atomic<uint64_t> g_hist_cap{0};
 
-void hist_append(int dev, uint64_t ptr, int64_t delta) {
+void hist_append_on(int dev, uint64_t ptr, int64_t delta) {
   if (!g_hist_on.load(std::memory_order_relaxed)) {
     return;
   }

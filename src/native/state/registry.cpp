@@ -78,7 +78,7 @@ void reg_push(uint32_t idx) {
 }
 }  // namespace
 
-uint32_t reg_add(uint64_t ptr, int64_t size, uint32_t phase, int dev) {
+uint32_t reg_add_on(uint64_t ptr, int64_t size, uint32_t phase, int dev) {
   if (!g_reg || !g_origin_on.load(std::memory_order_relaxed) || ptr == 0) {
     return kNoReg;
   }
@@ -108,7 +108,7 @@ uint32_t reg_add(uint64_t ptr, int64_t size, uint32_t phase, int dev) {
   return idx;
 }
 
-void reg_remove(uint32_t idx) {
+void reg_remove_entry(uint32_t idx) {
   if (idx >= kRegCapacity || !g_reg) {
     return;
   }

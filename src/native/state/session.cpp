@@ -188,7 +188,7 @@ void read_state(MpState* out) {
   // What the dispatcher asks before it builds an op's record.
   const bool records = at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION).has_value();
   out->op_records = records ? 1 : 0;
-  out->pad = 0;
+  out->graph_task_direct = graph_task_read_direct() ? 1 : 0;
 }
 
 void read_device_stats(int32_t slot, MpDeviceStats* out) {
