@@ -74,6 +74,14 @@ impl ReplayArgs {
             .map(|(size, _)| size))
     }
 
+    /// The GPU `--memory` names, if it names one (a captured history's cuBLAS
+    /// workspaces are that GPU's).
+    fn gpu(&self) -> Option<crate::estimate::Gpu> {
+        self.memory
+            .as_deref()
+            .and_then(|m| crate::estimate::Gpu::named(m).ok())
+    }
+
     /// The settings tried besides the run's own: `--alloc-conf`, or the defaults.
     fn what_ifs(&self) -> Vec<String> {
         if self.alloc_confs.is_empty() {
@@ -140,7 +148,8 @@ fn replay_one(a: &ReplayArgs, path: &Path) -> Result<ExitCode, Box<dyn std::erro
         ))
     });
     progress.clear();
-    let recording = recording?;
+    let mut recording = recording?;
+    recording.gpu = a.gpu();
     let budget = a.budget()?;
     let own = recording.alloc_conf.clone().unwrap_or_default();
     let mut confs = vec![own.clone()];

@@ -111,7 +111,8 @@ pub(super) fn replay_ranks(
             paths.len(),
             path.display()
         ));
-        let recording = Recording::read(path, a.device)?;
+        let mut recording = Recording::read(path, a.device)?;
+        recording.gpu = a.gpu();
         let own = recording.alloc_conf.clone().unwrap_or_default();
         let own_config = AllocatorConfig::parse(&own).map_err(|e| {
             format!(

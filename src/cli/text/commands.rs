@@ -244,6 +244,19 @@ impl ReplayOutput<'_> {
             replay_text::on_streams(first.streams),
             self.own
         );
+        if recording.captured() {
+            let gpu = recording.workspace_gpu();
+            let _ = writeln!(
+                out,
+                "captured without a GPU: the `recorded` row is the capture's own (no segment, \
+                 no cuBLAS workspace); the replayed rows add each thread's cuBLAS workspace as \
+                 {} takes it ({}); what CUDA kernels take inside themselves (memory-efficient \
+                 attention's backward, cuDNN) is not captured, so the peak reserved can be \
+                 higher on the GPU (docs/replay.md, a step captured without a GPU)",
+                gpu.name,
+                crate::format::bytes(gpu.cublas_workspace)
+            );
+        }
         if recording.segments_before > 0 {
             let _ = writeln!(
                 out,

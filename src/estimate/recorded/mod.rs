@@ -45,6 +45,17 @@ pub enum Action {
     FreeRequested,
     /// A block back in the pool.
     FreeCompleted,
+    /// A history captured without a GPU (`scripts/eager-capture.py`): an op that CUDA
+    /// runs on cuBLAS returned here (`lt`: on cuBLASLt, which takes a workspace of its
+    /// own after the cuBLAS one), on the caller's thread or, `backward`, on the autograd
+    /// engine's CUDA thread. The replay takes each thread's workspace at its first such
+    /// op, at the GPU's size ([`Recording::gpu`]), as it does for a dry run.
+    Workspace {
+        /// cuBLASLt.
+        lt: bool,
+        /// On the autograd engine's thread.
+        backward: bool,
+    },
     /// Any other action (`snapshot`, `oom`, ...): not replayed.
     Other,
 }
@@ -109,6 +120,10 @@ pub struct Recording {
     /// Where blocks were asked for, each once: the first frame of an `alloc`'s stack
     /// outside PyTorch's own code (`name (file:line)`), or the CSV's `frame`.
     pub sites: Vec<String>,
+    /// The GPU whose cuBLAS workspaces a captured history's [`Action::Workspace`] events
+    /// take; `None`: the larger plausible size (Hopper's, 32 MiB a thread). A recorded
+    /// run's own workspaces are among its allocations and it has no such event.
+    pub gpu: Option<crate::estimate::Gpu>,
 }
 
 /// A recorded history replayed.
@@ -152,6 +167,7 @@ impl Recording {
         let (action, addr, size) = (col("action")?, col("addr")?, col("size")?);
         let frame = headers.iter().position(|h| h == "frame");
         let stream = headers.iter().position(|h| h == "stream");
+        let phase = headers.iter().position(|h| h == "phase");
         let mut sites = Sites::default();
         let mut events = Vec::new();
         for (i, row) in reader.records().enumerate() {
@@ -164,8 +180,16 @@ impl Recording {
                     )
                 })
             };
+            let backward = phase.and_then(|p| row.get(p)) == Some("backward");
             events.push(RecordedEvent {
-                action: Action::parse(row.get(action).unwrap_or("")),
+                action: match row.get(action).unwrap_or("") {
+                    "workspace" => Action::Workspace {
+                        lt: false,
+                        backward,
+                    },
+                    "workspace_lt" => Action::Workspace { lt: true, backward },
+                    name => Action::parse(name),
+                },
                 addr: number(addr, "addr")?,
                 size: number(size, "size")?,
                 site: frame
@@ -183,6 +207,7 @@ impl Recording {
             alloc_conf: None,
             segments_before: 0,
             sites: sites.names,
+            gpu: None,
         })
     }
 
@@ -340,6 +365,7 @@ impl Recording {
             events,
             alloc_conf,
             segments_before,
+            gpu: None,
             sites: sites.names,
         })
     }
@@ -476,6 +502,7 @@ impl Recording {
                     e.size as i64,
                 ),
                 Action::FreeCompleted => (EventKind::Free, -(e.size as i64)),
+                Action::Workspace { lt, .. } => (EventKind::Workspace { lt }, 0),
                 Action::SegmentFree if !released => (EventKind::Release, 0),
                 Action::SegmentFree => return None,
                 _ => {
@@ -492,7 +519,12 @@ impl Recording {
                 i,
                 Event {
                     kind,
-                    phase: Phase::Forward,
+                    // The replay gives backward's cuBLAS calls the autograd thread's
+                    // workspace.
+                    phase: match e.action {
+                        Action::Workspace { backward: true, .. } => Phase::Backward,
+                        _ => Phase::Forward,
+                    },
                     device: 0,
                     generation: 1,
                     op: -1,
@@ -525,6 +557,26 @@ impl Recording {
         indices
     }
 
+    /// Whether the history was captured without a GPU (it has [`Action::Workspace`]
+    /// events): its own peaks have no segment and no cuBLAS workspace; the replay's do.
+    pub fn captured(&self) -> bool {
+        self.events
+            .iter()
+            .any(|e| matches!(e.action, Action::Workspace { .. }))
+    }
+
+    /// The GPU whose cuBLAS workspaces the replay gives a captured history's
+    /// [`Action::Workspace`] events: [`Recording::gpu`], or where it is not named the
+    /// larger plausible size (Hopper's).
+    pub fn workspace_gpu(&self) -> crate::estimate::Gpu {
+        self.gpu.clone().unwrap_or_else(|| {
+            let mut gpu = crate::estimate::Gpu::generic();
+            gpu.name = "a GPU not named (Hopper's workspace, the larger)".to_string();
+            gpu.cublas_workspace = gpu.cublas_workspace.max(super::gpu::CUBLAS_WORKSPACE_SM90);
+            gpu
+        })
+    }
+
     /// The CUDA streams blocks were asked on (1 for a history of one stream, or one
     /// without streams). The replay keeps each stream's freed blocks for that stream, as
     /// PyTorch does.
@@ -536,6 +588,7 @@ impl Recording {
     pub fn replay(&self, config: &AllocatorConfig) -> RecordedRun {
         let options = Options {
             allocator: config.clone(),
+            gpu: self.workspace_gpu(),
             ..Options::default()
         };
         let device =

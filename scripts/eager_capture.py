@@ -1,0 +1,265 @@
+"""A PyTorch model's eager training step captured without a GPU: every block the step's
+CUDA run would ask PyTorch's caching allocator for and every free, in the order eager
+PyTorch makes them, written as the history CSV `tch-memprof replay` reads
+(`seq,action,addr,size,stream,frame,phase`). The replay runs it through the model of the
+caching allocator and adds each thread's cuBLAS workspace as the GPU takes it:
+
+    python3 scripts/eager_capture.py --model hf_gpt2 --out gpt2.csv
+    tch-memprof replay gpt2.csv --memory h200
+
+or from Python, for a model of one's own (the loop of `--model`'s cases, or any):
+
+    import eager_capture
+    with eager_capture.Capture("step.csv") as cap:
+        model = cap.build(lambda: MyModel())          # parameters on the faked GPU
+        opt = torch.optim.AdamW(model.parameters())
+        for _ in range(2):                            # the second step is the steady one
+            x = cap.tensor(torch.randint(0, 1000, (4, 1024)))
+            loss = loss_fn(model(x)); opt.zero_grad(set_to_none=True)
+            loss.backward(); opt.step(); del loss, x
+
+How: the step runs under PyTorch's FakeTensorMode (tensors with shapes, dtypes and
+storages but no data: no memory, no arithmetic) and a dispatch mode that sees every op's
+outputs: a storage not seen before is an allocation of its bytes, and a weak reference to
+it tells when eager Python lets it go, which is the free. Eager keeps a module's locals
+until its forward returns and takes the branches it takes: what a traced or exported file
+does not show.
+
+Fake tensors live on the CPU here (PyTorch 2.11's autograd engine does not run a fake
+CUDA graph without a GPU), so the CPU's kernel choices would be taken where CUDA's differ
+in memory; the two that do in the models measured are taken as CUDA takes them:
+- dropout: CUDA's fused kernel keeps a bool mask (`native_dropout`); the CPU's a mask of
+  the input's dtype;
+- scaled dot-product attention: PyTorch's CUDA choice on compute capability 8.0 and later
+  (`sdp_utils.cpp`): flash attention for f16 and bf16 without a mask and head sizes up to
+  256, else memory-efficient attention, else (grouped-query attention, which the
+  memory-efficient kernel does not take) the math path, which keeps the attention matrix.
+  The CPU would take its own flash kernel or the math path.
+- cuBLAS: an op that CUDA runs on cuBLAS (`is_cublas_op` in the project's
+  `src/native/dryrun/trace.cpp`) writes a `workspace` row (`workspace_lt` where CUDA would
+  run it on cuBLASLt: `uses_cublaslt` there), `phase` `backward` inside the autograd
+  engine; the replay takes each thread's workspace once, at the GPU's size.
+What the capture cannot see: workspaces a CUDA kernel takes from the allocator inside
+itself (memory-efficient attention's backward, cuDNN's convolutions), NCCL's buffers, and
+any other op whose CUDA kernel allocates what its CPU one does not.
+
+Run with the Python of the torch wheel `scripts/with-libtorch.sh` installs; `--model`
+takes the corpus's models (scripts/gpu_truth.py; transformers from scripts/corpus-env.sh).
+"""
+
+import os
+import sys
+import weakref
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+# src/native/dryrun/trace.cpp's is_cublas_op: the ops CUDA runs on cuBLAS (a test holds
+# the two lists equal).
+CUBLAS_OPS = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::addbmm",
+    "aten::addmv",
+    "aten::mv",
+    "aten::dot",
+    "aten::vdot",
+    "aten::_addmm_activation",
+)
+DEVICE = "cpu"
+
+
+def uses_cublaslt(name, args, kwargs):
+    """trace.cpp's uses_cublaslt: an addmm CUDA runs on cuBLASLt (a 1-D contiguous bias
+    of length N, beta 1, every matrix size above 1)."""
+    if name not in ("aten::addmm", "aten::_addmm_activation") or len(args) < 3:
+        return False
+    bias, m1, m2 = args[:3]
+    beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
+    if not all(isinstance(t, torch.Tensor) for t in (bias, m1, m2)) or beta != 1:
+        return False
+    return (bias.dim() == 1 and bias.is_contiguous() and m1.dim() == 2 and m2.dim() == 2
+            and bias.size(0) == m2.size(1) and min(m1.shape) > 1 and min(m2.shape) > 1)
+
+
+def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+         enable_gqa=False):
+    """F.scaled_dot_product_attention as PyTorch's CUDA build chooses its kernel on
+    compute capability 8.0 and later."""
+    gqa = enable_gqa and k.size(-3) != q.size(-3)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    if half and attn_mask is None and q.size(-1) <= 256 and q.size(-1) % 8 == 0:
+        if gqa:
+            r = q.size(-3) // k.size(-3)
+            k, v = k.repeat_interleave(r, -3), v.repeat_interleave(r, -3)
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+    if not gqa:
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, attn_mask, grad, dropout_p, is_causal, scale=scale)[0]
+    return torch.ops.aten._scaled_dot_product_attention_math(
+        q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=True)[0]
+
+
+_dropout = torch.nn.functional.dropout
+
+
+def dropout(input, p=0.5, training=True, inplace=False):
+    """F.dropout as CUDA runs it: the fused kernel, a bool mask."""
+    if training and 0 < p < 1 and input.numel() > 0 and not inplace:
+        return torch.ops.aten.native_dropout(input, p, True)[0]
+    return _dropout(input, p, training, inplace)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+        self.live = {}
+        self.next_addr = 1 << 40
+        self.seq = 0
+        self.closed = False
+        self.paused = False
+
+    def emit(self, action, addr, size, phase=""):
+        if not self.closed:
+            self.out.write(f"{self.seq},{action},{addr},{size},0,,{phase}\n")
+            self.seq += 1
+
+    def note(self, t):
+        """An allocation, if `t`'s storage is new; its free when eager lets it go."""
+        if not isinstance(t, torch.Tensor):
+            return
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self.live:
+            return
+        size = st.nbytes()
+        addr = self.next_addr
+        self.next_addr += (size + 1023) // 512 * 512
+        self.live[key] = addr
+        self.emit("alloc", addr, size)
+        weakref.finalize(st, self.freed, key, addr, size)
+
+    def freed(self, key, addr, size):
+        if self.live.get(key) == addr:
+            del self.live[key]
+            self.emit("free_requested", addr, size)
+            self.emit("free_completed", addr, size)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.paused:
+            return out
+        for t in tree_flatten(out)[0]:
+            self.note(t)
+        name = "aten::" + func._schema.name.split("::")[-1]
+        if name in CUBLAS_OPS:
+            phase = "backward" if torch._C._current_autograd_node() is not None else ""
+            lt = uses_cublaslt(name, args, kwargs)
+            self.emit("workspace_lt" if lt else "workspace", 0, 0, phase)
+        return out
+
+
+class Capture:
+    """A context: the code inside runs on fake tensors, and every allocation and free
+    of its tensors is written to `path` as the replay's history CSV."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        self.file = open(self.path, "w")
+        self.file.write("seq,action,addr,size,stream,frame,phase\n")
+        self.saved = (torch.nn.functional.scaled_dot_product_attention,
+                      torch.nn.functional.dropout)
+        torch.nn.functional.scaled_dot_product_attention = sdpa
+        torch.nn.functional.dropout = dropout
+        self.fake = FakeTensorMode()
+        self.fake.__enter__()
+        self.recorder = _Recorder(self.file)
+        self.recorder.__enter__()
+        return self
+
+    def build(self, make):
+        """`make()`'s module on the faked device, its parameters and buffers allocated
+        as `module.to("cuda")` allocates them (children first, each module's parameters
+        then its buffers; a tied weight once): the step of a model built on the CPU (or
+        the meta device) and moved, not the initialisation's temporaries."""
+        self.recorder.paused = True
+        try:
+            with torch.device(DEVICE):
+                module = make()
+        finally:
+            self.recorder.paused = False
+
+        def apply_order(m):
+            for c in m.children():
+                yield from apply_order(c)
+            yield from (t for t in m._parameters.values() if t is not None)
+            yield from (t for t in m._buffers.values() if t is not None)
+
+        for t in apply_order(module):
+            self.recorder.note(t)
+        return module
+
+    def tensor(self, t):
+        """`t` (a real tensor or a fake one) on the faked device: an allocation."""
+        return self.fake.from_tensor(t) if not isinstance(t, torch._subclasses.FakeTensor) \
+            else t
+
+    def __exit__(self, *exc):
+        self.recorder.__exit__(*exc)
+        self.fake.__exit__(*exc)
+        (torch.nn.functional.scaled_dot_product_attention,
+         torch.nn.functional.dropout) = self.saved
+        self.recorder.closed = True
+        self.file.close()
+        return False
+
+
+def capture_case(model, path, steps=2):
+    """One of the corpus's models (scripts/gpu_truth.py), its training step as the GPU
+    truth measured it (scripts/gpu/ranks_truth.py's `single` cases: AdamW, the loss of
+    scripts/gpu/truth.py, gradients set to none after the loss), `steps` steps."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.join(here, "gpu")]
+    import gpu_truth
+    import truth
+
+    gpu_truth.hf_patch()
+    build, ikind, shape = gpu_truth.ALL_MODELS[model]
+    torch.manual_seed(0)
+    with Capture(path) as cap:
+        module = cap.build(lambda: gpu_truth.First(build(), model.startswith("hf_")))
+        module.train()
+        opt = torch.optim.AdamW(module.parameters(), lr=1e-4, weight_decay=0.01)
+        for _ in range(steps):
+            x = (torch.randint(0, 1000, shape) if ikind == "ids" else torch.randn(shape))
+            x = cap.tensor(x)
+            out = module(x)
+            loss = truth.loss_of(out, torch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            del loss, x, out
+
+
+def main(argv):
+    if "--model" not in argv or "--out" not in argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    model = argv[argv.index("--model") + 1]
+    steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 2
+    capture_case(model, argv[argv.index("--out") + 1], steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
