@@ -6,6 +6,8 @@ caching allocator and adds each thread's cuBLAS workspace as the GPU takes it:
 
     python3 scripts/eager_capture.py --model hf_gpt2 --out gpt2.csv
     tch-memprof replay gpt2.csv --memory h200
+    # rank 7 of FSDP2 over 8 GPUs (PyTorch's fully_shard over its fake process group)
+    python3 scripts/eager_capture.py --model hf_gpt2 --fsdp 8 --rank 7 --out r7.csv  # [--keep] [--bf16]
 
 or from Python, for a model of one's own (the loop of `--model`'s cases, or any):
 
@@ -39,9 +41,13 @@ in memory; the two that do in the models measured are taken as CUDA takes them:
   `src/native/dryrun/trace.cpp`) writes a `workspace` row (`workspace_lt` where CUDA would
   run it on cuBLASLt: `uses_cublaslt` there), `phase` `backward` inside the autograd
   engine; the replay takes each thread's workspace once, at the GPU's size.
+- FSDP2: its unsharded parameters freed and made again by resizing their storage (a free
+  and an allocation on a GPU), and its buffers on the streams it asks for them on
+  (torch.cpu's streams stand for CUDA's); a DTensor's memory is its local tensor's.
 What the capture cannot see: workspaces a CUDA kernel takes from the allocator inside
-itself (memory-efficient attention's backward, cuDNN's convolutions), NCCL's buffers, and
-any other op whose CUDA kernel allocates what its CPU one does not.
+itself (the attention kernels' backward, cuDNN's convolutions), NCCL's buffers, and
+any other op whose CUDA kernel allocates what its CPU one does not. DDP does not run on
+fake tensors (its reducer reads the parameters' data).
 
 Run with the Python of the torch wheel `scripts/with-libtorch.sh` installs; `--model`
 takes the corpus's models (scripts/gpu_truth.py; transformers from scripts/corpus-env.sh).
@@ -53,7 +59,7 @@ import weakref
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 # src/native/dryrun/trace.cpp's is_cublas_op: the ops CUDA runs on cuBLAS (a test holds
@@ -94,9 +100,8 @@ def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     half = q.dtype in (torch.float16, torch.bfloat16)
     if half and attn_mask is None and q.size(-1) <= 256 and q.size(-1) % 8 == 0:
-        if gqa:
-            r = q.size(-3) // k.size(-3)
-            k, v = k.repeat_interleave(r, -3), v.repeat_interleave(r, -3)
+        # Flash attention takes grouped-query attention as it is (fewer key and value
+        # heads).
         return torch.ops.aten._scaled_dot_product_flash_attention(
             q, k, v, dropout_p, is_causal, False, scale=scale)[0]
     if not gqa:
@@ -121,34 +126,53 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.out = out
         self.live = {}
+        self.watched = set()
         self.next_addr = 1 << 40
         self.seq = 0
         self.closed = False
         self.paused = False
+        # The stream blocks are asked on: 0 the default, then each stream FSDP2 makes
+        # (torch.cpu's streams stand for CUDA's here), numbered as first entered.
+        self.stream = 0
+        self.streams = {}
 
-    def emit(self, action, addr, size, phase=""):
+    def emit(self, action, addr, size, phase="", frame=""):
         if not self.closed:
-            self.out.write(f"{self.seq},{action},{addr},{size},0,,{phase}\n")
+            self.out.write(f"{self.seq},{action},{addr},{size},{self.stream},{frame},{phase}\n")
             self.seq += 1
 
-    def note(self, t):
-        """An allocation, if `t`'s storage is new; its free when eager lets it go."""
+    def note(self, t, op=""):
+        """An allocation, if `t`'s storage is new (or was resized from nothing); its free
+        when eager lets it go (or resizes it to nothing)."""
         if not isinstance(t, torch.Tensor):
+            return
+        if is_traceable_wrapper_subclass(t):
+            # A wrapper (DTensor: FSDP2's parameters, AdamW's states of them) holds no
+            # memory of its own; its inner tensors do (the ops that made them ran inside
+            # the subclass's dispatch, where this mode is not).
+            for name in t.__tensor_flatten__()[0]:
+                self.note(getattr(t, name), op)
             return
         st = t.untyped_storage()
         key = st._cdata
         if key in self.live:
             return
         size = st.nbytes()
+        if size == 0:
+            return
         addr = self.next_addr
         self.next_addr += (size + 1023) // 512 * 512
-        self.live[key] = addr
-        self.emit("alloc", addr, size)
-        weakref.finalize(st, self.freed, key, addr, size)
+        self.live[key] = (addr, size)
+        self.emit("alloc", addr, size, frame=op)
+        if key not in self.watched:
+            self.watched.add(key)
+            weakref.finalize(st, self.freed, key, True)
 
-    def freed(self, key, addr, size):
-        if self.live.get(key) == addr:
-            del self.live[key]
+    def freed(self, key, dead=False):
+        if dead:
+            self.watched.discard(key)
+        if key in self.live:
+            addr, size = self.live.pop(key)
             self.emit("free_requested", addr, size)
             self.emit("free_completed", addr, size)
 
@@ -157,9 +181,9 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if self.paused:
             return out
-        for t in tree_flatten(out)[0]:
-            self.note(t)
         name = "aten::" + func._schema.name.split("::")[-1]
+        for t in tree_flatten(out)[0]:
+            self.note(t, name)
         if name in CUBLAS_OPS:
             phase = "backward" if torch._C._current_autograd_node() is not None else ""
             lt = uses_cublaslt(name, args, kwargs)
@@ -181,11 +205,77 @@ class Capture:
                       torch.nn.functional.dropout)
         torch.nn.functional.scaled_dot_product_attention = sdpa
         torch.nn.functional.dropout = dropout
+        self.recorder = _Recorder(self.file)
+        self._patch_fsdp()
         self.fake = FakeTensorMode()
         self.fake.__enter__()
-        self.recorder = _Recorder(self.file)
         self.recorder.__enter__()
         return self
+
+    def _patch_fsdp(self):
+        """FSDP2 frees an unsharded parameter by resizing its storage to nothing and
+        allocates it again by resizing it back (`_fsdp_param.py`'s free_storage and
+        alloc_storage): on a GPU, a free and an allocation; the storage object stays."""
+        self.fsdp_saved = []
+        try:
+            from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+        except ImportError:
+            return
+        recorder = lambda: self.recorder  # noqa: E731
+
+        def alloc_storage(tensor, _alloc=_fsdp_param.alloc_storage):
+            _alloc(tensor)
+            recorder().note(tensor, "fsdp::alloc_storage")
+
+        def free_storage(tensor, _free=_fsdp_param.free_storage):
+            recorder().freed(tensor.untyped_storage()._cdata)
+            _free(tensor)
+
+        # FSDP2's buffers on its own streams (the all-gather copy-in and all-gather
+        # streams, the reduce-scatter stream): the caching allocator keeps each
+        # stream's freed blocks for that stream.
+        class StreamContext:
+            def __init__(ctx, stream):
+                ctx.stream = stream
+
+            def __enter__(ctx):
+                r = recorder()
+                ctx.saved = r.stream
+                if ctx.stream is not None:
+                    r.stream = r.streams.setdefault(id(ctx.stream), len(r.streams))
+
+            def __exit__(ctx, *exc):
+                recorder().stream = ctx.saved
+                return False
+
+        default = torch.cpu.current_stream()
+        self.recorder.streams[id(default)] = 0
+        self.fsdp_saved.append((torch.cpu, "stream", torch.cpu.stream))
+        self.fsdp_saved.append((torch.cpu, "current_stream", torch.cpu.current_stream))
+        torch.cpu.stream = StreamContext
+        torch.cpu.current_stream = lambda device=None: default
+        for module, name, f in ((_fsdp_param, "alloc_storage", alloc_storage),
+                                (_fsdp_param_group, "alloc_storage", alloc_storage),
+                                (_fsdp_param, "free_storage", free_storage)):
+            self.fsdp_saved.append((module, name, getattr(module, name)))
+            setattr(module, name, f)
+
+    def build_sharded(self, make, shard):
+        """`make()`'s module sharded by `shard(module)` (FSDP2's `fully_shard`), on the
+        faked device: each rank's padded shards allocated, as a model built on the meta
+        device or the CPU and sharded onto the GPU starts."""
+        self.recorder.paused = True
+        try:
+            with torch.device(DEVICE):
+                module = make()
+            shard(module)
+        finally:
+            self.recorder.paused = False
+        for p in module.parameters():
+            self.recorder.note(p, "fully_shard")
+        for b in module.buffers():
+            self.recorder.note(b, "fully_shard")
+        return module
 
     def build(self, make):
         """`make()`'s module on the faked device, its parameters and buffers allocated
@@ -219,15 +309,22 @@ class Capture:
         self.fake.__exit__(*exc)
         (torch.nn.functional.scaled_dot_product_attention,
          torch.nn.functional.dropout) = self.saved
+        for module, name, f in self.fsdp_saved:
+            setattr(module, name, f)
         self.recorder.closed = True
         self.file.close()
         return False
 
 
-def capture_case(model, path, steps=2):
+def capture_case(model, path, steps=2, fsdp=None, rank=0, reshard=True, precision="f32",
+                 ddp=None, view=False):
     """One of the corpus's models (scripts/gpu_truth.py), its training step as the GPU
-    truth measured it (scripts/gpu/ranks_truth.py's `single` cases: AdamW, the loss of
-    scripts/gpu/truth.py, gradients set to none after the loss), `steps` steps."""
+    truth measured it (scripts/gpu/ranks_truth.py: AdamW, the loss of
+    scripts/gpu/truth.py, gradients set to none after the loss), `steps` steps. With
+    `fsdp` (a world size), rank `rank` of FSDP2 over PyTorch's fake process group: each
+    block of the model's repeated module list a unit, then the root,
+    `reshard_after_forward=reshard`, bf16 mixed precision (`param_dtype=bfloat16,
+    reduce_dtype=float32`) for `precision` "bf16"."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [here, os.path.join(here, "gpu")]
     import gpu_truth
@@ -236,8 +333,30 @@ def capture_case(model, path, steps=2):
     gpu_truth.hf_patch()
     build, ikind, shape = gpu_truth.ALL_MODELS[model]
     torch.manual_seed(0)
+    mesh = None
+    if ddp:
+        from ranks_truth import init_fake_group
+
+        init_fake_group(ddp, 0)
+    if fsdp:
+        from ranks_truth import init_fake_group
+        from torch.distributed.device_mesh import init_device_mesh
+
+        init_fake_group(fsdp, rank)
+        # Made before the fake tensors: the mesh reads real values.
+        mesh = init_device_mesh(DEVICE, (fsdp,))
     with Capture(path) as cap:
-        module = cap.build(lambda: gpu_truth.First(build(), model.startswith("hf_")))
+        make = lambda: gpu_truth.First(build(), model.startswith("hf_"))  # noqa: E731
+        if ddp:
+            from ranks_truth import averaged_in_place
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            module = DDP(cap.build(make), bucket_cap_mb=25, gradient_as_bucket_view=view)
+            module.register_comm_hook(ddp, averaged_in_place)
+        elif mesh is None:
+            module = cap.build(make)
+        else:
+            module = cap.build_sharded(make, lambda m: shard(m, model, mesh, reshard, precision))
         module.train()
         opt = torch.optim.AdamW(module.parameters(), lr=1e-4, weight_decay=0.01)
         for _ in range(steps):
@@ -251,13 +370,35 @@ def capture_case(model, path, steps=2):
             del loss, x, out
 
 
+def shard(module, model, mesh, reshard, precision):
+    """FSDP2 as scripts/gpu/ranks_truth.py measured it: `fully_shard` on each block of
+    the model's repeated module list, then on the root."""
+    from ranks_truth import BLOCKS, attr
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if precision == "bf16" else MixedPrecisionPolicy())
+    for block in attr(module, BLOCKS[model]):
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+
+
 def main(argv):
+    """`--model NAME --out FILE [--steps N] [--fsdp N --rank K [--keep] [--bf16]]
+    [--ddp N [--bucket-view]]`."""
     if "--model" not in argv or "--out" not in argv:
         print(__doc__, file=sys.stderr)
         return 2
-    model = argv[argv.index("--model") + 1]
-    steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 2
-    capture_case(model, argv[argv.index("--out") + 1], steps)
+
+    def value(flag, default=None):
+        return argv[argv.index(flag) + 1] if flag in argv else default
+
+    fsdp = int(value("--fsdp", 0)) or None
+    ddp = int(value("--ddp", 0)) or None
+    capture_case(value("--model"), value("--out"), int(value("--steps", 2)), fsdp=fsdp,
+                 rank=int(value("--rank", 0)), reshard="--keep" not in argv,
+                 precision="bf16" if "--bf16" in argv else "f32", ddp=ddp,
+                 view="--bucket-view" in argv)
     return 0
 
 

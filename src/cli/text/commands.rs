@@ -250,9 +250,9 @@ impl ReplayOutput<'_> {
                 out,
                 "captured without a GPU: the `recorded` row is the capture's own (no segment, \
                  no cuBLAS workspace); the replayed rows add each thread's cuBLAS workspace as \
-                 {} takes it ({}); what CUDA kernels take inside themselves (memory-efficient \
-                 attention's backward, cuDNN) is not captured, so the peak reserved can be \
-                 higher on the GPU (docs/replay.md, a step captured without a GPU)",
+                 {} takes it ({}); what CUDA kernels take inside themselves (attention \
+                 kernels' backward, cuDNN) is not captured, so the peaks can be higher on the \
+                 GPU (docs/replay.md, a step captured without a GPU)",
                 gpu.name,
                 crate::format::bytes(gpu.cublas_workspace)
             );
