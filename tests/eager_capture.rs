@@ -106,6 +106,9 @@ fn captured_eager_steps_replay_to_the_peaks_an_h200_measured() {
     assert!(failures.is_empty(), "outside the claims: {failures:?}");
 }
 
+/// Peaks (allocated, reserved).
+type Peaks = (u64, u64);
+
 /// The claims of docs/replay.md for FSDP2's ranks, by model: (allocated under, over;
 /// reserved under, over) as shares of the measured peak. GPT-2 and SmolLM2 within 0.1%
 /// allocated and 1% reserved; ViT-B/16 under, by up to 3% allocated and 6% reserved,
@@ -134,7 +137,7 @@ fn captured_fsdp2_ranks_replay_to_the_peaks_an_h200_measured() {
     let cases = measured_cases(|c| c.starts_with("fsdp2."));
     assert!(cases.len() >= 30, "{} FSDP2 cases only", cases.len());
     let dir = tempfile::tempdir().unwrap();
-    let results: Vec<(String, (u64, u64), (u64, u64))> = std::thread::scope(|scope| {
+    let results: Vec<(String, Peaks, Peaks)> = std::thread::scope(|scope| {
         let chunks: Vec<Vec<_>> = (0..2)
             .map(|i| cases.iter().skip(i).step_by(2).cloned().collect())
             .collect();
