@@ -219,3 +219,48 @@ fn the_capture_takes_the_dry_runs_cublas_ops() {
     assert!(ours.len() >= 10, "{ours:?}");
     assert_eq!(ours, theirs);
 }
+
+/// A captured history's workspace rows through `replay`: each thread's cuBLAS workspace
+/// once (the training thread's, the autograd engine's), cuBLASLt's after the cuBLAS one,
+/// at the size of the GPU `--memory` names (PyTorch 2.11: 32 MiB on Hopper;
+/// `:4096:2:16:8`, 8,519,680 bytes, before it; cuBLASLt 1 MiB), by hand.
+#[test]
+fn a_captured_historys_workspaces_are_the_named_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("captured.csv");
+    std::fs::write(
+        &path,
+        "seq,action,addr,size,stream,frame,phase\n\
+         0,alloc,4096,1048576,0,aten::empty,\n\
+         1,workspace,0,0,0,,\n\
+         2,workspace,0,0,0,,\n\
+         3,workspace_lt,0,0,0,,backward\n\
+         4,free_completed,4096,1048576,0,,\n",
+    )
+    .unwrap();
+    const MIB: u64 = 1 << 20;
+    for (gpu, cublas) in [("h100", 32 * MIB), ("a100", 8_519_680)] {
+        let out = common::cli(&[
+            "replay",
+            path.to_str().unwrap(),
+            "--memory",
+            gpu,
+            "--csv",
+            "--alloc-conf",
+            "expandable_segments:False",
+        ]);
+        assert!(out.status.success(), "{}", common::text(&out.stderr));
+        let text = common::text(&out.stdout);
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').collect())
+            .collect();
+        // The capture's own row: the block alone, no segment.
+        assert_eq!(rows[0][..3], ["captured", "1048576", "0"], "{text}");
+        // The forward's one cuBLAS workspace (two calls), then backward's cuBLAS and
+        // cuBLASLt ones, beside the block.
+        let want = MIB + cublas + cublas + MIB;
+        assert_eq!(rows[1][1], want.to_string(), "{gpu}: {text}");
+    }
+}

@@ -189,7 +189,12 @@ fn plan_recorded(
         )
         .into());
     }
-    let recording = Recording::read(path, 0)?;
+    let mut recording = Recording::read(path, 0)?;
+    // A captured history's cuBLAS workspaces: the GPU --gpu or --memory names, if one does.
+    recording.gpu = [a.gpu.as_deref(), Some(a.memory.as_str())]
+        .into_iter()
+        .flatten()
+        .find_map(|g| crate::estimate::Gpu::named(g).ok());
     let own = recording.alloc_conf.clone().unwrap_or_default();
     let candidates = AllocatorConfig::parse(&own)
         .and_then(|c| allocator_candidates(&c))
@@ -219,7 +224,7 @@ fn plan_recorded(
         let recorded = recording.recorded_peaks();
         print!(
             "{}",
-            plan_recorded_text(path, &own, budget, recorded, recording.streams(), &rows)
+            plan_recorded_text(path, &own, budget, recorded, &recording, &rows)
         );
     }
     Ok(if fits.is_some() {

@@ -57,8 +57,8 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 0)]
     device: usize,
     /// Print CSV to standard output: alloc_conf, peak_allocated_bytes,
-    /// peak_reserved_bytes (the first row: as recorded, alloc_conf `recorded`), fits
-    /// (with --memory)
+    /// peak_reserved_bytes (the first row: as recorded, alloc_conf `recorded`; a history
+    /// captured without a GPU: `captured`), fits (with --memory)
     #[arg(long)]
     csv: bool,
 }
@@ -196,7 +196,11 @@ fn replay_one(a: &ReplayArgs, path: &Path) -> Result<ExitCode, Box<dyn std::erro
     };
     if a.csv {
         let rows = std::iter::once(ReplayRow::new(
-            "recorded",
+            if recording.captured() {
+                "captured"
+            } else {
+                "recorded"
+            },
             recorded.allocated,
             recorded.reserved,
             budget,

@@ -177,22 +177,34 @@ pub fn plan_recorded_text(
     own: &str,
     budget: Budget<'_>,
     recorded: Peaks,
-    streams: usize,
+    recording: &Recording,
     rows: &[(String, Peaks)],
 ) -> String {
+    let streams = recording.streams();
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "tch-memprof plan: {}, a recorded run{}: its lever is the allocator's settings \
-         (recorded with PYTORCH_CUDA_ALLOC_CONF={own:?})",
-        path.display(),
-        replay_text::on_streams(streams)
-    );
+    let _ = if recording.captured() {
+        writeln!(
+            out,
+            "tch-memprof plan: {}, a run captured without a GPU{}: its lever is the \
+             allocator's settings (with each thread's cuBLAS workspace as {} takes it)",
+            path.display(),
+            replay_text::on_streams(streams),
+            recording.workspace_gpu().name
+        )
+    } else {
+        writeln!(
+            out,
+            "tch-memprof plan: {}, a recorded run{}: its lever is the allocator's settings \
+             (recorded with PYTORCH_CUDA_ALLOC_CONF={own:?})",
+            path.display(),
+            replay_text::on_streams(streams)
+        )
+    };
     let _ = writeln!(out, "{}", budget_line(budget.bytes, budget.spec));
     let _ = writeln!(
         out,
         "{}",
-        replay_text::table(recorded, rows, Some(budget.bytes))
+        replay_text::table(recorded, rows, Some(budget.bytes), recording.captured())
     );
     let _ = writeln!(out, "{}", replay_text::cheapest_fit(rows, budget.bytes).1);
     out
@@ -236,23 +248,25 @@ impl ReplayOutput<'_> {
             .count();
         let _ = writeln!(
             out,
-            "tch-memprof replay: {}, device {}, {} events ({allocations} allocations{}), \
-             recorded with PYTORCH_CUDA_ALLOC_CONF={:?}",
+            "tch-memprof replay: {}, device {}, {} events ({allocations} allocations{}), {}",
             self.path.display(),
             self.device,
             recording.events.len(),
             replay_text::on_streams(first.streams),
-            self.own
+            if recording.captured() {
+                "captured without a GPU".to_string()
+            } else {
+                format!("recorded with PYTORCH_CUDA_ALLOC_CONF={:?}", self.own)
+            }
         );
         if recording.captured() {
             let gpu = recording.workspace_gpu();
             let _ = writeln!(
                 out,
-                "captured without a GPU: the `recorded` row is the capture's own (no segment, \
-                 no cuBLAS workspace); the replayed rows add each thread's cuBLAS workspace as \
-                 {} takes it ({}); what CUDA kernels take inside themselves (attention \
-                 kernels' backward, cuDNN) is not captured, so the peaks can be higher on the \
-                 GPU (docs/replay.md, a step captured without a GPU)",
+                "the replayed rows add each thread's cuBLAS workspace as {} takes it ({}); \
+                 what CUDA kernels take inside themselves (the attention kernels' backward, \
+                 cuDNN) is not captured: the peaks can be higher on the GPU (docs/replay.md, \
+                 a step captured without a GPU)",
                 gpu.name,
                 crate::format::bytes(gpu.cublas_workspace)
             );
@@ -282,7 +296,7 @@ impl ReplayOutput<'_> {
         let _ = writeln!(
             out,
             "{}",
-            replay_text::table(recorded, &replays, self.budget)
+            replay_text::table(recorded, &replays, self.budget, recording.captured())
         );
         if !self.unmodelled.is_empty() {
             let _ = writeln!(

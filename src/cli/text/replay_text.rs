@@ -76,8 +76,14 @@ pub fn fits_cell(peak_reserved: u64, budget: u64) -> String {
 /// The recorded peaks and the replays' as a table (a row per allocator setting, the
 /// recorded one first), with a `fits` column against `budget`. `replays`: each setting
 /// as `PYTORCH_CUDA_ALLOC_CONF` reads it with its replay's peaks, the run's own first
-/// (named "replayed (as recorded: ...)").
-pub fn table(recorded: Peaks, replays: &[(String, Peaks)], budget: Option<u64>) -> String {
+/// (named "replayed (as recorded: ...)"). `captured`: the history was captured without
+/// a GPU, its own row has no segment (no fits mark).
+pub fn table(
+    recorded: Peaks,
+    replays: &[(String, Peaks)],
+    budget: Option<u64>,
+    captured: bool,
+) -> String {
     let mut t = Table::new();
     let mut header = vec!["allocator settings", "peak allocated", "peak reserved"];
     if budget.is_some() {
@@ -94,11 +100,20 @@ pub fn table(recorded: Peaks, replays: &[(String, Peaks)], budget: Option<u64>) 
         };
         (name, *p)
     });
-    let rows = std::iter::once(("recorded".to_string(), recorded)).chain(named);
-    for (name, p) in rows {
+    let first = if captured {
+        "captured (no segment, no workspace)"
+    } else {
+        "recorded"
+    };
+    let rows = std::iter::once((first.to_string(), recorded)).chain(named);
+    for (i, (name, p)) in rows.enumerate() {
         let mut row = vec![name, bytes(p.allocated), bytes(p.reserved)];
         if let Some(b) = budget {
-            row.push(fits_cell(p.reserved, b));
+            row.push(if captured && i == 0 {
+                "-".to_string()
+            } else {
+                fits_cell(p.reserved, b)
+            });
         }
         t.add_row(row);
     }
