@@ -45,7 +45,8 @@ in memory; the two that do in the models measured are taken as CUDA takes them:
   and an allocation on a GPU), and its buffers on the streams it asks for them on
   (torch.cpu's streams stand for CUDA's); a DTensor's memory is its local tensor's.
 What the capture cannot see: workspaces a CUDA kernel takes from the allocator inside
-itself (the attention kernels' backward, cuDNN's convolutions), NCCL's buffers, and
+itself (a reduction's staging buffer, the attention kernels' backward, cuDNN's
+convolutions), NCCL's buffers, and
 any other op whose CUDA kernel allocates what its CPU one does not. DDP does not run on
 fake tensors (its reducer reads the parameters' data).
 

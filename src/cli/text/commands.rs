@@ -264,8 +264,8 @@ impl ReplayOutput<'_> {
             let _ = writeln!(
                 out,
                 "the replayed rows add each thread's cuBLAS workspace as {} takes it ({}); \
-                 what CUDA kernels take inside themselves (the attention kernels' backward, \
-                 cuDNN) is not captured: the peaks can be higher on the GPU (docs/replay.md, \
+                 what CUDA kernels take inside themselves (reductions' staging buffers, the \
+                 attention kernels' backward, cuDNN) is not captured: the peaks can be higher on the GPU (docs/replay.md, \
                  a step captured without a GPU)",
                 gpu.name,
                 crate::format::bytes(gpu.cublas_workspace)
