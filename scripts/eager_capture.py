@@ -317,89 +317,89 @@ class Capture:
         return False
 
 
-def capture_case(model, path, steps=2, fsdp=None, rank=0, reshard=True, precision="f32",
-                 ddp=None, view=False):
+def capture_case(model, path, steps=2, fsdp=None, rank=0, reshard=True, precision="f32"):
     """One of the corpus's models (scripts/gpu_truth.py), its training step as the GPU
-    truth measured it (scripts/gpu/ranks_truth.py: AdamW, the loss of
+    truth measured it (scripts/gpu/ranks_truth.py's loop: AdamW, the loss of
     scripts/gpu/truth.py, gradients set to none after the loss), `steps` steps. With
-    `fsdp` (a world size), rank `rank` of FSDP2 over PyTorch's fake process group: each
-    block of the model's repeated module list a unit, then the root,
-    `reshard_after_forward=reshard`, bf16 mixed precision (`param_dtype=bfloat16,
-    reduce_dtype=float32`) for `precision` "bf16"."""
+    `fsdp` (a world size), rank `rank` of FSDP2 over PyTorch's fake process group, wrapped
+    as ranks_truth.py's cases are (`shard`)."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [here, os.path.join(here, "gpu")]
     import gpu_truth
+    import ranks_truth
     import truth
 
     gpu_truth.hf_patch()
     build, ikind, shape = gpu_truth.ALL_MODELS[model]
     torch.manual_seed(0)
     mesh = None
-    if ddp:
-        from ranks_truth import init_fake_group
-
-        init_fake_group(ddp, 0)
     if fsdp:
-        from ranks_truth import init_fake_group
         from torch.distributed.device_mesh import init_device_mesh
 
-        init_fake_group(fsdp, rank)
+        ranks_truth.init_fake_group(fsdp, rank)
         # Made before the fake tensors: the mesh reads real values.
         mesh = init_device_mesh(DEVICE, (fsdp,))
     with Capture(path) as cap:
         make = lambda: gpu_truth.First(build(), model.startswith("hf_"))  # noqa: E731
-        if ddp:
-            from ranks_truth import averaged_in_place
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            module = DDP(cap.build(make), bucket_cap_mb=25, gradient_as_bucket_view=view)
-            module.register_comm_hook(ddp, averaged_in_place)
-        elif mesh is None:
+        if mesh is None:
             module = cap.build(make)
         else:
-            module = cap.build_sharded(make, lambda m: shard(m, model, mesh, reshard, precision))
+            module = cap.build_sharded(
+                make, lambda m: ranks_truth.shard(m, model, mesh, reshard, precision))
         module.train()
         opt = torch.optim.AdamW(module.parameters(), lr=1e-4, weight_decay=0.01)
-        for _ in range(steps):
-            x = (torch.randint(0, 1000, shape) if ikind == "ids" else torch.randn(shape))
-            x = cap.tensor(x)
-            out = module(x)
-            loss = truth.loss_of(out, torch)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            del loss, x, out
 
+        def new_input():
+            return cap.tensor(torch.randint(0, 1000, shape) if ikind == "ids"
+                              else torch.randn(shape))
 
-def shard(module, model, mesh, reshard, precision):
-    """FSDP2 as scripts/gpu/ranks_truth.py measured it: `fully_shard` on each block of
-    the model's repeated module list, then on the root."""
-    from ranks_truth import BLOCKS, attr
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-          if precision == "bf16" else MixedPrecisionPolicy())
-    for block in attr(module, BLOCKS[model]):
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+        ranks_truth.run_steps(module, opt, new_input, DEVICE, torch, truth, steps)
 
 
 def main(argv):
-    """`--model NAME --out FILE [--steps N] [--fsdp N --rank K [--keep] [--bf16]]
-    [--ddp N [--bucket-view]]`."""
-    if "--model" not in argv or "--out" not in argv:
-        print(__doc__, file=sys.stderr)
-        return 2
-
+    """`--model NAME --out FILE [--steps N] [--fsdp N --rank K [--keep] [--bf16]]`."""
     def value(flag, default=None):
-        return argv[argv.index(flag) + 1] if flag in argv else default
+        if flag not in argv:
+            return default
+        i = argv.index(flag) + 1
+        if i >= len(argv):
+            raise ValueError(f"{flag} needs a value")
+        return argv[i]
 
-    fsdp = int(value("--fsdp", 0)) or None
-    ddp = int(value("--ddp", 0)) or None
-    capture_case(value("--model"), value("--out"), int(value("--steps", 2)), fsdp=fsdp,
-                 rank=int(value("--rank", 0)), reshard="--keep" not in argv,
-                 precision="bf16" if "--bf16" in argv else "f32", ddp=ddp,
-                 view="--bucket-view" in argv)
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.join(here, "gpu")]
+    try:
+        import gpu_truth
+
+        model, out = value("--model"), value("--out")
+        if model is None or out is None:
+            raise ValueError("--model NAME and --out FILE are needed (see the top of this file)")
+        if model not in gpu_truth.ALL_MODELS:
+            raise ValueError(f"--model {model}: not a model of scripts/gpu_truth.py (known: "
+                             f"{', '.join(gpu_truth.ALL_MODELS)})")
+        def number(flag, default):
+            v = value(flag, default)
+            try:
+                return int(v)
+            except ValueError:
+                raise ValueError(f"{flag} {v}: not a whole number") from None
+
+        steps, fsdp, rank = number("--steps", 2), number("--fsdp", 0), number("--rank", 0)
+        if steps < 1:
+            raise ValueError(f"--steps {steps}: at least 1")
+        import ranks_truth
+
+        if fsdp and model not in ranks_truth.BLOCKS:
+            raise ValueError(f"--fsdp with --model {model}: its units are not known (FSDP2's "
+                             f"models: {', '.join(ranks_truth.BLOCKS)})")
+        if fsdp < 0 or not 0 <= rank < max(fsdp, 1):
+            raise ValueError(f"--rank {rank}: not a rank of --fsdp {fsdp or 1}")
+    except ValueError as e:
+        print(f"eager_capture.py: {e}", file=sys.stderr)
+        return 2
+    capture_case(model, out, steps, fsdp=fsdp or None, rank=rank,
+                 reshard="--keep" not in argv,
+                 precision="bf16" if "--bf16" in argv else "f32")
     return 0
 
 

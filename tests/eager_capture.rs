@@ -75,14 +75,29 @@ fn capture_and_replay(python: &str, args: &[String], out: &Path) -> (u64, u64) {
     (replayed.allocated, replayed.reserved)
 }
 
+/// The corpus's Python for `test` (this file's), where the libtorch is the one the
+/// H200's runs used (else the test is skipped by name, tests/data/version-keyed.txt).
+fn corpus_python(test: &str, what: &str) -> Option<String> {
+    if !common::on_the_measured_libtorch(&format!("eager_capture::{test}")) {
+        return None;
+    }
+    common::corpus_python(what)
+}
+
+/// How far `ours` is from `truth`, allocated and reserved, as shares of the truth's.
+fn off(ours: Peaks, truth: Peaks) -> (f64, f64) {
+    (
+        ours.0 as f64 / truth.0 as f64 - 1.0,
+        ours.1 as f64 / truth.1 as f64 - 1.0,
+    )
+}
+
 #[test]
 fn captured_eager_steps_replay_to_the_peaks_an_h200_measured() {
-    if !common::on_the_measured_libtorch(
-        "eager_capture::captured_eager_steps_replay_to_the_peaks_an_h200_measured",
-    ) {
-        return;
-    }
-    let Some(python) = common::corpus_python("the eager captures") else {
+    let Some(python) = corpus_python(
+        "captured_eager_steps_replay_to_the_peaks_an_h200_measured",
+        "the eager captures",
+    ) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -92,8 +107,10 @@ fn captured_eager_steps_replay_to_the_peaks_an_h200_measured() {
         let args = ["--model".to_string(), model.to_string()];
         let (replayed_allocated, replayed_reserved) = capture_and_replay(&python, &args, &out);
         let (allocated, reserved) = measured(model);
-        let off_a = replayed_allocated as f64 / allocated as f64 - 1.0;
-        let off_r = replayed_reserved as f64 / reserved as f64 - 1.0;
+        let (off_a, off_r) = off(
+            (replayed_allocated, replayed_reserved),
+            (allocated, reserved),
+        );
         println!(
             "{model}: allocated {replayed_allocated} against {allocated} ({:+.3}%), reserved {replayed_reserved} against {reserved} ({:+.2}%)",
             100.0 * off_a,
@@ -126,12 +143,10 @@ fn rank_claims(model: &str) -> (f64, f64, f64, f64) {
 /// tensors, two at a time.
 #[test]
 fn captured_fsdp2_ranks_replay_to_the_peaks_an_h200_measured() {
-    if !common::on_the_measured_libtorch(
-        "eager_capture::captured_fsdp2_ranks_replay_to_the_peaks_an_h200_measured",
-    ) {
-        return;
-    }
-    let Some(python) = common::corpus_python("the FSDP2 captures") else {
+    let Some(python) = corpus_python(
+        "captured_fsdp2_ranks_replay_to_the_peaks_an_h200_measured",
+        "the FSDP2 captures",
+    ) else {
         return;
     };
     let cases = measured_cases(|c| c.starts_with("fsdp2."));
@@ -181,8 +196,7 @@ fn captured_fsdp2_ranks_replay_to_the_peaks_an_h200_measured() {
     });
     let mut failures = Vec::new();
     for (case, (allocated, reserved), (ours_a, ours_r)) in &results {
-        let off_a = *ours_a as f64 / *allocated as f64 - 1.0;
-        let off_r = *ours_r as f64 / *reserved as f64 - 1.0;
+        let (off_a, off_r) = off((*ours_a, *ours_r), (*allocated, *reserved));
         println!(
             "{case}: allocated {:+.3}%, reserved {:+.2}%",
             100.0 * off_a,

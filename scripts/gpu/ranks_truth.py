@@ -164,16 +164,9 @@ def measure(case, device, out_dir, frames):
         init_fake_group(world, rank)
     if kind == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(device.split(":")[0], (world,))
-        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if precision == "bf16" else MixedPrecisionPolicy())
-        for block in attr(wrapper, BLOCKS[model]):
-            fully_shard(block, mesh=mesh, reshard_after_forward=reshard == "reshard",
-                        mp_policy=mp)
-        fully_shard(wrapper, mesh=mesh, reshard_after_forward=reshard == "reshard",
-                    mp_policy=mp)
+        shard(wrapper, model, mesh, reshard == "reshard", precision)
         module = wrapper
     elif kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -222,6 +215,20 @@ def measure(case, device, out_dir, frames):
     spec = gpu_truth.spec(ikind, shape)
     print(f"{case},{kind},{model},{world},{rank},{precision},{reshard},{spec},{weights},"
           f"{alloc},{reserved},{streams},{tracker},{time.time() - t0:.1f}", flush=True)
+
+
+def shard(wrapper, model, mesh, reshard, precision):
+    """FSDP2 as the cases wrap it: `fully_shard` on each block of the model's repeated
+    module list, then on the root, `reshard_after_forward=reshard`, and for `precision`
+    "bf16" `MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if precision == "bf16" else MixedPrecisionPolicy())
+    for block in attr(wrapper, BLOCKS[model]):
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(wrapper, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
 
 
 def averaged_in_place(world, bucket):
