@@ -1,8 +1,9 @@
 """A PyTorch model's eager training step captured without a GPU: every block the step's
 CUDA run would ask PyTorch's caching allocator for and every free, in the order eager
 PyTorch makes them, written as the history CSV `tch-memprof replay` reads
-(`seq,action,addr,size,stream,frame,phase`). The replay runs it through the model of the
-caching allocator and adds each thread's cuBLAS workspace as the GPU takes it:
+(`seq,action,addr,size,stream,frame,phase,reduction`). The replay runs it through the
+model of the caching allocator and adds each thread's cuBLAS workspace and the
+reductions' buffers as the GPU takes them:
 
     python3 scripts/eager_capture.py --model hf_gpt2 --out gpt2.csv
     tch-memprof replay gpt2.csv --memory h200
@@ -44,10 +45,13 @@ in memory; the two that do in the models measured are taken as CUDA takes them:
 - FSDP2: its unsharded parameters freed and made again by resizing their storage (a free
   and an allocation on a GPU), and its buffers on the streams it asks for them on
   (torch.cpu's streams stand for CUDA's); a DTensor's memory is its local tensor's.
-What the capture cannot see: workspaces a CUDA kernel takes from the allocator inside
-itself (a reduction's staging buffer, the attention kernels' backward, cuDNN's
-convolutions), NCCL's buffers, and
-any other op whose CUDA kernel allocates what its CPU one does not. DDP does not run on
+- sum and mean: a `reduce` row (the input's sizes, strides, offset and dtype, the
+  output's dtype, the dims, keepdim in its `reduction` column); the replay sizes the
+  staging buffer and semaphores CUDA's kernel takes when it splits the reduction across
+  thread blocks, for the GPU's multiprocessors (the dry run's rule).
+What the capture cannot see: other workspaces a CUDA kernel takes from the allocator
+inside itself (the attention kernels' backward, cuDNN's convolutions), NCCL's buffers,
+and any other op whose CUDA kernel allocates what its CPU one does not. DDP does not run on
 fake tensors (its reducer reads the parameters' data).
 
 Run with the Python of the torch wheel `scripts/with-libtorch.sh` installs; `--model`
@@ -78,6 +82,9 @@ CUBLAS_OPS = (
     "aten::_addmm_activation",
 )
 DEVICE = "cpu"
+# The reductions whose CUDA kernel (Reduce.cuh's gpu_reduce_kernel) takes a staging
+# buffer from the caching allocator: sum and mean, as the dry run sizes them.
+REDUCTIONS = ("aten::sum", "aten::mean")
 
 
 def uses_cublaslt(name, args, kwargs):
@@ -189,7 +196,37 @@ class _Recorder(TorchDispatchMode):
             phase = "backward" if torch._C._current_autograd_node() is not None else ""
             lt = uses_cublaslt(name, args, kwargs)
             self.emit("workspace_lt" if lt else "workspace", 0, 0, phase)
+        elif name in REDUCTIONS and isinstance(out, torch.Tensor):
+            self.reduction(func, args, kwargs, out)
         return out
+
+    def reduction(self, func, args, kwargs, out):
+        """A `reduce` row: a sum's or mean's input and output, from which the replay sizes
+        the staging buffer and semaphores CUDA's kernel takes when it splits the
+        reduction across thread blocks (the dry run's rule, `src/native/dryrun/reduce.cpp`)."""
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or is_traceable_wrapper_subclass(x):
+            return
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        if func._overloadname == "default":
+            dims = None
+        if isinstance(dims, int):
+            dims = [dims]
+        geometry = ";".join([
+            "x".join(str(n) for n in x.shape),
+            "x".join(str(n) for n in x.stride()),
+            str(x.storage_offset()),
+            str(x.dtype).removeprefix("torch."),
+            str(out.dtype).removeprefix("torch."),
+            "-" if dims is None else ":".join(str(int(d)) for d in dims),
+            "1" if keepdim else "0",
+        ])
+        phase = "backward" if torch._C._current_autograd_node() is not None else ""
+        if not self.closed:
+            self.out.write(f"{self.seq},reduce,0,0,{self.stream},{func._schema.name},{phase},"
+                           f"{geometry}\n")
+            self.seq += 1
 
 
 class Capture:
@@ -201,7 +238,7 @@ class Capture:
 
     def __enter__(self):
         self.file = open(self.path, "w")
-        self.file.write("seq,action,addr,size,stream,frame,phase\n")
+        self.file.write("seq,action,addr,size,stream,frame,phase,reduction\n")
         self.saved = (torch.nn.functional.scaled_dot_product_attention,
                       torch.nn.functional.dropout)
         torch.nn.functional.scaled_dot_product_attention = sdpa

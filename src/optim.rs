@@ -31,7 +31,6 @@ use tch::{Device, Kind, Tensor};
 use crate::error::{Error, Result};
 use crate::ffi;
 
-/// c10::ScalarType codes of the autocast dtypes.
 /// Scales the gradients of `params` to a global L2 norm of at most `max`, as PyTorch's
 /// `clip_grad_norm_` does: the norm stays on the device (no value is read on the host),
 /// so the step does not wait for the GPU, and a dry run ([`crate::estimate::Model::estimate_steps`])

@@ -13,8 +13,9 @@ use tch_memprof::estimate::{AllocatorConfig, Gpu};
 
 /// The claims of docs/replay.md ("A step captured without a GPU"): the peak allocated
 /// within 0.1% of the measured one; the peak reserved from 5% under it to 1% over (a
-/// capture has no kernel's own blocks: a CUDA sum split across thread blocks takes a
-/// staging buffer, 132 MiB after each of ViT-B/16's MLP bias gradients on an H200).
+/// capture has not every kernel's own blocks: in each of SmolLM2-135M's attention
+/// layers, an H200's backward took a block of 36 MiB and two small ones, freed at once,
+/// that the capture does not see).
 const ALLOCATED: f64 = 0.001;
 const RESERVED_UNDER: f64 = 0.05;
 const RESERVED_OVER: f64 = 0.01;
@@ -127,12 +128,13 @@ fn captured_eager_steps_replay_to_the_peaks_an_h200_measured() {
 type Peaks = (u64, u64);
 
 /// The claims of docs/replay.md for FSDP2's ranks, by model: (allocated under, over;
-/// reserved under, over) as shares of the measured peak. GPT-2 and SmolLM2 within 0.1%
-/// allocated and 1% reserved; ViT-B/16 under, by up to 3% allocated and 6% reserved,
-/// the CUDA reductions' staging buffers not captured.
+/// reserved under, over) as shares of the measured peak. Every rank within 0.1%
+/// allocated; GPT-2 and SmolLM2 within 1% reserved; ViT-B/16 from 1.5% under to 3.5%
+/// over (its bf16 ranks at N = 4 make a second segment for a reduction's 132 MiB
+/// staging buffer where the H200 reused the first).
 fn rank_claims(model: &str) -> (f64, f64, f64, f64) {
     match model {
-        "hf_vit_base" => (0.03, 0.001, 0.06, 0.01),
+        "hf_vit_base" => (0.001, 0.001, 0.015, 0.035),
         _ => (0.001, 0.001, 0.01, 0.01),
     }
 }

@@ -87,6 +87,15 @@ fn threads_per_multiprocessor(sm: u32) -> u32 {
     }
 }
 
+/// The most streaming multiprocessors of a GPU [`Gpu::named`] knows.
+pub(crate) fn most_multiprocessors() -> u32 {
+    KNOWN
+        .iter()
+        .map(|k| k.4)
+        .max()
+        .unwrap_or(GENERIC_MULTIPROCESSORS)
+}
+
 impl Gpu {
     /// A GPU of unknown memory before Hopper (the default cuBLAS workspace), of compute
     /// capability 8.0 (an A100: the oldest that runs every fused attention kernel) for the choice of attention kernels.

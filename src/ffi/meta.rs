@@ -22,6 +22,22 @@ extern "C" {
     fn memprof_meta_convert(tensor: *mut c_void) -> i32;
     fn memprof_meta_attention(set: *const MpAttention, get: *mut MpAttention) -> i32;
     fn memprof_meta_gpu(multiprocessors: i32, threads_per_multiprocessor: i32) -> i32;
+    fn memprof_reduce_buffers(
+        sizes: *const i64,
+        strides: *const i64,
+        ndim: u64,
+        offset: i64,
+        in_dtype: i32,
+        out_dtype: i32,
+        dims: *const i64,
+        ndims: i64,
+        keepdim: i32,
+        multiprocessors: i32,
+        threads_per_multiprocessor: i32,
+        out: *mut i64,
+        cap: u64,
+        total: *mut u64,
+    ) -> i32;
     fn memprof_meta_conv_workspaces(table: *const c_char, len: usize) -> i32;
     fn memprof_meta_autocast_begin(list: i32, dtype: i32) -> i32;
     fn memprof_meta_autocast_end() -> i32;
@@ -152,6 +168,91 @@ pub(crate) fn meta_attention_set(sm: i32, backend: SdpaBackend) -> Result<()> {
 pub(crate) fn meta_gpu_set(multiprocessors: i32, threads_per_multiprocessor: i32) -> Result<()> {
     // SAFETY: plain call with two integers.
     check(unsafe { memprof_meta_gpu(multiprocessors, threads_per_multiprocessor) })
+}
+
+/// A sum's or mean's input and output as CUDA's reduction kernel sees them: the input's
+/// sizes, strides (in elements) and offset into its storage, its dtype and the result's
+/// (c10::ScalarType codes: [`scalar_type`]), the dims reduced (`None`: all), keepdim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reduction {
+    pub sizes: Vec<i64>,
+    pub strides: Vec<i64>,
+    pub offset: i64,
+    pub input: i32,
+    pub output: i32,
+    pub dims: Option<Vec<i64>>,
+    pub keepdim: bool,
+}
+
+/// The c10::ScalarType code of a dtype as PyTorch names it (`float32`, `bfloat16`, ...).
+pub(crate) fn scalar_type(name: &str) -> Option<i32> {
+    const CODES: [(&str, i32); 13] = [
+        ("uint8", 0),
+        ("int8", 1),
+        ("int16", 2),
+        ("int32", 3),
+        ("int64", 4),
+        ("float16", 5),
+        ("float32", 6),
+        ("float64", 7),
+        ("complex32", 8),
+        ("complex64", 9),
+        ("complex128", 10),
+        ("bool", 11),
+        ("bfloat16", 15),
+    ];
+    CODES.iter().find(|(n, _)| *n == name).map(|(_, c)| *c)
+}
+
+/// The blocks CUDA's sum or mean kernel takes from the caching allocator for `r` on a GPU
+/// of `multiprocessors` (each holding `threads_per_multiprocessor` threads at once), in
+/// the order it takes them: a staging buffer and its semaphores per part, none where the
+/// reduction is not split across thread blocks (the dry run's rule, `dryrun/reduce.cpp`).
+pub(crate) fn reduction_buffers(
+    r: &Reduction,
+    multiprocessors: u32,
+    threads_per_multiprocessor: u32,
+) -> Result<Vec<u64>> {
+    if r.sizes.len() != r.strides.len() {
+        return Err(Error::Native(format!(
+            "a reduction of {} sizes and {} strides",
+            r.sizes.len(),
+            r.strides.len()
+        )));
+    }
+    let (dims, ndims) = match &r.dims {
+        Some(d) => (d.as_ptr(), d.len() as i64),
+        None => (std::ptr::null(), -1),
+    };
+    let mut out = vec![0i64; 4];
+    loop {
+        let mut total = 0u64;
+        // SAFETY: sizes and strides are valid for `ndim` values, dims for `ndims` (or
+        // null with -1), `out` for `cap`; `total` is a valid out-pointer.
+        check(unsafe {
+            memprof_reduce_buffers(
+                r.sizes.as_ptr(),
+                r.strides.as_ptr(),
+                r.sizes.len() as u64,
+                r.offset,
+                r.input,
+                r.output,
+                dims,
+                ndims,
+                i32::from(r.keepdim),
+                multiprocessors.min(i32::MAX as u32) as i32,
+                threads_per_multiprocessor.min(i32::MAX as u32) as i32,
+                out.as_mut_ptr(),
+                out.len() as u64,
+                &mut total,
+            )
+        })?;
+        if total as usize <= out.len() {
+            out.truncate(total as usize);
+            return Ok(out.into_iter().map(|b| b.max(0) as u64).collect());
+        }
+        out = vec![0; total as usize];
+    }
 }
 
 /// Sets the cuDNN convolution workspaces later dry runs charge where a call was

@@ -83,6 +83,53 @@ int memprof_meta_gpu(int32_t multiprocessors, int32_t threads_per_multiprocessor
   });
 }
 
+int memprof_reduce_buffers(const int64_t* sizes, const int64_t* strides, uint64_t ndim,
+                           int64_t offset, int32_t in_dtype, int32_t out_dtype,
+                           const int64_t* dims, int64_t ndims, int32_t keepdim,
+                           int32_t multiprocessors, int32_t threads_per_multiprocessor,
+                           int64_t* out, uint64_t cap, uint64_t* total) noexcept {
+  return guarded("memprof_reduce_buffers", [&]() -> int {
+    if (!given(total, "memprof_reduce_buffers") || (ndim > 0 && (!given(sizes, "memprof_reduce_buffers") ||
+                                                                 !given(strides, "memprof_reduce_buffers"))) ||
+        (ndims > 0 && !given(dims, "memprof_reduce_buffers")) ||
+        (cap > 0 && !given(out, "memprof_reduce_buffers"))) {
+      return -1;
+    }
+    if (multiprocessors <= 0 || threads_per_multiprocessor <= 0) {
+      set_error("memprof_reduce_buffers: no multiprocessors or no threads per multiprocessor");
+      return -1;
+    }
+    const int32_t last = int32_t(c10::ScalarType::NumOptions);
+    if (in_dtype < 0 || in_dtype >= last || out_dtype < 0 || out_dtype >= last) {
+      set_error("memprof_reduce_buffers: not a ScalarType");
+      return -1;
+    }
+    for (uint64_t d = 0; d < ndim; ++d) {
+      if (sizes[d] < 0 || strides[d] < 0) {
+        set_error("memprof_reduce_buffers: a negative size or stride");
+        return -1;
+      }
+    }
+    if (offset < 0) {
+      set_error("memprof_reduce_buffers: a negative offset");
+      return -1;
+    }
+    at::OptionalIntArrayRef reduced;
+    if (ndims >= 0) {
+      reduced = at::IntArrayRef(dims, size_t(ndims));
+    }
+    const auto buffers = reduction_buffers_of(
+        at::IntArrayRef(sizes, ndim), at::IntArrayRef(strides, ndim), offset,
+        c10::ScalarType(in_dtype), c10::ScalarType(out_dtype), reduced, keepdim != 0,
+        ReduceGpu{multiprocessors, threads_per_multiprocessor});
+    *total = buffers.size();
+    for (uint64_t i = 0; i < buffers.size() && i < cap; ++i) {
+      out[i] = buffers[i];
+    }
+    return 0;
+  });
+}
+
 int memprof_meta_conv_workspaces(const char* table, size_t len) noexcept {
   return guarded("memprof_meta_conv_workspaces", [&]() -> int {
     if (len > 0 && !given(table, "memprof_meta_conv_workspaces")) {

@@ -511,6 +511,18 @@ int memprof_meta_attention(const MpAttention* set, MpAttention* get) MP_NOEXCEPT
 // The GPU later dry runs size CUDA's reduction buffers for: its streaming
 // multiprocessors and the threads each holds at once (both > 0).
 int memprof_meta_gpu(int32_t multiprocessors, int32_t threads_per_multiprocessor) MP_NOEXCEPT;
+// The buffers CUDA's sum (or mean) takes from the caching allocator inside the kernel on
+// a GPU of `multiprocessors` (threads each holds at once: `threads_per_multiprocessor`):
+// an input of `ndim` `sizes` and `strides` (elements) at element `offset` of its
+// storage, dtype `in_dtype` (a c10::ScalarType code), reduced into `out_dtype` over the
+// `ndims` `dims` (ndims -1: every dim), `keepdim`. `*total` the buffers' count (a staging
+// buffer and its semaphores per part, 0 where the reduction is not split across
+// blocks), their bytes written to `out` up to `cap`, in the order taken.
+int memprof_reduce_buffers(const int64_t* sizes, const int64_t* strides, uint64_t ndim,
+                           int64_t offset, int32_t in_dtype, int32_t out_dtype,
+                           const int64_t* dims, int64_t ndims, int32_t keepdim,
+                           int32_t multiprocessors, int32_t threads_per_multiprocessor,
+                           int64_t* out, uint64_t cap, uint64_t* total) MP_NOEXCEPT;
 // cuDNN's convolution workspaces later dry runs charge where a call was measured: `len`
 // bytes of text, a line a call, `key\tbytes\n` (the key: the op's name and arguments as
 // the measuring script wrote them); empty (len 0): none measured, every convolution the

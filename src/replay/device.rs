@@ -29,12 +29,29 @@ pub(crate) struct DeviceModel<'a> {
     pub cublaslt_workspace: u64,
 }
 
+impl DeviceModel<'_> {
+    /// The workspaces a call on cuBLAS (`lt`: on cuBLASLt) in `phase` wants, as (slot,
+    /// bytes), each slot taken once per run: the autograd engine's CUDA thread runs
+    /// backward with a handle (and workspaces) of its own, and a cuBLASLt call gets its
+    /// handle through the cuBLAS one, so it takes the cuBLAS workspace first, then its
+    /// own. Slots: 0 and 1 cuBLAS (training thread, autograd thread), 2 and 3 cuBLASLt.
+    pub(crate) fn workspace_wants(
+        &self,
+        lt: bool,
+        phase: Phase,
+    ) -> impl Iterator<Item = (usize, u64)> {
+        let thread = usize::from(phase == Phase::Backward);
+        std::iter::once((thread, self.cublas_workspace))
+            .chain(lt.then_some((2 + thread, self.cublaslt_workspace)))
+    }
+}
+
 /// Ids of the cuBLAS workspaces in the replay (the dry run's blocks are fake addresses
-/// far below).
-const WORKSPACE_ID: u64 = u64::MAX - 16;
+/// far below): this plus the slot.
+pub(crate) const WORKSPACE_ID: u64 = u64::MAX - 16;
 /// The blocks of kernels' workspaces ([`EventKind::Transient`]): this plus a count, far
 /// from the dry run's fake addresses and from [`WORKSPACE_ID`].
-const TRANSIENT_ID: u64 = 1 << 62;
+pub(crate) const TRANSIENT_ID: u64 = 1 << 62;
 
 /// The dry run as the device sees it.
 #[derive(Debug, Clone)]
@@ -252,14 +269,14 @@ fn replay_on(
     let mut charged: HashMap<u64, i64> = HashMap::new();
     let mut events = Vec::with_capacity(weights.len() + run.len() + 4);
     let mut at_reserved_peak: Option<(PoolState, u64)> = None;
-    let mut device = |alloc: &mut Allocator, events: &mut Vec<Event>, e: &Event| match e.kind {
+    let mut device = |alloc: &mut Allocator,
+                      events: &mut Vec<Event>,
+                      at_peak: &mut Option<(PoolState, u64)>,
+                      e: &Event| match e.kind {
         EventKind::Alloc { stream } => {
             let reserved = alloc.stats().reserved;
             let bytes = alloc.malloc(e.ptr, e.value.max(0) as u64, stream) as i64;
-            let now = alloc.stats().reserved;
-            if now > reserved && now > at_reserved_peak.map_or(0, |(p, _)| p.reserved) {
-                at_reserved_peak = alloc.pools().map(|p| (p, e.value.max(0) as u64));
-            }
+            note_reserved_peak(at_peak, alloc, reserved, e.value.max(0) as u64);
             if bytes > 0 {
                 charged.insert(e.ptr, bytes);
                 events.push(Event { value: bytes, ..*e });
@@ -285,7 +302,7 @@ fn replay_on(
     };
     let mut requests = Vec::new();
     for e in weights {
-        device(&mut alloc, &mut events, e);
+        device(&mut alloc, &mut events, &mut at_reserved_peak, e);
         if e.is_alloc() && e.value > 0 {
             requests.push(Request {
                 bytes: e.value as u64,
@@ -306,7 +323,7 @@ fn replay_on(
     let mut op_names: HashMap<i32, i32> = HashMap::new();
     for e in run {
         let before = events.len();
-        device(&mut alloc, &mut events, e);
+        device(&mut alloc, &mut events, &mut at_reserved_peak, e);
         match e.kind {
             EventKind::Phase if steps.last().map_or(true, |s| e.generation > s.step) => {
                 op_names.clear();
@@ -339,12 +356,7 @@ fn replay_on(
                 // The autograd engine's CUDA thread runs backward with a handle (and
                 // workspaces) of its own. A cuBLASLt call gets its handle through the
                 // cuBLAS one, so it takes the cuBLAS workspace first, then its own.
-                let thread = usize::from(e.phase == Phase::Backward);
-                let mut wants = vec![(thread, options.cublas_workspace)];
-                if lt {
-                    wants.push((2 + thread, options.cublaslt_workspace));
-                }
-                for (slot, size) in wants {
+                for (slot, size) in options.workspace_wants(lt, e.phase) {
                     if !exact && !workspaces[slot] && size > 0 {
                         workspaces[slot] = true;
                         requests.push(Request {
@@ -352,7 +364,9 @@ fn replay_on(
                             op: op_names.get(&e.op).copied().unwrap_or(-1),
                         });
                         let id = WORKSPACE_ID + slot as u64;
+                        let reserved = alloc.stats().reserved;
                         let bytes = alloc.malloc(id, size, 0) as i64;
+                        note_reserved_peak(&mut at_reserved_peak, &alloc, reserved, size);
                         events.push(Event {
                             kind: EventKind::Alloc { stream: 0 },
                             ptr: id,
@@ -376,7 +390,9 @@ fn replay_on(
                     op: op_names.get(&e.op).copied().unwrap_or(-1),
                 });
                 let id = TRANSIENT_ID + taken;
+                let reserved = alloc.stats().reserved;
                 let bytes = alloc.malloc(id, e.value as u64, 0) as i64;
+                note_reserved_peak(&mut at_reserved_peak, &alloc, reserved, e.value as u64);
                 largest_transient = largest_transient.max(bytes.max(0) as u64);
                 if bytes > 0 {
                     raise_step_peak(&mut steps, alloc.stats().allocated, e, &op_names);
@@ -424,6 +440,21 @@ fn replay_on(
         bounded_transients: bounded,
         requests,
         weight_requests,
+    }
+}
+
+/// The pools when reserved first reached its peak (and the request that made the last
+/// segment then): `at` replaced when the request just made (`request` bytes, reserved
+/// `before` it) raised reserved above it.
+fn note_reserved_peak(
+    at: &mut Option<(PoolState, u64)>,
+    alloc: &Allocator,
+    before: u64,
+    request: u64,
+) {
+    let now = alloc.stats().reserved;
+    if now > before && now > at.map_or(0, |(p, _)| p.reserved) {
+        *at = alloc.pools().map(|p| (p, request));
     }
 }
 

@@ -22,5 +22,6 @@ mod step;
 
 pub(crate) use device::{
     as_requested, peak_step, predicted_step, through_allocator, DeviceModel, ModelVars, Request,
+    TRANSIENT_ID, WORKSPACE_ID,
 };
 pub(crate) use step::replay as replay_step;

@@ -263,12 +263,14 @@ impl ReplayOutput<'_> {
             let gpu = recording.workspace_gpu();
             let _ = writeln!(
                 out,
-                "the replayed rows add each thread's cuBLAS workspace as {} takes it ({}); \
-                 what CUDA kernels take inside themselves (reductions' staging buffers, the \
-                 attention kernels' backward, cuDNN) is not captured: the peaks can be higher on the GPU (docs/replay.md, \
-                 a step captured without a GPU)",
+                "the replayed rows add each thread's cuBLAS workspace as {} takes it ({}) and \
+                 the staging buffers of its sums and means ({} multiprocessors); what other \
+                 CUDA kernels take inside themselves (the attention kernels' backward, cuDNN) \
+                 is not captured: the peaks can be higher on the GPU (docs/replay.md, a step \
+                 captured without a GPU)",
                 gpu.name,
-                crate::format::bytes(gpu.cublas_workspace)
+                crate::format::bytes(gpu.cublas_workspace),
+                gpu.multiprocessors
             );
         }
         if recording.segments_before > 0 {
@@ -334,7 +336,9 @@ impl ReplayOutput<'_> {
             }
             let _ = writeln!(out, "{}", failing_request_line(&view));
         }
-        if first.replayed.reserved == recorded.reserved {
+        if recording.captured() {
+            // A capture reserves nothing of its own: nothing to hold the replay to.
+        } else if first.replayed.reserved == recorded.reserved {
             let _ = writeln!(
                 out,
                 "the replay gives the recorded peak reserved to the byte"

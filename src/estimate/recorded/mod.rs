@@ -57,6 +57,15 @@ pub enum Action {
         /// On the autograd engine's thread.
         backward: bool,
     },
+    /// A history captured without a GPU: a sum or mean returned here, whose CUDA kernel
+    /// takes a staging buffer and semaphores from the caching allocator and frees them
+    /// before it returns when it splits the reduction across thread blocks. `index`: the
+    /// reduction's input and output among the history's; the replay sizes its buffers
+    /// for the GPU ([`Recording::gpu`]) as a dry run does.
+    Reduce {
+        /// The reduction among the history's.
+        index: u32,
+    },
     /// Any other action (`snapshot`, `oom`, ...): not replayed.
     Other,
 }
@@ -125,6 +134,8 @@ pub struct Recording {
     /// take; `None`: the larger plausible size (Hopper's, 32 MiB a thread). A recorded
     /// run's own workspaces are among its allocations and it has no such event.
     pub gpu: Option<crate::estimate::Gpu>,
+    /// A captured history's reductions ([`Action::Reduce`]'s `index`).
+    pub(crate) reductions: Vec<crate::ffi::Reduction>,
 }
 
 /// A recorded history replayed.
@@ -306,6 +317,7 @@ impl Recording {
             segments_before,
             gpu: None,
             sites: sites.names,
+            reductions: Vec::new(),
         })
     }
 
@@ -428,11 +440,23 @@ impl Recording {
         self.replay_events_at().map(|(_, e)| e).collect()
     }
 
-    /// The same, each with the index of the history's event it comes from.
+    /// The same, each with the index of the history's event it comes from (a reduction's
+    /// buffers each an event of their own, at its index).
     pub(crate) fn replay_events_at(&self) -> impl Iterator<Item = (usize, Event)> + '_ {
         let streams = self.stream_indices();
+        let buffers = self.reduction_buffers();
         let mut released = false;
-        self.events.iter().enumerate().filter_map(move |(i, e)| {
+        self.events.iter().enumerate().flat_map(move |(i, e)| {
+            let event = |kind, value, phase| Event {
+                kind,
+                phase,
+                device: 0,
+                generation: 1,
+                op: -1,
+                aux: 0,
+                ptr: e.addr,
+                value,
+            };
             let (kind, value) = match e.action {
                 Action::Alloc => (
                     EventKind::Alloc {
@@ -441,38 +465,56 @@ impl Recording {
                     e.size as i64,
                 ),
                 Action::FreeCompleted => (EventKind::Free, -(e.size as i64)),
-                Action::Workspace { lt, .. } => (EventKind::Workspace { lt }, 0),
+                // The replay gives backward's cuBLAS calls the autograd thread's
+                // workspace.
+                Action::Workspace { lt, backward } => {
+                    released = false;
+                    let phase = if backward {
+                        Phase::Backward
+                    } else {
+                        Phase::Forward
+                    };
+                    return Expanded::One(Some((i, event(EventKind::Workspace { lt }, 0, phase))));
+                }
+                // Each buffer taken after the kernel's output and freed before it
+                // returns, one after the other (as a dry run logs them).
+                Action::Reduce { index } => {
+                    released = false;
+                    let sizes = buffers.get(index as usize).cloned().unwrap_or_default();
+                    return Expanded::Many(i, sizes.into_iter(), e.addr);
+                }
                 Action::SegmentFree if !released => (EventKind::Release, 0),
-                Action::SegmentFree => return None,
+                Action::SegmentFree => return Expanded::One(None),
                 _ => {
                     released = false;
-                    return None;
+                    return Expanded::One(None);
                 }
             };
             released = kind == EventKind::Release;
-            let aux = match e.action {
-                Action::Alloc if e.site != NO_SITE => e.site as i32 + 1,
-                _ => 0,
-            };
-            Some((
-                i,
-                Event {
-                    kind,
-                    // The replay gives backward's cuBLAS calls the autograd thread's
-                    // workspace.
-                    phase: match e.action {
-                        Action::Workspace { backward: true, .. } => Phase::Backward,
-                        _ => Phase::Forward,
-                    },
-                    device: 0,
-                    generation: 1,
-                    op: -1,
-                    aux,
-                    ptr: e.addr,
-                    value,
-                },
-            ))
+            let mut out = event(kind, value, Phase::Forward);
+            if e.action == Action::Alloc && e.site != NO_SITE {
+                out.aux = e.site as i32 + 1;
+            }
+            Expanded::One(Some((i, out)))
         })
+    }
+
+    /// Each reduction's buffers on the replay's GPU ([`Recording::workspace_gpu`]), in the
+    /// order taken; none where the native rule cannot size it (checked as the file was
+    /// read).
+    fn reduction_buffers(&self) -> Vec<Vec<u64>> {
+        let gpu = self.workspace_gpu();
+        self.reductions
+            .iter()
+            .map(|r| {
+                crate::ffi::reduction_buffers(
+                    r,
+                    gpu.multiprocessors,
+                    gpu.threads_per_multiprocessor,
+                )
+                .unwrap_or_default()
+            })
+            .collect()
     }
 
     /// The recorded id of each stream the replay numbers (its index), in that order.
@@ -496,22 +538,27 @@ impl Recording {
         indices
     }
 
-    /// Whether the history was captured without a GPU (it has [`Action::Workspace`]
-    /// events): its own peaks have no segment and no cuBLAS workspace; the replay's do.
+    /// Whether the history was captured without a GPU (it has [`Action::Workspace`] or
+    /// [`Action::Reduce`] events): its own peaks have no segment and no kernel's own
+    /// block; the replay's do.
     pub fn captured(&self) -> bool {
         self.events
             .iter()
-            .any(|e| matches!(e.action, Action::Workspace { .. }))
+            .any(|e| matches!(e.action, Action::Workspace { .. } | Action::Reduce { .. }))
     }
 
-    /// The GPU whose cuBLAS workspaces the replay gives a captured history's
-    /// [`Action::Workspace`] events: [`Recording::gpu`], or where it is not named the
-    /// larger plausible size (Hopper's).
+    /// The GPU whose cuBLAS workspaces and reduction buffers the replay gives a captured
+    /// history's [`Action::Workspace`] and [`Action::Reduce`] events: [`Recording::gpu`],
+    /// or where it is not named the larger plausible sizes (Hopper's workspace; the most
+    /// multiprocessors of a GPU [`Gpu::named`](crate::estimate::Gpu::named) knows, which
+    /// split a reduction into the most parts).
     pub fn workspace_gpu(&self) -> crate::estimate::Gpu {
         self.gpu.clone().unwrap_or_else(|| {
             let mut gpu = crate::estimate::Gpu::generic();
-            gpu.name = "a GPU not named (Hopper's workspace, the larger)".to_string();
+            gpu.name = "a GPU not named (the larger workspaces)".to_string();
             gpu.cublas_workspace = gpu.cublas_workspace.max(super::gpu::CUBLAS_WORKSPACE_SM90);
+            gpu.multiprocessors = gpu.multiprocessors.max(super::gpu::most_multiprocessors());
+            gpu.threads_per_multiprocessor = gpu.threads_per_multiprocessor.max(2048);
             gpu
         })
     }
@@ -542,6 +589,38 @@ impl Recording {
             complete: device.unknown_frees == 0,
             at_reserved_peak: device.at_reserved_peak,
             streams: self.streams(),
+        }
+    }
+}
+
+/// What one event of a history becomes in the replay: at most one event, or a
+/// reduction's buffers (each taken and freed at once, at the history's index `usize`).
+enum Expanded {
+    One(Option<(usize, Event)>),
+    Many(usize, std::vec::IntoIter<u64>, u64),
+}
+
+impl Iterator for Expanded {
+    type Item = (usize, Event);
+
+    fn next(&mut self) -> Option<(usize, Event)> {
+        match self {
+            Expanded::One(event) => event.take(),
+            Expanded::Many(i, sizes, ptr) => sizes.next().map(|bytes| {
+                let e = Event {
+                    kind: EventKind::Transient {
+                        size: crate::events::TransientSize::Exact,
+                    },
+                    phase: Phase::Forward,
+                    device: 0,
+                    generation: 1,
+                    op: -1,
+                    aux: 0,
+                    ptr: *ptr,
+                    value: bytes.min(i64::MAX as u64) as i64,
+                };
+                (*i, e)
+            }),
         }
     }
 }

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use super::Recording;
 use crate::estimate::{AllocatorConfig, CachingAllocator, PoolState, SegmentState};
 use crate::events::EventKind;
+use crate::replay::{TRANSIENT_ID, WORKSPACE_ID};
 
 /// The replay of a recorded run at its reserved peak ([`Recording::at_reserved_peak`]).
 #[derive(Debug, Clone)]
@@ -28,12 +29,40 @@ impl Recording {
     /// The replay under `config` when its reserved bytes first reach their peak; `None`
     /// for a history that reserves nothing.
     pub fn at_reserved_peak(&self, config: &AllocatorConfig) -> Option<PeakView> {
-        // The one replay's events (by stream, the history's releases of the cache).
+        // The one replay's events (by stream, the history's releases of the cache, a
+        // captured history's workspaces and kernels' buffers as the replay takes them).
+        let gpu = self.workspace_gpu();
+        let options = crate::estimate::Options {
+            allocator: config.clone(),
+            gpu,
+            ..Default::default()
+        };
+        let device = options.device();
         let replay = |until: usize, sites: &mut HashMap<u64, u32>| {
             let mut alloc = CachingAllocator::new(config.clone());
             let (mut peak, mut at) = (0, None);
+            let (mut workspaces, mut transients) = ([false; 4], 0u64);
             for (i, e) in self.replay_events_at().take_while(|(i, _)| *i < until) {
                 match e.kind {
+                    EventKind::Workspace { lt } => {
+                        for (slot, size) in device.workspace_wants(lt, e.phase) {
+                            if !workspaces[slot] && size > 0 {
+                                workspaces[slot] = true;
+                                alloc.malloc_on(WORKSPACE_ID + slot as u64, size, 0);
+                            }
+                        }
+                    }
+                    EventKind::Transient { .. } if e.value > 0 => {
+                        transients += 1;
+                        let id = TRANSIENT_ID + transients;
+                        alloc.malloc_on(id, e.value as u64, 0);
+                        if alloc.stats().reserved > peak {
+                            peak = alloc.stats().reserved;
+                            at = Some(i);
+                        }
+                        alloc.free(id);
+                        continue;
+                    }
                     EventKind::Alloc { stream } => {
                         alloc.malloc_on(e.ptr, e.value as u64, u64::from(stream));
                         if e.aux > 0 {

@@ -82,6 +82,19 @@ void meta_transient(int64_t bytes, int32_t kind);
 void reduce_started(const at::RecordFunction& fn, int depth);
 void reduce_ended(const at::RecordFunction& fn, int depth);
 void set_reduce_gpu(int32_t multiprocessors, int32_t threads_per_multiprocessor);
+// The GPU a reduction's buffers are sized for.
+struct ReduceGpu {
+  int64_t multiprocessors;
+  int64_t threads_per_multiprocessor;
+};
+// The buffers CUDA's sum or mean of an input of `sizes`, `strides` and element `offset`
+// (dtype `in`) into `out` over `dims` (none: all) takes on `gpu`, in the order taken (a
+// staging buffer and its semaphores per part; none where it is not split across blocks):
+// a reduction recorded outside a dry run (a step captured without a GPU).
+std::vector<int64_t> reduction_buffers_of(at::IntArrayRef sizes, at::IntArrayRef strides,
+                                          int64_t offset, at::ScalarType in, at::ScalarType out,
+                                          at::OptionalIntArrayRef dims, bool keepdim,
+                                          const ReduceGpu& gpu);
 
 // conv_workspaces.cpp: cuDNN's convolution workspaces as a GPU measured them, a line a
 // call (`key\tbytes\n`, the key the measuring script's arguments, the bytes the most

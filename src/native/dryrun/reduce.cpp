@@ -212,7 +212,7 @@ int64_t output_vec_size(const Geometry& g, int64_t scalar_size) {
 // has at least 128 inputs along the fastest dim, and the buffers need 256 a thread),
 // input elements of `scalar_size` bytes and accumulators of `arg_size`.
 Config reduce_config(const Geometry& g, int64_t scalar_size, int64_t arg_size,
-                     int64_t max_threads) {
+                     int64_t max_threads, const ReduceGpu& gpu) {
   const int64_t input_vec_size = scalar_size == 2 ? 8 : 4;
   Config c;
   c.element_size = arg_size;
@@ -258,8 +258,8 @@ Config reduce_config(const Geometry& g, int64_t scalar_size, int64_t arg_size,
     c.split_output(c.block_height);
   }
   const int64_t threads = c.block_width * c.block_height;
-  const int64_t blocks_per_sm = g_threads_per_multiprocessor.load() / threads;
-  const int64_t target_grid = g_multiprocessors.load() * blocks_per_sm;
+  const int64_t blocks_per_sm = gpu.threads_per_multiprocessor / threads;
+  const int64_t target_grid = gpu.multiprocessors * blocks_per_sm;
   const int64_t grid = c.grid_x();
   if (c.block_y_reduce && c.values_per_thread() >= kMaxValuesPerThread && grid <= target_grid) {
     const int64_t ctas1 = div_up(target_grid, grid);
@@ -290,16 +290,16 @@ int64_t accumulator_size(at::ScalarType t) {
   }
 }
 
-void log_buffers(const at::TensorIteratorBase& iter, const at::Tensor& self, int64_t arg_size,
-                 int64_t max_threads) {
+void buffers(const at::TensorIteratorBase& iter, const at::Tensor& self, int64_t arg_size,
+             int64_t max_threads, const ReduceGpu& gpu, std::vector<int64_t>& out) {
   const int64_t scalar_size = int64_t(self.element_size());
-  const Config c = reduce_config(coalesced(iter, self), scalar_size, arg_size, max_threads);
+  const Config c = reduce_config(coalesced(iter, self), scalar_size, arg_size, max_threads, gpu);
   if (c.global_reduce) {
     // The staging buffer, then the semaphores. CUDA holds both until the kernel is
-    // launched; they are logged one after the other (so the peak inside the call is at
+    // launched; they are taken one after the other (so the peak inside the call is at
     // most the semaphores' 512-byte block low).
-    meta_transient(c.global_memory_size(), kTransientExact);
-    meta_transient(c.semaphore_size(), kTransientExact);
+    out.push_back(c.global_memory_size());
+    out.push_back(c.semaphore_size());
   }
 }
 
@@ -326,23 +326,26 @@ bool dim_reduction(const at::RecordFunction& fn) {
   return op.has_value() && op->overload_name == (sum ? "dim_IntList" : "dim");
 }
 
-// The buffers of the reduction of `self` into `result` (its dims, keepdim).
-void log_reduction(const at::Tensor& self, at::Tensor result, at::OptionalIntArrayRef dims,
-                   bool keepdim) {
+// The buffers of the reduction of `self` into `result` (its dims, keepdim) on `gpu`, in
+// the order CUDA takes them (none where the reduction is not split across blocks).
+std::vector<int64_t> reduction_buffers(const at::Tensor& self, at::Tensor result,
+                                       at::OptionalIntArrayRef dims, bool keepdim,
+                                       const ReduceGpu& gpu) {
+  std::vector<int64_t> out;
   if (!self.defined() || !result.defined() || self.numel() == 0 || !self.is_meta()) {
-    return;
+    return out;
   }
   // CUDA reduces a 16-bit float into a float32 result directly; any other dtype change
   // casts the input first (a copy the dry run does not make), left out here.
   const at::ScalarType in = self.scalar_type();
-  const at::ScalarType out = result.scalar_type();
-  const bool lowp_to_f32 = (in == at::kHalf || in == at::kBFloat16) && out == at::kFloat;
-  if (in != out && !lowp_to_f32) {
-    return;
+  const at::ScalarType out_type = result.scalar_type();
+  const bool lowp_to_f32 = (in == at::kHalf || in == at::kBFloat16) && out_type == at::kFloat;
+  if (in != out_type && !lowp_to_f32) {
+    return out;
   }
   const int64_t arg_size = accumulator_size(in);
   if (arg_size == 0) {
-    return;
+    return out;
   }
   // The view below is an op of its own: neither recorded (it would re-enter the op
   // recorder inside this op's end) nor seen by autograd (no node, no sequence number).
@@ -353,16 +356,17 @@ void log_reduction(const at::Tensor& self, at::Tensor result, at::OptionalIntArr
   at::Tensor viewed = at::native::review_reduce_result(result, ndim, mask, keepdim);
   auto iter = at::TensorIterator::reduce_op(viewed, self);
   if (iter.numel() == 0) {
-    return;
+    return out;
   }
   constexpr int64_t kMaxThreads = 512;  // Reduce.cuh's MAX_NUM_THREADS (complex double aside)
   if (iter.can_use_32bit_indexing()) {
-    log_buffers(iter, self, arg_size, kMaxThreads);
+    buffers(iter, self, arg_size, kMaxThreads, gpu, out);
   } else {
     for (auto& sub : iter.with_32bit_indexing()) {
-      log_buffers(sub, self, arg_size, kMaxThreads);
+      buffers(sub, self, arg_size, kMaxThreads, gpu, out);
     }
   }
+  return out;
 }
 
 }  // namespace
@@ -410,11 +414,35 @@ void reduce_ended(const at::RecordFunction& fn, int depth) {
     if (p.has_dims) {
       dims = at::IntArrayRef(p.dims);
     }
-    log_reduction(p.self, outputs[0].toTensor(), dims, p.keepdim);
+    const ReduceGpu gpu{g_multiprocessors.load(), g_threads_per_multiprocessor.load()};
+    for (const int64_t bytes : reduction_buffers(p.self, outputs[0].toTensor(), dims, p.keepdim, gpu)) {
+      meta_transient(bytes, kTransientExact);
+    }
   } catch (...) {
     // A reduction the port cannot size takes no buffer: never an error in the model's
     // step.
   }
+}
+
+std::vector<int64_t> reduction_buffers_of(at::IntArrayRef sizes, at::IntArrayRef strides,
+                                          int64_t offset, at::ScalarType in, at::ScalarType out,
+                                          at::OptionalIntArrayRef dims, bool keepdim,
+                                          const ReduceGpu& gpu) {
+  // Meta tensors of the recorded geometry (no memory): the input as a view at its offset
+  // into a storage that holds it, the output as the reduction makes it.
+  at::DisableRecordFunctionGuard no_record;
+  at::AutoDispatchBelowADInplaceOrView no_autograd;
+  int64_t extent = offset + 1;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) {
+      return {};
+    }
+    extent += (sizes[d] - 1) * strides[d];
+  }
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  const at::Tensor self = at::empty({extent}, meta.dtype(in)).as_strided(sizes, strides, offset);
+  const at::Tensor result = at::sum(self, dims, keepdim, out);
+  return reduction_buffers(self, result, dims, keepdim, gpu);
 }
 
 }  // namespace memprof
