@@ -38,6 +38,8 @@ in memory; the two that do in the models measured are taken as CUDA takes them:
   256, else memory-efficient attention, else (grouped-query attention, which the
   memory-efficient kernel does not take) the math path, which keeps the attention matrix.
   The CPU would take its own flash kernel or the math path.
+- layer norm: CUDA keeps the mean and inverse deviation it saves for backward in float32
+  for a 16-bit input; the CPU in the input's dtype.
 - cuBLAS: an op that CUDA runs on cuBLAS (`is_cublas_op` in the project's
   `src/native/dryrun/trace.cpp`) writes a `workspace` row (`workspace_lt` where CUDA would
   run it on cuBLASLt: `uses_cublaslt` there), `phase` `backward` inside the autograd
@@ -82,6 +84,7 @@ CUBLAS_OPS = (
     "aten::_addmm_activation",
 )
 DEVICE = "cpu"
+HALF = (torch.float16, torch.bfloat16)
 # The reductions whose CUDA kernel (Reduce.cuh's gpu_reduce_kernel) takes a staging
 # buffer from the caching allocator: sum and mean, as the dry run sizes them.
 REDUCTIONS = ("aten::sum", "aten::mean")
@@ -149,7 +152,7 @@ class _Recorder(TorchDispatchMode):
             self.out.write(f"{self.seq},{action},{addr},{size},{self.stream},{frame},{phase}\n")
             self.seq += 1
 
-    def note(self, t, op=""):
+    def note(self, t, op="", itemsize=None):
         """An allocation, if `t`'s storage is new (or was resized from nothing); its free
         when eager lets it go (or resizes it to nothing)."""
         if not isinstance(t, torch.Tensor):
@@ -159,13 +162,13 @@ class _Recorder(TorchDispatchMode):
             # memory of its own; its inner tensors do (the ops that made them ran inside
             # the subclass's dispatch, where this mode is not).
             for name in t.__tensor_flatten__()[0]:
-                self.note(getattr(t, name), op)
+                self.note(getattr(t, name), op, itemsize)
             return
         st = t.untyped_storage()
         key = st._cdata
         if key in self.live:
             return
-        size = st.nbytes()
+        size = st.nbytes() if itemsize is None else t.numel() * itemsize
         if size == 0:
             return
         addr = self.next_addr
@@ -190,6 +193,11 @@ class _Recorder(TorchDispatchMode):
         if self.paused:
             return out
         name = "aten::" + func._schema.name.split("::")[-1]
+        if name == "aten::native_layer_norm" and args[0].dtype in HALF:
+            # CUDA's layer_norm keeps the mean and inverse deviation in float32 for a
+            # 16-bit input (the dry run's layer_norm_meta); the CPU's in the input's dtype.
+            for t in out[1:3]:
+                self.note(t, name, itemsize=4)
         for t in tree_flatten(out)[0]:
             self.note(t, name)
         if name in CUBLAS_OPS:
