@@ -9,6 +9,8 @@ reductions' buffers as the GPU takes them:
     tch-memprof replay gpt2.csv --memory h200
     # rank 7 of FSDP2 over 8 GPUs (PyTorch's fully_shard over its fake process group)
     python3 scripts/eager_capture.py --model hf_gpt2 --fsdp 8 --rank 7 --out r7.csv  # [--keep] [--bf16]
+    # a rank of DDP over 8 GPUs (PyTorch's DistributedDataParallel, its own buckets)
+    python3 scripts/eager_capture.py --model hf_gpt2 --ddp 8 --out ddp.csv  # [--bucket-view]
 
 or from Python, for a model of one's own (the loop of `--model`'s cases, or any):
 
@@ -51,10 +53,12 @@ in memory; the two that do in the models measured are taken as CUDA takes them:
   output's dtype, the dims, keepdim in its `reduction` column); the replay sizes the
   staging buffer and semaphores CUDA's kernel takes when it splits the reduction across
   thread blocks, for the GPU's multiprocessors (the dry run's rule).
+- DDP: its reducer's buckets as it makes them; the rebuild of the second step runs on
+  real tensors (it reads a tensor's values), so its buckets take real host memory, which
+  is virtual until written (nothing writes them here).
 What the capture cannot see: other workspaces a CUDA kernel takes from the allocator
 inside itself (the attention kernels' backward, cuDNN's convolutions), NCCL's buffers,
-and any other op whose CUDA kernel allocates what its CPU one does not. DDP does not run on
-fake tensors (its reducer reads the parameters' data).
+and any other op whose CUDA kernel allocates what its CPU one does not.
 
 Run with the Python of the torch wheel `scripts/with-libtorch.sh` installs; `--model`
 takes the corpus's models (scripts/gpu_truth.py; transformers from scripts/corpus-env.sh).
@@ -345,6 +349,41 @@ class Capture:
             self.recorder.note(t)
         return module
 
+    def replicate(self, module, world, bucket_view=False):
+        """`module` wrapped in PyTorch's own `DistributedDataParallel` over the fake process
+        group of `world` ranks (as scripts/gpu/ranks_truth.py's cases: 25 MiB buckets,
+        `gradient_as_bucket_view=bucket_view`, the all-reduce the bucket divided in place).
+        Its buckets are its reducer's own: one of every parameter at construction, rebuilt
+        in the second step's forward from the order the gradients became ready. That
+        rebuild syncs the new buckets' indices through a tensor whose values it reads, which
+        a fake tensor does not have: it runs on real tensors (the new buckets are real,
+        untouched host memory, recorded as any block; the fake tensors' ops read them as
+        fake ones)."""
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        import ranks_truth
+
+        self.fake.allow_non_fake_inputs = True
+        ddp = DistributedDataParallel(module, bucket_cap_mb=25, init_sync=False,
+                                      gradient_as_bucket_view=bucket_view)
+        recorder = self.recorder
+
+        class Reducer:
+            def __init__(self, reducer):
+                self.reducer = reducer
+
+            def __getattr__(self, name):
+                return getattr(self.reducer, name)
+
+            def _rebuild_buckets(self):
+                with _disable_current_modes(), recorder:
+                    return self.reducer._rebuild_buckets()
+
+        ddp.reducer = Reducer(ddp.reducer)
+        ddp.register_comm_hook(world, ranks_truth.averaged_in_place)
+        return ddp
+
     def tensor(self, t):
         """`t` (a real tensor or a fake one) on the faked device: an allocation."""
         return self.fake.from_tensor(t) if not isinstance(t, torch._subclasses.FakeTensor) \
@@ -362,12 +401,14 @@ class Capture:
         return False
 
 
-def capture_case(model, path, steps=2, fsdp=None, rank=0, reshard=True, precision="f32"):
+def capture_case(model, path, steps=2, fsdp=None, rank=0, reshard=True, precision="f32",
+                 ddp=None, bucket_view=False):
     """One of the corpus's models (scripts/gpu_truth.py), its training step as the GPU
     truth measured it (scripts/gpu/ranks_truth.py's loop: AdamW, the loss of
     scripts/gpu/truth.py, gradients set to none after the loss), `steps` steps. With
     `fsdp` (a world size), rank `rank` of FSDP2 over PyTorch's fake process group, wrapped
-    as ranks_truth.py's cases are (`shard`)."""
+    as ranks_truth.py's cases are (`shard`); with `ddp` (a world size), a rank of DDP over
+    it (`Capture.replicate`)."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [here, os.path.join(here, "gpu")]
     import gpu_truth
@@ -384,10 +425,14 @@ def capture_case(model, path, steps=2, fsdp=None, rank=0, reshard=True, precisio
         ranks_truth.init_fake_group(fsdp, rank)
         # Made before the fake tensors: the mesh reads real values.
         mesh = init_device_mesh(DEVICE, (fsdp,))
+    elif ddp:
+        ranks_truth.init_fake_group(ddp, rank)
     with Capture(path) as cap:
         make = lambda: gpu_truth.First(build(), model.startswith("hf_"))  # noqa: E731
         if mesh is None:
             module = cap.build(make)
+            if ddp:
+                module = cap.replicate(module, ddp, bucket_view)
         else:
             module = cap.build_sharded(
                 make, lambda m: ranks_truth.shard(m, model, mesh, reshard, precision))
@@ -402,7 +447,8 @@ def capture_case(model, path, steps=2, fsdp=None, rank=0, reshard=True, precisio
 
 
 def main(argv):
-    """`--model NAME --out FILE [--steps N] [--fsdp N --rank K [--keep] [--bf16]]`."""
+    """`--model NAME --out FILE [--steps N] [--fsdp N --rank K [--keep] [--bf16]]
+    [--ddp N [--bucket-view]]`."""
     def value(flag, default=None):
         if flag not in argv:
             return default
@@ -430,21 +476,32 @@ def main(argv):
                 raise ValueError(f"{flag} {v}: not a whole number") from None
 
         steps, fsdp, rank = number("--steps", 2), number("--fsdp", 0), number("--rank", 0)
+        ddp = number("--ddp", 0)
         if steps < 1:
             raise ValueError(f"--steps {steps}: at least 1")
+        if fsdp and ddp:
+            raise ValueError("--fsdp and --ddp: one sharding at a time")
+        if ddp < 0:
+            raise ValueError(f"--ddp {ddp}: not a number of ranks")
+        if "--bucket-view" in argv and not ddp:
+            raise ValueError("--bucket-view is DDP's gradient_as_bucket_view: give --ddp N")
         import ranks_truth
 
         if fsdp and model not in ranks_truth.BLOCKS:
             raise ValueError(f"--fsdp with --model {model}: its units are not known (FSDP2's "
                              f"models: {', '.join(ranks_truth.BLOCKS)})")
-        if fsdp < 0 or not 0 <= rank < max(fsdp, 1):
-            raise ValueError(f"--rank {rank}: not a rank of --fsdp {fsdp or 1}")
+        if fsdp < 0:
+            raise ValueError(f"--fsdp {fsdp}: not a number of ranks")
+        if not 0 <= rank < max(fsdp, ddp, 1):
+            flag = "--ddp" if ddp else "--fsdp"
+            raise ValueError(f"--rank {rank}: not a rank of {flag} {fsdp or ddp or 1}")
     except ValueError as e:
         print(f"eager_capture.py: {e}", file=sys.stderr)
         return 2
     capture_case(model, out, steps, fsdp=fsdp or None, rank=rank,
                  reshard="--keep" not in argv,
-                 precision="bf16" if "--bf16" in argv else "f32")
+                 precision="bf16" if "--bf16" in argv else "f32",
+                 ddp=ddp or None, bucket_view="--bucket-view" in argv)
     return 0
 
 
