@@ -40,6 +40,8 @@ in memory; the two that do in the models measured are taken as CUDA takes them:
   256, else memory-efficient attention, else (grouped-query attention, which the
   memory-efficient kernel does not take) the math path, which keeps the attention matrix.
   The CPU would take its own flash kernel or the math path.
+- the safe softmax of the math attention path: CUDA runs its composite, whose -inf masks
+  (a bool per element, one per row) and zero scalar live until it returns.
 - layer norm: CUDA keeps the mean and inverse deviation it saves for backward in float32
   for a 16-bit input; the CPU in the input's dtype.
 - cuBLAS: an op that CUDA runs on cuBLAS (`is_cublas_op` in the project's
@@ -210,7 +212,30 @@ class _Recorder(TorchDispatchMode):
             self.emit("workspace_lt" if lt else "workspace", 0, 0, phase)
         elif name in REDUCTIONS and isinstance(out, torch.Tensor):
             self.reduction(func, args, kwargs, out)
+        elif name == "aten::_safe_softmax" and isinstance(out, torch.Tensor):
+            # CUDA runs the composite (softmax, then the rows that are all -inf set to
+            # zero): beside its output, the input's -inf mask (a bool per element), the
+            # rows' (a bool per row) and a zero scalar, freed before it returns (an
+            # H200's histories of SmolLM2-135M: 36 MiB, 36 KiB and 4 B after each
+            # attention's softmax). The fake tensor's kernel makes the output alone.
+            x, dim = args[0], args[1] if len(args) > 1 else kwargs.get("dim", -1)
+            self.transients(x.numel(), x.numel() // max(x.size(dim), 1), out.element_size(),
+                            frame=name)
         return out
+
+    def transients(self, *sizes, frame=""):
+        """Blocks a kernel takes after its output, in this order, and frees before it
+        returns, last first."""
+        taken = []
+        for size in sizes:
+            if size > 0:
+                addr = self.next_addr
+                self.next_addr += (size + 1023) // 512 * 512
+                self.emit("alloc", addr, size, frame=frame)
+                taken.append((addr, size))
+        for addr, size in reversed(taken):
+            self.emit("free_requested", addr, size)
+            self.emit("free_completed", addr, size)
 
     def reduction(self, func, args, kwargs, out):
         """A `reduce` row: a sum's or mean's input and output, from which the replay sizes
