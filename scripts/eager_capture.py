@@ -202,6 +202,7 @@ class _Recorder(TorchDispatchMode):
         if name == "aten::native_layer_norm" and args[0].dtype in HALF:
             # CUDA's layer_norm keeps the mean and inverse deviation in float32 for a
             # 16-bit input (the dry run's layer_norm_meta); the CPU's in the input's dtype.
+            self.note(out[0], name)
             for t in out[1:3]:
                 self.note(t, name, itemsize=4)
         for t in tree_flatten(out)[0]:
