@@ -60,7 +60,9 @@ in memory; the two that do in the models measured are taken as CUDA takes them:
   is virtual until written (nothing writes them here).
 What the capture cannot see: other workspaces a CUDA kernel takes from the allocator
 inside itself (the attention kernels' backward, cuDNN's convolutions), NCCL's buffers,
-and any other op whose CUDA kernel allocates what its CPU one does not.
+any other op whose CUDA kernel allocates what its CPU one does not, and the optimizers'
+foreach path, which CUDA takes and fake tensors do not (the step's temporaries are the
+per-parameter loop's).
 
 Run with the Python of the torch wheel `scripts/with-libtorch.sh` installs; `--model`
 takes the corpus's models (scripts/gpu_truth.py; transformers from scripts/corpus-env.sh).
