@@ -42,6 +42,8 @@ in memory; the two that do in the models measured are taken as CUDA takes them:
   The CPU would take its own flash kernel or the math path.
 - the safe softmax of the math attention path: CUDA runs its composite, whose -inf masks
   (a bool per element, one per row) and zero scalar live until it returns.
+- optimizers: the foreach path CUDA takes when not told (the CPU and a fake tensor take
+  the per-parameter loop, whose temporaries are one parameter's at a time).
 - layer norm: CUDA keeps the mean and inverse deviation it saves for backward in float32
   for a 16-bit input; the CPU in the input's dtype.
 - cuBLAS: an op that CUDA runs on cuBLAS (`is_cublas_op` in the project's
@@ -50,7 +52,9 @@ in memory; the two that do in the models measured are taken as CUDA takes them:
   engine; the replay takes each thread's workspace once, at the GPU's size.
 - FSDP2: its unsharded parameters freed and made again by resizing their storage (a free
   and an allocation on a GPU), and its buffers on the streams it asks for them on
-  (torch.cpu's streams stand for CUDA's); a DTensor's memory is its local tensor's.
+  (torch.cpu's streams stand for CUDA's); a DTensor's memory is its local tensor's; the
+  model sharded as a CPU-built one onto the GPU (each unit's parameters copied whole,
+  sharded, the whole copies freed).
 - sum and mean: a `reduce` row (the input's sizes, strides, offset and dtype, the
   output's dtype, the dims, keepdim in its `reduction` column); the replay sizes the
   staging buffer and semaphores CUDA's kernel takes when it splits the reduction across
@@ -60,9 +64,7 @@ in memory; the two that do in the models measured are taken as CUDA takes them:
   is virtual until written (nothing writes them here).
 What the capture cannot see: other workspaces a CUDA kernel takes from the allocator
 inside itself (the attention kernels' backward, cuDNN's convolutions), NCCL's buffers,
-any other op whose CUDA kernel allocates what its CPU one does not, and the optimizers'
-foreach path, which CUDA takes and fake tensors do not (the step's temporaries are the
-per-parameter loop's).
+and any other op whose CUDA kernel allocates what its CPU one does not.
 
 Run with the Python of the torch wheel `scripts/with-libtorch.sh` installs; `--model`
 takes the corpus's models (scripts/gpu_truth.py; transformers from scripts/corpus-env.sh).
@@ -229,6 +231,10 @@ class _Recorder(TorchDispatchMode):
     def transients(self, *sizes, frame=""):
         """Blocks a kernel takes after its output, in this order, and frees before it
         returns, last first."""
+        self.transient_end(self.transient_begin(sizes, frame))
+
+    def transient_begin(self, sizes, frame=""):
+        """Blocks of `sizes` allocated (none of 0 bytes); freed by `transient_end`."""
         taken = []
         for size in sizes:
             if size > 0:
@@ -236,7 +242,11 @@ class _Recorder(TorchDispatchMode):
                 self.next_addr += (size + 1023) // 512 * 512
                 self.emit("alloc", addr, size, frame=frame)
                 taken.append((addr, size))
-        for addr, size in reversed(taken):
+        return taken
+
+    def transient_end(self, taken):
+        """The blocks `transient_begin` took freed, in that order."""
+        for addr, size in taken:
             self.emit("free_requested", addr, size)
             self.emit("free_completed", addr, size)
 
@@ -285,16 +295,39 @@ class Capture:
         torch.nn.functional.dropout = dropout
         self.recorder = _Recorder(self.file)
         self._patch_fsdp()
+        self._patch_foreach()
         self.fake = FakeTensorMode()
         self.fake.__enter__()
         self.recorder.__enter__()
         return self
 
+    def _patch_foreach(self):
+        """PyTorch's optimizers take their foreach path on CUDA when not told (one list op
+        over every parameter: its temporaries a parameter-sized set at once), their
+        per-parameter loop on the CPU and for a type it does not list (a fake tensor):
+        the fake tensors here stand for CUDA ones (`_default_to_fused_or_foreach`, which
+        each optimizer's module imports by name; an explicit `foreach=` or `fused=`
+        still decides)."""
+        import importlib
+        import pkgutil
+
+        import torch.optim
+
+        def as_on_cuda(params, differentiable, use_fused=False):
+            return False, not (differentiable or torch.jit.is_scripting())
+
+        for info in pkgutil.iter_modules(torch.optim.__path__):
+            module = importlib.import_module(f"torch.optim.{info.name}")
+            f = getattr(module, "_default_to_fused_or_foreach", None)
+            if f is not None:
+                self.patched.append((module, "_default_to_fused_or_foreach", f))
+                module._default_to_fused_or_foreach = as_on_cuda
+
     def _patch_fsdp(self):
         """FSDP2 frees an unsharded parameter by resizing its storage to nothing and
         allocates it again by resizing it back (`_fsdp_param.py`'s free_storage and
         alloc_storage): on a GPU, a free and an allocation; the storage object stays."""
-        self.fsdp_saved = []
+        self.patched = []
         try:
             from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
         except ImportError:
@@ -328,26 +361,51 @@ class Capture:
 
         default = torch.cpu.current_stream()
         self.recorder.streams[id(default)] = 0
-        self.fsdp_saved.append((torch.cpu, "stream", torch.cpu.stream))
-        self.fsdp_saved.append((torch.cpu, "current_stream", torch.cpu.current_stream))
+        self.patched.append((torch.cpu, "stream", torch.cpu.stream))
+        self.patched.append((torch.cpu, "current_stream", torch.cpu.current_stream))
         torch.cpu.stream = StreamContext
         torch.cpu.current_stream = lambda device=None: default
         for module, name, f in ((_fsdp_param, "alloc_storage", alloc_storage),
                                 (_fsdp_param_group, "alloc_storage", alloc_storage),
                                 (_fsdp_param, "free_storage", free_storage)):
-            self.fsdp_saved.append((module, name, getattr(module, name)))
+            self.patched.append((module, name, getattr(module, name)))
             setattr(module, name, f)
 
     def build_sharded(self, make, shard):
         """`make()`'s module sharded by `shard(module)` (FSDP2's `fully_shard`), on the
-        faked device: each rank's padded shards allocated, as a model built on the meta
-        device or the CPU and sharded onto the GPU starts."""
+        faked device, as a model built on the CPU and sharded onto the GPU: at each
+        `fully_shard` call, in the order `shard` makes them, the unit's own parameters
+        copied to the GPU whole, then its padded shards allocated, then the whole copies
+        freed (what an H200's histories of such ranks start with); the buffers last."""
+        import torch.distributed.fsdp as fsdp
+        from torch.distributed.tensor import DTensor
+
+        recorder = self.recorder
+        unsharded = fsdp.fully_shard
+
+        def fully_shard(module, *args, **kwargs):
+            # The unit's own parameters: those no inner unit has sharded yet.
+            own = [p for p in module.parameters() if not isinstance(p, DTensor)]
+            result = unsharded(module, *args, **kwargs)
+            recorder.paused = False
+            try:
+                whole = recorder.transient_begin(
+                    [p.numel() * p.element_size() for p in own], "fully_shard")
+                for p in module.parameters():
+                    recorder.note(p, "fully_shard")
+                recorder.transient_end(whole)
+            finally:
+                recorder.paused = True
+            return result
+
         self.recorder.paused = True
+        fsdp.fully_shard = fully_shard
         try:
             with torch.device(DEVICE):
                 module = make()
             shard(module)
         finally:
+            fsdp.fully_shard = unsharded
             self.recorder.paused = False
         for p in module.parameters():
             self.recorder.note(p, "fully_shard")
@@ -422,7 +480,7 @@ class Capture:
         self.fake.__exit__(*exc)
         (torch.nn.functional.scaled_dot_product_attention,
          torch.nn.functional.dropout) = self.saved
-        for module, name, f in self.fsdp_saved:
+        for module, name, f in self.patched:
             setattr(module, name, f)
         self.recorder.closed = True
         self.file.close()
