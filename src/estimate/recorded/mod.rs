@@ -18,12 +18,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+mod captured;
 mod csv_history;
 mod peak;
 mod pickle;
 mod step;
 pub use peak::PeakView;
 
+use captured::Expanded;
 use pickle::{Pickle, Value};
 
 use super::{AllocatorConfig, Options, PoolState};
@@ -499,24 +501,6 @@ impl Recording {
         })
     }
 
-    /// Each reduction's buffers on the replay's GPU ([`Recording::workspace_gpu`]), in the
-    /// order taken; none where the native rule cannot size it (checked as the file was
-    /// read).
-    fn reduction_buffers(&self) -> Vec<Vec<u64>> {
-        let gpu = self.workspace_gpu();
-        self.reductions
-            .iter()
-            .map(|r| {
-                crate::ffi::reduction_buffers(
-                    r,
-                    gpu.multiprocessors,
-                    gpu.threads_per_multiprocessor,
-                )
-                .unwrap_or_default()
-            })
-            .collect()
-    }
-
     /// The recorded id of each stream the replay numbers (its index), in that order.
     pub fn stream_ids(&self) -> Vec<u64> {
         let mut ids: Vec<(u32, u64)> = self
@@ -536,31 +520,6 @@ impl Recording {
             indices.entry(e.stream).or_insert(next);
         }
         indices
-    }
-
-    /// Whether the history was captured without a GPU (it has [`Action::Workspace`] or
-    /// [`Action::Reduce`] events): its own peaks have no segment and no kernel's own
-    /// block; the replay's do.
-    pub fn captured(&self) -> bool {
-        self.events
-            .iter()
-            .any(|e| matches!(e.action, Action::Workspace { .. } | Action::Reduce { .. }))
-    }
-
-    /// The GPU whose cuBLAS workspaces and reduction buffers the replay gives a captured
-    /// history's [`Action::Workspace`] and [`Action::Reduce`] events: [`Recording::gpu`],
-    /// or where it is not named the larger plausible sizes (Hopper's workspace; the most
-    /// multiprocessors of a GPU [`Gpu::named`](crate::estimate::Gpu::named) knows, which
-    /// split a reduction into the most parts).
-    pub fn workspace_gpu(&self) -> crate::estimate::Gpu {
-        self.gpu.clone().unwrap_or_else(|| {
-            let mut gpu = crate::estimate::Gpu::generic();
-            gpu.name = "a GPU not named (the larger workspaces)".to_string();
-            gpu.cublas_workspace = gpu.cublas_workspace.max(super::gpu::CUBLAS_WORKSPACE_SM90);
-            gpu.multiprocessors = gpu.multiprocessors.max(super::gpu::most_multiprocessors());
-            gpu.threads_per_multiprocessor = gpu.threads_per_multiprocessor.max(2048);
-            gpu
-        })
     }
 
     /// The CUDA streams blocks were asked on (1 for a history of one stream, or one
@@ -589,38 +548,6 @@ impl Recording {
             complete: device.unknown_frees == 0,
             at_reserved_peak: device.at_reserved_peak,
             streams: self.streams(),
-        }
-    }
-}
-
-/// What one event of a history becomes in the replay: at most one event, or a
-/// reduction's buffers (each taken and freed at once, at the history's index `usize`).
-enum Expanded {
-    One(Option<(usize, Event)>),
-    Many(usize, std::vec::IntoIter<u64>, u64),
-}
-
-impl Iterator for Expanded {
-    type Item = (usize, Event);
-
-    fn next(&mut self) -> Option<(usize, Event)> {
-        match self {
-            Expanded::One(event) => event.take(),
-            Expanded::Many(i, sizes, ptr) => sizes.next().map(|bytes| {
-                let e = Event {
-                    kind: EventKind::Transient {
-                        size: crate::events::TransientSize::Exact,
-                    },
-                    phase: Phase::Forward,
-                    device: 0,
-                    generation: 1,
-                    op: -1,
-                    aux: 0,
-                    ptr: *ptr,
-                    value: bytes.min(i64::MAX as u64) as i64,
-                };
-                (*i, e)
-            }),
         }
     }
 }
