@@ -584,10 +584,27 @@ def main(argv):
     except ValueError as e:
         print(f"eager_capture.py: {e}", file=sys.stderr)
         return 2
-    capture_case(model, out, steps, fsdp=fsdp or None, rank=rank,
-                 reshard="--keep" not in argv,
-                 precision="bf16" if "--bf16" in argv else "f32",
-                 ddp=ddp or None, bucket_view="--bucket-view" in argv)
+    from torch._subclasses import fake_tensor
+
+    try:
+        capture_case(model, out, steps, fsdp=fsdp or None, rank=rank,
+                     reshard="--keep" not in argv,
+                     precision="bf16" if "--bf16" in argv else "f32",
+                     ddp=ddp or None, bucket_view="--bucket-view" in argv)
+    except (fake_tensor.DataDependentOutputException,
+            fake_tensor.DynamicOutputShapeException) as e:
+        # The innermost frame outside PyTorch: the model's code that asked.
+        import traceback
+
+        here = os.path.abspath(__file__)
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if "/torch/" not in f.filename and os.path.abspath(f.filename) != here]
+        at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        print(f"eager_capture.py: --model {model}: the step reads a tensor's values "
+              f"({e.func}{at}), which a capture on fake tensors (shapes, no data) cannot "
+              f"give; estimate its traced or exported file instead (tch-memprof estimate)",
+              file=sys.stderr)
+        return 1
     return 0
 
 
