@@ -49,17 +49,21 @@ fn measured_cases(keep: impl Fn(&str) -> bool) -> Vec<(String, (u64, u64))> {
     found
 }
 
+/// `scripts/eager_capture.py` run with `args`.
+fn capture(python: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(python)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/eager_capture.py"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 /// Captures `args` (eager_capture.py's) into `out` and replays it under the default
 /// allocator settings on an H200: the peaks (allocated, reserved).
 fn capture_and_replay(python: &str, args: &[String], out: &Path) -> (u64, u64) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let run = std::process::Command::new(python)
-        .arg(root.join("scripts/eager_capture.py"))
-        .args(args)
-        .arg("--out")
-        .arg(out)
-        .output()
-        .unwrap();
+    let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+    all.extend(["--out", out.to_str().unwrap()]);
+    let run = capture(python, &all);
     assert!(
         run.status.success(),
         "{args:?}: {}",
@@ -225,7 +229,6 @@ fn the_captures_bad_arguments_are_one_line() {
     let Some(python) = common::corpus_python("the capture's bad arguments") else {
         return;
     };
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     for (args, why) in [
         (
             &["--out", "x.csv"][..],
@@ -260,11 +263,7 @@ fn the_captures_bad_arguments_are_one_line() {
             "--steps 0: at least 1",
         ),
     ] {
-        let run = std::process::Command::new(&python)
-            .arg(root.join("scripts/eager_capture.py"))
-            .args(args)
-            .output()
-            .unwrap();
+        let run = capture(&python, args);
         let err = common::text(&run.stderr);
         assert_eq!(run.status.code(), Some(2), "{args:?}: {err}");
         assert!(
@@ -396,13 +395,11 @@ fn captured_held_out_models_against_an_h200() {
         }
     }
     assert!(failures.is_empty(), "outside the claims: {failures:?}");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let run = std::process::Command::new(&python)
-        .arg(root.join("scripts/eager_capture.py"))
-        .args(["--model", "hf_opt_125m", "--out"])
-        .arg(dir.path().join("opt.csv"))
-        .output()
-        .unwrap();
+    let opt = dir.path().join("opt.csv");
+    let run = capture(
+        &python,
+        &["--model", "hf_opt_125m", "--out", opt.to_str().unwrap()],
+    );
     let err = common::text(&run.stderr);
     assert_eq!(run.status.code(), Some(1), "{err}");
     assert!(
