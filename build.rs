@@ -59,7 +59,13 @@ fn main() {
         .include(root.join("include"))
         .include(root.join("include/torch/csrc/api/include"))
         .flag_if_supported("-Wno-unused-parameter")
-        .flag_if_supported("-Wno-deprecated-declarations");
+        .flag_if_supported("-Wno-deprecated-declarations")
+        // Every thread-local another source reads (internal.h, counters.h) is constant-
+        // initialised (static_asserts beside their definitions), so a read in another
+        // source need not call the variable's initialiser through the PLT first: without
+        // this, each read on the allocation path began with a check of that initialiser's
+        // address in the GOT (a cache line of its own) and a branch.
+        .flag_if_supported("-fno-extern-tls-init");
     // Line tables only where the profile has debug info (Cargo says only true or false):
     // each source includes libtorch's headers, whose full debug information made an
     // object ~8x larger and its compile ~2.5x slower, for nothing a backtrace uses. The

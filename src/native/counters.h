@@ -97,15 +97,9 @@ struct DeviceState {
 };
 
 extern DeviceState g_dev[kMaxDevices];
-// Current generation and phase, packed (gen << 8 | phase) so both are read together.
-extern std::atomic<uint64_t> g_genphase;
-// Backward nodes running now, on any thread.
-extern std::atomic<int64_t> g_active_backward;
 extern std::atomic<int64_t> g_backward_passes;
 // Frees whose birth tag could not be read (should stay 0).
 extern std::atomic<int64_t> g_untagged_frees;
-// Whether this thread is the training thread of the session.
-extern thread_local bool tls_training_thread;
 
 inline uint32_t cur_gen(uint64_t gp) {
   return uint32_t(gp >> 8);
@@ -123,9 +117,6 @@ inline void atomic_max(std::atomic<int64_t>& a, int64_t v) {
   }
 }
 
-// Whether this thread writes the own lane (see Lane): the first thread that started a
-// session.
-extern thread_local bool tls_own_lane;
 // Makes this thread the own lane's writer if no thread is yet (at a session's start).
 void claim_own_lane();
 
@@ -170,31 +161,63 @@ inline void count_birth(DeviceState& d, int64_t size, uint32_t gen, uint32_t pha
   lane_max<Own>(l.peak_run, live);
   slot_add<Own>(l, gen, phase, size);
 }
-inline void count_birth(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase, bool alloc) {
-  if (tls_own_lane) {
-    count_birth<true>(d, size, gen, phase, alloc);
-  } else {
-    count_birth<false>(d, size, gen, phase, alloc);
+// The shared lane's counting, out of line: only threads other than the training thread
+// take it, and inlined at every hook it doubled the code an allocation runs through
+// (instruction-cache lines that libtorch's ops evict between two allocations).
+[[gnu::noinline]] void count_birth_shared(DeviceState& d, int64_t size, uint32_t gen,
+                                          uint32_t phase, bool alloc);
+[[gnu::noinline]] void count_death_shared(DeviceState& d, int64_t size, uint32_t gen,
+                                          uint32_t phase);
+// slot_add on the own lane where the slot already holds the generation (nearly every
+// event): one load and one store, inline; the rest out of line.
+inline void slot_add_own(Lane& l, uint32_t gen, uint32_t phase, int64_t delta) {
+  auto& s = l.slots[gen % kRing];
+  const uint64_t cur = s.load(std::memory_order_relaxed);
+  if (__builtin_expect(slot_gen(cur) == (gen & uint32_t(kGenMask)), 1)) {
+    s.store(pack(gen, phase, slot_bytes(cur) + delta), std::memory_order_relaxed);
+    return;
   }
+  slot_add<true>(l, gen, phase, delta);
+}
+inline void count_birth(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase, bool alloc) {
+  if (__builtin_expect(!tls_hot.own_lane, 0)) {
+    count_birth_shared(d, size, gen, phase, alloc);
+    return;
+  }
+  Lane& l = d.lane[kOwnLane];
+  const int64_t live =
+      lane_add<true>(l.live, size) + d.lane[kSharedLane].live.load(std::memory_order_relaxed);
+  if (alloc) {
+    lane_add<true>(l.allocs, 1);
+  }
+  lane_max<true>(l.peak_iter, live);
+  lane_max<true>(l.peak_run, live);
+  slot_add_own(l, gen, phase, size);
 }
 inline void count_death(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase) {
-  if (tls_own_lane) {
-    Lane& l = d.lane[kOwnLane];
-    lane_add<true>(l.live, -size);
-    slot_add<true>(l, gen, phase, -size);
-  } else {
-    Lane& l = d.lane[kSharedLane];
-    lane_add<false>(l.live, -size);
-    slot_add<false>(l, gen, phase, -size);
+  if (__builtin_expect(!tls_hot.own_lane, 0)) {
+    count_death_shared(d, size, gen, phase);
+    return;
   }
+  Lane& l = d.lane[kOwnLane];
+  lane_add<true>(l.live, -size);
+  slot_add_own(l, gen, phase, -size);
 }
 int64_t phase_live(const DeviceState& d, uint32_t phase);
 // Moves from `from` to `to` (bumping the generation) if the phase is still `from`.
 bool transition(uint32_t from, uint32_t to);
 // Whether this thread runs inside the autograd engine's graph task now: between two
 // nodes of a backward pass (gradients summed in input buffers, broadcast gradients
-// reduced), where no node's record is open.
-bool in_autograd_task();
+// reduced), where no node's record is open. Inline where the thread's graph task is
+// read directly (every thread after its first check), else in_autograd_task_slow.
+bool in_autograd_task_slow();
+inline bool in_autograd_task() {
+  void* const* task = tls_hot.graph_task;
+  if (__builtin_expect(task != nullptr, 1) && g_graph_task_direct.load(std::memory_order_relaxed)) {
+    return *task != nullptr;
+  }
+  return in_autograd_task_slow();
+}
 // Whether in_autograd_task reads libtorch's thread-local graph task itself (found in
 // libtorch's code once), not through get_current_graph_task_id().
 bool graph_task_read_direct();
@@ -223,12 +246,11 @@ inline bool backward_if_in_task(uint64_t gp) {
 // c10::GradMode::is_enabled(), without its two calls (into libc10, then __tls_get_addr)
 // at every allocation of the optimizer phase: the thread's AutogradState, whose address
 // libc10 gives and which lives as long as the thread, asked once a thread.
-extern thread_local c10::AutogradState* tls_autograd_state;
 inline bool grad_mode_enabled() {
-  c10::AutogradState* s = tls_autograd_state;
+  c10::AutogradState* s = tls_hot.autograd_state;
   if (s == nullptr) {
     s = &c10::AutogradState::get_tls_state();
-    tls_autograd_state = s;
+    tls_hot.autograd_state = s;
   }
   return s->get_grad_mode();
 }
@@ -238,28 +260,32 @@ inline void phase_for_free() {
   backward_if_in_task(g_genphase.load(std::memory_order_acquire));
 }
 
+// What phase_for_alloc does where a phase may change (counters.cpp), out of line.
+[[gnu::noinline]] uint64_t phase_for_alloc_slow(uint64_t gp);
+
 // Called on every allocation: backward begins inside the engine's graph task (any
 // thread); and by the training thread, the allocation-driven phase changes (backward ->
 // optimizer when no backward node runs and no graph task; optimizer -> forward when a
 // grad-mode op allocates, i.e. the next micro-batch's forward pass, whose first
-// allocation may be the one that ends backward: both checks run).
+// allocation may be the one that ends backward: both checks run). Inline: the two cases
+// of nearly every allocation, where nothing changes (forward outside the graph task,
+// backward inside it or off the training thread).
 inline uint64_t phase_for_alloc() {
-  uint64_t gp = g_genphase.load(std::memory_order_acquire);
-  if (backward_if_in_task(gp)) {
-    gp = g_genphase.load(std::memory_order_acquire);
-  }
-  if (tls_training_thread) {
-    if (cur_phase(gp) == kBackward && g_active_backward.load(std::memory_order_acquire) == 0 &&
-        !in_autograd_task()) {
-      transition(kBackward, kOptimizer);
-      gp = g_genphase.load(std::memory_order_acquire);
+  const uint64_t gp = g_genphase.load(std::memory_order_acquire);
+  const uint32_t ph = cur_phase(gp);
+  if (ph == kForward) {
+    if (__builtin_expect(!in_autograd_task(), 1)) {
+      return gp;
     }
-    if (cur_phase(gp) == kOptimizer && grad_mode_enabled()) {
-      transition(kOptimizer, kForward);
-      gp = g_genphase.load(std::memory_order_acquire);
+  } else if (ph == kIdle) {
+    return gp;
+  } else if (ph == kBackward) {
+    if (!tls_hot.training_thread || g_active_backward.load(std::memory_order_acquire) != 0 ||
+        in_autograd_task()) {
+      return gp;
     }
   }
-  return gp;
+  return phase_for_alloc_slow(gp);
 }
 
 }  // namespace memprof

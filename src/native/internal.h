@@ -63,6 +63,69 @@ constexpr uint64_t kBytesMask = (1ull << kBytesBits) - 1;
 constexpr uint32_t kNoReg = 0xffffffffu;
 
 // ---------------------------------------------------------------------------------
+// What every allocation and free reads, in one cache line each: the process's flags and
+// phase (HotState, counters.cpp) and the thread's (HotTls). Between two allocations of
+// a step of small ops, libtorch's own work evicts the hooks' data from the first-level
+// cache, so each line a hook reads is a miss: as globals of their own, scattered over
+// the binary's data, an allocation read about ten lines of them (cachegrind of the
+// overhead bench's MLP child). The names below are the fields' old names, kept as
+// references the compiler resolves to the field's address.
+
+struct alignas(64) HotState {
+  // Current generation and phase, packed (gen << 8 | phase) so both are read together.
+  std::atomic<uint64_t> genphase;
+  // Backward nodes running now, on any thread.
+  std::atomic<int64_t> active_backward;
+  // The CPU blocks' epoch and whether blocks of earlier epochs are forgotten (the
+  // CUDA-like test mode, cpu_allocator.cpp).
+  std::atomic<uint32_t> cpu_epoch;
+  // The timeline's device slot (logs.cpp).
+  std::atomic<int32_t> steplog_device;
+  std::atomic<bool> cpu_forget;
+  // Leak hunting's live-block registry (registry.cpp), the memory history (logs.cpp),
+  // the step log (logs.cpp) and the step detail (sites.cpp): on or off.
+  std::atomic<bool> origin_on;
+  std::atomic<bool> hist_on;
+  std::atomic<bool> steplog_on;
+  std::atomic<bool> detail_on;
+  // Whether in_autograd_task reads libtorch's graph task directly (counters.cpp).
+  std::atomic<bool> graph_task_direct;
+  // The device of every block the tracking CPU allocator hands out (a constant the
+  // compiler would otherwise load from a line of its own).
+  c10::Device cpu_device;
+};
+extern HotState g_hot;
+inline constexpr std::atomic<uint64_t>& g_genphase = g_hot.genphase;
+inline constexpr std::atomic<int64_t>& g_active_backward = g_hot.active_backward;
+inline constexpr std::atomic<uint32_t>& g_cpu_epoch = g_hot.cpu_epoch;
+inline constexpr std::atomic<int32_t>& g_steplog_device = g_hot.steplog_device;
+inline constexpr std::atomic<bool>& g_cpu_forget = g_hot.cpu_forget;
+inline constexpr std::atomic<bool>& g_origin_on = g_hot.origin_on;
+inline constexpr std::atomic<bool>& g_hist_on = g_hot.hist_on;
+inline constexpr std::atomic<bool>& g_steplog_on = g_hot.steplog_on;
+inline constexpr std::atomic<bool>& g_detail_on = g_hot.detail_on;
+inline constexpr std::atomic<bool>& g_graph_task_direct = g_hot.graph_task_direct;
+
+struct alignas(64) HotTls {
+  // Hooks open on this thread (HookScope).
+  int hook_depth;
+  // Whether this thread is the training thread of the session.
+  bool training_thread;
+  // Whether this thread writes the own lane (see Lane, counters.h).
+  bool own_lane;
+  // Sizes of the blocks this thread allocated in this iteration, hashed in order
+  // (op_seq.cpp: a learned op is looked up only after the same allocations).
+  uint64_t alloc_sig;
+  // The thread's AutogradState (grad_mode_enabled, counters.h), once asked.
+  c10::AutogradState* autograd_state;
+  // This thread's std::shared_ptr<GraphTask> (its first word the GraphTask pointer),
+  // once found (in_autograd_task).
+  void* const* graph_task;
+};
+// Constant-initialised (all zero): the sources are compiled with -fno-extern-tls-init.
+extern thread_local HotTls tls_hot;
+
+// ---------------------------------------------------------------------------------
 // Errors (api.cpp): the calling thread's last-error slot.
 
 void set_error(const char* what) noexcept;
@@ -94,16 +157,15 @@ void read_device_stats(int32_t slot, MpDeviceStats* out);
 // the allocator it watches (or called back into itself), which is counted.
 
 extern std::atomic<int64_t> g_hook_reentries;
-extern thread_local int tls_hook_depth;
 
 struct HookScope {
   HookScope() noexcept {
-    if (tls_hook_depth++ > 0) {
+    if (tls_hot.hook_depth++ > 0) {
       g_hook_reentries.fetch_add(1, std::memory_order_relaxed);
     }
   }
   ~HookScope() {
-    --tls_hook_depth;
+    --tls_hot.hook_depth;
   }
   HookScope(const HookScope&) = delete;
   HookScope& operator=(const HookScope&) = delete;
@@ -148,11 +210,9 @@ inline void log_event(uint64_t ptr, int64_t delta, uint32_t gen, uint32_t dev) {
 constexpr size_t kStepLogCapacity = size_t(1) << 22;
 extern MpTlEvent* g_steplog;
 extern std::atomic<uint64_t> g_steplog_len;
-extern std::atomic<bool> g_steplog_on;
 extern std::atomic<int32_t> g_op_counter;
 extern std::atomic<int32_t> g_last_op;
 extern std::atomic<uint32_t> g_step_id;
-extern std::atomic<int32_t> g_steplog_device;
 extern std::atomic<uint32_t> g_steplog_start_gen;
 extern std::atomic<int64_t> g_steplog_start_live;
 
@@ -179,10 +239,11 @@ void steplog_add_start_live(int dev, int64_t bytes);
 // device, kept as raw return addresses in a reserved table and symbolised by the Rust
 // side after the step.
 constexpr uint64_t kSiteCapacity = uint64_t(1) << 16;
-extern std::atomic<bool> g_detail_on;
 extern MpSite* g_sites;
 // The call stack of the allocation running now, as a site id + 1 (0: the table is full).
-int32_t take_site();
+// `skip`: the frames at the top that are the profiler's own (take_site's, and the
+// caller's where it is not the hook itself).
+int32_t take_site(uint32_t skip = 1);
 // Starts the site table anew (the next site taken is id 0).
 void reset_sites();
 
@@ -217,7 +278,6 @@ int read_site(uint64_t id, MpSite* out);
 // a timestamp, in a ring of the last g_hist_cap events.
 constexpr uint64_t kHistMax = uint64_t(1) << 24;
 extern MpHistEvent* g_hist;
-extern std::atomic<bool> g_hist_on;
 extern std::atomic<uint64_t> g_hist_len;
 extern std::atomic<uint64_t> g_hist_cap;
 
@@ -307,7 +367,6 @@ extern RegEntry* g_reg;
 extern std::atomic<uint32_t> g_reg_hw;
 extern std::atomic<int64_t> g_reg_live[2];
 extern std::atomic<int64_t> g_reg_dropped;
-extern std::atomic<bool> g_origin_on;
 extern std::atomic<uint32_t> g_iter;
 extern std::atomic<uint32_t> g_session_id;
 
@@ -392,33 +451,19 @@ void forget_cuda_blocks();
 
 void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer);
 
+// A block's birth or death in the step log (the timeline), out of line (logs.cpp): the
+// timeline's steps run it, every other allocation and free only the check below.
+[[gnu::noinline]] void steplog_block_event_on(
+    uint8_t kind, int dev, uint64_t ptr, int64_t delta, uint32_t gen, uint32_t phase);
 inline void steplog_block_event(
     uint8_t kind, int dev, uint64_t ptr, int64_t delta, uint32_t gen, uint32_t phase) {
-  if (g_steplog_on.load(std::memory_order_relaxed)) {
-    int32_t site = 0;
-    if (kind == MP_EV_ALLOC && g_detail_on.load(std::memory_order_relaxed) &&
-        dev == g_steplog_device.load(std::memory_order_relaxed)) {
-      site = take_site();
-    }
-    if (kind == MP_EV_ALLOC && !g_origin_on.load(std::memory_order_relaxed)) {
-      // The timeline without leak hunting: the block takes its place in the learned
-      // sequence (learned, or checked: a block of another size parts), as the
-      // registry's do with it.
-      int32_t op = -1;
-      int32_t layer = -1;
-      op_seq_block_origin(dev, delta, &op, &layer);
-    }
-    steplog_append(MpTlEvent{
-        kind, uint8_t(phase), uint8_t(dev), 0, gen, current_op(), site, ptr, delta});
+  if (__builtin_expect(g_steplog_on.load(std::memory_order_relaxed), 0)) {
+    steplog_block_event_on(kind, dev, ptr, delta, gen, phase);
   }
 }
 
-// Sizes of the blocks this thread allocated in this iteration, hashed in order (op_seq.cpp:
-// a learned op is looked up only after the same allocations).
-extern thread_local uint64_t tls_alloc_sig;
-
 inline void on_alloc(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t phase) {
-  tls_alloc_sig = (tls_alloc_sig ^ uint64_t(size) ^ (uint64_t(dev) << 56)) * 0x100000001b3ull;
+  tls_hot.alloc_sig = (tls_hot.alloc_sig ^ uint64_t(size) ^ (uint64_t(dev) << 56)) * 0x100000001b3ull;
   count_birth(g_dev[dev], size, gen, phase, true);
   if (phase == kBackward) {
     log_event(ptr, size, gen, uint32_t(dev));

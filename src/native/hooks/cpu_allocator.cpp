@@ -18,9 +18,8 @@ namespace memprof {
 std::atomic<bool> g_cpu_installed{false};
 
 // The CUDA-like test mode (memprof_forget_cpu_blocks): blocks of an earlier epoch are
-// unknown, as CUDA blocks born before the session's reporter was pushed are.
-std::atomic<bool> g_cpu_forget{false};
-std::atomic<uint32_t> g_cpu_epoch{0};
+// unknown, as CUDA blocks born before the session's reporter was pushed are
+// (g_cpu_forget, g_cpu_epoch: in HotState, internal.h).
 
 namespace {
 constexpr uint64_t kMagic = 0x6d656d70726f6631ull;  // "memprof1"
@@ -91,13 +90,14 @@ struct TrackingCpuAllocator final : public c10::Allocator {
     }
     void* base = nullptr;
     try {
-      HookScope hook;
       base = c10::alloc_cpu(n + head);  // throws c10::Error on failure, like c10's
     } catch (...) {
-      // The hook scope has closed: the report writer is not the hook.
+      // Outside the hook scope: the report writer is not the hook.
       fire_oom(0, int64_t(n), g_dev[0].live(), 0);
       throw;
     }
+    // One scope, opened after c10's allocation (a second one around that call, which
+    // cannot come back here, cost a thread-local read-modify-write and its checks).
     HookScope hook;
     void* data = static_cast<char*>(base) + head;
     const uint64_t gp = phase_for_alloc();
@@ -112,7 +112,7 @@ struct TrackingCpuAllocator final : public c10::Allocator {
     h->reg = reg_add(uint64_t(data), int64_t(n), h->phase, 0);
     hist_append(0, uint64_t(data), int64_t(n));
     on_alloc(0, uint64_t(data), int64_t(n), h->gen, h->phase);
-    return {data, data, &tracked_delete, c10::Device(c10::DeviceType::CPU)};
+    return {data, data, &tracked_delete, g_hot.cpu_device};
   }
   c10::DeleterFnPtr raw_deleter() const override {
     return &tracked_delete;

@@ -44,8 +44,6 @@
 
 namespace memprof {
 
-thread_local uint64_t tls_alloc_sig = 0;
-
 namespace {
 constexpr uint32_t kCapacity = uint32_t(1) << 20;  // ops an iteration; 32 MiB reserved
 constexpr uint32_t kRelearnEvery = 64;             // iterations
@@ -54,7 +52,7 @@ struct Learned {
   int32_t name;
   bool end;      // a timeline op's end (checked, takes nothing), else an op's start
   OpInputs took;
-  uint64_t sig;  // tls_alloc_sig there
+  uint64_t sig;  // tls_hot.alloc_sig there
 };
 static_assert(sizeof(Learned) == 32, "the docs give a learned op's size");
 
@@ -144,7 +142,7 @@ void op_seq_start(bool on, bool sizes) {
   s.looked_up.store(0);
   s.looked_up_other.store(0);
   s.records.store(MP_RECORDS_ALL);
-  tls_alloc_sig = 0;
+  tls_hot.alloc_sig = 0;
 }
 
 namespace {
@@ -184,7 +182,7 @@ void next_block_mode(bool by_blocks, bool learning) {
 
 bool op_seq_next_iteration(bool by_blocks) {
   OpSeq& s = g_seq;
-  tls_alloc_sig = 0;
+  tls_hot.alloc_sig = 0;
   end_block_iteration();
   if (!s.on) {
     next_block_mode(false, true);
@@ -261,7 +259,7 @@ void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer) {
     current_origin(op, layer);
     return;
   }
-  const int w = tls_training_thread ? 0 : 1;
+  const int w = tls_hot.training_thread ? 0 : 1;
   // The training thread's position has one writer: no read-modify-write (a locked
   // instruction an allocation).
   const uint32_t i = w == 0 ? b.pos[0].load(std::memory_order_relaxed)
@@ -320,7 +318,7 @@ void op_seq_stop_blocks() {
 namespace {
 void learn(int32_t name, bool end, const OpInputs& took) {
   OpSeq& s = g_seq;
-  if (!s.on || !tls_training_thread) {
+  if (!s.on || !tls_hot.training_thread) {
     return;
   }
   if (!s.learning) {
@@ -333,7 +331,7 @@ void learn(int32_t name, bool end, const OpInputs& took) {
   }
   const uint32_t i = s.pos++;
   if (i < kCapacity) {
-    s.seq[i] = Learned{name, end, took, tls_alloc_sig};
+    s.seq[i] = Learned{name, end, took, tls_hot.alloc_sig};
     s.len = i + 1;
     if (s.len > s.high_water.load(std::memory_order_relaxed)) {
       s.high_water.store(s.len, std::memory_order_relaxed);
@@ -350,7 +348,7 @@ const Learned* match(int32_t name, bool end) {
   }
   const uint32_t i = s.pos++;
   if (i < s.len && s.seq[i].name == name && s.seq[i].end == end &&
-      (!s.sizes || s.seq[i].sig == tls_alloc_sig)) {
+      (!s.sizes || s.seq[i].sig == tls_hot.alloc_sig)) {
     return &s.seq[i];
   }
   s.mismatch.store(true, std::memory_order_relaxed);
@@ -376,13 +374,13 @@ bool op_seq_lookup(int32_t name, OpInputs* took) {
 
 bool op_seq_looking_up() {
   const OpSeq& s = g_seq;
-  return tls_training_thread && s.on && !s.learning &&
+  return tls_hot.training_thread && s.on && !s.learning &&
       !s.forced.load(std::memory_order_relaxed);
 }
 
 bool op_seq_op_end(int32_t name) {
   const OpSeq& s = g_seq;
-  if (!tls_training_thread || !s.on || !s.sizes) {
+  if (!tls_hot.training_thread || !s.on || !s.sizes) {
     return true;
   }
   if (s.learning) {

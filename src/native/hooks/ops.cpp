@@ -336,7 +336,7 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
       steplog && t.counted_depth1 == 0 && memprof_flops::counted(kind);
   OpInputs took;
   bool flops_lost = false;
-  if (S::kTarget == MP_TARGET_STEP && steplog && backward_record && !tls_training_thread &&
+  if (S::kTarget == MP_TARGET_STEP && steplog && backward_record && !tls_hot.training_thread &&
       !fn.needsInputs()) {
     // Backward on another thread (CUDA's autograd engine): its ops are not learned, so
     // the rest of the iteration asks for inputs before the node's ops begin.
@@ -353,7 +353,7 @@ void op_start(const at::RecordFunction& fn, bool backward_record, bool steplog) 
       if (S::kTarget == MP_TARGET_STEP) {
         op_seq_learn(id, took);
       }
-    } else if (!tls_training_thread) {
+    } else if (!tls_hot.training_thread) {
       // Another thread, no inputs: nothing known of this op; with the timeline, the ops
       // after it get their inputs (this iteration only: not a parting).
       if (steplog) {

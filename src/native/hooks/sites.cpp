@@ -17,7 +17,6 @@
 
 namespace memprof {
 
-std::atomic<bool> g_detail_on{false};
 MpSite* g_sites = nullptr;
 namespace {
 std::atomic<uint64_t> g_sites_len{0};
@@ -48,13 +47,13 @@ void reset_sites() {
   g_sites_len.store(0);
 }
 
-int32_t take_site() {
+int32_t take_site(uint32_t skip) {
   const uint64_t i = g_sites_len.fetch_add(1, std::memory_order_relaxed);
   if (!g_sites || i >= kSiteCapacity) {
     return 0;
   }
   MpSite& s = g_sites[i];
-  Walk w{s.ips, 0, 1};
+  Walk w{s.ips, 0, skip};
   _Unwind_Backtrace(&on_frame, &w);
   s.frames = w.n;
   return int32_t(i + 1);

@@ -9,24 +9,43 @@
 namespace memprof {
 
 std::atomic<int64_t> g_hook_reentries{0};
-thread_local int tls_hook_depth = 0;
+
+HotState g_hot{
+    /*genphase=*/{genphase(kRing, kIdle)},
+    /*active_backward=*/{0},
+    /*cpu_epoch=*/{0},
+    /*steplog_device=*/{0},
+    /*cpu_forget=*/{false},
+    /*origin_on=*/{false},
+    /*hist_on=*/{false},
+    /*steplog_on=*/{false},
+    /*detail_on=*/{false},
+    /*graph_task_direct=*/{true},
+    /*cpu_device=*/c10::Device(c10::DeviceType::CPU),
+};
+static_assert(sizeof(HotState) == 64, "the hooks' flags fill one cache line");
+
+thread_local HotTls tls_hot{};
+// What -fno-extern-tls-init (build.rs) requires of every thread-local another source
+// reads: no initialiser to run, no destructor.
+static_assert(std::is_trivially_default_constructible_v<HotTls> &&
+                  std::is_trivially_destructible_v<HotTls>,
+              "tls_hot is constant-initialised");
+static_assert(std::is_trivially_default_constructible_v<OpStack> &&
+                  std::is_trivially_destructible_v<OpStack>,
+              "tls_ops and tls_dry_ops are constant-initialised");
 
 DeviceState g_dev[kMaxDevices];
-std::atomic<uint64_t> g_genphase{genphase(kRing, kIdle)};
-std::atomic<int64_t> g_active_backward{0};
 std::atomic<int64_t> g_backward_passes{0};
 std::atomic<int64_t> g_untagged_frees{0};
-thread_local bool tls_training_thread = false;
-thread_local c10::AutogradState* tls_autograd_state = nullptr;
 
-thread_local bool tls_own_lane = false;
 namespace {
 std::atomic<bool> g_own_lane_claimed{false};
 }  // namespace
 
 void claim_own_lane() {
-  if (!tls_own_lane && !g_own_lane_claimed.exchange(true)) {
-    tls_own_lane = true;
+  if (!tls_hot.own_lane && !g_own_lane_claimed.exchange(true)) {
+    tls_hot.own_lane = true;
   }
 }
 
@@ -199,20 +218,17 @@ GraphTaskSlot graph_task_slot() {
   return slot;
 }
 
-// Cleared for good if a thread's first direct read disagrees with libtorch's answer.
-std::atomic<bool> g_graph_task_direct{true};
-
-// This thread's std::shared_ptr<GraphTask> (its first word the GraphTask pointer), once
-// found.
-thread_local void* const* tls_graph_task = nullptr;
 }  // namespace
 
 bool graph_task_read_direct() {
   return graph_task_slot() != nullptr && g_graph_task_direct.load(std::memory_order_relaxed);
 }
 
-bool in_autograd_task() {
-  void* const* task = tls_graph_task;
+// The first check on a thread (or every check where the direct read is off): libtorch's
+// answer, and the thread's graph task found for the next checks (tls_hot.graph_task),
+// the direct read turned off for good if the two disagree.
+bool in_autograd_task_slow() {
+  void* const* task = tls_hot.graph_task;
   if (task != nullptr && g_graph_task_direct.load(std::memory_order_relaxed)) {
     return *task != nullptr;
   }
@@ -221,12 +237,48 @@ bool in_autograd_task() {
   if (task == nullptr && slot != nullptr && g_graph_task_direct.load(std::memory_order_relaxed)) {
     task = static_cast<void* const*>(slot());
     if ((*task != nullptr) == in_task) {
-      tls_graph_task = task;
+      tls_hot.graph_task = task;
     } else {
       g_graph_task_direct.store(false, std::memory_order_relaxed);
     }
   }
   return in_task;
+}
+
+uint64_t phase_for_alloc_slow(uint64_t gp) {
+  if (backward_if_in_task(gp)) {
+    gp = g_genphase.load(std::memory_order_acquire);
+  }
+  if (tls_hot.training_thread) {
+    if (cur_phase(gp) == kBackward && g_active_backward.load(std::memory_order_acquire) == 0 &&
+        !in_autograd_task()) {
+      transition(kBackward, kOptimizer);
+      gp = g_genphase.load(std::memory_order_acquire);
+    }
+    if (cur_phase(gp) == kOptimizer && grad_mode_enabled()) {
+      transition(kOptimizer, kForward);
+      gp = g_genphase.load(std::memory_order_acquire);
+    }
+  }
+  return gp;
+}
+
+void count_birth_shared(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase, bool alloc) {
+  Lane& l = d.lane[kSharedLane];
+  const int64_t live =
+      lane_add<false>(l.live, size) + d.lane[kOwnLane].live.load(std::memory_order_relaxed);
+  if (alloc) {
+    lane_add<false>(l.allocs, 1);
+  }
+  lane_max<false>(l.peak_iter, live);
+  lane_max<false>(l.peak_run, live);
+  slot_add<false>(l, gen, phase, size);
+}
+
+void count_death_shared(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase) {
+  Lane& l = d.lane[kSharedLane];
+  lane_add<false>(l.live, -size);
+  slot_add<false>(l, gen, phase, -size);
 }
 
 }  // namespace memprof

@@ -28,11 +28,9 @@ std::atomic<uint64_t> g_log_len{0};
 
 MpTlEvent* g_steplog = nullptr;
 std::atomic<uint64_t> g_steplog_len{0};
-std::atomic<bool> g_steplog_on{false};
 std::atomic<int32_t> g_op_counter{0};
 std::atomic<int32_t> g_last_op{-1};
 std::atomic<uint32_t> g_step_id{1};
-std::atomic<int32_t> g_steplog_device{0};
 std::atomic<uint32_t> g_steplog_start_gen{0};
 std::atomic<int64_t> g_steplog_start_live{0};
 
@@ -66,8 +64,30 @@ void steplog_add_start_live(int dev, int64_t bytes) {
   }
 }
 
+// The step log's entry for a block's birth or death (internal.h's steplog_block_event).
+void steplog_block_event_on(
+    uint8_t kind, int dev, uint64_t ptr, int64_t delta, uint32_t gen, uint32_t phase) {
+  if (!g_steplog_on.load(std::memory_order_relaxed)) {
+    return;
+  }
+  int32_t site = 0;
+  if (kind == MP_EV_ALLOC && g_detail_on.load(std::memory_order_relaxed) &&
+      dev == g_steplog_device.load(std::memory_order_relaxed)) {
+    site = take_site(2);  // this function's frame too
+  }
+  if (kind == MP_EV_ALLOC && !g_origin_on.load(std::memory_order_relaxed)) {
+    // The timeline without leak hunting: the block takes its place in the learned
+    // sequence (learned, or checked: a block of another size parts), as the
+    // registry's do with it.
+    int32_t op = -1;
+    int32_t layer = -1;
+    op_seq_block_origin(dev, delta, &op, &layer);
+  }
+  steplog_append(MpTlEvent{
+      kind, uint8_t(phase), uint8_t(dev), 0, gen, current_op(), site, ptr, delta});
+}
+
 MpHistEvent* g_hist = nullptr;
-std::atomic<bool> g_hist_on{false};
 std::atomic<uint64_t> g_hist_len{0};
 std::atomic<uint64_t> g_hist_cap{0};
 

@@ -30,13 +30,12 @@ uint32_t g_reg_own_free = 0;
 std::atomic<uint32_t> g_reg_hw{0};      // entries ever handed out
 std::atomic<int64_t> g_reg_live[2] = {};  // by lane: entries of live blocks
 std::atomic<int64_t> g_reg_dropped{0};  // births not registered: registry full
-std::atomic<bool> g_origin_on{false};
 std::atomic<uint32_t> g_iter{0};        // iteration (step) that births belong to
 std::atomic<uint32_t> g_session_id{0};  // bumped at each memprof_start
 
 namespace {
 uint32_t reg_pop() {
-  if (tls_own_lane && g_reg_own_free != 0) {
+  if (tls_hot.own_lane && g_reg_own_free != 0) {
     const uint32_t idx = g_reg_own_free - 1;
     g_reg_own_free = uint32_t(g_reg[idx].next.load(std::memory_order_relaxed));
     return idx;
@@ -61,7 +60,7 @@ uint32_t reg_pop() {
 }
 
 void reg_push(uint32_t idx) {
-  if (tls_own_lane) {
+  if (tls_hot.own_lane) {
     g_reg[idx].next.store(g_reg_own_free, std::memory_order_relaxed);
     g_reg_own_free = idx + 1;
     return;
@@ -100,7 +99,7 @@ uint32_t reg_add_on(uint64_t ptr, int64_t size, uint32_t phase, int dev) {
           (uint64_t(g_session_id.load(std::memory_order_relaxed) & 0xffff) << 48),
       std::memory_order_relaxed);
   e.ptr.store(ptr, std::memory_order_release);
-  if (tls_own_lane) {
+  if (tls_hot.own_lane) {
     lane_add<true>(g_reg_live[kOwnLane], 1);
   } else {
     lane_add<false>(g_reg_live[kSharedLane], 1);
@@ -113,7 +112,7 @@ void reg_remove_entry(uint32_t idx) {
     return;
   }
   g_reg[idx].ptr.store(0, std::memory_order_release);
-  if (tls_own_lane) {
+  if (tls_hot.own_lane) {
     lane_add<true>(g_reg_live[kOwnLane], -1);
   } else {
     lane_add<false>(g_reg_live[kSharedLane], -1);

@@ -74,7 +74,7 @@ int session_start(int32_t want_cuda, int32_t timeline_slot, int32_t leaks) {
     d.reported_peak_allocated_run.store(d.reported_allocated.load());
     d.reported_peak_reserved_run.store(d.reported_reserved.load());
   }
-  tls_training_thread = true;
+  tls_hot.training_thread = true;
   claim_own_lane();
   tls_ops.last_layer1 = 0;
   g_session_id.fetch_add(1);
@@ -118,7 +118,7 @@ void session_stop() {
   g_origin_on.store(false);
   clear_params(MP_TARGET_STEP);
   g_genphase.store(genphase(cur_gen(g_genphase.load()) + 1, kIdle));
-  tls_training_thread = false;
+  tls_hot.training_thread = false;
   if (g_session.reporter_pushed) {
     g_session.reporter_pushed = false;
     pop_cuda_reporter();
