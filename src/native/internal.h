@@ -71,19 +71,29 @@ constexpr uint32_t kNoReg = 0xffffffffu;
 // overhead bench's MLP child). The names below are the fields' old names, kept as
 // references the compiler resolves to the field's address.
 
+struct RegEntry;
+
 struct alignas(64) HotState {
   // Current generation and phase, packed (gen << 8 | phase) so both are read together.
   std::atomic<uint64_t> genphase;
   // Backward nodes running now, on any thread.
   std::atomic<int64_t> active_backward;
-  // The CPU blocks' epoch and whether blocks of earlier epochs are forgotten (the
-  // CUDA-like test mode, cpu_allocator.cpp).
+  // Leak hunting's live-block registry (registry.cpp): its entries, and by lane the
+  // entries of live blocks.
+  RegEntry* reg;
+  std::atomic<int64_t> reg_live[2];
+  // The CPU blocks' epoch (cpu_allocator.cpp).
   std::atomic<uint32_t> cpu_epoch;
-  // The timeline's device slot (logs.cpp).
-  std::atomic<int32_t> steplog_device;
+  // The iteration (step) that births belong to, and the session (registry.cpp).
+  std::atomic<uint32_t> iter;
+  std::atomic<uint32_t> session_id;
+  // The registry's entries freed by the own lane's thread, (index + 1) of the list's
+  // head, 0 = empty: that thread alone reads and writes it (registry.cpp).
+  uint32_t reg_own_free;
+  // Whether blocks of earlier CPU epochs are forgotten (the CUDA-like test mode).
   std::atomic<bool> cpu_forget;
-  // Leak hunting's live-block registry (registry.cpp), the memory history (logs.cpp),
-  // the step log (logs.cpp) and the step detail (sites.cpp): on or off.
+  // The registry (leak hunting), the memory history (logs.cpp), the step log (logs.cpp)
+  // and the step detail (sites.cpp): on or off.
   std::atomic<bool> origin_on;
   std::atomic<bool> hist_on;
   std::atomic<bool> steplog_on;
@@ -97,8 +107,12 @@ struct alignas(64) HotState {
 extern HotState g_hot;
 inline constexpr std::atomic<uint64_t>& g_genphase = g_hot.genphase;
 inline constexpr std::atomic<int64_t>& g_active_backward = g_hot.active_backward;
+inline constexpr RegEntry*& g_reg = g_hot.reg;
+inline constexpr std::atomic<int64_t> (&g_reg_live)[2] = g_hot.reg_live;
 inline constexpr std::atomic<uint32_t>& g_cpu_epoch = g_hot.cpu_epoch;
-inline constexpr std::atomic<int32_t>& g_steplog_device = g_hot.steplog_device;
+inline constexpr std::atomic<uint32_t>& g_iter = g_hot.iter;
+inline constexpr std::atomic<uint32_t>& g_session_id = g_hot.session_id;
+inline constexpr uint32_t& g_reg_own_free = g_hot.reg_own_free;
 inline constexpr std::atomic<bool>& g_cpu_forget = g_hot.cpu_forget;
 inline constexpr std::atomic<bool>& g_origin_on = g_hot.origin_on;
 inline constexpr std::atomic<bool>& g_hist_on = g_hot.hist_on;
@@ -213,6 +227,7 @@ extern std::atomic<uint64_t> g_steplog_len;
 extern std::atomic<int32_t> g_op_counter;
 extern std::atomic<int32_t> g_last_op;
 extern std::atomic<uint32_t> g_step_id;
+extern std::atomic<int32_t> g_steplog_device;
 extern std::atomic<uint32_t> g_steplog_start_gen;
 extern std::atomic<int64_t> g_steplog_start_live;
 
@@ -363,12 +378,8 @@ struct RegEntry {
 };
 
 constexpr uint32_t kRegCapacity = 1u << 21;
-extern RegEntry* g_reg;
 extern std::atomic<uint32_t> g_reg_hw;
-extern std::atomic<int64_t> g_reg_live[2];
 extern std::atomic<int64_t> g_reg_dropped;
-extern std::atomic<uint32_t> g_iter;
-extern std::atomic<uint32_t> g_session_id;
 
 uint32_t reg_add_on(uint64_t ptr, int64_t size, uint32_t phase, int dev);
 void reg_remove_entry(uint32_t idx);

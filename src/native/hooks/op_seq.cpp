@@ -96,7 +96,8 @@ constexpr uint32_t kBlockCapacity = uint32_t(1) << 20;  // blocks an iteration a
 
 enum BlockMode : int { kByRecords = 0, kLearnBlocks = 1, kLookUpBlocks = 2 };
 
-struct BlockSeq {
+// One cache line: what a block's look-up reads and writes besides its learned entry.
+struct alignas(64) BlockSeq {
   LearnedBlock* seq[2] = {nullptr, nullptr};  // reserved at the first session that uses it
   // Learned, by sequence: written at iteration boundaries, read by any thread.
   std::atomic<uint32_t> len[2] = {{0}, {0}};
@@ -104,7 +105,10 @@ struct BlockSeq {
   std::atomic<int> mode{kByRecords};          // this iteration's (BlockMode)
   bool ready = false;  // the last iteration learned (or looked up without parting)
   std::atomic<int64_t> high_water[2] = {{0}, {0}};  // entries ever written, by sequence
+  // The training thread's blocks that took their learned origin (one writer).
+  std::atomic<uint64_t> looked_up{0};
 };
+static_assert(sizeof(BlockSeq) == 64, "a block's look-up touches one line of it");
 BlockSeq g_blocks;
 
 inline uint64_t block_key(int dev, int64_t size) {
@@ -141,6 +145,7 @@ void op_seq_start(bool on, bool sizes) {
   s.missed = 0;
   s.looked_up.store(0);
   s.looked_up_other.store(0);
+  g_blocks.looked_up.store(0);
   s.records.store(MP_RECORDS_ALL);
   tls_hot.alloc_sig = 0;
 }
@@ -252,9 +257,29 @@ bool op_seq_origins_learned() {
   return g_blocks.mode.load(std::memory_order_relaxed) == kLookUpBlocks;
 }
 
-void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer) {
+namespace {
+// Parted: another block here than the learned one. It has no origin; the rest of the
+// iteration has every op's record with inputs (registered anew), and the next one
+// learns. Only the training thread's parting counts as the loop differing (toward
+// the three in a row after which every op is recorded for good): the other threads'
+// order may vary from one iteration to the next (two devices' backward, a loader).
+[[gnu::noinline]] void block_parted(int w, int32_t* op, int32_t* layer) {
+  int expect = kLookUpBlocks;
+  if (g_blocks.mode.compare_exchange_strong(expect, kByRecords)) {
+    if (w == 0) {
+      g_seq.mismatch.store(true, std::memory_order_relaxed);
+    }
+    g_seq.forced.store(true);
+    records_from_now();
+  }
+  *op = -1;
+  *layer = -1;
+}
+
+// Every case but the training thread's look-up: by records, learning, other threads.
+[[gnu::noinline]] void block_origin_slow(int mode, int dev, int64_t size, int32_t* op,
+                                         int32_t* layer) {
   BlockSeq& b = g_blocks;
-  const int mode = b.mode.load(std::memory_order_relaxed);
   if (mode == kByRecords) {
     current_origin(op, layer);
     return;
@@ -281,28 +306,37 @@ void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer) {
     *op = b.seq[w][i].op;
     *layer = b.seq[w][i].layer;
     if (w == 0) {
-      std::atomic<uint64_t>& n = g_seq.looked_up;  // one writer, the training thread
+      std::atomic<uint64_t>& n = b.looked_up;  // one writer, the training thread
       n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     } else {
       g_seq.looked_up_other.fetch_add(1, std::memory_order_relaxed);
     }
     return;
   }
-  // Parted: another block here than the learned one. It has no origin; the rest of the
-  // iteration has every op's record with inputs (registered anew), and the next one
-  // learns. Only the training thread's parting counts as the loop differing (toward
-  // the three in a row after which every op is recorded for good): the other threads'
-  // order may vary from one iteration to the next (two devices' backward, a loader).
-  int expect = kLookUpBlocks;
-  if (b.mode.compare_exchange_strong(expect, kByRecords)) {
-    if (w == 0) {
-      g_seq.mismatch.store(true, std::memory_order_relaxed);
-    }
-    g_seq.forced.store(true);
-    records_from_now();
+  block_parted(w, op, layer);
+}
+}  // namespace
+
+// The training thread's look-up (nearly every allocation of a steady iteration) inline
+// here, in a few lines of code; every other case out of line.
+void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer) {
+  BlockSeq& b = g_blocks;
+  const int mode = b.mode.load(std::memory_order_relaxed);
+  if (__builtin_expect(mode != kLookUpBlocks || !tls_hot.training_thread, 0)) {
+    block_origin_slow(mode, dev, size, op, layer);
+    return;
   }
-  *op = -1;
-  *layer = -1;
+  const uint32_t i = b.pos[0].load(std::memory_order_relaxed);
+  b.pos[0].store(i + 1, std::memory_order_relaxed);
+  if (__builtin_expect(
+          i < b.len[0].load(std::memory_order_relaxed) && b.seq[0][i].key == block_key(dev, size),
+          1)) {
+    *op = b.seq[0][i].op;
+    *layer = b.seq[0][i].layer;
+    b.looked_up.store(b.looked_up.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    return;
+  }
+  block_parted(0, op, layer);
 }
 
 void op_seq_stop_blocks() {
@@ -405,6 +439,7 @@ void op_seq_ask_inputs(bool parted) {
 
 uint64_t op_seq_looked_up() {
   return g_seq.looked_up.load(std::memory_order_relaxed) +
+      g_blocks.looked_up.load(std::memory_order_relaxed) +
       g_seq.looked_up_other.load(std::memory_order_relaxed);
 }
 

@@ -13,8 +13,12 @@ std::atomic<int64_t> g_hook_reentries{0};
 HotState g_hot{
     /*genphase=*/{genphase(kRing, kIdle)},
     /*active_backward=*/{0},
+    /*reg=*/nullptr,
+    /*reg_live=*/{{0}, {0}},
     /*cpu_epoch=*/{0},
-    /*steplog_device=*/{0},
+    /*iter=*/{0},
+    /*session_id=*/{0},
+    /*reg_own_free=*/0,
     /*cpu_forget=*/{false},
     /*origin_on=*/{false},
     /*hist_on=*/{false},
@@ -23,7 +27,7 @@ HotState g_hot{
     /*graph_task_direct=*/{true},
     /*cpu_device=*/c10::Device(c10::DeviceType::CPU),
 };
-static_assert(sizeof(HotState) == 64, "the hooks' flags fill one cache line");
+static_assert(sizeof(HotState) == 64, "what the hooks read fills one cache line");
 
 thread_local HotTls tls_hot{};
 // What -fno-extern-tls-init (build.rs) requires of every thread-local another source

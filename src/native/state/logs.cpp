@@ -31,6 +31,7 @@ std::atomic<uint64_t> g_steplog_len{0};
 std::atomic<int32_t> g_op_counter{0};
 std::atomic<int32_t> g_last_op{-1};
 std::atomic<uint32_t> g_step_id{1};
+std::atomic<int32_t> g_steplog_device{0};
 std::atomic<uint32_t> g_steplog_start_gen{0};
 std::atomic<int64_t> g_steplog_start_live{0};
 

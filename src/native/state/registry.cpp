@@ -19,27 +19,23 @@
 
 namespace memprof {
 
-RegEntry* g_reg = nullptr;
+// The entries (g_reg), their live counts by lane (g_reg_live), the iteration and the
+// session births belong to (g_iter, g_session_id) and the own lane's free list
+// (g_reg_own_free) are in HotState (internal.h).
 namespace {
 // Freed entries, to hand out again: those the own lane's thread freed (see Lane) in a
-// list of its own, pushed and popped by that thread alone with plain stores, (index + 1)
-// of its head, 0 = empty; those every other thread freed in a shared stack.
+// list of its own (g_reg_own_free), pushed and popped by that thread alone with plain
+// stores; those every other thread freed in a shared stack.
 std::atomic<uint64_t> g_reg_free{0};  // ABA tag << 32 | (index + 1); 0 = empty
-uint32_t g_reg_own_free = 0;
 }  // namespace
 std::atomic<uint32_t> g_reg_hw{0};      // entries ever handed out
-std::atomic<int64_t> g_reg_live[2] = {};  // by lane: entries of live blocks
 std::atomic<int64_t> g_reg_dropped{0};  // births not registered: registry full
-std::atomic<uint32_t> g_iter{0};        // iteration (step) that births belong to
-std::atomic<uint32_t> g_session_id{0};  // bumped at each memprof_start
 
 namespace {
-uint32_t reg_pop() {
-  if (tls_hot.own_lane && g_reg_own_free != 0) {
-    const uint32_t idx = g_reg_own_free - 1;
-    g_reg_own_free = uint32_t(g_reg[idx].next.load(std::memory_order_relaxed));
-    return idx;
-  }
+// The shared free list and the high-water mark: other threads' births, and the training
+// thread's once its own free list is empty (out of line: the training thread's steady
+// iterations reuse their own entries).
+[[gnu::noinline]] uint32_t reg_pop_shared() {
   uint64_t h = g_reg_free.load(std::memory_order_acquire);
   while (uint32_t(h) != 0) {
     const uint32_t idx = uint32_t(h) - 1;
@@ -59,12 +55,16 @@ uint32_t reg_pop() {
   return kNoReg;
 }
 
-void reg_push(uint32_t idx) {
-  if (tls_hot.own_lane) {
-    g_reg[idx].next.store(g_reg_own_free, std::memory_order_relaxed);
-    g_reg_own_free = idx + 1;
-    return;
+inline uint32_t reg_pop() {
+  if (tls_hot.own_lane && g_reg_own_free != 0) {
+    const uint32_t idx = g_reg_own_free - 1;
+    g_reg_own_free = uint32_t(g_reg[idx].next.load(std::memory_order_relaxed));
+    return idx;
   }
+  return reg_pop_shared();
+}
+
+[[gnu::noinline]] void reg_push_shared(uint32_t idx) {
   uint64_t h = g_reg_free.load(std::memory_order_relaxed);
   for (;;) {
     g_reg[idx].next.store(uint32_t(h), std::memory_order_relaxed);
@@ -114,10 +114,12 @@ void reg_remove_entry(uint32_t idx) {
   g_reg[idx].ptr.store(0, std::memory_order_release);
   if (tls_hot.own_lane) {
     lane_add<true>(g_reg_live[kOwnLane], -1);
+    g_reg[idx].next.store(g_reg_own_free, std::memory_order_relaxed);
+    g_reg_own_free = idx + 1;
   } else {
     lane_add<false>(g_reg_live[kSharedLane], -1);
+    reg_push_shared(idx);
   }
-  reg_push(idx);
 }
 
 // ---------------------------------------------------------------------------------
