@@ -287,10 +287,14 @@ impl BlockReader {
         if blocks.is_none() {
             flags |= native::BLOCKS_GRADS_ONLY;
         }
-        if blocks.is_some() {
+        // The callee writes every one of the n entries: a buffer already n long (the
+        // same variables as the last call) is handed over as it is.
+        if blocks.is_some() && self.raw_blocks.len() != n {
             buffer(&mut self.raw_blocks, n)?;
         }
-        buffer(&mut self.raw_grads, n)?;
+        if self.raw_grads.len() != n {
+            buffer(&mut self.raw_grads, n)?;
+        }
         let blocks_ptr = if blocks.is_some() {
             self.raw_blocks.as_mut_ptr()
         } else {
