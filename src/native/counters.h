@@ -107,7 +107,7 @@ inline uint32_t cur_gen(uint64_t gp) {
 inline uint32_t cur_phase(uint64_t gp) {
   return uint32_t(gp & 0xff);
 }
-inline uint64_t genphase(uint32_t gen, uint32_t phase) {
+constexpr uint64_t genphase(uint32_t gen, uint32_t phase) {
   return (uint64_t(gen) << 8) | phase;
 }
 

@@ -73,6 +73,20 @@ constexpr uint32_t kNoReg = 0xffffffffu;
 
 struct RegEntry;
 
+// Constant initialisation, checked by the compiler: g_hot and tls_hot are read by the
+// allocation hooks from the library's load on (the CPU allocator is installed by a
+// load-time initialiser whose order against counters.cpp's is unspecified), so neither
+// may have an initialiser that runs at load.
+#if defined(__cpp_constinit)
+#define MEMPROF_CONSTINIT constinit
+#elif defined(__clang__)
+#define MEMPROF_CONSTINIT [[clang::require_constant_initialization]]
+#elif defined(__GNUC__)
+#define MEMPROF_CONSTINIT __constinit
+#else
+#define MEMPROF_CONSTINIT
+#endif
+
 struct alignas(64) HotState {
   // Current generation and phase, packed (gen << 8 | phase) so both are read together.
   std::atomic<uint64_t> genphase;
@@ -100,9 +114,6 @@ struct alignas(64) HotState {
   std::atomic<bool> detail_on;
   // Whether in_autograd_task reads libtorch's graph task directly (counters.cpp).
   std::atomic<bool> graph_task_direct;
-  // The device of every block the tracking CPU allocator hands out (a constant the
-  // compiler would otherwise load from a line of its own).
-  c10::Device cpu_device;
 };
 extern HotState g_hot;
 inline constexpr std::atomic<uint64_t>& g_genphase = g_hot.genphase;

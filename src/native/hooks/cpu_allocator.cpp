@@ -112,7 +112,7 @@ struct TrackingCpuAllocator final : public c10::Allocator {
     h->reg = reg_add(uint64_t(data), int64_t(n), h->phase, 0);
     hist_append(0, uint64_t(data), int64_t(n));
     on_alloc(0, uint64_t(data), int64_t(n), h->gen, h->phase);
-    return {data, data, &tracked_delete, g_hot.cpu_device};
+    return {data, data, &tracked_delete, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override {
     return &tracked_delete;

@@ -10,7 +10,7 @@ namespace memprof {
 
 std::atomic<int64_t> g_hook_reentries{0};
 
-HotState g_hot{
+MEMPROF_CONSTINIT HotState g_hot{
     /*genphase=*/{genphase(kRing, kIdle)},
     /*active_backward=*/{0},
     /*reg=*/nullptr,
@@ -25,11 +25,10 @@ HotState g_hot{
     /*steplog_on=*/{false},
     /*detail_on=*/{false},
     /*graph_task_direct=*/{true},
-    /*cpu_device=*/c10::Device(c10::DeviceType::CPU),
 };
 static_assert(sizeof(HotState) == 64, "what the hooks read fills one cache line");
 
-thread_local HotTls tls_hot{};
+MEMPROF_CONSTINIT thread_local HotTls tls_hot{};
 // What -fno-extern-tls-init (build.rs) requires of every thread-local another source
 // reads: no initialiser to run, no destructor.
 static_assert(std::is_trivially_default_constructible_v<HotTls> &&
