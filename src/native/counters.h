@@ -147,27 +147,6 @@ void init_slots();
 void reset_live(DeviceState& d);
 template <bool Own>
 void slot_add(Lane& l, uint32_t gen, uint32_t phase, int64_t delta);
-// Counts a birth of `size` bytes in this thread's lane (`alloc`: also as an allocation):
-// live bytes, the peaks, the generation's bytes.
-template <bool Own>
-inline void count_birth(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase, bool alloc) {
-  Lane& l = d.lane[Own ? kOwnLane : kSharedLane];
-  const Lane& other = d.lane[Own ? kSharedLane : kOwnLane];
-  const int64_t live = lane_add<Own>(l.live, size) + other.live.load(std::memory_order_relaxed);
-  if (alloc) {
-    lane_add<Own>(l.allocs, 1);
-  }
-  lane_max<Own>(l.peak_iter, live);
-  lane_max<Own>(l.peak_run, live);
-  slot_add<Own>(l, gen, phase, size);
-}
-// The shared lane's counting, out of line: only threads other than the training thread
-// take it, and inlined at every hook it doubled the code an allocation runs through
-// (instruction-cache lines that libtorch's ops evict between two allocations).
-[[gnu::noinline]] void count_birth_shared(DeviceState& d, int64_t size, uint32_t gen,
-                                          uint32_t phase, bool alloc);
-[[gnu::noinline]] void count_death_shared(DeviceState& d, int64_t size, uint32_t gen,
-                                          uint32_t phase);
 // slot_add on the own lane where the slot already holds the generation (nearly every
 // event): one load and one store, inline; the rest out of line.
 inline void slot_add_own(Lane& l, uint32_t gen, uint32_t phase, int64_t delta) {
@@ -179,29 +158,57 @@ inline void slot_add_own(Lane& l, uint32_t gen, uint32_t phase, int64_t delta) {
   }
   slot_add<true>(l, gen, phase, delta);
 }
+template <bool Own>
+inline void lane_slot_add(Lane& l, uint32_t gen, uint32_t phase, int64_t delta) {
+  if (Own) {
+    slot_add_own(l, gen, phase, delta);
+  } else {
+    slot_add<false>(l, gen, phase, delta);
+  }
+}
+// Counts a birth of `size` bytes in lane Own (`alloc`: also as an allocation): live
+// bytes, the peaks, the generation's bytes.
+template <bool Own>
+inline void count_birth_in(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase,
+                           bool alloc) {
+  Lane& l = d.lane[Own ? kOwnLane : kSharedLane];
+  const Lane& other = d.lane[Own ? kSharedLane : kOwnLane];
+  const int64_t live = lane_add<Own>(l.live, size) + other.live.load(std::memory_order_relaxed);
+  if (alloc) {
+    lane_add<Own>(l.allocs, 1);
+  }
+  lane_max<Own>(l.peak_iter, live);
+  lane_max<Own>(l.peak_run, live);
+  lane_slot_add<Own>(l, gen, phase, size);
+}
+template <bool Own>
+inline void count_death_in(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase) {
+  Lane& l = d.lane[Own ? kOwnLane : kSharedLane];
+  lane_add<Own>(l.live, -size);
+  lane_slot_add<Own>(l, gen, phase, -size);
+}
+// The shared lane's counting (count_birth_in<false>, count_death_in<false>), out of
+// line: only threads other than the training thread take it, and inlined at every hook
+// it doubled the code an allocation runs through (instruction-cache lines that
+// libtorch's ops evict between two allocations).
+[[gnu::noinline]] void count_birth_shared(DeviceState& d, int64_t size, uint32_t gen,
+                                          uint32_t phase, bool alloc);
+[[gnu::noinline]] void count_death_shared(DeviceState& d, int64_t size, uint32_t gen,
+                                          uint32_t phase);
+// Counts a birth in this thread's lane.
 inline void count_birth(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase, bool alloc) {
   if (__builtin_expect(!tls_hot.own_lane, 0)) {
     count_birth_shared(d, size, gen, phase, alloc);
-    return;
+  } else {
+    count_birth_in<true>(d, size, gen, phase, alloc);
   }
-  Lane& l = d.lane[kOwnLane];
-  const int64_t live =
-      lane_add<true>(l.live, size) + d.lane[kSharedLane].live.load(std::memory_order_relaxed);
-  if (alloc) {
-    lane_add<true>(l.allocs, 1);
-  }
-  lane_max<true>(l.peak_iter, live);
-  lane_max<true>(l.peak_run, live);
-  slot_add_own(l, gen, phase, size);
 }
 inline void count_death(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase) {
   if (__builtin_expect(!tls_hot.own_lane, 0)) {
     count_death_shared(d, size, gen, phase);
-    return;
+  } else {
+    count_death_in<true>(d, size, gen, phase);
   }
-  Lane& l = d.lane[kOwnLane];
-  lane_add<true>(l.live, -size);
-  slot_add_own(l, gen, phase, -size);
 }
 int64_t phase_live(const DeviceState& d, uint32_t phase);
 // Moves from `from` to `to` (bumping the generation) if the phase is still `from`.

@@ -302,18 +302,15 @@ namespace {
     }
     return;
   }
-  if (i < b.len[w].load(std::memory_order_relaxed) && b.seq[w][i].key == key) {
-    *op = b.seq[w][i].op;
-    *layer = b.seq[w][i].layer;
-    if (w == 0) {
-      std::atomic<uint64_t>& n = b.looked_up;  // one writer, the training thread
-      n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    } else {
-      g_seq.looked_up_other.fetch_add(1, std::memory_order_relaxed);
-    }
+  // Looking up here is another thread's (op_seq_block_origin takes the training
+  // thread's): the other threads' sequence.
+  if (i < b.len[1].load(std::memory_order_relaxed) && b.seq[1][i].key == key) {
+    *op = b.seq[1][i].op;
+    *layer = b.seq[1][i].layer;
+    g_seq.looked_up_other.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  block_parted(w, op, layer);
+  block_parted(1, op, layer);
 }
 }  // namespace
 
@@ -333,6 +330,7 @@ void op_seq_block_origin(int dev, int64_t size, int32_t* op, int32_t* layer) {
           1)) {
     *op = b.seq[0][i].op;
     *layer = b.seq[0][i].layer;
+    // One writer, the training thread.
     b.looked_up.store(b.looked_up.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     return;
   }

@@ -227,14 +227,12 @@ bool graph_task_read_direct() {
   return graph_task_slot() != nullptr && g_graph_task_direct.load(std::memory_order_relaxed);
 }
 
-// The first check on a thread (or every check where the direct read is off): libtorch's
+// The first check on a thread (or every check where the direct read is off; in_autograd_task
+// reads the thread's graph task itself otherwise): libtorch's
 // answer, and the thread's graph task found for the next checks (tls_hot.graph_task),
 // the direct read turned off for good if the two disagree.
 bool in_autograd_task_slow() {
   void* const* task = tls_hot.graph_task;
-  if (task != nullptr && g_graph_task_direct.load(std::memory_order_relaxed)) {
-    return *task != nullptr;
-  }
   const bool in_task = torch::autograd::get_current_graph_task_id() != -1;
   const GraphTaskSlot slot = graph_task_slot();
   if (task == nullptr && slot != nullptr && g_graph_task_direct.load(std::memory_order_relaxed)) {
@@ -267,21 +265,11 @@ uint64_t phase_for_alloc_slow(uint64_t gp) {
 }
 
 void count_birth_shared(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase, bool alloc) {
-  Lane& l = d.lane[kSharedLane];
-  const int64_t live =
-      lane_add<false>(l.live, size) + d.lane[kOwnLane].live.load(std::memory_order_relaxed);
-  if (alloc) {
-    lane_add<false>(l.allocs, 1);
-  }
-  lane_max<false>(l.peak_iter, live);
-  lane_max<false>(l.peak_run, live);
-  slot_add<false>(l, gen, phase, size);
+  count_birth_in<false>(d, size, gen, phase, alloc);
 }
 
 void count_death_shared(DeviceState& d, int64_t size, uint32_t gen, uint32_t phase) {
-  Lane& l = d.lane[kSharedLane];
-  lane_add<false>(l.live, -size);
-  slot_add<false>(l, gen, phase, -size);
+  count_death_in<false>(d, size, gen, phase);
 }
 
 }  // namespace memprof

@@ -68,9 +68,6 @@ void steplog_add_start_live(int dev, int64_t bytes) {
 // The step log's entry for a block's birth or death (internal.h's steplog_block_event).
 void steplog_block_event_on(
     uint8_t kind, int dev, uint64_t ptr, int64_t delta, uint32_t gen, uint32_t phase) {
-  if (!g_steplog_on.load(std::memory_order_relaxed)) {
-    return;
-  }
   int32_t site = 0;
   if (kind == MP_EV_ALLOC && g_detail_on.load(std::memory_order_relaxed) &&
       dev == g_steplog_device.load(std::memory_order_relaxed)) {
