@@ -6,7 +6,7 @@ use crate::error::Result;
 
 extern "C" {
     fn memprof_timeline_header(out: *mut MpTimelineHeader) -> i32;
-    fn memprof_read_log(out: *mut MpLogEvent, cap: u64, total: *mut u64) -> i32;
+    fn memprof_log_view(events: *mut *const BackwardEvent, len: *mut u64, total: *mut u64) -> i32;
     fn memprof_read_timeline(out: *mut MpTlEvent, cap: u64, total: *mut u64) -> i32;
     fn memprof_read_history(
         out: *mut MpHistEvent,
@@ -20,17 +20,9 @@ extern "C" {
     fn memprof_site(id: u64, out: *mut MpSite) -> i32;
 }
 
-/// `MpLogEvent`: the native layout of a [`BackwardEvent`].
+/// One birth (+bytes) or death (-bytes) of a block during backward: `MpLogEvent`'s
+/// layout, so that the native log is read where it lies.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct MpLogEvent {
-    pub(super) ptr: u64,
-    pub(super) delta: i64,
-    pub(super) generation: u32,
-    pub(super) device: u32,
-}
-
-/// One birth (+bytes) or death (-bytes) of a block during backward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BackwardEvent {
     /// The block's address.
@@ -43,16 +35,8 @@ pub(crate) struct BackwardEvent {
     pub device: u32,
 }
 
-impl From<&MpLogEvent> for BackwardEvent {
-    fn from(e: &MpLogEvent) -> Self {
-        BackwardEvent {
-            ptr: e.ptr,
-            delta: e.delta,
-            generation: e.generation,
-            device: e.device,
-        }
-    }
-}
+/// The native name of [`BackwardEvent`], whose layout the build checks against it.
+pub(super) type MpLogEvent = BackwardEvent;
 
 /// `MpSite`: the call stack of one allocation of the detailed step, innermost first.
 #[repr(C)]
@@ -202,31 +186,35 @@ pub(crate) fn step_log_start() -> Result<StepLogStart> {
     })
 }
 
-/// Reads the backward events logged in this iteration, with its native buffer kept from
-/// one read to the next: a steady iteration allocates nothing here, where a fresh buffer
-/// each call cost a quarter of `record_stats` (glibc consolidating the step's freed
-/// chunks to serve it).
+/// The profiler's reader of the backward log: the events are read where the native layer
+/// logged them (a copy of them cost a tenth of `record_stats` on a step of many small
+/// ops), for as long as the reader is borrowed.
 #[derive(Debug, Default)]
 pub(crate) struct LogReader {
-    raw: Vec<MpLogEvent>,
+    _own: (),
 }
 
 impl LogReader {
-    /// The backward events logged in this iteration, into `into` (its room kept too);
-    /// returns whether the log overflowed.
-    pub(crate) fn read(&mut self, into: &mut Vec<BackwardEvent>) -> Result<bool> {
-        let st = super::raw_state()?;
-        let n = st.log_len.min(st.log_capacity) as usize;
-        buffer(&mut self.raw, n)?;
-        let mut total = 0u64;
-        // SAFETY: `raw` holds `n` initialised MpLogEvents; the callee copies at most `n`
-        // and writes `total`.
-        check(unsafe { memprof_read_log(self.raw.as_mut_ptr(), n as u64, &mut total) })?;
-        self.raw
-            .truncate((total.min(st.log_capacity) as usize).min(n));
-        into.clear();
-        into.extend(self.raw.iter().map(BackwardEvent::from));
-        Ok(total > st.log_capacity)
+    /// The backward events logged in this iteration, and whether the log overflowed
+    /// (events were dropped).
+    pub(crate) fn read(&mut self) -> Result<(&[BackwardEvent], bool)> {
+        let mut events: *const BackwardEvent = std::ptr::null();
+        let (mut len, mut total) = (0u64, 0u64);
+        // SAFETY: three valid out-pointers the callee writes.
+        check(unsafe { memprof_log_view(&mut events, &mut len, &mut total) })?;
+        if events.is_null() || len == 0 {
+            return Ok((&[], total > len));
+        }
+        // SAFETY: the native log (`MpLogEvent`s, BackwardEvent's layout, checked by the build:
+        // plain integers, any bits a valid value) is allocated once, when the library
+        // loads, and never freed or moved; `len` is within it. Its entries are rewound
+        // only by `memprof_begin_iteration` or a session's start or end, which the
+        // profiler calls from the thread that owns this reader, never while the `&mut
+        // self` this slice borrows is held. Backward has returned when the profiler reads
+        // it; a thread that allocates in a backward phase at this very moment may still
+        // be writing its entry (the native copy this replaced read it the same way).
+        let log = unsafe { std::slice::from_raw_parts(events, len as usize) };
+        Ok((log, total > len))
     }
 }
 /// This iteration's step log, decoded; returns whether it overflowed (events were

@@ -254,12 +254,13 @@ int memprof_timeline_header(MpTimelineHeader* out) noexcept {
   });
 }
 
-int memprof_read_log(MpLogEvent* out, uint64_t cap, uint64_t* total) noexcept {
-  return guarded("memprof_read_log", [&]() -> int {
-    if (!given(total, "memprof_read_log") || (cap > 0 && !given(out, "memprof_read_log"))) {
+int memprof_log_view(const MpLogEvent** events, uint64_t* len, uint64_t* total) noexcept {
+  return guarded("memprof_log_view", [&]() -> int {
+    if (!given(events, "memprof_log_view") || !given(len, "memprof_log_view") ||
+        !given(total, "memprof_log_view")) {
       return -1;
     }
-    read_log(out, cap, total);
+    log_view(events, len, total);
     return 0;
   });
 }

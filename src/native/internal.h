@@ -307,9 +307,10 @@ extern MpHistEvent* g_hist;
 extern std::atomic<uint64_t> g_hist_len;
 extern std::atomic<uint64_t> g_hist_cap;
 
-// Readers of the logs (copies for the Rust side; `out` may be null when `cap` is 0).
+// Readers of the logs (copies for the Rust side; `out` may be null when `cap` is 0; the
+// backward log is read in place: it lives as long as the process).
 void timeline_header(MpTimelineHeader* out);
-void read_log(MpLogEvent* out, uint64_t cap, uint64_t* total);
+void log_view(const MpLogEvent** events, uint64_t* len, uint64_t* total);
 void read_timeline(MpTlEvent* out, uint64_t cap, uint64_t* total);
 void read_history(MpHistEvent* out, uint64_t cap, uint64_t* total, uint64_t* ring);
 // Starts (clearing it) or stops the memory history.

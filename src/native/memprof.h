@@ -395,9 +395,13 @@ int memprof_device_stats(int32_t slot, MpDeviceStats* out) MP_NOEXCEPT;
 int memprof_registry(MpRegistry* out) MP_NOEXCEPT;
 int memprof_timeline_header(MpTimelineHeader* out) MP_NOEXCEPT;
 
-// Reading the logs: copy up to cap events (out may be null with cap 0); *total gets how
-// many were logged in all (more than cap or the capacity: some were not copied).
-int memprof_read_log(MpLogEvent* out, uint64_t cap, uint64_t* total) MP_NOEXCEPT;
+// The backward log, in place: *events (null before the library's load-time set-up) and
+// its *len entries stay valid for the process's life; they are rewritten only after
+// memprof_begin_iteration or a session's start or end. *total gets how many were logged
+// in all (more than *len: the log overflowed, some were dropped).
+int memprof_log_view(const MpLogEvent** events, uint64_t* len, uint64_t* total) MP_NOEXCEPT;
+// Reading the step log: copy up to cap events (out may be null with cap 0); *total gets
+// how many were logged in all (more than cap or the capacity: some were not copied).
 int memprof_read_timeline(MpTlEvent* out, uint64_t cap, uint64_t* total) MP_NOEXCEPT;
 // The step detail, for the iteration that begins now (call right after
 // memprof_begin_iteration, before any op; needs the timeline on): every op's tensor inputs

@@ -361,7 +361,6 @@ impl MemoryProfilerBuilder {
             last: None,
             epochs: Vec::new(),
             failures: 0,
-            log: Vec::new(),
             log_reader: crate::ffi::LogReader::default(),
             recorder,
             params,

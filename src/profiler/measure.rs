@@ -36,7 +36,6 @@ impl MemoryProfiler {
     pub(super) fn measure(&mut self) -> Result<IterationStats> {
         let ds = ffi::device_stats(self.slot)?;
         let state = ffi::state()?;
-        let overflow = self.log_reader.read(&mut self.log)?;
 
         self.table.refresh(&vars::lock(&self.variables))?;
         if self.hunter.is_some() && self.recorder.is_none() {
@@ -73,8 +72,9 @@ impl MemoryProfiler {
         let optimizer_state =
             accounting::optimizer_state(ds.optimizer_born_live, self.sums.optimizer_claimed);
         let sums = &mut self.sums;
+        let (log, overflow) = self.log_reader.read()?;
         let intermediate = accounting::intermediate_peak(
-            &self.log,
+            log,
             self.slot as u32,
             &sums.grad_set,
             &mut sums.peak_scratch,

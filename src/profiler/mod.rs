@@ -27,7 +27,7 @@ use tch::nn::Variables;
 use tch::Device;
 
 use crate::error::{Error, Result};
-use crate::ffi::{self, BackwardEvent, OomEvent};
+use crate::ffi::{self, OomEvent};
 use crate::format;
 use crate::leaks::{LeakHunter, LeakReport};
 use crate::names::Names;
@@ -130,8 +130,7 @@ pub struct MemoryProfiler {
     last: Option<IterationStats>,
     epochs: Vec<EpochStats>,
     failures: u64,
-    log: Vec<BackwardEvent>,
-    /// The backward log's reader, its buffer kept.
+    /// The backward log's reader (read in place).
     log_reader: ffi::LogReader,
     recorder: Option<Recorder>,
     params: ParamSync,
@@ -530,10 +529,7 @@ impl MemoryProfiler {
     fn own_memory_bytes(&self) -> u64 {
         let reg = ffi::registry().unwrap_or_default();
         let st = ffi::state().unwrap_or_default();
-        reg.bytes
-            + st.log_bytes
-            + (self.log.capacity() * std::mem::size_of::<BackwardEvent>()) as u64
-            + self.hunter.as_ref().map_or(0, |h| h.own_bytes())
+        reg.bytes + st.log_bytes + self.hunter.as_ref().map_or(0, |h| h.own_bytes())
     }
 }
 

@@ -122,13 +122,10 @@ void timeline_header(MpTimelineHeader* out) {
   out->learning = op_seq_learning() ? 1 : 0;
 }
 
-void read_log(MpLogEvent* out, uint64_t cap, uint64_t* total) {
+void log_view(const MpLogEvent** events, uint64_t* len, uint64_t* total) {
   const uint64_t n = g_log_len.load(std::memory_order_acquire);
-  const uint64_t avail = n < kLogCapacity ? n : kLogCapacity;
-  const uint64_t c = avail < cap ? avail : cap;
-  if (g_log && c > 0) {
-    std::memcpy(out, g_log, c * sizeof(MpLogEvent));
-  }
+  *events = g_log;
+  *len = g_log ? (n < kLogCapacity ? n : kLogCapacity) : 0;
   *total = n;
 }
 
