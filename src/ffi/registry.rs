@@ -37,6 +37,8 @@ pub(super) struct MpBlock {
     pub(super) phase: u32,
     pub(super) generation: u32,
     pub(super) watched: u32,
+    pub(super) birth_log: u32,
+    pub(super) reserved: u32,
     pub(super) base: u64,
     pub(super) bytes: i64,
 }
@@ -59,6 +61,9 @@ pub(crate) struct TensorBlock {
     pub generation: u32,
     /// Whether its free will count in [`watched_frees`].
     pub watched: bool,
+    /// 1 + the place of its birth in the backward log where it was born in a backward
+    /// pass and logged, else 0: see [`TensorBlock::birth_in`].
+    pub birth_log: u32,
 }
 
 impl From<&MpBlock> for TensorBlock {
@@ -72,6 +77,7 @@ impl From<&MpBlock> for TensorBlock {
             phase: b.phase,
             generation: b.generation,
             watched: b.watched != 0,
+            birth_log: b.birth_log,
         }
     }
 }
@@ -81,6 +87,22 @@ impl TensorBlock {
     pub(crate) fn tracked_on(&self, slot: usize) -> bool {
         self.tracked && self.device == Some(slot)
     }
+    /// The place of its birth in `log`, this iteration's backward log of device `slot`
+    /// (the events of other devices in it are not its), if it was born there. The place
+    /// it was logged at may be of an earlier iteration's log: its birth is this log's
+    /// event there only if that event is a birth at its address, as no other block is
+    /// born at an address while this one lives.
+    pub(crate) fn birth_in(&self, log: &[super::BackwardEvent], slot: usize) -> Option<usize> {
+        let at = (self.birth_log as usize).checked_sub(1)?;
+        let e = log.get(at)?;
+        (self.defined
+            && self.tracked_on(slot)
+            && e.ptr == self.base
+            && e.delta > 0
+            && e.device as usize == slot)
+            .then_some(at)
+    }
+
     pub(crate) fn born_in_optimizer(&self) -> bool {
         self.tracked && self.phase == native::PHASE_OPTIMIZER
     }

@@ -219,14 +219,18 @@ constexpr size_t kLogCapacity = size_t(1) << 20;
 extern MpLogEvent* g_log;
 extern std::atomic<uint64_t> g_log_len;
 
-inline void log_event(uint64_t ptr, int64_t delta, uint32_t gen, uint32_t dev) {
+// Returns 1 + the event's place in the log, or 0 where it was not logged (no log, or
+// the log is full).
+inline uint32_t log_event(uint64_t ptr, int64_t delta, uint32_t gen, uint32_t dev) {
   if (!g_log) {
-    return;
+    return 0;
   }
   const uint64_t i = g_log_len.fetch_add(1, std::memory_order_relaxed);
   if (i < kLogCapacity) {
     g_log[i] = MpLogEvent{ptr, delta, gen, dev};
+    return uint32_t(i + 1);
   }
+  return 0;
 }
 
 // The step log (timeline; off unless asked for): every block birth and death on
@@ -415,6 +419,7 @@ struct BlockSlot {
   std::atomic<uint64_t> tag;
   std::atomic<uint32_t> reg;
   std::atomic<uint32_t> watched;  // MpWatch: its removal counts in g_watched_frees
+  std::atomic<uint32_t> birth;    // MpBlock's birth_log, set by the block's inserter
 };
 struct BlockTable {
   BlockSlot* slots = nullptr;
@@ -422,12 +427,15 @@ struct BlockTable {
 };
 constexpr int kMaxProbe = 512;
 // Inserts `ptr`; *stale_reg gets the registry entry of an earlier entry for the same
-// pointer (a free that was never reported), else kNoReg. False: no room.
-bool table_insert(BlockTable& t, uint64_t ptr, uint64_t tag, uint32_t reg, uint32_t* stale_reg);
+// pointer (a free that was never reported), else kNoReg. Null: no room; else its slot,
+// whose key stays `ptr` until the block's free is reported (the inserter may set its
+// birth meanwhile).
+BlockSlot* table_insert(BlockTable& t, uint64_t ptr, uint64_t tag, uint32_t reg,
+                        uint32_t* stale_reg);
 // Removes `ptr`, handing back its tag and registry entry. False: not found.
 bool table_remove(BlockTable& t, uint64_t ptr, uint64_t* tag, uint32_t* reg);
-// Reads `ptr`'s tag without removing it. False: not found.
-bool table_find(const BlockTable& t, uint64_t ptr, uint64_t* tag);
+// Reads `ptr`'s tag (and its birth, unless null) without removing it. False: not found.
+bool table_find(const BlockTable& t, uint64_t ptr, uint64_t* tag, uint32_t* birth = nullptr);
 // Marks `ptr`'s entry watched as `kind` (MpWatch: its removal will count in
 // g_watched_frees[kind - 1]); false if absent.
 bool table_watch(BlockTable& t, uint64_t ptr, uint32_t kind);
@@ -485,13 +493,16 @@ inline void steplog_block_event(
   }
 }
 
-inline void on_alloc(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t phase) {
+// Returns the block's birth_log (MpBlock): 1 + its place in the backward log, or 0.
+inline uint32_t on_alloc(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t phase) {
   tls_hot.alloc_sig = (tls_hot.alloc_sig ^ uint64_t(size) ^ (uint64_t(dev) << 56)) * 0x100000001b3ull;
   count_birth(g_dev[dev], size, gen, phase, true);
+  uint32_t birth = 0;
   if (phase == kBackward) {
-    log_event(ptr, size, gen, uint32_t(dev));
+    birth = log_event(ptr, size, gen, uint32_t(dev));
   }
   steplog_block_event(MP_EV_ALLOC, dev, ptr, size, gen, phase);
+  return birth;
 }
 
 inline void on_free(int dev, uint64_t ptr, int64_t size, uint32_t gen, uint32_t phase) {
@@ -614,11 +625,11 @@ extern thread_local OpStack tls_dry_ops;
 // cpu_allocator.cpp: the tracking CPU allocator (installed at library load).
 extern std::atomic<bool> g_cpu_installed;
 void install_cpu_allocator();
-// Fills the tag of a CPU block if it is ours; false otherwise.
-// With watch (an MpWatch kind), also marks the block watched (its free counts in
-// g_watched_frees).
+// Fills the tag of a CPU block if it is ours (and its birth_log, unless null); false
+// otherwise. With watch (an MpWatch kind), also marks the block watched (its free
+// counts in g_watched_frees).
 bool cpu_block_tag(const c10::DataPtr& dp, int64_t* size, uint32_t* gen, uint32_t* phase,
-                   uint32_t watch = MP_WATCH_NONE);
+                   uint32_t watch = MP_WATCH_NONE, uint32_t* birth = nullptr);
 // Re-enters the CPU allocation hook on purpose (memprof_selftest_reenter).
 void reenter_cpu_hook();
 // The CUDA-like test mode (memprof_forget_cpu_blocks): every CPU block born so far is

@@ -203,6 +203,12 @@ typedef struct MpBlock {
   uint32_t phase;   // birth phase (tracked only)
   uint32_t generation;  // birth generation (tracked only)
   uint32_t watched;     // MpWatch: its free is counted in memprof_watched_frees
+  // 1 + the place of its birth in the backward log, where it was born in a backward
+  // pass and logged (tracked only); 0 otherwise. The place may be of an earlier
+  // iteration's log: the birth is there only if the event there is a birth at `base`
+  // (no other block can be born at that address while this one lives).
+  uint32_t birth_log;
+  uint32_t reserved;
   uint64_t base;    // storage base pointer (block identity)
   int64_t bytes;    // block bytes as accounted (CUDA: rounded)
 } MpBlock;

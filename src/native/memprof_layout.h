@@ -83,15 +83,17 @@
   MP_FIELD(MpLogEvent, delta, 8)                       \
   MP_FIELD(MpLogEvent, generation, 16)                 \
   MP_FIELD(MpLogEvent, device, 20)                     \
-  MP_SIZE(MpBlock, 40)                                 \
+  MP_SIZE(MpBlock, 48)                                 \
   MP_FIELD(MpBlock, defined, 0)                        \
   MP_FIELD(MpBlock, device, 4)                         \
   MP_FIELD(MpBlock, tracked, 8)                        \
   MP_FIELD(MpBlock, phase, 12)                         \
   MP_FIELD(MpBlock, generation, 16)                    \
-  MP_FIELD(MpBlock, watched, 20)                           \
-  MP_FIELD(MpBlock, base, 24)                          \
-  MP_FIELD(MpBlock, bytes, 32)                         \
+  MP_FIELD(MpBlock, watched, 20)                       \
+  MP_FIELD(MpBlock, birth_log, 24)                     \
+  MP_FIELD(MpBlock, reserved, 28)                      \
+  MP_FIELD(MpBlock, base, 32)                          \
+  MP_FIELD(MpBlock, bytes, 40)                         \
   MP_SIZE(MpCudaStats, 96)                             \
   MP_FIELD(MpCudaStats, allocated_current, 0)          \
   MP_FIELD(MpCudaStats, allocated_peak, 8)             \

@@ -1,137 +1,70 @@
 //! Turning what the native layer measured into the numbers of a report. Pure functions
 //! over plain data, so every rule here is unit-tested without libtorch.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
-use crate::ffi::BackwardEvent;
+use crate::ffi::{BackwardEvent, TensorBlock};
 
 /// Intermediate gradients of one iteration: the peak, over each backward pass, of live
 /// bytes born in that pass that are not weight gradients.
 ///
 /// `events` are the births (+size) and deaths (-size) logged during backward, in order;
-/// a pass is a run of events with the same generation. `grads` holds the block
-/// addresses of the weight gradients live now (after backward): a birth is a weight
-/// gradient's if it is the last birth at such an address and no death follows it.
-/// `grads` maps each address to its own index below `grads.len()` (one look-up an
-/// event); `scratch` is reused from one call to the next, so a steady iteration
-/// allocates nothing here (a hash set of the gradients decided, rebuilt at every call,
-/// cost a fifth of the profiler's instructions on a step of many small ops).
-pub fn intermediate_peak(
-    events: &[BackwardEvent],
-    device: u32,
-    grads: &GradIndex,
-    scratch: &mut PeakScratch,
-) -> u64 {
-    // One pass, from the end. A weight gradient's birth is the last event at a
-    // gradient's address, if it is a birth: met first from the end, where each gradient
-    // is decided. A pass's peak is its total less the least sum of its events after
-    // some point (0 after its last): running(t) = total - (the events after t).
-    let PeakScratch { decided } = scratch;
-    decided.clear();
-    decided.resize(grads.len(), false);
-    let mut peak: i64 = 0;
-    let mut pass = None;
-    let mut after: i64 = 0;
-    let mut least: i64 = 0;
-    for e in events.iter().rev() {
+/// a pass is a run of events with the same generation. `grad_birth` has a flag an
+/// event: whether it is the birth of a weight gradient's block, left out (see
+/// [`mark_grad_births`]).
+pub fn intermediate_peak(events: &[BackwardEvent], device: u32, grad_birth: &[bool]) -> u64 {
+    debug_assert_eq!(events.len(), grad_birth.len());
+    let (mut peak, mut running, mut pass) = (0i64, 0i64, None);
+    for (e, &skip) in events.iter().zip(grad_birth) {
         if e.device != device {
             continue;
         }
         if pass != Some(e.generation) {
-            if pass.is_some() {
-                peak = peak.max(after - least);
-            }
             pass = Some(e.generation);
-            after = 0;
-            least = 0;
+            running = 0;
         }
-        let mut delta = e.delta;
-        if let Some(k) = grads.get(e.ptr) {
-            let k = k as usize;
-            if !decided[k] {
-                decided[k] = true;
-                if delta > 0 {
-                    delta = 0;
+        if !skip {
+            running += e.delta;
+            peak = peak.max(running);
+        }
+    }
+    peak as u64
+}
+
+/// Marks, in `births` (a flag an event of `log`, this iteration's backward log, whose
+/// events of device `slot` are the gradients'), the births of the weight gradients'
+/// blocks `grads` as read after backward: a block born in a backward pass knows the
+/// place its birth was logged at ([`TensorBlock::birth_in`]). The rule is the one the
+/// docs state, "the last event at a gradient's address, if it is a birth", found by the
+/// block's identity instead of a look-up of every event's address (a map of the
+/// gradients' addresses, rebuilt after every `zero_grad`, and its look-ups cost a third
+/// of `record_stats` on a step of many small ops). The other defined gradients' blocks
+/// (born before this iteration, or not in a backward pass) go to `unborn` (address,
+/// bytes). Returns the bytes of the distinct blocks marked: gradients that share a
+/// block have one birth.
+pub(crate) fn mark_grad_births<'a>(
+    log: &[BackwardEvent],
+    slot: usize,
+    grads: impl Iterator<Item = &'a TensorBlock>,
+    births: &mut Vec<bool>,
+    unborn: &mut Vec<(u64, u64)>,
+) -> u64 {
+    births.clear();
+    births.resize(log.len(), false);
+    unborn.clear();
+    let mut bytes = 0;
+    for g in grads.filter(|g| g.defined) {
+        match g.birth_in(log, slot) {
+            Some(at) => {
+                if !births[at] {
+                    births[at] = true;
+                    bytes += g.bytes;
                 }
             }
-        }
-        least = least.min(after);
-        after += delta;
-    }
-    if pass.is_some() {
-        peak = peak.max(after - least);
-    }
-    peak.max(0) as u64
-}
-
-/// The weight gradients' block addresses, each with an index of its own (0, 1, ...),
-/// and a filter of 4,096 bits over them: most events of a backward log are at other
-/// addresses (the activations' gradients), and the filter turns those away in a few
-/// instructions, without a look-up in the map.
-#[derive(Debug, Clone)]
-pub(crate) struct GradIndex {
-    map: FxHashMap<u64, u32>,
-    filter: [u64; FILTER_WORDS],
-}
-
-const FILTER_WORDS: usize = 64;
-
-impl Default for GradIndex {
-    fn default() -> Self {
-        GradIndex {
-            map: FxHashMap::default(),
-            filter: [0; FILTER_WORDS],
+            None => unborn.push((g.base, g.bytes)),
         }
     }
-}
-
-impl GradIndex {
-    /// The filter's word and bit for `ptr`: the top 12 bits of a multiplicative hash
-    /// (block addresses share their low bits, their alignment).
-    fn bit(ptr: u64) -> (usize, u64) {
-        let h = ptr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52;
-        ((h >> 6) as usize, 1 << (h & 63))
-    }
-
-    /// Empties it, keeping the map's room.
-    pub(crate) fn clear(&mut self) {
-        self.map.clear();
-        self.filter = [0; FILTER_WORDS];
-    }
-
-    /// Adds `ptr` with the next index; false if it was there already.
-    pub(crate) fn insert(&mut self, ptr: u64) -> bool {
-        let next = self.map.len() as u32;
-        match self.map.entry(ptr) {
-            std::collections::hash_map::Entry::Occupied(_) => false,
-            std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(next);
-                let (w, b) = Self::bit(ptr);
-                self.filter[w] |= b;
-                true
-            }
-        }
-    }
-
-    /// How many addresses it holds.
-    pub(crate) fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    /// The index of `ptr`, if it is a gradient's address.
-    pub(crate) fn get(&self, ptr: u64) -> Option<u32> {
-        let (w, b) = Self::bit(ptr);
-        if self.filter[w] & b == 0 {
-            return None;
-        }
-        self.map.get(&ptr).copied()
-    }
-}
-
-/// What [`intermediate_peak`] reuses between calls.
-#[derive(Debug, Default)]
-pub struct PeakScratch {
-    decided: Vec<bool>,
+    bytes
 }
 
 /// What a report needs to know about one allocation behind a variable or a gradient.
@@ -177,12 +110,42 @@ pub fn optimizer_state(optimizer_born_live: i64, claimed: u64) -> u64 {
 mod tests {
     use super::*;
 
-    fn peak(events: &[BackwardEvent], device: u32, grads: &[u64]) -> u64 {
-        let mut index = GradIndex::default();
-        for g in grads {
-            index.insert(*g);
+    /// A live gradient block at `base` of device `slot`, as the native layer reads it
+    /// after backward: its birth's place in `log` is the last event at its address
+    /// there, if that is a birth (a block born in this log), else `stale` (the place
+    /// it was logged at in an earlier iteration's log, or 0: none).
+    fn grad_block(log: &[BackwardEvent], slot: u32, base: u64, stale: u32) -> TensorBlock {
+        let last = log
+            .iter()
+            .rposition(|e| e.device == slot && e.ptr == base)
+            .filter(|&i| log[i].delta > 0);
+        TensorBlock {
+            base,
+            bytes: last.map_or(64, |i| log[i].delta as u64),
+            defined: true,
+            tracked: true,
+            device: Some(slot as usize),
+            birth_log: last.map_or(stale, |i| i as u32 + 1),
+            ..TensorBlock::default()
         }
-        intermediate_peak(events, device, &index, &mut PeakScratch::default())
+    }
+
+    /// The peak with the gradients at `grads` (addresses) left out, marked as
+    /// `record_stats` marks them.
+    fn peak(events: &[BackwardEvent], device: u32, grads: &[u64]) -> u64 {
+        let blocks: Vec<TensorBlock> = grads
+            .iter()
+            .map(|&g| grad_block(events, device, g, 0))
+            .collect();
+        let mut births = Vec::new();
+        mark_grad_births(
+            events,
+            device as usize,
+            blocks.iter(),
+            &mut births,
+            &mut Vec::new(),
+        );
+        intermediate_peak(events, device, &births)
     }
 
     fn ev(ptr: u64, delta: i64, generation: u32) -> BackwardEvent {
@@ -255,7 +218,7 @@ mod tests {
     }
 
     #[test]
-    fn the_one_pass_peak_is_the_rule_on_many_random_logs() {
+    fn the_marked_births_are_the_rule_on_many_random_logs() {
         // xorshift64: random logs without a dependency, the same on every run.
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let mut next = move |n: u64| {
@@ -264,30 +227,134 @@ mod tests {
             state ^= state << 17;
             state % n
         };
-        let mut scratch = PeakScratch::default();
         for _ in 0..2000 {
-            let len = next(40) as usize;
-            let events: Vec<BackwardEvent> = (0..len)
-                .map(|_| BackwardEvent {
-                    ptr: 1 + next(8),
-                    delta: next(200) as i64 - 80,
-                    generation: 7 + next(3) as u32,
-                    device: next(4).min(1) as u32,
-                })
-                .collect();
-            let grads: Vec<u64> = (1..=8).filter(|_| next(2) == 0).collect();
-            let mut index = GradIndex::default();
-            for &g in &grads {
-                index.insert(g);
+            // Two devices with address pools of their own (2 to 9 and 102 to 109); an
+            // address holds one live block at a time, as an allocator's does. Blocks
+            // are born and die in passes 7, 8 and 9, in that order; a death is logged
+            // only in the pass of its birth, as the native log does. Some blocks are
+            // alive from before the log.
+            let mut live: Vec<Option<(u32, i64)>> = vec![None; 2 * 8];
+            for b in live.iter_mut() {
+                if next(4) == 0 {
+                    *b = Some((0, 64));
+                }
             }
-            for device in [0, 1] {
+            let mut events = Vec::new();
+            let mut generation = 7u32;
+            for _ in 0..next(60) {
+                generation = (generation + u32::from(next(12) == 0)).min(9);
+                let k = next(16) as usize;
+                let (device, ptr) = (k as u32 / 8, 2 + (k as u64 % 8) + 100 * (k as u64 / 8));
+                match live[k] {
+                    None => {
+                        let size = 1 + next(200) as i64;
+                        live[k] = Some((generation, size));
+                        events.push(BackwardEvent {
+                            ptr,
+                            delta: size,
+                            generation,
+                            device,
+                        });
+                    }
+                    Some((born, size)) => {
+                        live[k] = None;
+                        if born == generation {
+                            events.push(BackwardEvent {
+                                ptr,
+                                delta: -size,
+                                generation,
+                                device,
+                            });
+                        }
+                    }
+                }
+            }
+            for device in [0u32, 1] {
+                // Some live blocks are the gradients: those born before this log know
+                // a place of an earlier log (any, or none).
+                let grads: Vec<u64> = (0..8u64)
+                    .filter(|&i| live[device as usize * 8 + i as usize].is_some())
+                    .map(|i| 2 + i + 100 * u64::from(device))
+                    .filter(|_| next(3) != 0)
+                    .collect();
+                let blocks: Vec<TensorBlock> = grads
+                    .iter()
+                    .map(|&g| grad_block(&events, device, g, next(events.len() as u64 + 2) as u32))
+                    .collect();
+                let (mut births, mut unborn) = (Vec::new(), Vec::new());
+                let born_bytes = mark_grad_births(
+                    &events,
+                    device as usize,
+                    blocks.iter(),
+                    &mut births,
+                    &mut unborn,
+                );
                 assert_eq!(
-                    intermediate_peak(&events, device, &index, &mut scratch),
+                    intermediate_peak(&events, device, &births),
                     peak_by_definition(&events, device, &grads),
                     "{events:?} grads {grads:?} device {device}"
                 );
+                // Every gradient is marked or unborn, its bytes counted once.
+                let marked: u64 = blocks
+                    .iter()
+                    .filter(|b| !unborn.contains(&(b.base, b.bytes)))
+                    .map(|b| b.bytes)
+                    .sum();
+                assert_eq!(born_bytes, marked);
+                assert_eq!(
+                    births.iter().filter(|&&b| b).count() + unborn.len(),
+                    grads.len()
+                );
             }
         }
+    }
+
+    #[test]
+    fn a_birth_is_found_by_its_place_only_where_the_log_holds_it() {
+        let log = [ev(1, 100, 7), ev(2, 50, 7), ev(1, -100, 7), ev(3, 70, 7)];
+        let block = |base, birth_log| TensorBlock {
+            base,
+            bytes: 50,
+            defined: true,
+            tracked: true,
+            device: Some(0),
+            birth_log,
+            ..TensorBlock::default()
+        };
+        assert_eq!(block(2, 2).birth_in(&log, 0), Some(1));
+        // A place of an earlier log: another address's birth there, a death, past the
+        // end, none.
+        assert_eq!(block(2, 1).birth_in(&log, 0), None);
+        assert_eq!(block(1, 3).birth_in(&log, 0), None);
+        assert_eq!(block(2, 9).birth_in(&log, 0), None);
+        assert_eq!(block(2, 0).birth_in(&log, 0), None);
+        // Another device's log, a block whose birth was not seen, no block.
+        assert_eq!(block(2, 2).birth_in(&log, 1), None);
+        assert_eq!(
+            TensorBlock {
+                tracked: false,
+                ..block(2, 2)
+            }
+            .birth_in(&log, 0),
+            None
+        );
+        assert_eq!(
+            TensorBlock {
+                defined: false,
+                ..block(2, 2)
+            }
+            .birth_in(&log, 0),
+            None
+        );
+        // Two gradients on one block count once; one born before the log is unborn.
+        let (mut births, mut unborn) = (Vec::new(), Vec::new());
+        let grads = [block(2, 2), block(2, 2), block(9, 0)];
+        assert_eq!(
+            mark_grad_births(&log, 0, grads.iter(), &mut births, &mut unborn),
+            50
+        );
+        assert_eq!(births, [false, true, false, false]);
+        assert_eq!(unborn, [(9, 50)]);
     }
 
     #[test]
@@ -300,32 +367,6 @@ mod tests {
         };
         assert_eq!(peak(&[e], 0, &[]), 0);
         assert_eq!(peak(&[e], 1, &[]), 100);
-    }
-
-    #[test]
-    fn the_gradient_index_finds_what_it_holds_and_nothing_else() {
-        let mut index = GradIndex::default();
-        // CPU blocks are 64-byte aligned and CUDA's 512: addresses alike in their low
-        // bits, many of them, as a large model's gradients are.
-        let held: Vec<u64> = (0..5000u64).map(|i| 0x7f00_0000_0000 + i * 512).collect();
-        for &p in &held {
-            assert!(index.insert(p));
-        }
-        assert!(
-            !index.insert(held[7]),
-            "a second insert of an address adds nothing"
-        );
-        assert_eq!(index.len(), held.len());
-        for (i, &p) in held.iter().enumerate() {
-            assert_eq!(index.get(p), Some(i as u32));
-        }
-        for i in 0..5000u64 {
-            assert_eq!(index.get(0x7f00_0000_0000 + i * 512 + 64), None);
-            assert_eq!(index.get(0x5500_0000_0000 + i * 64), None);
-        }
-        index.clear();
-        assert_eq!(index.len(), 0);
-        assert_eq!(index.get(held[0]), None);
     }
 
     #[test]

@@ -44,7 +44,19 @@ impl MemoryProfiler {
             self.params.sync(&self.table)?;
         }
         let weights_changed = self.sums.update_weights(&self.table);
-        let grads_changed = self.sums.update_grads(&self.table);
+        // The weight gradients born in this iteration's backward passes, by the place
+        // of their births in its log: left out of the intermediate gradients' peak.
+        let (log, overflow) = self.log_reader.read()?;
+        let sums = &mut self.sums;
+        let born_bytes = accounting::mark_grad_births(
+            log,
+            self.slot,
+            self.table.grad_blocks(),
+            &mut sums.births,
+            &mut sums.unborn,
+        );
+        let intermediate = accounting::intermediate_peak(log, self.slot as u32, &sums.births);
+        let grads_changed = self.sums.update_grads(&self.table, born_bytes);
 
         let next_step = self.step + 1;
         let (sums, table) = (&self.sums, &self.table);
@@ -71,14 +83,6 @@ impl MemoryProfiler {
         }
         let optimizer_state =
             accounting::optimizer_state(ds.optimizer_born_live, self.sums.optimizer_claimed);
-        let sums = &mut self.sums;
-        let (log, overflow) = self.log_reader.read()?;
-        let intermediate = accounting::intermediate_peak(
-            log,
-            self.slot as u32,
-            &sums.grad_set,
-            &mut sums.peak_scratch,
-        );
         let (weights, buffers, gradients) = (
             self.sums.weight_bytes,
             self.sums.buffer_bytes,
@@ -201,11 +205,11 @@ pub(super) struct Sums {
     grads: Vec<BlockInfo>,
     /// The previous iteration's `grads`, kept for its room.
     spare_grads: Vec<BlockInfo>,
-    /// Their distinct addresses, each with an index of its own.
-    grad_set: accounting::GradIndex,
     grad_bytes: u64,
-    /// What the intermediate gradients' peak reuses from one iteration to the next.
-    peak_scratch: accounting::PeakScratch,
+    /// Which events of the backward log are weight gradients' births, and the defined
+    /// gradients' blocks born elsewhere (address, bytes): kept for their room.
+    births: Vec<bool>,
+    unborn: Vec<(u64, u64)>,
     /// The table version the gradient sums are of.
     grads_version: Option<u64>,
     /// Bytes of the weight and gradient blocks born in an optimizer phase.
@@ -233,9 +237,9 @@ impl Sums {
     }
 
     /// Redoes the gradient sums if any gradient block changed (appeared, went, was
-    /// reallocated); returns whether it did. Gradients usually keep their blocks from one
-    /// iteration to the next (`zero_grad` zeroes them in place).
-    fn update_grads(&mut self, table: &VarTable) -> bool {
+    /// reallocated); returns whether it did. `born_bytes` and `unborn` are this
+    /// iteration's gradient blocks as [`accounting::mark_grad_births`] split them.
+    fn update_grads(&mut self, table: &VarTable, born_bytes: u64) -> bool {
         if self.grads_version == Some(table.version()) {
             return false;
         }
@@ -251,15 +255,17 @@ impl Sums {
             return false;
         }
         self.spare_grads = std::mem::replace(&mut self.grads, now);
-        // The distinct blocks' bytes (gradients that share storage count once) and
-        // their index, in one pass.
-        self.grad_set.clear();
-        self.grad_bytes = 0;
-        for b in &self.grads {
-            if self.grad_set.insert(b.base) {
-                self.grad_bytes += b.bytes;
-            }
-        }
+        // The distinct blocks' bytes (gradients that share storage count once): those
+        // born in this iteration's backward were counted by their births; the others
+        // (none in a loop whose optimizer sets gradients to none) here.
+        let mut seen = rustc_hash::FxHashSet::default();
+        self.grad_bytes = born_bytes
+            + self
+                .unborn
+                .iter()
+                .filter(|(base, _)| seen.insert(*base))
+                .map(|(_, bytes)| bytes)
+                .sum::<u64>();
         true
     }
 }

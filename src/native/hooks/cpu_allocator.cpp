@@ -33,6 +33,7 @@ struct BlockHeader {
   uint32_t reg;         // live-block registry entry, kNoReg if not registered
   uint32_t watched;     // MpWatch: its free counts in g_watched_frees
   uint32_t epoch;       // g_cpu_epoch at its birth (or adoption)
+  uint32_t birth;       // MpBlock's birth_log: 1 + its place in the backward log, or 0
 };
 static_assert(sizeof(BlockHeader) <= 64, "header fits the minimum alignment");
 
@@ -111,7 +112,7 @@ struct TrackingCpuAllocator final : public c10::Allocator {
     h->epoch = g_cpu_epoch.load(std::memory_order_relaxed);
     h->reg = reg_add(uint64_t(data), int64_t(n), h->phase, 0);
     hist_append(0, uint64_t(data), int64_t(n));
-    on_alloc(0, uint64_t(data), int64_t(n), h->gen, h->phase);
+    h->birth = on_alloc(0, uint64_t(data), int64_t(n), h->gen, h->phase);
     return {data, data, &tracked_delete, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override {
@@ -136,7 +137,7 @@ void install_cpu_allocator() {
 }
 
 bool cpu_block_tag(const c10::DataPtr& dp, int64_t* size, uint32_t* gen, uint32_t* phase,
-                   uint32_t watch) {
+                   uint32_t watch, uint32_t* birth) {
   if (dp.get_deleter() != &tracked_delete || !dp.get()) {
     return false;
   }
@@ -147,6 +148,9 @@ bool cpu_block_tag(const c10::DataPtr& dp, int64_t* size, uint32_t* gen, uint32_
   *size = int64_t(h->size);
   *gen = h->gen;
   *phase = h->phase;
+  if (birth) {
+    *birth = h->birth;
+  }
   if (watch != MP_WATCH_NONE && h->watched != watch) {
     // The caller holds a tensor on this block: it cannot be freed meanwhile.
     h->watched = watch;
@@ -174,6 +178,7 @@ bool cpu_adopt(const c10::DataPtr& dp, uint32_t gen, uint32_t phase, int64_t* si
   h->epoch = g_cpu_epoch.load(std::memory_order_relaxed);
   h->gen = gen;
   h->phase = phase;
+  h->birth = 0;
   *size = int64_t(h->size);
   return true;
 }

@@ -74,7 +74,8 @@ struct Reporter final : public c10::MemoryReportingInfoBase {
       const uint32_t phase = cur_phase(gp);
       const uint32_t reg = reg_add(key, alloc_size, phase, dev);
       uint32_t stale = kNoReg;
-      if (!table_insert(g_cuda_blocks, key, pack(gen, phase, alloc_size), reg, &stale)) {
+      BlockSlot* slot = table_insert(g_cuda_blocks, key, pack(gen, phase, alloc_size), reg, &stale);
+      if (!slot) {
         // No room: leave the block uncounted rather than count a free we cannot tag.
         g_cuda_untracked.fetch_add(1, std::memory_order_relaxed);
         reg_remove(reg);
@@ -82,7 +83,9 @@ struct Reporter final : public c10::MemoryReportingInfoBase {
       }
       reg_remove(stale);
       hist_append(dev, key, alloc_size);
-      on_alloc(dev, key, alloc_size, gen, phase);
+      if (const uint32_t birth = on_alloc(dev, key, alloc_size, gen, phase)) {
+        slot->birth.store(birth, std::memory_order_relaxed);
+      }
     } else if (alloc_size < 0) {
       uint64_t tag = 0;
       uint32_t reg = kNoReg;

@@ -142,6 +142,7 @@ inline void publish(BlockSlot& s, uint64_t ptr, uint64_t tag, uint32_t reg) {
   s.tag.store(tag, std::memory_order_relaxed);
   s.reg.store(reg, std::memory_order_relaxed);
   s.watched.store(0, std::memory_order_relaxed);
+  s.birth.store(0, std::memory_order_relaxed);
   s.key.store(ptr, std::memory_order_release);
 }
 
@@ -185,10 +186,11 @@ void keep_chain(BlockTable& t, uint64_t h, uint64_t at) {
 }
 }  // namespace
 
-bool table_insert(BlockTable& t, uint64_t ptr, uint64_t tag, uint32_t reg, uint32_t* stale_reg) {
+BlockSlot* table_insert(BlockTable& t, uint64_t ptr, uint64_t tag, uint32_t reg,
+                        uint32_t* stale_reg) {
   *stale_reg = kNoReg;
   if (!t.slots || ptr <= kBusy) {
-    return false;
+    return nullptr;
   }
   const uint64_t h = home(t, ptr);
   int64_t reusable = -1;
@@ -203,7 +205,7 @@ bool table_insert(BlockTable& t, uint64_t ptr, uint64_t tag, uint32_t reg, uint3
         // A watched block went (its free unreported): its address is reused.
         count_watched_free(s.watched.load(std::memory_order_relaxed));
         publish(s, ptr, tag, reg);
-        return true;
+        return &s;
       }
       continue;
     }
@@ -228,11 +230,11 @@ bool table_insert(BlockTable& t, uint64_t ptr, uint64_t tag, uint32_t reg, uint3
       if (s.key.compare_exchange_strong(k, kBusy, std::memory_order_acq_rel)) {
         publish(s, ptr, tag, reg);
         keep_chain(t, h, i);
-        return true;
+        return &s;
       }
     }
   }
-  return false;
+  return nullptr;
 }
 
 bool table_remove(BlockTable& t, uint64_t ptr, uint64_t* tag, uint32_t* reg) {
@@ -264,7 +266,7 @@ bool table_remove(BlockTable& t, uint64_t ptr, uint64_t* tag, uint32_t* reg) {
   return false;
 }
 
-bool table_find(const BlockTable& t, uint64_t ptr, uint64_t* tag) {
+bool table_find(const BlockTable& t, uint64_t ptr, uint64_t* tag, uint32_t* birth) {
   if (!t.slots || ptr <= kBusy) {
     return false;
   }
@@ -277,9 +279,13 @@ bool table_find(const BlockTable& t, uint64_t ptr, uint64_t* tag) {
     }
     if (k == ptr) {
       const uint64_t v = s.tag.load(std::memory_order_relaxed);
+      const uint32_t b = s.birth.load(std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_acquire);
       if (s.key.load(std::memory_order_relaxed) == ptr) {
         *tag = v;
+        if (birth) {
+          *birth = b;
+        }
         return true;
       }
     }
@@ -396,18 +402,22 @@ void fill_storage(const c10::StorageImpl* st, uint32_t kind, MpBlock* out) {
     int64_t size = 0;
     uint32_t gen = 0;
     uint32_t phase = 0;
-    if (cpu_block_tag(dp, &size, &gen, &phase, kind)) {
+    uint32_t birth = 0;
+    if (cpu_block_tag(dp, &size, &gen, &phase, kind, &birth)) {
       out->tracked = 1;
       out->watched = kind;
       out->bytes = size;
       out->generation = gen;
       out->phase = phase;
+      out->birth_log = birth;
     }
   } else if (dp.device().is_cuda()) {
     out->bytes = cuda_round(int64_t(st->nbytes()));
     uint64_t tag = 0;
-    if (table_find(g_cuda_blocks, out->base, &tag)) {
+    uint32_t birth = 0;
+    if (table_find(g_cuda_blocks, out->base, &tag, &birth)) {
       out->tracked = 1;
+      out->birth_log = birth;
       out->watched = (kind != MP_WATCH_NONE && table_watch(g_cuda_blocks, out->base, kind))
           ? kind
           : MP_WATCH_NONE;
@@ -612,21 +622,28 @@ int selftest_block_table(uint64_t n, uint64_t* errors) {
   }
   std::atomic<uint64_t> bad{0};
   // Two writers on disjoint keys, each: insert all, find all, remove every other,
-  // check, re-insert (reusing tombstones), then remove all.
+  // check, re-insert (reusing tombstones), then remove all. The odd keys' inserters
+  // set their births, as the CUDA reporter does for a block born in backward; the even
+  // keys' must read 0, whatever slot they reuse.
   auto worker = [&](uint64_t base) {
     auto key = [&](uint64_t k) { return base + 512 * k; };
+    auto birth = [](uint64_t k) { return k % 2 ? uint32_t(k + 1) : 0u; };
     uint32_t stale = 0;
     for (uint64_t k = 0; k < n; ++k) {
-      if (!table_insert(t, key(k), pack(uint32_t(k), 1, int64_t(k) * 512 + 512), uint32_t(k), &stale) ||
-          stale != kNoReg) {
+      BlockSlot* s =
+          table_insert(t, key(k), pack(uint32_t(k), 1, int64_t(k) * 512 + 512), uint32_t(k), &stale);
+      if (!s || stale != kNoReg) {
         bad.fetch_add(1);
+      } else if (birth(k)) {
+        s->birth.store(birth(k), std::memory_order_relaxed);
       }
     }
     for (int round = 0; round < 2; ++round) {
       for (uint64_t k = 0; k < n; ++k) {
         uint64_t tag = 0;
-        if (!table_find(t, key(k), &tag) || slot_bytes(tag) != int64_t(k) * 512 + 512 ||
-            slot_gen(tag) != (uint32_t(k) & uint32_t(kGenMask))) {
+        uint32_t b = 7;
+        if (!table_find(t, key(k), &tag, &b) || slot_bytes(tag) != int64_t(k) * 512 + 512 ||
+            slot_gen(tag) != (uint32_t(k) & uint32_t(kGenMask)) || b != birth(k)) {
           bad.fetch_add(1);
         }
       }
@@ -641,8 +658,12 @@ int selftest_block_table(uint64_t n, uint64_t* errors) {
         }
       }
       for (uint64_t k = round; k < n; k += 2) {
-        if (!table_insert(t, key(k), pack(uint32_t(k), 1, int64_t(k) * 512 + 512), uint32_t(k), &stale)) {
+        BlockSlot* s =
+            table_insert(t, key(k), pack(uint32_t(k), 1, int64_t(k) * 512 + 512), uint32_t(k), &stale);
+        if (!s) {
           bad.fetch_add(1);
+        } else if (birth(k)) {
+          s->birth.store(birth(k), std::memory_order_relaxed);
         }
       }
     }
