@@ -6,7 +6,7 @@ use crate::error::Result;
 
 extern "C" {
     fn memprof_timeline_header(out: *mut MpTimelineHeader) -> i32;
-    fn memprof_log_view(events: *mut *const BackwardEvent, len: *mut u64, total: *mut u64) -> i32;
+    fn memprof_log_view(events: *mut *const MpLogEvent, len: *mut u64, total: *mut u64) -> i32;
     fn memprof_read_timeline(out: *mut MpTlEvent, cap: u64, total: *mut u64) -> i32;
     fn memprof_read_history(
         out: *mut MpHistEvent,
@@ -20,23 +20,53 @@ extern "C" {
     fn memprof_site(id: u64, out: *mut MpSite) -> i32;
 }
 
-/// One birth (+bytes) or death (-bytes) of a block during backward: `MpLogEvent`'s
-/// layout, so that the native log is read where it lies.
+/// `MpLogEvent`: one event of the native backward log.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct BackwardEvent {
-    /// The block's address.
-    pub ptr: u64,
-    /// Its bytes: positive at its birth, negative at its death.
-    pub delta: i64,
-    /// The backward pass it happened in (the phase generation).
-    pub generation: u32,
-    /// The device slot (0: CPU, 1 + i: cuda:i).
-    pub device: u32,
+pub(super) struct MpLogEvent {
+    pub(super) ptr: u64,
+    pub(super) delta: i64,
+    pub(super) generation: u32,
+    pub(super) device: u32,
 }
 
-/// The native name of [`BackwardEvent`], whose layout the build checks against it.
-pub(super) type MpLogEvent = BackwardEvent;
+/// One birth (+bytes) or death (-bytes) of a block during backward: the native record
+/// itself, so that the log is read where it lies (`repr(transparent)`: a slice of
+/// records is a slice of these).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BackwardEvent(MpLogEvent);
+
+impl BackwardEvent {
+    /// The event of `delta` bytes (positive at a birth, negative at a death) of the block
+    /// at `ptr`, in backward pass `generation` (the phase generation), on device slot
+    /// `device` (0: CPU, 1 + i: cuda:i). The native layer makes them; tests too.
+    #[cfg(test)]
+    pub(crate) fn new(ptr: u64, delta: i64, generation: u32, device: u32) -> Self {
+        BackwardEvent(MpLogEvent {
+            ptr,
+            delta,
+            generation,
+            device,
+        })
+    }
+    /// The block's address.
+    pub(crate) fn ptr(&self) -> u64 {
+        self.0.ptr
+    }
+    /// Its bytes: positive at its birth, negative at its death.
+    pub(crate) fn delta(&self) -> i64 {
+        self.0.delta
+    }
+    /// The backward pass it happened in (the phase generation).
+    pub(crate) fn generation(&self) -> u32 {
+        self.0.generation
+    }
+    /// The device slot (0: CPU, 1 + i: cuda:i).
+    pub(crate) fn device(&self) -> u32 {
+        self.0.device
+    }
+}
 
 /// `MpSite`: the call stack of one allocation of the detailed step, innermost first.
 #[repr(C)]
@@ -198,22 +228,23 @@ impl LogReader {
     /// The backward events logged in this iteration, and whether the log overflowed
     /// (events were dropped).
     pub(crate) fn read(&mut self) -> Result<(&[BackwardEvent], bool)> {
-        let mut events: *const BackwardEvent = std::ptr::null();
+        let mut events: *const MpLogEvent = std::ptr::null();
         let (mut len, mut total) = (0u64, 0u64);
         // SAFETY: three valid out-pointers the callee writes.
         check(unsafe { memprof_log_view(&mut events, &mut len, &mut total) })?;
         if events.is_null() || len == 0 {
             return Ok((&[], total > len));
         }
-        // SAFETY: the native log (`MpLogEvent`s, BackwardEvent's layout, checked by the build:
-        // plain integers, any bits a valid value) is allocated once, when the library
+        // SAFETY: the native log (`MpLogEvent`s, whose layout the build checks, each a
+        // BackwardEvent by `repr(transparent)`; plain integers, any bits a valid value) is allocated once, when the library
         // loads, and never freed or moved; `len` is within it. Its entries are rewound
         // only by `memprof_begin_iteration` or a session's start or end, which the
         // profiler calls from the thread that owns this reader, never while the `&mut
         // self` this slice borrows is held. Backward has returned when the profiler reads
         // it; a thread that allocates in a backward phase at this very moment may still
         // be writing its entry (the native copy this replaced read it the same way).
-        let log = unsafe { std::slice::from_raw_parts(events, len as usize) };
+        let log =
+            unsafe { std::slice::from_raw_parts(events.cast::<BackwardEvent>(), len as usize) };
         Ok((log, total > len))
     }
 }

@@ -97,9 +97,9 @@ impl TensorBlock {
         let e = log.get(at)?;
         (self.defined
             && self.tracked_on(slot)
-            && e.ptr == self.base
-            && e.delta > 0
-            && e.device as usize == slot)
+            && e.ptr() == self.base
+            && e.delta() > 0
+            && e.device() as usize == slot)
             .then_some(at)
     }
 

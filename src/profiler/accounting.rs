@@ -16,15 +16,15 @@ pub fn intermediate_peak(events: &[BackwardEvent], device: u32, grad_birth: &[bo
     debug_assert_eq!(events.len(), grad_birth.len());
     let (mut peak, mut running, mut pass) = (0i64, 0i64, None);
     for (e, &skip) in events.iter().zip(grad_birth) {
-        if e.device != device {
+        if e.device() != device {
             continue;
         }
-        if pass != Some(e.generation) {
-            pass = Some(e.generation);
+        if pass != Some(e.generation()) {
+            pass = Some(e.generation());
             running = 0;
         }
         if !skip {
-            running += e.delta;
+            running += e.delta();
             peak = peak.max(running);
         }
     }
@@ -117,11 +117,11 @@ mod tests {
     fn grad_block(log: &[BackwardEvent], slot: u32, base: u64, stale: u32) -> TensorBlock {
         let last = log
             .iter()
-            .rposition(|e| e.device == slot && e.ptr == base)
-            .filter(|&i| log[i].delta > 0);
+            .rposition(|e| e.device() == slot && e.ptr() == base)
+            .filter(|&i| log[i].delta() > 0);
         TensorBlock {
             base,
-            bytes: last.map_or(64, |i| log[i].delta as u64),
+            bytes: last.map_or(64, |i| log[i].delta() as u64),
             defined: true,
             tracked: true,
             device: Some(slot as usize),
@@ -149,12 +149,7 @@ mod tests {
     }
 
     fn ev(ptr: u64, delta: i64, generation: u32) -> BackwardEvent {
-        BackwardEvent {
-            ptr,
-            delta,
-            generation,
-            device: 0,
-        }
+        BackwardEvent::new(ptr, delta, generation, 0)
     }
 
     #[test]
@@ -194,23 +189,23 @@ mod tests {
     /// gradients' (the last event at a gradient's address, a birth), then each pass's
     /// running sum from its start, forward.
     fn peak_by_definition(events: &[BackwardEvent], device: u32, grads: &[u64]) -> u64 {
-        let mine: Vec<&BackwardEvent> = events.iter().filter(|e| e.device == device).collect();
+        let mine: Vec<&BackwardEvent> = events.iter().filter(|e| e.device() == device).collect();
         let grad_birth: Vec<bool> = (0..mine.len())
             .map(|i| {
                 let e = mine[i];
-                grads.contains(&e.ptr)
-                    && e.delta > 0
-                    && mine[i + 1..].iter().all(|later| later.ptr != e.ptr)
+                grads.contains(&e.ptr())
+                    && e.delta() > 0
+                    && mine[i + 1..].iter().all(|later| later.ptr() != e.ptr())
             })
             .collect();
         let (mut peak, mut running, mut pass) = (0i64, 0i64, None);
         for (e, skip) in mine.iter().zip(&grad_birth) {
-            if pass != Some(e.generation) {
-                pass = Some(e.generation);
+            if pass != Some(e.generation()) {
+                pass = Some(e.generation());
                 running = 0;
             }
             if !skip {
-                running += e.delta;
+                running += e.delta();
                 peak = peak.max(running);
             }
         }
@@ -249,22 +244,12 @@ mod tests {
                     None => {
                         let size = 1 + next(200) as i64;
                         live[k] = Some((generation, size));
-                        events.push(BackwardEvent {
-                            ptr,
-                            delta: size,
-                            generation,
-                            device,
-                        });
+                        events.push(BackwardEvent::new(ptr, size, generation, device));
                     }
                     Some((born, size)) => {
                         live[k] = None;
                         if born == generation {
-                            events.push(BackwardEvent {
-                                ptr,
-                                delta: -size,
-                                generation,
-                                device,
-                            });
+                            events.push(BackwardEvent::new(ptr, -size, generation, device));
                         }
                     }
                 }
@@ -359,12 +344,7 @@ mod tests {
 
     #[test]
     fn other_devices_are_ignored() {
-        let e = BackwardEvent {
-            ptr: 1,
-            delta: 100,
-            generation: 7,
-            device: 1,
-        };
+        let e = BackwardEvent::new(1, 100, 7, 1);
         assert_eq!(peak(&[e], 0, &[]), 0);
         assert_eq!(peak(&[e], 1, &[]), 100);
     }
