@@ -34,9 +34,10 @@ pub fn intermediate_peak(events: &[BackwardEvent], device: u32, grad_birth: &[bo
 /// Marks, in `births` (a flag an event of `log`, this iteration's backward log, whose
 /// events of device `slot` are the gradients'), the births of the weight gradients'
 /// blocks `grads` as read after backward: a block born in a backward pass knows the
-/// place its birth was logged at ([`TensorBlock::birth_in`]). The rule is the one the
-/// docs state, "the last event at a gradient's address, if it is a birth", found by the
-/// block's identity instead of a look-up of every event's address (a map of the
+/// place its birth was logged at ([`TensorBlock::birth_in`]). The rule is the one
+/// [`intermediate_peak`] always had, "a weight gradient's birth is the last event at its
+/// block's address, if that is a birth", found by the block's identity instead of a
+/// look-up of every event's address (a map of the
 /// gradients' addresses, rebuilt after every `zero_grad`, and its look-ups cost a third
 /// of `record_stats` on a step of many small ops). The other defined gradients' blocks
 /// (born before this iteration, or not in a backward pass) go to `unborn` (address,
