@@ -207,9 +207,9 @@ pub(super) struct Sums {
     spare_grads: Vec<BlockInfo>,
     grad_bytes: u64,
     /// Which events of the backward log are weight gradients' births, and the defined
-    /// gradients' blocks born elsewhere (address, bytes): kept for their room.
+    /// gradients' blocks born elsewhere: kept for their room.
     births: Vec<bool>,
-    unborn: Vec<(u64, u64)>,
+    unborn: Vec<BlockInfo>,
     /// The table version the gradient sums are of.
     grads_version: Option<u64>,
     /// Bytes of the weight and gradient blocks born in an optimizer phase.
@@ -258,14 +258,7 @@ impl Sums {
         // The distinct blocks' bytes (gradients that share storage count once): those
         // born in this iteration's backward were counted by their births; the others
         // (none in a loop whose optimizer sets gradients to none) here.
-        let mut seen = rustc_hash::FxHashSet::default();
-        self.grad_bytes = born_bytes
-            + self
-                .unborn
-                .iter()
-                .filter(|(base, _)| seen.insert(*base))
-                .map(|(_, bytes)| bytes)
-                .sum::<u64>();
+        self.grad_bytes = born_bytes + accounting::distinct_bytes(&self.unborn);
         true
     }
 }
