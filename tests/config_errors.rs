@@ -134,9 +134,11 @@ fn bad_configuration_and_runtime_failures() {
     assert_eq!(p.last_stats().unwrap().weights_bytes, 8 * 8 * 4);
 
     // The CSV folder vanishes mid-run: logged and counted, training goes on, and the
-    // files come back for the next rows.
+    // files come back for the next rows. The files' links are read once a second (not
+    // at every row): the first row of a later second finds them gone.
     std::fs::remove_dir_all(&csv_dir).unwrap();
     let x = Tensor::ones([4], (Kind::Float, Device::Cpu));
+    std::thread::sleep(std::time::Duration::from_millis(1_001));
     p.record_stats();
     assert!(p.failures() >= 1, "the lost rows are reported as a failure");
     let after = p.failures();

@@ -13,14 +13,18 @@ pub(super) struct Clock {
 
 impl Clock {
     pub(super) fn now(&mut self) -> String {
-        let since_epoch = std::time::SystemTime::now()
+        self.at(Self::since_epoch())
+    }
+
+    /// The wall clock now, after the Unix epoch (zero before it).
+    pub(super) fn since_epoch() -> std::time::Duration {
+        std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        self.at(since_epoch)
+            .unwrap_or_default()
     }
 
     /// The timestamp of the instant `since_epoch` after the Unix epoch.
-    fn at(&mut self, since_epoch: std::time::Duration) -> String {
+    pub(super) fn at(&mut self, since_epoch: std::time::Duration) -> String {
         use chrono::TimeZone;
         let secs = since_epoch.as_secs();
         if self.second != Some(secs) {

@@ -9,7 +9,9 @@
 //!   original Python tool wrote.
 //!
 //! Every row is flushed to the operating system before `record_stats` returns, so a
-//! process killed at any moment leaves files that parse, with every completed row.
+//! process killed at any moment leaves files that parse, with every completed row. A
+//! file deleted during the run is recreated by the first row of a later second (its
+//! link count is read once a second).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -37,6 +39,10 @@ struct CsvFile {
     /// Header names replaced when the file is written (the resident columns of a CPU
     /// run).
     renames: &'static [(&'static str, &'static str)],
+    /// The second (since the Unix epoch) whose link count check found the file there.
+    checked: Option<u64>,
+    /// The open file was found unlinked and dropped; the next row's error says so.
+    lost: bool,
 }
 
 impl CsvFile {
@@ -45,6 +51,8 @@ impl CsvFile {
             path,
             writer: None,
             renames: &[],
+            checked: None,
+            lost: false,
         }
     }
 
@@ -91,47 +99,60 @@ impl CsvFile {
         Ok(())
     }
 
-    /// Writes one row with `write` and flushes it. If the file vanished since the last
-    /// row (its folder deleted, say), it is recreated, the row is written, and an error
-    /// says the earlier rows are lost.
+    /// Writes one row with `write` and flushes it. If the file vanished (its folder
+    /// deleted, say), it is recreated, the row is written, and an error says the earlier
+    /// rows are lost. `second` (since the Unix epoch): the file is checked once in that
+    /// second ([`CsvFile::vanished`]); `None`: checked now.
     fn append(
         &mut self,
+        second: Option<u64>,
         write: impl FnOnce(&mut csv::Writer<File>) -> csv::Result<()>,
     ) -> Result<()> {
-        self.append_fresh(|w, _| write(w))
+        self.append_fresh(second, |w, _| write(w))
     }
 
-    /// Whether the next row starts the file anew: never opened, or unlinked since (the
-    /// file or its folder deleted: no links left to the open file, as its descriptor
-    /// tells without walking the path again; one system call).
-    fn gone(&self) -> bool {
+    /// Drops the open file if it was unlinked (the file or its folder deleted: no links
+    /// left to it, as its descriptor tells without walking the path again), read at most
+    /// once in each `second` (`None`: read now). A system call at every row cost a few
+    /// microseconds of a launch-bound step; rows written to a deleted file within the
+    /// second before the check are lost with the file.
+    fn check_links(&mut self, second: Option<u64>) {
         use std::os::unix::fs::MetadataExt;
-        self.writer.as_ref().map_or(true, |w| {
-            w.get_ref().metadata().is_ok_and(|m| m.nlink() == 0)
-        })
+        let Some(w) = self.writer.as_ref() else {
+            return;
+        };
+        if second.is_some() && second == self.checked {
+            return;
+        }
+        self.checked = second;
+        if w.get_ref().metadata().is_ok_and(|m| m.nlink() == 0) {
+            self.writer = None;
+            self.lost = true;
+        }
+    }
+
+    /// Whether the next row starts the file anew: never opened, or unlinked
+    /// ([`CsvFile::check_links`]).
+    fn gone(&mut self, second: Option<u64>) -> bool {
+        self.check_links(second);
+        self.writer.is_none()
     }
 
     /// [`CsvFile::append`], `write` told whether the file is new (no header written yet).
     fn append_fresh(
         &mut self,
+        second: Option<u64>,
         write: impl FnOnce(&mut csv::Writer<File>, bool) -> csv::Result<()>,
     ) -> Result<()> {
-        // Unlinked (the file or its folder deleted): no links left to the open file, as
-        // its descriptor tells without walking the path again.
-        let vanished = self.writer.as_ref().is_some_and(|w| {
-            use std::os::unix::fs::MetadataExt;
-            w.get_ref().metadata().is_ok_and(|m| m.nlink() == 0)
-        });
+        self.check_links(second);
         let mut created = false;
-        if vanished {
-            self.writer = None;
-        }
         if self.writer.is_none() {
             if let Some(dir) = self.path.parent() {
                 fs::create_dir_all(dir)?;
             }
             let file = fs::create_new(&self.path)?;
             self.writer = Some(csv::Writer::from_writer(file));
+            self.checked = second;
             created = true;
         }
         let w = self.writer.as_mut().expect("opened above");
@@ -148,7 +169,7 @@ impl CsvFile {
             path: self.path.clone(),
             source,
         })?;
-        if vanished {
+        if std::mem::take(&mut self.lost) {
             return Err(Error::Io {
                 path: self.path.clone(),
                 source: std::io::Error::new(
@@ -298,11 +319,12 @@ pub(crate) fn write_meta(path: &Path, m: &RunMeta<'_>) -> Result<()> {
     write_atomically(path, |w| rows.iter().try_for_each(|r| w.serialize(r)))
 }
 
-/// The machine's local time as spreadsheets read a date and time
-/// (`2026-11-26 20:31:07.123`; the run's UTC offset is in `<run>_run.csv`'s `started`).
-impl Report for CsvReport {
-    fn iteration(&mut self, s: &IterationStats) -> Result<()> {
-        let ts = self.clock.now();
+impl CsvReport {
+    /// The iteration's rows, `now` after the Unix epoch: its timestamp, and the second
+    /// whose first row checks the files' links.
+    fn iteration_at(&mut self, s: &IterationStats, now: std::time::Duration) -> Result<()> {
+        let ts = self.clock.at(now);
+        let second = Some(now.as_secs());
         // CUDA runs always have the columns (empty where the statistics could not be
         // read), so that every row of the file has the same fields.
         let on_cuda = s.device.starts_with("cuda");
@@ -339,7 +361,7 @@ impl Report for CsvReport {
             cuda_device_total_bytes: cuda(|c| c.total_bytes),
             cuda_blas_workspaces_bytes: on_cuda.then_some(Some(s.blas_workspaces_bytes as i64)),
         };
-        let mut first_error = self.summary.append(|w| w.serialize(&row)).err();
+        let mut first_error = self.summary.append(second, |w| w.serialize(&row)).err();
 
         // The parameter rows: the whole set when it differs from the set last written
         // (a variable or gradient appeared, went, or changed its dtype, shape or
@@ -364,14 +386,14 @@ impl Report for CsvReport {
             self.parameter_tails = Some((s.variables.clone(), tails));
         }
         let due =
-            changed || self.parameters_written_epoch != Some(s.epoch) || self.parameters.gone();
+            changed || self.parameters_written_epoch != Some(s.epoch) || self.parameters.gone(second);
         if due {
             let tails = &self.parameter_tails.as_ref().expect("set above").1;
             // The rows' bytes, in a buffer kept from one set to the next: a block of this
             // size allocated each time made glibc consolidate the step's freed chunks.
             let block = &mut self.parameter_block;
             let mut wrote = false;
-            let result = self.parameters.append_fresh(|w, fresh| {
+            let result = self.parameters.append_fresh(second, |w, fresh| {
                 if fresh {
                     // A new file: its header, from the row type.
                     w.write_record(&parameter_header()?)?;
@@ -404,7 +426,7 @@ impl Report for CsvReport {
                 self.wide_columns = s.variables.iter().map(|v| v.name.clone()).collect();
             }
             let columns = &self.wide_columns;
-            let result = wide.append(|w| {
+            let result = wide.append(second, |w| {
                 if write_header {
                     let mut header =
                         vec!["timestamp".to_string(), "epoch".into(), "iteration".into()];
@@ -431,10 +453,18 @@ impl Report for CsvReport {
         }
         first_error.map_or(Ok(()), Err)
     }
+}
+
+/// The machine's local time as spreadsheets read a date and time
+/// (`2026-11-26 20:31:07.123`; the run's UTC offset is in `<run>_run.csv`'s `started`).
+impl Report for CsvReport {
+    fn iteration(&mut self, s: &IterationStats) -> Result<()> {
+        self.iteration_at(s, Clock::since_epoch())
+    }
 
     fn epoch(&mut self, e: &EpochStats) -> Result<()> {
         let ts = self.clock.now();
-        self.epochs.append(|w| {
+        self.epochs.append(None, |w| {
             w.serialize(EpochRow {
                 timestamp: ts,
                 epoch: e.epoch,
@@ -453,7 +483,7 @@ impl Report for CsvReport {
         if r.suspects.is_empty() {
             return Ok(()); // no file, not even a header, without a suspect
         }
-        self.leaks.append(|w| {
+        self.leaks.append(None, |w| {
             for g in &r.suspects {
                 w.serialize(LeakRow {
                     epoch: r.epoch,

@@ -120,10 +120,17 @@ fn parameter_rows_are_written_when_they_change_and_at_each_epoch() {
     // Three variables: a buffer, two weights with gradients; five rows a set.
     let mut s = crate::report::terminal::tests::stats(3);
     let per_set = 5;
+    // Each report in a second of its own (the files' links are read once a second),
+    // but for those `same_second` says.
+    let mut at = std::time::Duration::from_secs(1_780_000_000);
+    let same_second = std::cell::Cell::new(false);
     let mut report = |s: &mut IterationStats, epoch: u64, iteration: u64| {
         s.epoch = epoch;
         s.iteration = iteration;
-        r.iteration(s)
+        if !same_second.get() {
+            at += std::time::Duration::from_secs(1);
+        }
+        r.iteration_at(s, at)
     };
     // Epoch 1: the same list three times; then a new list of the same rows.
     for i in 1..=3 {
@@ -150,22 +157,28 @@ fn parameter_rows_are_written_when_they_change_and_at_each_epoch() {
             ((2, 1), per_set - 1)
         ]
     );
-    // The file deleted (the summary's left): recreated at the next report with its
-    // header and the whole set (the report says the earlier rows are lost), once.
+    // The file deleted (the summary's left): its links are read once a second, so a
+    // report in the second they were last read does not see it (its rows, had it any,
+    // would go with the deleted file); the first report of the next second recreates
+    // it with its header and the whole set, and says the earlier rows are lost, once.
     std::fs::remove_file(dir.path().join("run_parameters.csv")).unwrap();
-    assert!(report(&mut s, 2, 3).is_err());
-    assert_eq!(parameter_sets(dir.path()), [((2, 3), per_set - 1)]);
-    report(&mut s, 2, 4).unwrap();
+    same_second.set(true);
+    report(&mut s, 2, 3).unwrap();
+    assert!(!dir.path().join("run_parameters.csv").exists());
+    same_second.set(false);
+    assert!(report(&mut s, 2, 4).is_err());
+    assert_eq!(parameter_sets(dir.path()), [((2, 4), per_set - 1)]);
     report(&mut s, 2, 5).unwrap();
+    report(&mut s, 2, 6).unwrap();
     // A changed gradient's bytes: a new set, the latest the runs' reader takes.
     let mut v = s.variables.to_vec();
     v[1].grad_bytes = Some(4096);
     s.variables = v.into();
-    report(&mut s, 2, 6).unwrap();
     report(&mut s, 2, 7).unwrap();
+    report(&mut s, 2, 8).unwrap();
     assert_eq!(
         parameter_sets(dir.path()),
-        [((2, 3), per_set - 1), ((2, 6), per_set - 1)]
+        [((2, 4), per_set - 1), ((2, 7), per_set - 1)]
     );
     let run = crate::runs::Run::open(dir.path().join("run")).unwrap();
     let last = run.last_parameters();
