@@ -25,6 +25,15 @@ impl Clock {
 
     /// The timestamp of the instant `since_epoch` after the Unix epoch.
     pub(super) fn at(&mut self, since_epoch: std::time::Duration) -> String {
+        let mut out = String::new();
+        self.write(since_epoch, &mut out);
+        out
+    }
+
+    /// [`Clock::at`] in `out` (replacing what it held): no allocation once `out` has
+    /// room, no formatting machinery within a second (the digits of the milliseconds
+    /// written one by one), for the rows written at every step.
+    pub(super) fn write(&mut self, since_epoch: std::time::Duration, out: &mut String) {
         use chrono::TimeZone;
         let secs = since_epoch.as_secs();
         if self.second != Some(secs) {
@@ -35,7 +44,13 @@ impl Clock {
                 .unwrap_or_default();
             self.second = Some(secs);
         }
-        format!("{}.{:03}", self.prefix, since_epoch.subsec_millis())
+        let ms = since_epoch.subsec_millis();
+        out.clear();
+        out.push_str(&self.prefix);
+        out.push('.');
+        for d in [ms / 100, ms / 10 % 10, ms % 10] {
+            out.push(char::from(b'0' + d as u8));
+        }
     }
 }
 

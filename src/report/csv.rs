@@ -29,6 +29,7 @@ use crate::timeline::{Category, StepFiles, StepKind, StepProfile};
 
 use super::clock::Clock;
 use super::parameter_rows::{parameter_header, parameter_tails, Tails};
+use super::summary_rows::{fill_summary_row, summary_line};
 use super::plot::plot_step;
 use super::Report;
 
@@ -206,6 +207,9 @@ pub(crate) struct CsvReport {
     clock: Clock,
     /// The parameter rows of the step being written.
     parameter_block: Vec<u8>,
+    /// The summary row being written, as a row and as its line.
+    summary_row: SummaryRow,
+    summary_line: Vec<u8>,
 }
 
 /// The run's file-name stem: `YYYYmmdd-HHMMSS`, `-rank<R>` when RANK is set, and
@@ -260,6 +264,8 @@ impl CsvReport {
             step_files: true,
             clock: Clock::default(),
             parameter_block: Vec::new(),
+            summary_row: SummaryRow::default(),
+            summary_line: Vec::new(),
         }
     }
 
@@ -323,45 +329,28 @@ impl CsvReport {
     /// The iteration's rows, `now` after the Unix epoch: its timestamp, and the second
     /// whose first row checks the files' links.
     fn iteration_at(&mut self, s: &IterationStats, now: std::time::Duration) -> Result<()> {
-        let ts = self.clock.at(now);
         let second = Some(now.as_secs());
-        // CUDA runs always have the columns (empty where the statistics could not be
-        // read), so that every row of the file has the same fields.
-        let on_cuda = s.device.starts_with("cuda");
-        let cuda = |f: fn(&crate::cuda::CudaStats) -> i64| on_cuda.then(|| s.cuda.as_ref().map(f));
-        let row = SummaryRow {
-            timestamp: ts.clone(),
-            epoch: s.epoch,
-            iteration: s.iteration,
-            device: s.device.clone(),
-            allocated_bytes: s.allocated_bytes,
-            peak_allocated_bytes: s.peak_allocated_bytes,
-            reserved_bytes: s.reserved_bytes,
-            peak_reserved_bytes: s.peak_reserved_bytes,
-            weights_bytes: s.weights_bytes,
-            buffers_bytes: s.buffers_bytes,
-            gradients_bytes: s.gradients_bytes,
-            feature_maps_bytes: s.feature_maps_bytes,
-            intermediate_gradients_bytes: s.intermediate_gradients_bytes,
-            optimizer_state_bytes: s.optimizer_state_bytes,
-            other_bytes: s.other_bytes,
-            step: s.step,
-            backward_passes: s.backward_passes,
-            cuda_allocated_bytes: cuda(|c| c.allocated_current),
-            cuda_peak_allocated_bytes: cuda(|c| c.allocated_peak),
-            cuda_reserved_bytes: cuda(|c| c.reserved_current),
-            cuda_peak_reserved_bytes: cuda(|c| c.reserved_peak),
-            cuda_active_bytes: cuda(|c| c.active_current),
-            cuda_peak_active_bytes: cuda(|c| c.active_peak),
-            cuda_requested_bytes: cuda(|c| c.requested_current),
-            cuda_peak_requested_bytes: cuda(|c| c.requested_peak),
-            cuda_alloc_retries: cuda(|c| c.alloc_retries),
-            cuda_ooms: cuda(|c| c.ooms),
-            cuda_device_free_bytes: cuda(|c| c.free_bytes),
-            cuda_device_total_bytes: cuda(|c| c.total_bytes),
-            cuda_blas_workspaces_bytes: on_cuda.then_some(Some(s.blas_workspaces_bytes as i64)),
-        };
-        let mut first_error = self.summary.append(second, |w| w.serialize(&row)).err();
+        // The row kept from the last report, its fields replaced (its strings' room
+        // reused): nothing allocated, nothing formatted through fmt at a steady row.
+        let row = &mut self.summary_row;
+        self.clock.write(now, &mut row.timestamp);
+        fill_summary_row(row, s);
+        // The file's first row through serde, which writes the header from the row type;
+        // the others as one line of bytes (summary_line), straight to the file.
+        let line = &mut self.summary_line;
+        let mut first_error = self
+            .summary
+            .append_fresh(second, |w, fresh| {
+                if fresh || !summary_line(line, row) {
+                    return w.serialize(&*row);
+                }
+                w.flush()?;
+                let mut file: &File = w.get_ref();
+                std::io::Write::write_all(&mut file, line)?;
+                Ok(())
+            })
+            .err();
+        let ts = &self.summary_row.timestamp;
 
         // The parameter rows: the whole set when it differs from the set last written
         // (a variable or gradient appeared, went, or changed its dtype, shape or

@@ -1,6 +1,7 @@
 //! The CSV sink's tests (a child module of `report/csv.rs`, kept in a file of its own).
 
 use super::*;
+use crate::report::summary_rows::summary_line;
 use crate::runs::schema::ParameterRow;
 use crate::stats::{VariableKind, VariableStats};
 
@@ -232,4 +233,159 @@ fn cuda_runs_add_the_allocator_columns_and_cpu_runs_do_not() {
     let (h2, row2) = summary(&stats("cuda:0", None));
     assert_eq!(h2, h);
     assert_eq!(row2[h2.iter().position(|c| c == "cuda_ooms").unwrap()], "");
+}
+
+/// A summary row's line is the row serde writes, byte for byte: a CPU row (no CUDA
+/// columns), CUDA rows with every statistic, with none (empty fields) and with some,
+/// numbers at their extremes; text that needs quoting is left to serde.
+#[test]
+fn summary_lines_are_what_serde_writes() {
+    let cpu = SummaryRow {
+        timestamp: "2026-12-07 06:31:07.123".into(),
+        epoch: 1,
+        iteration: 2,
+        device: "cpu".into(),
+        allocated_bytes: 3,
+        peak_allocated_bytes: 4,
+        reserved_bytes: 5,
+        peak_reserved_bytes: 6,
+        weights_bytes: 7,
+        buffers_bytes: 8,
+        gradients_bytes: 9,
+        feature_maps_bytes: 10,
+        intermediate_gradients_bytes: 11,
+        optimizer_state_bytes: 12,
+        other_bytes: 13,
+        step: 14,
+        backward_passes: 15,
+        ..SummaryRow::default()
+    };
+    let mut cuda = SummaryRow {
+        device: "cuda:0".into(),
+        allocated_bytes: u64::MAX,
+        step: 0,
+        ..cpu.clone()
+    };
+    let columns = |r: &mut SummaryRow| {
+        [
+            &mut r.cuda_allocated_bytes,
+            &mut r.cuda_peak_allocated_bytes,
+            &mut r.cuda_reserved_bytes,
+            &mut r.cuda_peak_reserved_bytes,
+            &mut r.cuda_active_bytes,
+            &mut r.cuda_peak_active_bytes,
+            &mut r.cuda_requested_bytes,
+            &mut r.cuda_peak_requested_bytes,
+            &mut r.cuda_alloc_retries,
+            &mut r.cuda_ooms,
+            &mut r.cuda_device_free_bytes,
+            &mut r.cuda_device_total_bytes,
+            &mut r.cuda_blas_workspaces_bytes,
+        ]
+        .into_iter()
+        .enumerate()
+        .for_each(|(i, c)| *c = Some(Some(i as i64 * 1_000_003 - 2)))
+    };
+    columns(&mut cuda);
+    cuda.cuda_ooms = Some(Some(i64::MIN));
+    cuda.cuda_device_total_bytes = Some(Some(i64::MAX));
+    let mut unread = cuda.clone();
+    for c in [
+        &mut unread.cuda_allocated_bytes,
+        &mut unread.cuda_peak_allocated_bytes,
+        &mut unread.cuda_reserved_bytes,
+        &mut unread.cuda_peak_reserved_bytes,
+        &mut unread.cuda_active_bytes,
+        &mut unread.cuda_peak_active_bytes,
+        &mut unread.cuda_requested_bytes,
+        &mut unread.cuda_peak_requested_bytes,
+        &mut unread.cuda_alloc_retries,
+        &mut unread.cuda_ooms,
+        &mut unread.cuda_device_free_bytes,
+        &mut unread.cuda_device_total_bytes,
+    ] {
+        *c = Some(None);
+    }
+    let mut some = cuda.clone();
+    some.cuda_reserved_bytes = Some(None);
+    let quoted = SummaryRow {
+        timestamp: "a \"quoted\", timestamp".into(),
+        device: "odd,device\nname".into(),
+        ..cpu.clone()
+    };
+    let mut line = Vec::new();
+    for row in [cpu.clone(), cuda, unread, some] {
+        let mut serde = csv::WriterBuilder::new()
+            .has_headers(false)
+            .from_writer(Vec::new());
+        serde.serialize(&row).unwrap();
+        let serde = serde.into_inner().unwrap();
+        assert!(summary_line(&mut line, &row));
+        assert_eq!(
+            String::from_utf8(line.clone()).unwrap(),
+            String::from_utf8(serde).unwrap(),
+            "{row:?}"
+        );
+    }
+    assert!(!summary_line(&mut line, &quoted));
+    let mut device = cpu.clone();
+    device.device = "cpu\"".into();
+    assert!(!summary_line(&mut line, &device));
+}
+
+/// Through the sink: a run's first summary row is serde's (with the header), the next
+/// ones lines; the same iteration reported twice in the same millisecond gives the same
+/// row twice, on the CPU and on CUDA (with and without the allocator's statistics).
+#[test]
+fn a_runs_summary_rows_after_the_first_are_the_first_ones() {
+    let at = std::time::Duration::new(1_780_000_000, 123_000_000);
+    for (device, cuda) in [
+        ("cpu", None),
+        (
+            "cuda:0",
+            Some(crate::cuda::CudaStats {
+                allocated_current: 1,
+                allocated_peak: 2,
+                reserved_current: 3,
+                reserved_peak: 4,
+                active_current: 5,
+                active_peak: 6,
+                requested_current: 7,
+                requested_peak: 8,
+                alloc_retries: 9,
+                ooms: 10,
+                free_bytes: 11,
+                total_bytes: 12,
+            }),
+        ),
+        ("cuda:1", None),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = CsvReport::new(dir.path(), "run", false, device == "cpu");
+        let mut s = stats(device, cuda);
+        s.allocated_bytes = 123_456_789;
+        s.peak_reserved_bytes = u64::MAX;
+        for _ in 0..3 {
+            r.iteration_at(&s, at).unwrap();
+        }
+        let text = std::fs::read_to_string(dir.path().join("run_summary.csv")).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert_eq!(lines[1], lines[2], "{device}");
+        assert_eq!(lines[1], lines[3], "{device}");
+        assert!(lines[1].contains(",123456789,"), "{}", lines[1]);
+        // Read back, each row holds the statistics (the reader takes serde's columns).
+        let run = crate::runs::Run::open(dir.path().join("run")).unwrap();
+        assert_eq!(run.summary.len(), 3);
+        for row in &run.summary {
+            assert_eq!(row.peak_reserved_bytes, u64::MAX);
+            let cuda = s.cuda.as_ref();
+            assert_eq!(row.cuda_ooms.flatten(), cuda.map(|c| c.ooms), "{device}");
+            assert_eq!(row.cuda_device_free_bytes.flatten(), cuda.map(|c| c.free_bytes));
+            assert_eq!(
+                row.cuda_peak_requested_bytes.flatten(),
+                cuda.map(|c| c.requested_peak)
+            );
+        }
+    }
 }

@@ -22,6 +22,7 @@ pub(crate) mod html_page;
 mod idle_text;
 pub(crate) mod oom_files;
 mod parameter_rows;
+mod summary_rows;
 pub(crate) mod plot;
 pub(crate) mod snapshot;
 pub(crate) mod terminal;
