@@ -51,10 +51,9 @@ pub(super) fn fill_summary_row(row: &mut SummaryRow, s: &IterationStats) {
 /// `row` as the CSV writer encodes a [`SummaryRow`] (`tests` compares them byte for
 /// byte), in `line`; `false` (nothing to use) if its text needs quoting, which neither
 /// the clock's timestamps nor the device names do. A row is written at every report, in
-/// code that the step between two reports leaves cold: in the overhead bench's CSV child
-/// (`--model mlp`, timed inside `record_stats`) the row before its write took 11 us
-/// through serde, the csv writer, chrono's and fmt's timestamp and a new row's strings,
-/// 4.6 us this way and in place (the write itself, 14 to 22 us there, stays).
+/// code that the step between two reports leaves cold: serde, the csv writer, a
+/// timestamp through fmt and a new row's strings were most of the row's cost before its
+/// write ([the figures](../../docs/in-a-training-run.md)).
 pub(super) fn summary_line(line: &mut Vec<u8>, row: &SummaryRow) -> bool {
     let plain = |t: &str| !t.bytes().any(|b| matches!(b, b',' | b'"' | b'\n' | b'\r'));
     if !plain(&row.timestamp) || !plain(&row.device) || row.timestamp.is_empty() {
