@@ -33,7 +33,9 @@ pub enum OomCategory {
     Gradients,
     /// Made in a forward phase: activations, the batch, forward temporaries.
     Forward,
-    /// Made in a backward phase and not a weight gradient.
+    /// Made in a backward phase of the iteration that failed, or one before it and
+    /// not a weight gradient: temporaries, and the gradients made since the last
+    /// `record_stats` (which cannot be told from them before it reads them).
     Backward,
     /// Made after backward: optimizer state and the like.
     AfterBackward,
@@ -48,7 +50,7 @@ impl OomCategory {
             OomCategory::Weights => "weights",
             OomCategory::Gradients => "gradients",
             OomCategory::Forward => "forward: activations, batch, temporaries",
-            OomCategory::Backward => "backward temporaries",
+            OomCategory::Backward => "backward: temporaries, new gradients",
             OomCategory::AfterBackward => "after backward: optimizer state and the like",
             OomCategory::Unseen => "other, made before the profiler started",
         }
@@ -214,7 +216,11 @@ fn summarize(
     let category = |b: &RegisteredBlock| -> OomCategory {
         if st.weights.contains(&b.ptr) {
             OomCategory::Weights
-        } else if grads.contains(&b.ptr) {
+        } else if u64::from(b.iteration) < st.step && grads.contains(&b.ptr) {
+            // The gradients as the last record_stats read them. A block born since
+            // cannot be one of those: after a zero_grad that sets gradients to none,
+            // an activation at one of their addresses (reused at once by CUDA's
+            // caching allocator) is an activation.
             OomCategory::Gradients
         } else {
             match b.phase {
@@ -283,5 +289,61 @@ fn summarize(
         largest_blocks,
         report_path: None,
         snapshot_path: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Phase;
+
+    fn block(ptr: u64, bytes: u64, iteration: u32, phase: Phase) -> RegisteredBlock {
+        RegisteredBlock {
+            ptr,
+            bytes,
+            op: -1,
+            layer: -1,
+            iteration,
+            phase,
+        }
+    }
+
+    /// The gradients the last `record_stats` read are gradients while they live; a block
+    /// born since at one of their addresses (a `zero_grad` that sets gradients to none
+    /// freed them, the allocator reused the address) is what its phase says.
+    #[test]
+    fn blocks_born_since_the_gradients_were_read_are_not_gradients() {
+        let mut st = OomState::new(0, "cpu".into());
+        st.step = 5; // the failing iteration; record_stats ended the 4th
+        st.weights.insert(0x100);
+        st.grads = vec![0x200, 0x300, 0x400];
+        let blocks = [
+            block(0x100, 1, 1, Phase::Forward),  // a weight
+            block(0x200, 10, 1, Phase::Backward), // a gradient kept since the 1st
+            block(0x300, 100, 5, Phase::Forward), // an activation at a freed gradient's place
+            block(0x400, 1_000, 5, Phase::Backward), // a new gradient, or a temporary
+            block(0x500, 10_000, 4, Phase::Optimizer), // optimizer state
+        ];
+        let e = OomEvent {
+            slot: 0,
+            requested: 1 << 40,
+            allocated: 11_111,
+            reserved: 0,
+        };
+        let r = summarize(&st, e, &blocks, &mut Names::default());
+        let cat = |c: OomCategory| {
+            r.by_category
+                .iter()
+                .find(|(k, _)| *k == c)
+                .map_or(0, |(_, b)| *b)
+        };
+        assert_eq!(cat(OomCategory::Weights), 1);
+        assert_eq!(cat(OomCategory::Gradients), 10);
+        assert_eq!(cat(OomCategory::Forward), 100);
+        assert_eq!(cat(OomCategory::Backward), 1_000);
+        assert_eq!(cat(OomCategory::AfterBackward), 10_000);
+        let listed: Vec<(u64, OomCategory)> =
+            r.largest_blocks.iter().map(|b| (b.bytes, b.category)).collect();
+        assert!(listed.contains(&(100, OomCategory::Forward)), "{listed:?}");
     }
 }
