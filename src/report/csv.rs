@@ -10,8 +10,9 @@
 //!
 //! Every row is flushed to the operating system before `record_stats` returns, so a
 //! process killed at any moment leaves files that parse, with every completed row. A
-//! file deleted during the run is recreated by the first row of a later second (its
-//! link count is read once a second).
+//! file deleted during the run is recreated with its header: a file written at every
+//! report by the first row of a later second (its link count is read once a second),
+//! the epochs' and the leaks' files by their next row.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -40,7 +41,8 @@ struct CsvFile {
     /// Header names replaced when the file is written (the resident columns of a CPU
     /// run).
     renames: &'static [(&'static str, &'static str)],
-    /// The second (since the Unix epoch) whose link count check found the file there.
+    /// The second (of the run's monotonic clock) of the last link count check, or of
+    /// the file's creation.
     checked: Option<u64>,
     /// The open file was found unlinked and dropped; the next row's error says so.
     lost: bool,
@@ -69,7 +71,10 @@ impl CsvFile {
             path: self.path.clone(),
             source,
         };
-        if let Some(mut w) = self.writer.take() {
+        // The writer is kept until the renamed file is open: a failure on the way leaves
+        // it writing to the file as it was (or to the replaced one, whose link count the
+        // next check finds at zero).
+        if let Some(w) = self.writer.as_mut() {
             w.flush().map_err(io)?;
         }
         let text = std::fs::read_to_string(&self.path).map_err(io)?;
@@ -102,8 +107,8 @@ impl CsvFile {
 
     /// Writes one row with `write` and flushes it. If the file vanished (its folder
     /// deleted, say), it is recreated, the row is written, and an error says the earlier
-    /// rows are lost. `second` (since the Unix epoch): the file is checked once in that
-    /// second ([`CsvFile::vanished`]); `None`: checked now.
+    /// rows are lost. `second` (of the run's monotonic clock): the file is checked once
+    /// in that second ([`CsvFile::check_links`]); `None`: checked now.
     fn append(
         &mut self,
         second: Option<u64>,
@@ -207,6 +212,8 @@ pub(crate) struct CsvReport {
     clock: Clock,
     /// The parameter rows of the step being written.
     parameter_block: Vec<u8>,
+    /// When the sink was made: the files' link checks go by its seconds.
+    started: std::time::Instant,
     /// The summary row being written, as a row and as its line.
     summary_row: SummaryRow,
     summary_line: Vec<u8>,
@@ -264,6 +271,7 @@ impl CsvReport {
             step_files: true,
             clock: Clock::default(),
             parameter_block: Vec::new(),
+            started: std::time::Instant::now(),
             summary_row: SummaryRow::default(),
             summary_line: Vec::new(),
         }
@@ -326,10 +334,17 @@ pub(crate) fn write_meta(path: &Path, m: &RunMeta<'_>) -> Result<()> {
 }
 
 impl CsvReport {
-    /// The iteration's rows, `now` after the Unix epoch: its timestamp, and the second
-    /// whose first row checks the files' links.
-    fn iteration_at(&mut self, s: &IterationStats, now: std::time::Duration) -> Result<()> {
-        let second = Some(now.as_secs());
+    /// The iteration's rows: `now` (after the Unix epoch) their timestamp, `second` (of
+    /// the run's monotonic clock, [`CsvReport::started`]) the second whose first row
+    /// checks the files' links; a wall clock set back, frozen or before 1970 would not
+    /// move on to a new second.
+    fn iteration_at(
+        &mut self,
+        s: &IterationStats,
+        now: std::time::Duration,
+        second: u64,
+    ) -> Result<()> {
+        let second = Some(second);
         // The row kept from the last report, its fields replaced (its strings' room
         // reused): nothing allocated, nothing formatted through fmt at a steady row.
         let row = &mut self.summary_row;
@@ -410,13 +425,13 @@ impl CsvReport {
         }
 
         if let Some(wide) = self.wide.as_mut() {
-            let write_header = self.wide_columns.is_empty();
-            if write_header {
+            if self.wide_columns.is_empty() {
                 self.wide_columns = s.variables.iter().map(|v| v.name.clone()).collect();
             }
             let columns = &self.wide_columns;
-            let result = wide.append(second, |w| {
-                if write_header {
+            let result = wide.append_fresh(second, |w, fresh| {
+                // A new file, the first or one recreated after it was deleted.
+                if fresh {
                     let mut header =
                         vec!["timestamp".to_string(), "epoch".into(), "iteration".into()];
                     header.extend(columns.iter().cloned());
@@ -444,11 +459,10 @@ impl CsvReport {
     }
 }
 
-/// The machine's local time as spreadsheets read a date and time
-/// (`2026-11-26 20:31:07.123`; the run's UTC offset is in `<run>_run.csv`'s `started`).
 impl Report for CsvReport {
     fn iteration(&mut self, s: &IterationStats) -> Result<()> {
-        self.iteration_at(s, Clock::since_epoch())
+        let second = self.started.elapsed().as_secs();
+        self.iteration_at(s, Clock::since_epoch(), second)
     }
 
     fn epoch(&mut self, e: &EpochStats) -> Result<()> {

@@ -131,7 +131,7 @@ fn parameter_rows_are_written_when_they_change_and_at_each_epoch() {
         if !same_second.get() {
             at += std::time::Duration::from_secs(1);
         }
-        r.iteration_at(s, at)
+        r.iteration_at(s, at, at.as_secs())
     };
     // Epoch 1: the same list three times; then a new list of the same rows.
     for i in 1..=3 {
@@ -366,7 +366,7 @@ fn a_runs_summary_rows_after_the_first_are_the_first_ones() {
         s.allocated_bytes = 123_456_789;
         s.peak_reserved_bytes = u64::MAX;
         for _ in 0..3 {
-            r.iteration_at(&s, at).unwrap();
+            r.iteration_at(&s, at, 0).unwrap();
         }
         let text = std::fs::read_to_string(dir.path().join("run_summary.csv")).unwrap();
         let lines: Vec<&str> = text.lines().collect();
@@ -386,6 +386,50 @@ fn a_runs_summary_rows_after_the_first_are_the_first_ones() {
                 row.cuda_peak_requested_bytes.flatten(),
                 cuda.map(|c| c.requested_peak)
             );
+        }
+    }
+}
+
+/// A summary file (and the wide one) deleted mid-run: the first report of a later second
+/// (of the run's own clock: the wall clock's may stand still) recreates each with its
+/// header (on the CPU the resident columns' names) and the report's row, and says the
+/// earlier rows are lost, once; the rows after it are the same lines.
+#[test]
+fn a_deleted_summary_file_comes_back_with_its_header() {
+    let at = std::time::Duration::new(1_780_000_000, 5_000_000);
+    for device in ["cpu", "cuda:0"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = CsvReport::new(dir.path(), "run", true, device == "cpu");
+        let s = stats(device, None);
+        r.iteration_at(&s, at, 0).unwrap();
+        let summary = dir.path().join("run_summary.csv");
+        let wide = dir.path().join("run_wide.csv");
+        let header = |p: &std::path::Path| {
+            let text = std::fs::read_to_string(p).unwrap();
+            text.lines().next().unwrap().to_string()
+        };
+        let (summary_header, wide_header) = (header(&summary), header(&wide));
+        assert_eq!(
+            summary_header.contains("resident_bytes"),
+            device == "cpu",
+            "{summary_header}"
+        );
+        std::fs::remove_file(&summary).unwrap();
+        std::fs::remove_file(&wide).unwrap();
+        // The same second: not seen (the row goes with the deleted file).
+        r.iteration_at(&s, at, 0).unwrap();
+        assert!(!summary.exists());
+        let e = r.iteration_at(&s, at, 1).unwrap_err().to_string();
+        assert!(e.contains("earlier rows are lost"), "{e}");
+        r.iteration_at(&s, at, 1).unwrap();
+        r.iteration_at(&s, at, 2).unwrap();
+        for (path, first) in [(&summary, &summary_header), (&wide, &wide_header)] {
+            let text = std::fs::read_to_string(path).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines.len(), 4, "{text}");
+            assert_eq!(lines[0], first.as_str(), "{}", path.display());
+            assert_eq!(lines[1], lines[2]);
+            assert_eq!(lines[1], lines[3]);
         }
     }
 }
