@@ -318,10 +318,10 @@ mod tests {
         st.weights.insert(0x100);
         st.grads = vec![0x200, 0x300, 0x400];
         let blocks = [
-            block(0x100, 1, 1, Phase::Forward),  // a weight
-            block(0x200, 10, 1, Phase::Backward), // a gradient kept since the 1st
-            block(0x300, 100, 5, Phase::Forward), // an activation at a freed gradient's place
-            block(0x400, 1_000, 5, Phase::Backward), // a new gradient, or a temporary
+            block(0x100, 1, 1, Phase::Forward),        // a weight
+            block(0x200, 10, 1, Phase::Backward),      // a gradient kept since the 1st
+            block(0x300, 100, 5, Phase::Forward),      // an activation at a freed gradient's place
+            block(0x400, 1_000, 5, Phase::Backward),   // a new gradient, or a temporary
             block(0x500, 10_000, 4, Phase::Optimizer), // optimizer state
         ];
         let e = OomEvent {
@@ -342,8 +342,11 @@ mod tests {
         assert_eq!(cat(OomCategory::Forward), 100);
         assert_eq!(cat(OomCategory::Backward), 1_000);
         assert_eq!(cat(OomCategory::AfterBackward), 10_000);
-        let listed: Vec<(u64, OomCategory)> =
-            r.largest_blocks.iter().map(|b| (b.bytes, b.category)).collect();
+        let listed: Vec<(u64, OomCategory)> = r
+            .largest_blocks
+            .iter()
+            .map(|b| (b.bytes, b.category))
+            .collect();
         assert!(listed.contains(&(100, OomCategory::Forward)), "{listed:?}");
     }
 }

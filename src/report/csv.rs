@@ -30,8 +30,8 @@ use crate::timeline::{Category, StepFiles, StepKind, StepProfile};
 
 use super::clock::Clock;
 use super::parameter_rows::{parameter_header, parameter_tails, Tails};
-use super::summary_rows::{fill_summary_row, summary_line};
 use super::plot::plot_step;
+use super::summary_rows::{fill_summary_row, summary_line};
 use super::Report;
 
 /// One CSV file, opened at its first row and reopened if it vanishes.
@@ -389,8 +389,9 @@ impl CsvReport {
                 .map_or(true, |(_, old)| old.bytes != tails.bytes);
             self.parameter_tails = Some((s.variables.clone(), tails));
         }
-        let due =
-            changed || self.parameters_written_epoch != Some(s.epoch) || self.parameters.gone(second);
+        let due = changed
+            || self.parameters_written_epoch != Some(s.epoch)
+            || self.parameters.gone(second);
         if due {
             let tails = &self.parameter_tails.as_ref().expect("set above").1;
             // The rows' bytes, in a buffer kept from one set to the next: a block of this

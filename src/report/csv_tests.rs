@@ -381,7 +381,10 @@ fn a_runs_summary_rows_after_the_first_are_the_first_ones() {
             assert_eq!(row.peak_reserved_bytes, u64::MAX);
             let cuda = s.cuda.as_ref();
             assert_eq!(row.cuda_ooms.flatten(), cuda.map(|c| c.ooms), "{device}");
-            assert_eq!(row.cuda_device_free_bytes.flatten(), cuda.map(|c| c.free_bytes));
+            assert_eq!(
+                row.cuda_device_free_bytes.flatten(),
+                cuda.map(|c| c.free_bytes)
+            );
             assert_eq!(
                 row.cuda_peak_requested_bytes.flatten(),
                 cuda.map(|c| c.requested_peak)

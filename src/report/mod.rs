@@ -22,9 +22,9 @@ pub(crate) mod html_page;
 mod idle_text;
 pub(crate) mod oom_files;
 mod parameter_rows;
-mod summary_rows;
 pub(crate) mod plot;
 pub(crate) mod snapshot;
+mod summary_rows;
 pub(crate) mod terminal;
 
 pub use csv::{write_idle_csv, write_layers_csv, write_step_files, write_timeline_csv};
