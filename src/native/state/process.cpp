@@ -33,8 +33,12 @@ void process_memory(int64_t* resident, int64_t* peak_resident) {
       *resident = int64_t(pages) * int64_t(page);
     }
   }
+  // RUSAGE_THREAD: its ru_maxrss is the process's all the same (the larger of the
+  // address space's high-water mark and the one kept in the signal struct, whichever
+  // thread asks), where RUSAGE_SELF also takes the signal lock and sums the CPU times of
+  // every thread: a cost that grows with libtorch's thread pools, for figures unused.
   struct rusage ru;
-  if (getrusage(RUSAGE_SELF, &ru) == 0) {
+  if (getrusage(RUSAGE_THREAD, &ru) == 0) {
     *peak_resident = int64_t(ru.ru_maxrss) * 1024;  // kilobytes on Linux
   }
   // The kernel sums resident pages from per-CPU counters: two reads a moment apart can
